@@ -1,0 +1,114 @@
+//! Benchmarks (`curate bench ...`): they print figures and assert nothing. `bench bow` times
+//! the default BoW cascade (`curate run`) against the I/O floor — reading the same TSV and
+//! writing its caption column to Parquet — each in a child process, alternating, so both see the
+//! same machine state; it reports captions/s, the ratio and the children's peak RSS.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow_array::builder::StringBuilder;
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema};
+use clap::Args;
+
+use crate::error::{Error, Result};
+use crate::io::lines::Lines;
+use crate::io::parquet::ShardedWriter;
+
+#[derive(Debug, Args)]
+pub struct BowBenchArgs {
+    /// A CC3M-format TSV (`caption<TAB>url`), e.g. made by `data/gen_cc3m_sample.py --rows 2900000`.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Scratch folder for the outputs.
+    #[arg(long, default_value = "out/bench")]
+    pub out: PathBuf,
+    /// Runs of each; the best wall time is reported (plus all runs).
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+}
+
+/// Reads `input` and writes its caption column to Parquet (same writer settings as pipelines).
+pub fn io_floor(input: &Path, output: &Path) -> Result<u64> {
+    let schema = Arc::new(Schema::new(vec![Field::new("caption", DataType::Utf8, true)]));
+    let mut w = ShardedWriter::new(output, "part", schema.clone(), 1_000_000, &[])?;
+    let mut lines = Lines::open(input)?;
+    let mut b = StringBuilder::new();
+    let mut rows = 0u64;
+    while let Some((_, line)) = lines.next_line()? {
+        let caption = line.split(|&c| c == b'\t').next().unwrap_or(b"");
+        b.append_value(String::from_utf8_lossy(caption));
+        rows += 1;
+        if rows % crate::stages::CHUNK_ROWS as u64 == 0 {
+            w.write(&RecordBatch::try_new(schema.clone(), vec![Arc::new(b.finish()) as ArrayRef])?)?;
+        }
+    }
+    w.write(&RecordBatch::try_new(schema, vec![Arc::new(b.finish()) as ArrayRef])?)?;
+    w.finish()?;
+    Ok(rows)
+}
+
+/// Wall seconds and peak RSS (MiB) of a child process.
+fn measure(cmd: &mut std::process::Command) -> Result<(f64, f64)> {
+    let t = Instant::now();
+    let child = cmd.stdout(std::process::Stdio::null()).spawn().map_err(|e| Error::io("cannot start", "curate", e))?;
+    let mut status = 0;
+    // SAFETY: `rusage` is plain data; `wait4` fills it for our own child, which we reap here
+    // instead of through `Child::wait`.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    let secs = t.elapsed().as_secs_f64();
+    if pid < 0 || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        return Err(Error::data(format!("benchmark child failed: {cmd:?}")));
+    }
+    Ok((secs, usage.ru_maxrss as f64 / 1024.0))
+}
+
+pub fn bow(args: &BowBenchArgs) -> Result<()> {
+    let exe = std::env::current_exe().map_err(|e| Error::io("cannot find", "curate", e))?;
+    std::fs::create_dir_all(&args.out).map_err(|e| Error::io("cannot create", &args.out, e))?;
+    let pipeline = args.out.join("bench_bow.toml");
+    let toml = format!(
+        "# Written by `curate bench bow`: the default BoW cascade on the benchmark input.\n\
+         output_dir = {:?}\nseed = 0\n\n[[stage]]\ntype = \"read_cc_tsv\"\npath = {:?}\n\n[[stage]]\ntype = \"bow\"\n\n[[stage]]\ntype = \"write_parquet\"\n",
+        args.out.join("run").to_string_lossy(),
+        args.input.to_string_lossy()
+    );
+    std::fs::write(&pipeline, toml).map_err(|e| Error::io("cannot write", &pipeline, e))?;
+    let rows = Lines::open(&args.input).and_then(|mut l| {
+        let mut n = 0u64;
+        while l.next_line()?.is_some() {
+            n += 1;
+        }
+        Ok(n)
+    })?;
+    let floor_out = args.out.join("floor");
+    let mut floor = Vec::new();
+    let mut run = Vec::new();
+    for _ in 0..args.repeat.max(1) {
+        floor.push(measure(
+            std::process::Command::new(&exe).args(["bench", "io-floor"]).arg(&args.input).arg(&floor_out),
+        )?);
+        run.push(measure(
+            std::process::Command::new(&exe)
+                .args(["run", "--progress", "never"])
+                .arg(&pipeline)
+                .stderr(std::process::Stdio::null()),
+        )?);
+    }
+    let best = |v: &[(f64, f64)]| v.iter().map(|x| x.0).fold(f64::INFINITY, f64::min);
+    let peak = |v: &[(f64, f64)]| v.iter().map(|x| x.1).fold(0.0, f64::max);
+    let (bf, br) = (best(&floor), best(&run));
+    println!("input: {} ({rows} lines), {} threads", args.input.display(), rayon::current_num_threads());
+    println!("| job | best wall s | captions/s | peak RSS MiB | all runs s |");
+    println!("| --- | ---: | ---: | ---: | --- |");
+    for (name, v, b) in
+        [("I/O floor (read TSV, write captions)", &floor, bf), ("curate run (default BoW cascade)", &run, br)]
+    {
+        let all: Vec<String> = v.iter().map(|x| format!("{:.2}", x.0)).collect();
+        println!("| {name} | {b:.2} | {:.0} | {:.0} | {} |", rows as f64 / b, peak(v), all.join(", "));
+    }
+    println!("ratio run / floor: {:.2}x (target <= 2x); run peak RSS {:.0} MiB (target < 1536)", br / bf, peak(&run));
+    Ok(())
+}

@@ -1,0 +1,142 @@
+//! Command line: argument parsing (clap) and the mapping of results to messages and exit codes
+//! (0 success, 1 a declared check failed, 2 error). The only place `anyhow` is used; nothing
+//! in the library imports this module.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::pipeline::{self, RunOptions};
+
+#[derive(Debug, Parser)]
+#[command(name = "curate", version, about = "Curate image-text collections into training-ready Parquet.")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a pipeline file: read, transform, write Parquet + report.
+    Run(RunArgs),
+    /// Only check a pipeline file (config, input files, columns); read no data.
+    Validate(PipelineArgs),
+    /// Benchmarks that print figures (not tests).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct PipelineArgs {
+    /// The pipeline file (TOML).
+    pub file: PathBuf,
+    /// Override a key: `--set bow.rm_top_freq=500`, `--set output_dir=out/x` (repeatable).
+    #[arg(long = "set", value_name = "KEY.PATH=VALUE")]
+    pub overrides: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, Default)]
+pub enum When {
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
+    /// Worker threads (default: all cores). Does not change the output.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Progress bars on stderr (auto: when stderr is a terminal).
+    #[arg(long, value_enum, default_value_t = When::Auto)]
+    pub progress: When,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// The default BoW cascade on a CC3M-format TSV against the I/O floor (read the TSV, write
+    /// its caption column to Parquet), each in a child process; prints captions/s, the ratio
+    /// and peak memory.
+    Bow(crate::bench::BowBenchArgs),
+    /// The I/O floor alone (used by `bench bow`).
+    #[command(hide = true)]
+    IoFloor { input: PathBuf, output: PathBuf },
+}
+
+/// Runs the command line; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    match dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            // Library errors render themselves (`error: ...`, location, `hint: ...`).
+            if let Some(lib) = e.downcast_ref::<crate::Error>() {
+                match lib {
+                    crate::Error::Config(_) => eprintln!("{lib}"),
+                    _ => eprintln!("error: {lib}"),
+                }
+            } else {
+                eprintln!("error: {e:#}");
+            }
+            2
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::Validate(args) => {
+            let plan = pipeline::compile(&args.file, &args.overrides)?;
+            eprintln!(
+                "ok: `{}` is valid: {} stage(s), output to `{}`",
+                args.file.display(),
+                plan.transforms.len() + 2,
+                plan.output_dir.display()
+            );
+            Ok(0)
+        }
+        Command::Run(args) => {
+            if let Some(n) = args.threads {
+                rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global()?;
+            }
+            let progress = match args.progress {
+                When::Always => true,
+                When::Never => false,
+                When::Auto => std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            };
+            let plan = pipeline::compile(&args.pipeline.file, &args.pipeline.overrides)?;
+            let out = plan.output_dir.clone();
+            let data_dir = out.join(&plan.write.dir);
+            let s = pipeline::run(plan, &RunOptions { progress })?;
+            eprintln!(
+                "wrote {} rows to `{}` ({} shard(s)); {} rejected, {} skipped; {:.2} s",
+                s.rows_written,
+                data_dir.display(),
+                s.data_shards.len(),
+                s.rejected(),
+                s.skipped.values().sum::<u64>(),
+                s.timings_s.get("total").copied().unwrap_or(0.0)
+            );
+            for (reason, n) in &s.rejects {
+                eprintln!("  rejected {reason}: {n}");
+            }
+            for (reason, n) in &s.skipped {
+                eprintln!("  skipped {reason}: {n}");
+            }
+            eprintln!("report: `{}`", out.join("report.md").display());
+            Ok(0)
+        }
+        Command::Bench(BenchCommand::Bow(args)) => {
+            crate::bench::bow(&args)?;
+            Ok(0)
+        }
+        Command::Bench(BenchCommand::IoFloor { input, output }) => {
+            let rows = crate::bench::io_floor(&input, &output)?;
+            println!("{rows}");
+            Ok(0)
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! The library's one error type. Kinds follow STYLE.md: config, schema, io, data, model.
+//!
+//! Configuration problems are collected as [`Diagnostic`]s — every problem in a pipeline file is
+//! reported at once, each with its location (file, line, column, the offending line) or the
+//! `--set` argument it came from, and a hint.
+
+use std::fmt;
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The pipeline file or its overrides are wrong; nothing was read or written.
+    #[error("{}", render_all(.0))]
+    Config(Vec<Diagnostic>),
+    /// A table does not have the columns or types a stage needs.
+    #[error("{message}{}", hint_suffix(.hint))]
+    Schema { message: String, hint: Option<String> },
+    /// A file could not be read or written.
+    #[error("{context} `{}`: {source}", .path.display())]
+    Io {
+        context: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Input data is unusable as a whole (individual bad rows are rejects, not errors).
+    #[error("{message}{}", hint_suffix(.hint))]
+    Data { message: String, hint: Option<String> },
+    /// Arrow or Parquet failed.
+    #[error("parquet/arrow: {0}")]
+    Arrow(String),
+}
+
+impl Error {
+    pub fn io(context: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { context, path: path.into(), source }
+    }
+
+    pub fn data(message: impl Into<String>) -> Self {
+        Error::Data { message: message.into(), hint: None }
+    }
+
+    pub fn data_hint(message: impl Into<String>, hint: impl Into<String>) -> Self {
+        Error::Data { message: message.into(), hint: Some(hint.into()) }
+    }
+}
+
+impl From<parquet::errors::ParquetError> for Error {
+    fn from(e: parquet::errors::ParquetError) -> Self {
+        Error::Arrow(e.to_string())
+    }
+}
+
+impl From<arrow_schema::ArrowError> for Error {
+    fn from(e: arrow_schema::ArrowError) -> Self {
+        Error::Arrow(e.to_string())
+    }
+}
+
+fn hint_suffix(hint: &Option<String>) -> String {
+    hint.as_ref().map(|h| format!("\nhint: {h}")).unwrap_or_default()
+}
+
+/// Where a configuration value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// A position in a pipeline file (1-based line and column) with the text of that line.
+    File { path: PathBuf, line: usize, column: usize, text: String },
+    /// A `--set key=value` command-line override.
+    Override { arg: String },
+}
+
+/// One configuration problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    pub message: String,
+    pub location: Option<Location>,
+    pub hint: Option<String>,
+}
+
+impl Diagnostic {
+    pub fn new(message: impl Into<String>) -> Self {
+        Diagnostic { message: message.into(), location: None, hint: None }
+    }
+
+    pub fn at(mut self, location: Option<Location>) -> Self {
+        self.location = location;
+        self
+    }
+
+    pub fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    pub fn maybe_hint(mut self, hint: Option<String>) -> Self {
+        self.hint = hint;
+        self
+    }
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "error: {}", self.message)?;
+        match &self.location {
+            Some(Location::File { path, line, column, text }) => {
+                let num = line.to_string();
+                let pad = " ".repeat(num.len());
+                writeln!(f, "{pad}--> {}:{line}:{column}", path.display())?;
+                writeln!(f, "{pad} |")?;
+                writeln!(f, "{num} | {text}")?;
+                let caret_pad: String =
+                    text.chars().take(column.saturating_sub(1)).map(|c| if c == '\t' { '\t' } else { ' ' }).collect();
+                writeln!(f, "{pad} | {caret_pad}^")?;
+            }
+            Some(Location::Override { arg }) => writeln!(f, "  --> --set {arg}")?,
+            None => {}
+        }
+        if let Some(h) = &self.hint {
+            writeln!(f, "hint: {h}")?;
+        }
+        Ok(())
+    }
+}
+
+fn render_all(diags: &[Diagnostic]) -> String {
+    let mut s = String::new();
+    for d in diags {
+        s.push_str(&d.to_string());
+        s.push('\n');
+    }
+    let n = diags.len();
+    s.push_str(&format!("{n} configuration error{}; nothing was run", if n == 1 { "" } else { "s" }));
+    s
+}
+
+/// "did you mean `x`?" for the closest candidate, if any is close enough.
+pub fn did_you_mean<'a>(given: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let mut best: Option<(f64, &str)> = None;
+    for c in candidates {
+        let score = strsim::jaro_winkler(given, c);
+        if score > 0.75 && best.is_none_or(|(b, _)| score > b) {
+            best = Some((score, c));
+        }
+    }
+    best.map(|(_, c)| format!("did you mean `{c}`?"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggests_close_names_only() {
+        let keys = ["keep_words", "rm_top_freq", "shuffle"];
+        assert_eq!(did_you_mean("keep", keys).as_deref(), Some("did you mean `keep_words`?"));
+        assert_eq!(did_you_mean("shufle", keys).as_deref(), Some("did you mean `shuffle`?"));
+        assert_eq!(did_you_mean("zzz", keys), None);
+    }
+}

@@ -1,0 +1,168 @@
+//! Files: input path patterns, line-oriented text inputs, Parquet output shards, tar shards,
+//! atomic writes and input fingerprints. Stages use these; nothing here knows about stages.
+
+pub mod lines;
+pub mod parquet;
+pub mod tar_shards;
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// One path pattern or a list of them, as written in a pipeline file. Patterns may use `*`,
+/// `?` and `[...]` (`shards/*.parquet`); matches are sorted so the order is stable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct PathPatterns(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for PathPatterns {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = PathPatterns;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a path string or a list of path strings")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<PathPatterns, E> {
+                Ok(PathPatterns(vec![v.to_owned()]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<PathPatterns, A::Error> {
+                let mut out = Vec::new();
+                while let Some(s) = seq.next_element::<String>()? {
+                    out.push(s);
+                }
+                Ok(PathPatterns(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl PathPatterns {
+    /// Expands the patterns into existing files, in pattern order then sorted matches.
+    /// The error says which pattern matched nothing.
+    pub fn expand(&self) -> std::result::Result<Vec<PathBuf>, String> {
+        if self.0.is_empty() {
+            return Err("no path given".into());
+        }
+        let mut out = Vec::new();
+        for pat in &self.0 {
+            if !pat.contains(['*', '?', '[']) {
+                let p = PathBuf::from(pat);
+                if !p.exists() {
+                    return Err(format!("`{pat}` does not exist"));
+                }
+                out.push(p);
+                continue;
+            }
+            let mut matches: Vec<PathBuf> = glob::glob(pat)
+                .map_err(|e| format!("bad pattern `{pat}`: {e}"))?
+                .filter_map(std::result::Result::ok)
+                .collect();
+            if matches.is_empty() {
+                return Err(format!("`{pat}` matches no file"));
+            }
+            matches.sort();
+            out.extend(matches);
+        }
+        Ok(out)
+    }
+}
+
+/// The file name of `p` as text (what `sample_id`s and rejects record, so ids do not depend on
+/// where a data set is mounted).
+pub fn file_name(p: &Path) -> String {
+    p.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| p.display().to_string())
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same folder and a rename, so a
+/// reader never sees a half-written file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = tmp_path(path);
+    let mut f = File::create(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
+    f.write_all(bytes).map_err(|e| Error::io("cannot write", &tmp, e))?;
+    f.sync_all().ok();
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename into place", path, e))
+}
+
+/// `dir/name.ext` -> `dir/.name.ext.tmp`
+pub fn tmp_path(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.tmp"))
+}
+
+/// Content fingerprint of input files: xxh3-128 over (name, length, bytes) of each file.
+/// Not cryptographic; it identifies which bytes a data set was built from.
+pub fn fingerprint(paths: &[PathBuf]) -> Result<String> {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for p in paths {
+        let mut files = Vec::new();
+        collect_files(p, &mut files)?;
+        for f in files {
+            h.update(f.to_string_lossy().as_bytes());
+            let mut file = File::open(&f).map_err(|e| Error::io("cannot open", &f, e))?;
+            let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+            h.update(&len.to_le_bytes());
+            loop {
+                let n = file.read(&mut buf).map_err(|e| Error::io("cannot read", &f, e))?;
+                if n == 0 {
+                    break;
+                }
+                h.update(&buf[..n]);
+            }
+        }
+    }
+    Ok(format!("xxh3-128:{:032x}", h.digest128()))
+}
+
+/// Files under `p` (itself if a file), sorted, recursively.
+pub fn collect_files(p: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    if p.is_dir() {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
+            .map_err(|e| Error::io("cannot list", p, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        entries.sort();
+        for e in entries {
+            collect_files(&e, out)?;
+        }
+    } else {
+        out.push(p.to_owned());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_expand_sorted_and_report_misses() {
+        let dir = tempfile::tempdir().unwrap();
+        for n in ["b.tsv", "a.tsv", "c.txt"] {
+            std::fs::write(dir.path().join(n), "x").unwrap();
+        }
+        let pat = format!("{}/*.tsv", dir.path().display());
+        let got = PathPatterns(vec![pat]).expand().unwrap();
+        assert_eq!(got.iter().map(|p| file_name(p)).collect::<Vec<_>>(), ["a.tsv", "b.tsv"]);
+        let miss = PathPatterns(vec![format!("{}/*.parquet", dir.path().display())]).expand().unwrap_err();
+        assert!(miss.contains("matches no file"));
+        assert!(PathPatterns(vec!["/nonexistent/x".into()]).expand().unwrap_err().contains("does not exist"));
+    }
+
+    #[test]
+    fn atomic_write_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.json");
+        write_atomic(&p, b"{}").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"{}");
+        assert!(!tmp_path(&p).exists());
+    }
+}

@@ -1,0 +1,188 @@
+//! Parquet output: shards of at most `rows_per_shard` rows (`part-00000.parquet`, ...), each
+//! written to a temporary name and renamed into place when complete, with key-value metadata
+//! (curate version, config hash) in the file footer. Snappy compression: fast to write, read by
+//! every Parquet reader (pyarrow, polars, DuckDB, Spark).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+use serde::Serialize;
+
+use super::tmp_path;
+use crate::error::{Error, Result};
+
+/// Rows per row group: small enough to bound the writer's memory, large enough for good scans.
+const ROW_GROUP_ROWS: usize = 128 * 1024;
+
+fn properties(metadata: &[(String, String)]) -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_size(ROW_GROUP_ROWS)
+        .set_key_value_metadata(Some(metadata.iter().map(|(k, v)| KeyValue::new(k.clone(), v.clone())).collect()))
+        .build()
+}
+
+/// One finished output file.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ShardInfo {
+    pub file: String,
+    pub rows: u64,
+}
+
+struct Open {
+    writer: ArrowWriter<File>,
+    tmp: PathBuf,
+    path: PathBuf,
+    rows: usize,
+}
+
+/// Writes a stream of batches into numbered Parquet shards.
+pub struct ShardedWriter {
+    dir: PathBuf,
+    stem: String,
+    schema: SchemaRef,
+    rows_per_shard: usize,
+    props: WriterProperties,
+    current: Option<Open>,
+    shards: Vec<ShardInfo>,
+}
+
+impl ShardedWriter {
+    pub fn new(
+        dir: &Path,
+        stem: &str,
+        schema: SchemaRef,
+        rows_per_shard: usize,
+        metadata: &[(String, String)],
+    ) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("cannot create folder", dir, e))?;
+        Ok(ShardedWriter {
+            dir: dir.to_owned(),
+            stem: stem.to_owned(),
+            schema,
+            rows_per_shard: rows_per_shard.max(1),
+            props: properties(metadata),
+            current: None,
+            shards: Vec::new(),
+        })
+    }
+
+    fn open_next(&mut self) -> Result<()> {
+        let name = format!("{}-{:05}.parquet", self.stem, self.shards.len());
+        let path = self.dir.join(&name);
+        let tmp = tmp_path(&path);
+        let file = File::create(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
+        let writer = ArrowWriter::try_new(file, self.schema.clone(), Some(self.props.clone()))?;
+        self.current = Some(Open { writer, tmp, path, rows: 0 });
+        Ok(())
+    }
+
+    fn close_current(&mut self) -> Result<()> {
+        if let Some(open) = self.current.take() {
+            open.writer.close()?;
+            std::fs::rename(&open.tmp, &open.path).map_err(|e| Error::io("cannot rename into place", &open.path, e))?;
+            self.shards.push(ShardInfo { file: super::file_name(&open.path), rows: open.rows as u64 });
+        }
+        Ok(())
+    }
+
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            if self.current.as_ref().is_some_and(|o| o.rows >= self.rows_per_shard) {
+                self.close_current()?;
+            }
+            if self.current.is_none() {
+                self.open_next()?;
+            }
+            let open = self.current.as_mut().expect("opened above");
+            let take = (self.rows_per_shard - open.rows).min(batch.num_rows() - offset);
+            open.writer.write(&batch.slice(offset, take))?;
+            open.rows += take;
+            offset += take;
+        }
+        Ok(())
+    }
+
+    /// Closes the last shard. An empty output still gets one (empty) shard carrying the schema.
+    pub fn finish(mut self) -> Result<Vec<ShardInfo>> {
+        if self.current.is_none() && self.shards.is_empty() {
+            self.open_next()?;
+        }
+        self.close_current()?;
+        Ok(self.shards)
+    }
+}
+
+/// Writes `batches` to one Parquet file atomically.
+pub fn write_file(
+    path: &Path,
+    schema: SchemaRef,
+    batches: &[RecordBatch],
+    metadata: &[(String, String)],
+) -> Result<u64> {
+    let tmp = tmp_path(path);
+    let file = File::create(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
+    let mut w = ArrowWriter::try_new(file, schema, Some(properties(metadata)))?;
+    let mut rows = 0;
+    for b in batches {
+        w.write(b)?;
+        rows += b.num_rows() as u64;
+    }
+    w.close()?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename into place", path, e))?;
+    Ok(rows)
+}
+
+/// Reads a whole Parquet file (inputs of readers, tests).
+pub fn read_file(path: &Path) -> Result<Vec<RecordBatch>> {
+    let file = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
+    reader.map(|b| b.map_err(Error::from)).collect()
+}
+
+/// The Arrow schema stored in a Parquet file's footer (no data is read).
+pub fn read_schema(path: &Path) -> Result<SchemaRef> {
+    let file = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
+    Ok(ParquetRecordBatchReaderBuilder::try_new(file)?.schema().clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::{pairs, PairRow, PairsBuilder};
+
+    #[test]
+    fn shards_split_at_the_row_limit_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut b = PairsBuilder::new("test");
+        let ids: Vec<String> = (0..5).map(|i| format!("id{i}")).collect();
+        for id in &ids {
+            b.push(PairRow { sample_id: id, caption: Some("a dog"), ..Default::default() });
+        }
+        let batch = b.finish();
+        let mut w = ShardedWriter::new(dir.path(), "part", pairs(), 2, &[]).unwrap();
+        w.write(&batch).unwrap();
+        let shards = w.finish().unwrap();
+        assert_eq!(shards.iter().map(|s| s.rows).collect::<Vec<_>>(), [2, 2, 1]);
+        assert_eq!(shards[2].file, "part-00002.parquet");
+        let back = read_file(&dir.path().join("part-00001.parquet")).unwrap();
+        assert_eq!(back[0].slice(0, 2), batch.slice(2, 2));
+    }
+
+    #[test]
+    fn empty_output_still_has_a_schema_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = ShardedWriter::new(dir.path(), "part", pairs(), 10, &[]).unwrap();
+        let shards = w.finish().unwrap();
+        assert_eq!(shards, vec![ShardInfo { file: "part-00000.parquet".into(), rows: 0 }]);
+        assert_eq!(read_schema(&dir.path().join("part-00000.parquet")).unwrap().fields().len(), pairs().fields().len());
+    }
+}

@@ -1,0 +1,341 @@
+//! The pipeline file as a document: its TOML values, where each value came from (file span or
+//! `--set` override), and typed extraction that reports every problem at once.
+//!
+//! Paths name values inside the document: `seed`, `stage[1]`, `stage[1].keep_words`,
+//! `stage[0].columns.caption`. `--set` addresses a stage by its `name` (default: its `type`),
+//! so `--set bow.rm_top_freq=500` works without knowing the stage's position.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use toml::de::{DeTable, DeValue};
+use toml::{Spanned, Table, Value};
+
+use crate::error::{did_you_mean, Diagnostic, Location};
+
+#[derive(Debug, Clone)]
+enum Origin {
+    Span { key: Range<usize>, value: Range<usize> },
+    Override(String),
+}
+
+/// A parsed pipeline file with the origin of every value.
+#[derive(Debug, Clone)]
+pub struct ConfigDoc {
+    pub path: PathBuf,
+    source: String,
+    pub root: Table,
+    origins: HashMap<String, Origin>,
+}
+
+impl ConfigDoc {
+    /// Reads and parses `path`, then applies `overrides` (`key.path=value`).
+    pub fn load(path: &Path, overrides: &[String]) -> Result<ConfigDoc, Vec<Diagnostic>> {
+        let source = std::fs::read_to_string(path).map_err(|e| {
+            vec![Diagnostic::new(format!("cannot read pipeline file `{}`: {e}", path.display()))
+                .hint("check the path; pipelines live in `pipelines/`")]
+        })?;
+        Self::parse(path, source, overrides)
+    }
+
+    pub fn parse(path: &Path, source: String, overrides: &[String]) -> Result<ConfigDoc, Vec<Diagnostic>> {
+        let mut doc = ConfigDoc { path: path.to_owned(), source, root: Table::new(), origins: HashMap::new() };
+        let parsed = match DeTable::parse(&doc.source) {
+            Ok(t) => t,
+            Err(e) => {
+                let loc = e.span().map(|s| doc.file_location(s.start));
+                let first = e.message().lines().next().unwrap_or("invalid TOML").to_owned();
+                return Err(vec![Diagnostic::new(format!("invalid TOML: {first}"))
+                    .at(loc)
+                    .hint("see https://toml.io for the syntax")]);
+            }
+        };
+        let mut origins = HashMap::new();
+        record_spans(&mut origins, "", parsed.get_ref());
+        doc.origins = origins;
+        doc.root = toml::from_str(&doc.source).expect("DeTable parsed it, so the Table parse succeeds");
+        let mut diags = Vec::new();
+        for arg in overrides {
+            if let Err(d) = doc.apply_override(arg) {
+                diags.push(d);
+            }
+        }
+        if diags.is_empty() {
+            Ok(doc)
+        } else {
+            Err(diags)
+        }
+    }
+
+    fn file_location(&self, offset: usize) -> Location {
+        let offset = offset.min(self.source.len());
+        let before = &self.source[..offset];
+        let line = before.matches('\n').count() + 1;
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let column = self.source[line_start..offset].chars().count() + 1;
+        let text = self.source[line_start..].lines().next().unwrap_or("").to_owned();
+        Location::File { path: self.path.clone(), line, column, text }
+    }
+
+    /// Location of the value at `path`, or of its closest enclosing value.
+    pub fn location(&self, path: &str) -> Option<Location> {
+        self.origin_of(path, false)
+    }
+
+    /// Location of the key at `path` (for "unknown key" errors).
+    pub fn key_location(&self, path: &str) -> Option<Location> {
+        self.origin_of(path, true)
+    }
+
+    fn origin_of(&self, path: &str, key: bool) -> Option<Location> {
+        let mut p = path;
+        loop {
+            if let Some(o) = self.origins.get(p) {
+                return Some(match o {
+                    Origin::Span { key: k, value: v } => self.file_location(if key { k.start } else { v.start }),
+                    Origin::Override(arg) => Location::Override { arg: arg.clone() },
+                });
+            }
+            p = &p[..p.rfind(['.', '['])?];
+        }
+    }
+
+    /// The stage tables, in file order.
+    pub fn stages(&self) -> Vec<&Table> {
+        match self.root.get("stage") {
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_table).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// `name` of a stage: its `name` key or else its `type`.
+    pub fn stage_name(stage: &Table) -> Option<&str> {
+        stage.get("name").or_else(|| stage.get("type")).and_then(Value::as_str)
+    }
+
+    fn apply_override(&mut self, arg: &str) -> Result<(), Diagnostic> {
+        let bad = |msg: String| Diagnostic::new(msg).at(Some(Location::Override { arg: arg.to_owned() }));
+        let (key, raw) = arg
+            .split_once('=')
+            .ok_or_else(|| bad(format!("override `{arg}` has no `=`")).hint("write `--set key.path=value`"))?;
+        let parts: Vec<&str> = key.trim().split('.').collect();
+        if parts.iter().any(|p| p.is_empty()) {
+            return Err(
+                bad(format!("override key `{key}` has an empty part")).hint("write `--set stage_name.key=value`")
+            );
+        }
+        let value = parse_override_value(raw.trim());
+        // Top-level keys win; otherwise the first part names a stage.
+        let (mut table, mut prefix, rest): (&mut Table, String, &[&str]) =
+            if parts.len() == 1 || self.root.get(parts[0]).is_some_and(|v| !v.is_array()) {
+                (&mut self.root, String::new(), &parts[..])
+            } else {
+                let names: Vec<String> =
+                    self.stages().iter().filter_map(|t| Self::stage_name(t).map(str::to_owned)).collect();
+                let Some(idx) = names.iter().position(|n| n == parts[0]) else {
+                    let mut candidates: Vec<&str> = names.iter().map(String::as_str).collect();
+                    candidates.extend(["name", "output_dir", "seed"]);
+                    return Err(bad(format!("`--set {key}`: no stage is named `{}`", parts[0])).maybe_hint(
+                        did_you_mean(parts[0], candidates.iter().copied())
+                            .or_else(|| Some(format!("stage names here: {}", names.join(", ")))),
+                    ));
+                };
+                let Some(Value::Array(stages)) = self.root.get_mut("stage") else { unreachable!() };
+                let table = stages[idx].as_table_mut().expect("stages() only lists tables");
+                (table, format!("stage[{idx}]"), &parts[1..])
+            };
+        for (i, part) in rest.iter().enumerate() {
+            prefix = if prefix.is_empty() { (*part).to_owned() } else { format!("{prefix}.{part}") };
+            if i + 1 == rest.len() {
+                table.insert((*part).to_owned(), value.clone());
+                break;
+            }
+            let entry = table.entry((*part).to_owned()).or_insert_with(|| Value::Table(Table::new()));
+            table = entry.as_table_mut().ok_or_else(|| bad(format!("`--set {key}`: `{part}` is not a table")))?;
+        }
+        self.origins.insert(prefix, Origin::Override(arg.to_owned()));
+        Ok(())
+    }
+
+    /// Deserializes `value` (found at `path`) into `T`, collecting every type error: after an
+    /// error in one key, that key is dropped and deserialization retried, so a table with three
+    /// wrong values yields three diagnostics. Returns `None` if anything was wrong.
+    pub fn extract<T: DeserializeOwned>(&self, path: &str, value: &Value, diags: &mut Vec<Diagnostic>) -> Option<T> {
+        let mut value = value.clone();
+        let mut ok = true;
+        for _ in 0..64 {
+            match serde_path_to_error::deserialize::<_, T>(value.clone()) {
+                Ok(t) => return ok.then_some(t),
+                Err(e) => {
+                    ok = false;
+                    let inner = e.path().to_string();
+                    let full =
+                        if inner == "." || inner.is_empty() { path.to_owned() } else { format!("{path}.{inner}") };
+                    let message = e.inner().message().to_owned();
+                    let (msg, hint) = explain_serde_error(&message, &full);
+                    diags.push(Diagnostic::new(msg).at(self.location(&full)).maybe_hint(hint));
+                    // Drop the offending key and retry to find further errors.
+                    if inner == "." || inner.is_empty() || !remove_path(&mut value, &inner) {
+                        return None;
+                    }
+                }
+            }
+        }
+        None
+    }
+}
+
+fn record_spans(origins: &mut HashMap<String, Origin>, prefix: &str, table: &DeTable<'_>) {
+    for (k, v) in table.iter() {
+        let path = if prefix.is_empty() { k.get_ref().to_string() } else { format!("{prefix}.{}", k.get_ref()) };
+        record_value(origins, path, k.span(), v);
+    }
+}
+
+fn record_value(origins: &mut HashMap<String, Origin>, path: String, key: Range<usize>, v: &Spanned<DeValue<'_>>) {
+    match v.get_ref() {
+        DeValue::Table(t) => record_spans(origins, &path, t),
+        DeValue::Array(a) => {
+            for (i, item) in a.iter().enumerate() {
+                record_value(origins, format!("{path}[{i}]"), item.span(), item);
+            }
+        }
+        _ => {}
+    }
+    origins.insert(path, Origin::Span { key, value: v.span() });
+}
+
+/// A `--set` value is TOML (`4`, `true`, `"x"`, `[1, 2]`, `{a = 1}`); anything that does not
+/// parse as TOML is taken as a bare string, so `--set output_dir=out/x` works unquoted.
+fn parse_override_value(raw: &str) -> Value {
+    let doc = format!("v = {raw}");
+    match toml::from_str::<Table>(&doc) {
+        Ok(mut t) => t.remove("v").unwrap_or(Value::String(raw.to_owned())),
+        Err(_) => Value::String(raw.to_owned()),
+    }
+}
+
+fn remove_path(value: &mut Value, path: &str) -> bool {
+    let parts: Vec<&str> = path.split('.').collect();
+    let mut cur = value;
+    for (i, part) in parts.iter().enumerate() {
+        let (name, index) = match part.split_once('[') {
+            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (*part, None),
+        };
+        let Some(table) = cur.as_table_mut() else { return false };
+        if i + 1 == parts.len() && index.is_none() {
+            return table.remove(name).is_some();
+        }
+        let Some(next) = table.get_mut(name) else { return false };
+        cur = match index {
+            Some(ix) => match next.as_array_mut() {
+                Some(a) if ix < a.len() => {
+                    if i + 1 == parts.len() {
+                        a.remove(ix);
+                        return true;
+                    }
+                    &mut a[ix]
+                }
+                _ => return false,
+            },
+            None => next,
+        };
+    }
+    false
+}
+
+/// Turns serde's message into ours plus a hint ("did you mean" for unknown variants).
+fn explain_serde_error(message: &str, path: &str) -> (String, Option<String>) {
+    // Paths are shown as written (`stage[1].keep_words`): it is what `--set` and the docs use.
+    let shown = path;
+    if let Some(rest) = message.strip_prefix("unknown variant ") {
+        let given = rest.split('`').nth(1).unwrap_or("");
+        let expected: Vec<&str> = rest.split("expected").nth(1).unwrap_or("").split('`').skip(1).step_by(2).collect();
+        let hint = did_you_mean(given, expected.iter().copied()).or_else(|| {
+            Some(format!("choose one of {}", expected.iter().map(|e| format!("`{e}`")).collect::<Vec<_>>().join(", ")))
+        });
+        return (format!("`{shown}`: unknown value `{given}`"), hint);
+    }
+    if let Some(field) = message.strip_prefix("missing field ") {
+        return (format!("`{shown}`: missing required key {field}"), Some(format!("add {field} = ... to this stage")));
+    }
+    if message.starts_with("invalid type") || message.starts_with("invalid value") {
+        return (format!("`{shown}`: wrong type: {message}"), None);
+    }
+    (format!("`{shown}`: {message}"), None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct S {
+        a: u32,
+        b: bool,
+        #[serde(default)]
+        c: String,
+    }
+
+    fn doc(src: &str, sets: &[&str]) -> ConfigDoc {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        ConfigDoc::parse(Path::new("p.toml"), src.to_owned(), &sets).unwrap()
+    }
+
+    #[test]
+    fn locations_point_at_lines() {
+        let d = doc("seed = 1\n\n[[stage]]\ntype = \"bow\"\nkeep_words = 4\n", &[]);
+        match d.location("stage[0].keep_words") {
+            Some(Location::File { line, column, .. }) => assert_eq!((line, column), (5, 14)),
+            other => panic!("{other:?}"),
+        }
+        match d.key_location("stage[0].keep_words") {
+            Some(Location::File { line, column, .. }) => assert_eq!((line, column), (5, 1)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn overrides_address_stages_by_name_and_parse_toml_values() {
+        let d = doc(
+            "output_dir = \"out\"\n[[stage]]\ntype = \"bow\"\nkeep_words = 4\n",
+            &["bow.keep_words=2", "output_dir=out/x", "bow.columns.caption=\"text\""],
+        );
+        let st = d.stages()[0];
+        assert_eq!(st["keep_words"].as_integer(), Some(2));
+        assert_eq!(st["columns"]["caption"].as_str(), Some("text"));
+        assert_eq!(d.root["output_dir"].as_str(), Some("out/x"));
+        assert_eq!(d.location("stage[0].keep_words"), Some(Location::Override { arg: "bow.keep_words=2".into() }));
+    }
+
+    #[test]
+    fn unknown_stage_in_override_is_reported() {
+        let e =
+            ConfigDoc::parse(Path::new("p.toml"), "[[stage]]\ntype = \"bow\"\n".into(), &["bwo.keep_words=2".into()])
+                .unwrap_err();
+        assert!(e[0].message.contains("no stage is named `bwo`"));
+        assert_eq!(e[0].hint.as_deref(), Some("did you mean `bow`?"));
+    }
+
+    #[test]
+    fn extract_reports_every_type_error() {
+        let d = doc("[[stage]]\na = \"x\"\nb = 3\n", &[]);
+        let mut diags = Vec::new();
+        let v = Value::Table(d.stages()[0].clone());
+        assert_eq!(d.extract::<S>("stage[0]", &v, &mut diags), None);
+        assert_eq!(diags.len(), 2, "{diags:?}");
+        assert!(diags[0].message.contains("stage[0].a"));
+        assert!(diags[1].message.contains("stage[0].b"));
+    }
+
+    #[test]
+    fn syntax_errors_have_a_line() {
+        let e = ConfigDoc::parse(Path::new("p.toml"), "a = 1\nb = \n".into(), &[]).unwrap_err();
+        assert!(matches!(e[0].location, Some(Location::File { line: 2, .. })), "{e:?}");
+    }
+}

@@ -1,0 +1,284 @@
+//! Running a [`Plan`]: fit passes for the transforms that need them, then one streaming pass in
+//! which a reader thread parses, chunks are transformed in parallel (rayon) and a writer thread
+//! stores data and rejects in input order. Outputs: `config.json` (before any work),
+//! `data/part-*.parquet`, `rejects/part-*.parquet`, `manifest.json`, and the report.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::time::Instant;
+
+use rayon::prelude::*;
+use serde::Serialize;
+use serde_json::json;
+use std::path::Path;
+
+use super::plan::Plan;
+use super::progress::Progress;
+use crate::error::{Error, Result};
+use crate::io::parquet::{ShardInfo, ShardedWriter};
+use crate::io::{fingerprint, write_atomic};
+use crate::report;
+use crate::schema::{self, Chunk};
+use crate::stages::{Reader, Transform};
+
+/// Chunks transformed together; a multiple of any core count we run on, fixed so memory use
+/// does not grow with the machine.
+const GROUP: usize = 8;
+
+/// Runtime knobs (flags, never in the pipeline file: they do not change the output).
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    pub progress: bool,
+}
+
+/// What a run did, for the summary on stderr and `manifest.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    pub rows_read: u64,
+    pub rows_written: u64,
+    pub rejects: BTreeMap<String, u64>,
+    pub skipped: BTreeMap<String, u64>,
+    pub data_shards: Vec<ShardInfo>,
+    pub timings_s: BTreeMap<String, f64>,
+}
+
+impl RunSummary {
+    pub fn rejected(&self) -> u64 {
+        self.rejects.values().sum()
+    }
+}
+
+/// Runs `plan`, writing everything under its `output_dir`.
+pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
+    let started = Instant::now();
+    let out = plan.output_dir.clone();
+    std::fs::create_dir_all(&out).map_err(|e| Error::io("cannot create output folder", &out, e))?;
+    let config_json = serde_json::to_string_pretty(&plan.resolved).expect("JSON value serializes");
+    write_atomic(&out.join("config.json"), config_json.as_bytes())?;
+    let config_hash = format!("xxh3-64:{:016x}", xxhash_rust::xxh3::xxh3_64(config_json.as_bytes()));
+
+    let mut timings = BTreeMap::new();
+    let t = Instant::now();
+    let inputs = plan.reader.inputs();
+    let input_fingerprint = fingerprint(&inputs)?;
+    timings.insert("fingerprint".to_owned(), t.elapsed().as_secs_f64());
+
+    let total_passes = plan.transforms.iter().map(|(_, t)| t.fit_passes()).sum::<usize>() + 1;
+    let progress = Progress::new(opts.progress, total_passes);
+    let mut total_rows: Option<u64> = None;
+    let mut pass_no = 0;
+
+    // Fit passes: transform `i` sees the stream through transforms `0..i`.
+    for i in 0..plan.transforms.len() {
+        let (before, rest) = plan.transforms.split_at_mut(i);
+        let (name, stage) = &mut rest[0];
+        for pass in 0..stage.fit_passes() {
+            pass_no += 1;
+            let t = Instant::now();
+            let bar = progress.pass(pass_no, &format!("{name}: fit pass {}", pass + 1), total_rows);
+            let mut offsets = vec![0u64; i + 1];
+            let mut rows = 0;
+            for chunk in plan.reader.open()? {
+                let chunk = chunk?;
+                let n_read =
+                    chunk.batch.num_rows() + chunk.rejects.len() + chunk.skipped.values().sum::<u64>() as usize;
+                rows += n_read as u64;
+                let mut c = chunk;
+                for (j, (_, earlier)) in before.iter().enumerate() {
+                    let n = c.batch.num_rows() as u64;
+                    c = earlier.apply(c, offsets[j])?;
+                    offsets[j] += n;
+                }
+                stage.fit(pass, &c.batch, offsets[i])?;
+                offsets[i] += c.batch.num_rows() as u64;
+                bar.inc(n_read as u64);
+            }
+            stage.end_pass(pass)?;
+            bar.finish();
+            total_rows = Some(rows);
+            timings.insert(format!("{name}.fit_pass_{}", pass + 1), t.elapsed().as_secs_f64());
+        }
+    }
+
+    // The streaming pass.
+    pass_no += 1;
+    let t = Instant::now();
+    let bar = progress.pass(pass_no, "transform + write", total_rows);
+    let data_dir = out.join(&plan.write.dir);
+    let rejects_dir = out.join("rejects");
+    let metadata = vec![
+        ("curate.version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
+        ("curate.config_hash".to_owned(), config_hash.clone()),
+        ("curate.pipeline".to_owned(), plan.name.clone()),
+    ];
+    let mut data =
+        ShardedWriter::new(&data_dir, "part", plan.output_schema.clone(), plan.write.rows_per_shard, &metadata)?;
+    let mut rejects =
+        ShardedWriter::new(&rejects_dir, "part", schema::rejects(), plan.write.rows_per_shard, &metadata)?;
+    let columns: Option<Vec<usize>> = plan.write.columns.as_ref().map(|cols| {
+        let last = plan.transforms.last().map_or_else(schema::pairs, |(_, t)| t.output_schema());
+        cols.iter().map(|c| last.index_of(c).expect("checked at plan time")).collect()
+    });
+    let reader: &dyn Reader = plan.reader.as_ref();
+    let transforms: &[(String, Box<dyn Transform>)] = &plan.transforms;
+
+    let streamed = std::thread::scope(|s| -> Result<(u64, WriterOutcome)> {
+        let (tx, rx) = sync_channel::<Result<Chunk>>(GROUP);
+        s.spawn(move || match reader.open() {
+            Ok(chunks) => {
+                for c in chunks {
+                    if tx.send(c).is_err() {
+                        break;
+                    }
+                }
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+        });
+        let (wtx, wrx) = sync_channel::<Chunk>(GROUP);
+        let writer = s.spawn(move || -> Result<WriterOutcome> {
+            let mut o = WriterOutcome::default();
+            for chunk in wrx {
+                let batch = match &columns {
+                    Some(idx) => chunk.batch.project(idx)?,
+                    None => chunk.batch,
+                };
+                o.written += batch.num_rows() as u64;
+                data.write(&batch)?;
+                if !chunk.rejects.is_empty() {
+                    for r in &chunk.rejects {
+                        *o.rejects.entry(format!("{}/{}", r.stage, r.reason)).or_insert(0) += 1;
+                    }
+                    rejects.write(&schema::rejects_batch(&chunk.rejects))?;
+                }
+                for (k, v) in chunk.skipped {
+                    *o.skipped.entry(k.to_owned()).or_insert(0) += v;
+                }
+            }
+            o.data_shards = data.finish()?;
+            o.reject_shards = rejects.finish()?;
+            Ok(o)
+        });
+        let read =
+            transform_stream(rx, transforms, &bar, |c| wtx.send(c).map_err(|_| Error::data("the writer stopped")));
+        drop(wtx);
+        let written = writer.join().expect("writer thread does not panic");
+        // A reader or transform error explains a writer that stopped early: report it first.
+        let rows_read = read?;
+        Ok((rows_read, written?))
+    });
+    let (rows_read, w) = streamed?;
+    bar.finish();
+    remove_stale(&data_dir, &w.data_shards)?;
+    remove_stale(&rejects_dir, &w.reject_shards)?;
+    timings.insert("transform_write".to_owned(), t.elapsed().as_secs_f64());
+
+    let t = Instant::now();
+    let stage_reports: Vec<(String, serde_json::Value)> =
+        plan.transforms.iter().map(|(name, t)| (name.clone(), t.report())).collect();
+    let summary = RunSummary {
+        rows_read,
+        rows_written: w.written,
+        rejects: w.rejects,
+        skipped: w.skipped,
+        data_shards: w.data_shards,
+        timings_s: BTreeMap::new(),
+    };
+    report::write(&out, &plan, &summary, &stage_reports)?;
+    timings.insert("report".to_owned(), t.elapsed().as_secs_f64());
+    timings.insert("total".to_owned(), started.elapsed().as_secs_f64());
+    let summary = RunSummary { timings_s: timings, ..summary };
+
+    let manifest = json!({
+        "curate_version": env!("CARGO_PKG_VERSION"),
+        "pipeline": plan.name,
+        "pipeline_file": plan.pipeline_file,
+        "config_hash": config_hash,
+        "inputs": inputs,
+        "input_fingerprint": input_fingerprint,
+        "rows": {
+            "read": summary.rows_read,
+            "written": summary.rows_written,
+            "rejected": summary.rejected(),
+            "skipped": summary.skipped.values().sum::<u64>(),
+        },
+        "rejects_by_reason": summary.rejects,
+        "skipped_by_reason": summary.skipped,
+        "data_shards": summary.data_shards,
+        "reject_shards": w.reject_shards,
+        "timings_s": summary.timings_s,
+    });
+    let text = serde_json::to_string_pretty(&manifest).expect("JSON value serializes");
+    write_atomic(&out.join("manifest.json"), text.as_bytes())?;
+    Ok(summary)
+}
+
+#[derive(Default)]
+struct WriterOutcome {
+    written: u64,
+    rejects: BTreeMap<String, u64>,
+    skipped: BTreeMap<String, u64>,
+    data_shards: Vec<ShardInfo>,
+    reject_shards: Vec<ShardInfo>,
+}
+
+/// Deletes `part-*.parquet` files in `dir` that this run did not write (left by an earlier run
+/// with more shards), so the folder holds exactly one run's output.
+fn remove_stale(dir: &Path, keep: &[ShardInfo]) -> Result<()> {
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io("cannot list", dir, e))?;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("part-") && name.ends_with(".parquet") && !keep.iter().any(|k| k.file == name) {
+            std::fs::remove_file(e.path()).map_err(|err| Error::io("cannot remove stale shard", e.path(), err))?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads chunks from `rx` in groups, runs every transform on a group in parallel (order kept),
+/// and hands results to `sink` in input order. Returns the number of input rows.
+fn transform_stream(
+    rx: Receiver<Result<Chunk>>,
+    transforms: &[(String, Box<dyn Transform>)],
+    bar: &super::progress::PassBar,
+    mut sink: impl FnMut(Chunk) -> Result<()>,
+) -> Result<u64> {
+    let mut offsets = vec![0u64; transforms.len()];
+    let mut rows = 0u64;
+    let mut group: Vec<Chunk> = Vec::with_capacity(GROUP);
+    let mut done = false;
+    while !done {
+        group.clear();
+        while group.len() < GROUP {
+            match rx.recv() {
+                Ok(c) => group.push(c?),
+                Err(_) => {
+                    done = true;
+                    break;
+                }
+            }
+        }
+        let read: u64 =
+            group.iter().map(|c| (c.batch.num_rows() + c.rejects.len()) as u64 + c.skipped.values().sum::<u64>()).sum();
+        rows += read;
+        let mut chunks = std::mem::take(&mut group);
+        for (j, (_, t)) in transforms.iter().enumerate() {
+            let mut starts = Vec::with_capacity(chunks.len());
+            for c in &chunks {
+                starts.push(offsets[j]);
+                offsets[j] += c.batch.num_rows() as u64;
+            }
+            chunks = chunks
+                .into_par_iter()
+                .zip(starts)
+                .map(|(c, start)| t.apply(c, start))
+                .collect::<Result<Vec<Chunk>>>()?;
+        }
+        for c in chunks {
+            sink(c)?;
+        }
+        bar.inc(read);
+    }
+    Ok(rows)
+}

@@ -1,0 +1,331 @@
+//! Compiling a pipeline file into a [`Plan`]: every stage's config is parsed and checked, input
+//! files located, column names resolved and the stage order verified — all before any data is
+//! read — and every problem found is reported at once (STYLE.md "Config and runtime").
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_schema::{Schema, SchemaRef};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use toml::Value;
+
+use super::config::ConfigDoc;
+use super::introspect::fields;
+use crate::error::{did_you_mean, Diagnostic, Error, Result};
+use crate::schema;
+use crate::stages::bow::BowConfig;
+use crate::stages::read_cc_tsv::ReadCcTsvConfig;
+use crate::stages::read_imagenet21k::ReadImagenet21kConfig;
+use crate::stages::read_img2dataset::ReadImg2datasetConfig;
+use crate::stages::read_table::ReadTableConfig;
+use crate::stages::read_yfcc::ReadYfccConfig;
+use crate::stages::write_parquet::WriteParquetConfig;
+use crate::stages::{bow, read_cc_tsv, read_imagenet21k, read_img2dataset, read_table, read_yfcc, write_parquet};
+use crate::stages::{Problems, Reader, Transform};
+
+/// Top-level keys of a pipeline file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Name shown in reports; default: the file's stem.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Folder for every output of the run.
+    pub output_dir: String,
+    /// Seed of every random choice (stages may override).
+    #[serde(default)]
+    pub seed: u64,
+    /// The stages, in order.
+    #[serde(default)]
+    pub stage: Vec<toml::Table>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Read,
+    Transform,
+    Write,
+}
+
+/// Every stage type: name, kind and accepted keys.
+fn stage_types() -> Vec<(&'static str, Kind, &'static [&'static str])> {
+    vec![
+        (read_cc_tsv::TYPE, Kind::Read, fields::<ReadCcTsvConfig>()),
+        (read_img2dataset::TYPE, Kind::Read, fields::<ReadImg2datasetConfig>()),
+        (read_yfcc::TYPE, Kind::Read, fields::<ReadYfccConfig>()),
+        (read_imagenet21k::TYPE, Kind::Read, fields::<ReadImagenet21kConfig>()),
+        (read_table::TYPE, Kind::Read, fields::<ReadTableConfig>()),
+        (bow::TYPE, Kind::Transform, fields::<BowConfig>()),
+        (write_parquet::TYPE, Kind::Write, fields::<WriteParquetConfig>()),
+    ]
+}
+
+/// A checked pipeline, ready to run.
+pub struct Plan {
+    pub name: String,
+    pub pipeline_file: PathBuf,
+    pub seed: u64,
+    pub output_dir: PathBuf,
+    pub reader: Box<dyn Reader>,
+    pub transforms: Vec<(String, Box<dyn Transform>)>,
+    pub write: WriteParquetConfig,
+    /// Schema of the written table (after column selection).
+    pub output_schema: SchemaRef,
+    /// The resolved configuration: every key with its default filled in (`config.json`).
+    pub resolved: serde_json::Value,
+}
+
+enum Built {
+    Reader(Box<dyn Reader>),
+    Transform(Box<dyn Transform>),
+    Write(WriteParquetConfig),
+}
+
+/// Loads, overrides and compiles `path`.
+pub fn compile(path: &Path, overrides: &[String]) -> Result<Plan> {
+    let doc = ConfigDoc::load(path, overrides).map_err(Error::Config)?;
+    compile_doc(&doc)
+}
+
+pub fn compile_doc(doc: &ConfigDoc) -> Result<Plan> {
+    let mut diags = Vec::new();
+    let known_top = fields::<PipelineConfig>();
+    for key in doc.root.keys() {
+        if !known_top.iter().any(|t| t == key) {
+            let hint = did_you_mean(key, known_top.iter().copied())
+                .or_else(|| Some(format!("top-level keys are {}; stage keys go under `[[stage]]`", list(known_top))));
+            diags.push(
+                Diagnostic::new(format!("unknown top-level key `{key}`")).at(doc.key_location(key)).maybe_hint(hint),
+            );
+        }
+    }
+    let mut top = doc.root.clone();
+    top.retain(|k, _| known_top.iter().any(|t| *t == k));
+    let top: Option<PipelineConfig> = doc.extract("", &Value::Table(top), &mut diags);
+    if doc.root.get("stage").is_some_and(|s| !matches!(s, Value::Array(a) if a.iter().all(Value::is_table))) {
+        // Reported by `extract` as a type error already.
+    } else if doc.stages().is_empty() {
+        diags.push(
+            Diagnostic::new("the pipeline has no stages")
+                .hint("add `[[stage]]` tables: a read stage, transforms, then `write_parquet`"),
+        );
+    }
+    let seed = top.as_ref().map_or(0, |t| t.seed);
+
+    let types = stage_types();
+    let mut built: Vec<(String, &'static str, Kind, Option<Built>, serde_json::Value)> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    for (i, table) in doc.stages().into_iter().enumerate() {
+        let at = format!("stage[{i}]");
+        let Some(ty) = table.get("type") else {
+            diags.push(
+                Diagnostic::new(format!("stage {} has no `type`", i + 1))
+                    .at(doc.location(&at))
+                    .hint(format!("stage types: {}", list(&types.iter().map(|t| t.0).collect::<Vec<_>>()))),
+            );
+            continue;
+        };
+        let Some(ty) = ty.as_str() else {
+            diags
+                .push(Diagnostic::new(format!("`{at}.type` must be a string")).at(doc.location(&format!("{at}.type"))));
+            continue;
+        };
+        let Some(&(ty, kind, keys)) = types.iter().find(|t| t.0 == ty) else {
+            let hint = did_you_mean(ty, types.iter().map(|t| t.0))
+                .or_else(|| Some(format!("stage types: {}", list(&types.iter().map(|t| t.0).collect::<Vec<_>>()))));
+            diags.push(
+                Diagnostic::new(format!("unknown stage type `{ty}`"))
+                    .at(doc.location(&format!("{at}.type")))
+                    .maybe_hint(hint),
+            );
+            continue;
+        };
+        let name = ConfigDoc::stage_name(table).unwrap_or(ty).to_owned();
+        if names.contains(&name) {
+            diags.push(
+                Diagnostic::new(format!("two stages are named `{name}`"))
+                    .at(doc.location(&at))
+                    .hint("give one of them a distinct `name = \"...\"` (names address stages in `--set`)"),
+            );
+        }
+        names.push(name.clone());
+        let mut body = table.clone();
+        body.remove("type");
+        body.remove("name");
+        for key in table.keys().filter(|k| *k != "type" && *k != "name") {
+            if !keys.contains(&key.as_str()) {
+                let hint =
+                    did_you_mean(key, keys.iter().copied()).or_else(|| Some(format!("`{ty}` takes {}", list(keys))));
+                diags.push(
+                    Diagnostic::new(format!("unknown key `{key}` in stage `{name}` ({ty})"))
+                        .at(doc.key_location(&format!("{at}.{key}")))
+                        .maybe_hint(hint),
+                );
+                body.remove(key);
+            }
+        }
+        let body = Value::Table(body);
+        let mut problems = Problems::default();
+        let (stage, resolved) = match ty {
+            read_cc_tsv::TYPE => build(doc, &at, &body, &mut diags, |c: &ReadCcTsvConfig| {
+                c.build(&mut problems).map(|r| Built::Reader(Box::new(r)))
+            }),
+            read_img2dataset::TYPE => build(doc, &at, &body, &mut diags, |c: &ReadImg2datasetConfig| {
+                c.build(&mut problems).map(|r| Built::Reader(Box::new(r)))
+            }),
+            read_yfcc::TYPE => build(doc, &at, &body, &mut diags, |c: &ReadYfccConfig| {
+                c.build(&mut problems).map(|r| Built::Reader(Box::new(r)))
+            }),
+            read_imagenet21k::TYPE => build(doc, &at, &body, &mut diags, |c: &ReadImagenet21kConfig| {
+                c.build(&mut problems).map(|r| Built::Reader(Box::new(r)))
+            }),
+            read_table::TYPE => build(doc, &at, &body, &mut diags, |c: &ReadTableConfig| {
+                c.build(&mut problems).map(|r| Built::Reader(Box::new(r)))
+            }),
+            bow::TYPE => build(doc, &at, &body, &mut diags, |c: &BowConfig| {
+                c.build(seed, &mut problems).map(|t| Built::Transform(Box::new(t)))
+            }),
+            write_parquet::TYPE => build(doc, &at, &body, &mut diags, |c: &WriteParquetConfig| {
+                if c.rows_per_shard == 0 {
+                    problems.push("rows_per_shard", "rows_per_shard must be at least 1", None);
+                    return None;
+                }
+                Some(Built::Write(c.clone()))
+            }),
+            _ => unreachable!("every registered type is handled"),
+        };
+        for (key, message, hint) in problems.0 {
+            let path = format!("{at}.{key}");
+            diags.push(Diagnostic::new(format!("stage `{name}`: {message}")).at(doc.location(&path)).maybe_hint(hint));
+        }
+        let mut resolved = resolved;
+        if let serde_json::Value::Object(m) = &mut resolved {
+            let mut with_type = serde_json::Map::new();
+            with_type.insert("type".into(), json!(ty));
+            with_type.insert("name".into(), json!(name));
+            with_type.extend(std::mem::take(m));
+            *m = with_type;
+        }
+        built.push((name, ty, kind, stage, resolved));
+    }
+
+    // Order: one reader first, transforms, one writer last.
+    let kinds: Vec<Kind> = built.iter().map(|b| b.2).collect();
+    if !kinds.is_empty() {
+        if kinds[0] != Kind::Read || kinds.iter().filter(|k| **k == Kind::Read).count() != 1 {
+            diags.push(
+                Diagnostic::new("a pipeline starts with exactly one read stage").at(doc.location("stage[0]")).hint(
+                    format!(
+                        "read stages: {}",
+                        list(&types.iter().filter(|t| t.1 == Kind::Read).map(|t| t.0).collect::<Vec<_>>())
+                    ),
+                ),
+            );
+        }
+        if *kinds.last().expect("non-empty") != Kind::Write || kinds.iter().filter(|k| **k == Kind::Write).count() != 1
+        {
+            diags.push(
+                Diagnostic::new("a pipeline ends with exactly one `write_parquet` stage")
+                    .at(doc.location(&format!("stage[{}]", kinds.len() - 1)))
+                    .hint("add `[[stage]]\ntype = \"write_parquet\"` at the end"),
+            );
+        }
+    }
+
+    // Column check for the writer's selection, against the schema the stages produce.
+    let mut schema = schema::pairs();
+    for (_, _, kind, stage, _) in &built {
+        if let (Kind::Transform, Some(Built::Transform(t))) = (kind, stage) {
+            schema = t.output_schema();
+        }
+    }
+    let mut output_schema = schema.clone();
+    let writer_index = built.iter().position(|b| b.2 == Kind::Write);
+    if let Some(wi) = writer_index {
+        if let Some(Built::Write(w)) = &built[wi].3 {
+            if let Some(cols) = &w.columns {
+                let available: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+                let mut picked = Vec::new();
+                for (j, c) in cols.iter().enumerate() {
+                    match schema.field_with_name(c) {
+                        Ok(f) => picked.push(f.clone()),
+                        Err(_) => diags.push(
+                            Diagnostic::new(format!("missing column `{c}`: no earlier stage produces it"))
+                                .at(doc.location(&format!("stage[{wi}].columns[{j}]")))
+                                .maybe_hint(
+                                    did_you_mean(c, available.iter().copied())
+                                        .or_else(|| Some(format!("columns here: {}", list(&available)))),
+                                ),
+                        ),
+                    }
+                }
+                output_schema = Arc::new(Schema::new(picked));
+            }
+        }
+    }
+
+    if !diags.is_empty() {
+        return Err(Error::Config(diags));
+    }
+    let top = top.expect("no diagnostics, so the top level parsed");
+    let mut reader = None;
+    let mut transforms = Vec::new();
+    let mut write = None;
+    let mut stages_json = Vec::new();
+    for (name, _, _, stage, resolved) in built {
+        stages_json.push(resolved);
+        match stage.expect("no diagnostics, so every stage built") {
+            Built::Reader(r) => reader = Some(r),
+            Built::Transform(t) => transforms.push((name, t)),
+            Built::Write(w) => write = Some(w),
+        }
+    }
+    let name = top
+        .name
+        .clone()
+        .unwrap_or_else(|| doc.path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default());
+    let resolved = json!({
+        "name": name,
+        "output_dir": top.output_dir,
+        "seed": top.seed,
+        "stage": stages_json,
+    });
+    Ok(Plan {
+        name,
+        pipeline_file: doc.path.clone(),
+        seed: top.seed,
+        output_dir: PathBuf::from(&top.output_dir),
+        reader: reader.expect("order checked"),
+        transforms,
+        write: write.expect("order checked"),
+        output_schema,
+        resolved,
+    })
+}
+
+/// Extracts a stage config and builds it; returns the stage and its resolved JSON.
+fn build<C, F>(
+    doc: &ConfigDoc,
+    at: &str,
+    body: &Value,
+    diags: &mut Vec<Diagnostic>,
+    f: F,
+) -> (Option<Built>, serde_json::Value)
+where
+    C: DeserializeOwned + Serialize,
+    F: FnOnce(&C) -> Option<Built>,
+{
+    match doc.extract::<C>(at, body, diags) {
+        Some(c) => {
+            let resolved = serde_json::to_value(&c).unwrap_or(serde_json::Value::Null);
+            (f(&c), resolved)
+        }
+        None => (None, serde_json::Value::Null),
+    }
+}
+
+fn list(items: &[&str]) -> String {
+    items.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
+}

@@ -1,0 +1,127 @@
+//! The run report: `report.json` (machine-readable), `report.md` (for people) and plots under
+//! `plots/` — rows in/out, rejects by reason, and for the BoW stage the Fistful statistics
+//! (Δ dataset size, mean words per caption before/after, vocabulary sizes, the removed top-`t`
+//! words) with caption-length histograms and word rank–frequency plots before/after.
+
+pub mod plot;
+
+use std::fmt::Write;
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::error::{Error, Result};
+use crate::io::write_atomic;
+use crate::pipeline::execute::RunSummary;
+use crate::pipeline::plan::Plan;
+use crate::stages::bow::MAX_HIST_WORDS;
+
+/// Writes the report files into `out`.
+pub fn write(out: &Path, plan: &Plan, summary: &RunSummary, stages: &[(String, Value)]) -> Result<()> {
+    let plots = out.join("plots");
+    std::fs::create_dir_all(&plots).map_err(|e| Error::io("cannot create folder", &plots, e))?;
+    let mut md = String::new();
+    let _ = writeln!(md, "# curate report: `{}`\n", plan.name);
+    let _ = writeln!(md, "Pipeline file `{}`; output `{}`.\n", plan.pipeline_file.display(), plan.output_dir.display());
+    let _ = writeln!(md, "| rows | count |\n| --- | ---: |");
+    let _ = writeln!(md, "| read | {} |", summary.rows_read);
+    let _ = writeln!(md, "| written | {} |", summary.rows_written);
+    let _ = writeln!(md, "| rejected | {} |", summary.rejected());
+    let _ = writeln!(md, "| skipped | {} |\n", summary.skipped.values().sum::<u64>());
+    if !summary.rejects.is_empty() || !summary.skipped.is_empty() {
+        let _ = writeln!(md, "| stage/reason | rows |\n| --- | ---: |");
+        for (k, v) in &summary.rejects {
+            let _ = writeln!(md, "| rejected: `{k}` | {v} |");
+        }
+        for (k, v) in &summary.skipped {
+            let _ = writeln!(md, "| skipped: `{k}` | {v} |");
+        }
+        let _ = writeln!(md, "\nRejected rows, with their reason and raw input, are in `rejects/`.\n");
+    }
+
+    let mut stage_json = serde_json::Map::new();
+    for (name, report) in stages {
+        let mut report = report.clone();
+        if report.get("length_histogram_before").is_some() {
+            bow_section(&mut md, &plots, name, &mut report)?;
+        }
+        stage_json.insert(name.clone(), report);
+    }
+    let doc = json!({
+        "pipeline": plan.name,
+        "rows": {
+            "read": summary.rows_read,
+            "written": summary.rows_written,
+            "rejected": summary.rejected(),
+            "skipped": summary.skipped.values().sum::<u64>(),
+        },
+        "rejects_by_reason": summary.rejects,
+        "skipped_by_reason": summary.skipped,
+        "stages": stage_json,
+    });
+    write_atomic(&out.join("report.json"), serde_json::to_string_pretty(&doc).expect("serializes").as_bytes())?;
+    write_atomic(&out.join("report.md"), md.as_bytes())
+}
+
+fn u64s(v: &Value) -> Vec<u64> {
+    v.as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default()
+}
+
+/// The BoW statistics: Markdown section, plots, and the report JSON with the full
+/// rank–frequency arrays replaced by log-spaced `[rank, count]` samples.
+fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Result<()> {
+    let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+    let u = |k: &str| r[k].as_u64().unwrap_or(0);
+    let _ = writeln!(md, "## Stage `{name}` (Bag-of-Words, mode `{}`)\n", r["mode"].as_str().unwrap_or(""));
+    let _ = writeln!(md, "| | before | after |\n| --- | ---: | ---: |");
+    let _ = writeln!(md, "| captions | {} | {} |", u("captions_in"), u("captions_out"));
+    let _ = writeln!(md, "| mean words per caption | {:.2} | {:.2} |", f("mean_words_before"), f("mean_words_after"));
+    let _ = writeln!(md, "| vocabulary (distinct words) | {} | {} |\n", u("vocabulary_before"), u("vocabulary_after"));
+    let _ = writeln!(md, "- Δ dataset size: **{:+.1}%**", 100.0 * f("delta_dataset_size"));
+    let _ = writeln!(
+        md,
+        "- base captions kept intact: {}; deformed: {} in, {} out ({} emptied and dropped)",
+        u("base"),
+        u("deformed_in"),
+        u("deformed_out"),
+        u("emptied")
+    );
+    let _ = writeln!(md, "- mean words per surviving deformed caption: {:.2}", f("mean_words_deformed_after"));
+    let _ = writeln!(md, "- base vocabulary: {} words", u("base_vocabulary"));
+    let top: Vec<String> = r["top_removed"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|w| w["word"].as_str().map(str::to_owned)).collect())
+        .unwrap_or_default();
+    if !top.is_empty() {
+        let shown: Vec<&str> = top.iter().take(100).map(String::as_str).collect();
+        let more = if top.len() > shown.len() {
+            format!(" … ({} in all; full list in `report.json`)", top.len())
+        } else {
+            String::new()
+        };
+        let _ = writeln!(md, "- removed top-{} words, most frequent first: {}{more}", top.len(), shown.join(", "));
+    }
+    let (hb, ha) = (u64s(&r["length_histogram_before"]), u64s(&r["length_histogram_after"]));
+    let svg = plot::histogram(
+        &format!("Caption length ({name})"),
+        "words per caption",
+        &[("before", &hb), ("after", &ha)],
+        &format!("{MAX_HIST_WORDS}+"),
+    );
+    let p = plots.join(format!("{name}_caption_length.svg"));
+    write_atomic(&p, svg.as_bytes())?;
+    let (fb, fa) = (u64s(&r["rank_frequency_before"]), u64s(&r["rank_frequency_after"]));
+    let svg = plot::rank_frequency(&format!("Word rank–frequency ({name})"), &[("before", &fb), ("after", &fa)]);
+    let q = plots.join(format!("{name}_word_rank.svg"));
+    write_atomic(&q, svg.as_bytes())?;
+    let _ = writeln!(
+        md,
+        "\n![caption length](plots/{name}_caption_length.svg)\n\n![word rank](plots/{name}_word_rank.svg)\n"
+    );
+    for (key, counts) in [("rank_frequency_before", fb), ("rank_frequency_after", fa)] {
+        let sampled: Vec<[u64; 2]> =
+            plot::log_ranks(counts.len()).into_iter().map(|rk| [rk as u64, counts[rk - 1]]).collect();
+        r[key] = json!(sampled);
+    }
+    Ok(())
+}

@@ -1,0 +1,209 @@
+//! Minimal SVG plots for reports (no plotting dependency, no fonts needed to write them):
+//! a grouped histogram and a log–log rank–frequency plot, each with axes, ticks and a legend.
+
+use std::fmt::Write;
+
+const W: f64 = 720.0;
+const H: f64 = 420.0;
+const LEFT: f64 = 70.0;
+const RIGHT: f64 = 20.0;
+const TOP: f64 = 40.0;
+const BOTTOM: f64 = 55.0;
+pub const COLORS: [&str; 4] = ["#4C72B0", "#DD8452", "#55A868", "#C44E52"];
+
+fn header(title: &str, xlabel: &str, ylabel: &str) -> String {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>
+<text x="{}" y="{}" text-anchor="middle">{}</text>
+<text transform="translate(16,{}) rotate(-90)" text-anchor="middle">{}</text>
+"#,
+        W / 2.0,
+        esc(title),
+        LEFT + (W - LEFT - RIGHT) / 2.0,
+        H - 12.0,
+        esc(xlabel),
+        TOP + (H - TOP - BOTTOM) / 2.0,
+        esc(ylabel)
+    );
+    s
+}
+
+fn esc(t: &str) -> String {
+    t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+fn legend(s: &mut String, labels: &[&str]) {
+    for (i, l) in labels.iter().enumerate() {
+        let y = TOP + 8.0 + 18.0 * i as f64;
+        let x = W - RIGHT - 150.0;
+        let _ = writeln!(
+            s,
+            r#"<rect x="{x}" y="{}" width="12" height="12" fill="{}"/>"#,
+            y - 10.0,
+            COLORS[i % COLORS.len()]
+        );
+        let _ = writeln!(s, r#"<text x="{}" y="{y}">{}</text>"#, x + 18.0, esc(l));
+    }
+}
+
+fn axes(s: &mut String) {
+    let _ = writeln!(s, r#"<path d="M{LEFT},{TOP} V{} H{}" fill="none" stroke="black"/>"#, H - BOTTOM, W - RIGHT);
+}
+
+/// A "nice" tick step for a linear axis spanning `0..max` with about `n` ticks.
+fn nice_step(max: f64, n: f64) -> f64 {
+    let raw = (max / n).max(f64::MIN_POSITIVE);
+    let mag = 10f64.powf(raw.log10().floor());
+    let f = raw / mag;
+    mag * if f <= 1.0 {
+        1.0
+    } else if f <= 2.0 {
+        2.0
+    } else if f <= 5.0 {
+        5.0
+    } else {
+        10.0
+    }
+}
+
+/// Grouped histogram of `series` (counts per bin, bin i = i words), shown as fractions of each
+/// series' total so series of different sizes compare. The last bin is labelled `last_label`.
+pub fn histogram(title: &str, xlabel: &str, series: &[(&str, &[u64])], last_label: &str) -> String {
+    let mut s = header(title, xlabel, "fraction of captions");
+    let bins = series.iter().map(|(_, c)| c.iter().rposition(|&v| v > 0).map_or(1, |p| p + 1)).max().unwrap_or(1);
+    let fracs: Vec<Vec<f64>> = series
+        .iter()
+        .map(|(_, c)| {
+            let tot: u64 = c.iter().sum();
+            (0..bins).map(|i| if tot == 0 { 0.0 } else { *c.get(i).unwrap_or(&0) as f64 / tot as f64 }).collect()
+        })
+        .collect();
+    let ymax = fracs.iter().flatten().cloned().fold(0.0, f64::max).max(1e-9) * 1.1;
+    let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
+    let bw = pw / bins as f64;
+    let step = nice_step(ymax, 5.0);
+    let mut y = 0.0;
+    while y <= ymax {
+        let py = TOP + ph * (1.0 - y / ymax);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" x2="{}" y1="{py}" y2="{py}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{:.2}</text>"##,
+            W - RIGHT,
+            LEFT - 6.0,
+            py + 4.0,
+            y
+        );
+        y += step;
+    }
+    for (k, f) in fracs.iter().enumerate() {
+        let w = bw * 0.8 / series.len() as f64;
+        for (i, v) in f.iter().enumerate() {
+            let x = LEFT + bw * i as f64 + bw * 0.1 + w * k as f64;
+            let h = ph * v / ymax;
+            let _ = writeln!(
+                s,
+                r#"<rect x="{x:.2}" y="{:.2}" width="{w:.2}" height="{h:.2}" fill="{}"/>"#,
+                TOP + ph - h,
+                COLORS[k % COLORS.len()]
+            );
+        }
+    }
+    let tick = (nice_step(bins as f64, 12.0) as usize).max(1);
+    for i in (0..bins).step_by(tick) {
+        let x = LEFT + bw * (i as f64 + 0.5);
+        let label = if i + 1 == bins && !last_label.is_empty() { last_label.to_owned() } else { i.to_string() };
+        let _ =
+            writeln!(s, r#"<text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#, H - BOTTOM + 16.0, esc(&label));
+    }
+    axes(&mut s);
+    legend(&mut s, &series.iter().map(|x| x.0).collect::<Vec<_>>());
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Log–log rank–frequency plot: each series is a list of counts sorted descending.
+pub fn rank_frequency(title: &str, series: &[(&str, &[u64])]) -> String {
+    let mut s = header(title, "word rank", "occurrences");
+    let max_rank = series.iter().map(|(_, c)| c.len()).max().unwrap_or(1).max(2) as f64;
+    let max_count = series.iter().flat_map(|(_, c)| c.first().copied()).max().unwrap_or(1).max(2) as f64;
+    let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
+    let xmax = max_rank.log10().ceil().max(1.0);
+    let ymax = max_count.log10().ceil().max(1.0);
+    let px = |rank: f64| LEFT + pw * rank.log10() / xmax;
+    let py = |count: f64| TOP + ph * (1.0 - count.log10() / ymax);
+    for d in 0..=xmax as i32 {
+        let x = px(10f64.powi(d));
+        let _ = writeln!(
+            s,
+            r##"<line x1="{x}" x2="{x}" y1="{TOP}" y2="{}" stroke="#ddd"/><text x="{x}" y="{}" text-anchor="middle">1e{d}</text>"##,
+            H - BOTTOM,
+            H - BOTTOM + 16.0
+        );
+    }
+    for d in 0..=ymax as i32 {
+        let y = py(10f64.powi(d));
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" x2="{}" y1="{y}" y2="{y}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">1e{d}</text>"##,
+            W - RIGHT,
+            LEFT - 6.0,
+            y + 4.0
+        );
+    }
+    for (k, (_, counts)) in series.iter().enumerate() {
+        let mut d = String::new();
+        for (j, rank) in log_ranks(counts.len()).into_iter().enumerate() {
+            let c = counts[rank - 1].max(1) as f64;
+            let _ = write!(d, "{}{:.1},{:.1} ", if j == 0 { "M" } else { "L" }, px(rank as f64), py(c));
+        }
+        let _ = writeln!(s, r#"<path d="{d}" fill="none" stroke="{}" stroke-width="2"/>"#, COLORS[k % COLORS.len()]);
+    }
+    axes(&mut s);
+    legend(&mut s, &series.iter().map(|x| x.0).collect::<Vec<_>>());
+    s.push_str("</svg>\n");
+    s
+}
+
+/// 1-based ranks spaced evenly in log scale (about 40 per decade), always including 1 and `n`.
+pub fn log_ranks(n: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    if n == 0 {
+        return out;
+    }
+    let mut r = 1.0f64;
+    while (r as usize) < n {
+        let ri = r as usize;
+        if out.last() != Some(&ri) {
+            out.push(ri);
+        }
+        r *= 10f64.powf(1.0 / 40.0);
+    }
+    out.push(n);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plots_are_svg_with_one_shape_per_bar_and_series() {
+        let h = histogram("t", "words", &[("before", &[0, 2, 2]), ("after", &[0, 4])], "2+");
+        assert!(h.starts_with("<svg") && h.trim_end().ends_with("</svg>"));
+        assert_eq!(h.matches("<rect x=").count(), 2 * 3 + 2, "3 bins x 2 series + 2 legend boxes");
+        let r = rank_frequency("t", &[("a", &[100, 10, 1])]);
+        assert_eq!(r.matches("<path d=\"M").count(), 2, "one series line + the axes");
+    }
+
+    #[test]
+    fn log_ranks_cover_the_range() {
+        let r = log_ranks(1000);
+        assert_eq!((r[0], *r.last().unwrap()), (1, 1000));
+        assert!(r.windows(2).all(|w| w[0] < w[1]) && r.len() < 200);
+        assert_eq!(log_ranks(1), vec![1]);
+    }
+}

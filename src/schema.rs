@@ -1,0 +1,179 @@
+//! Table schemas shared by all stages (documented for users in `schemas/`).
+//!
+//! * `pairs` — what every reader emits: one row per image(-caption) pair.
+//! * `bow` — `pairs` plus `original_caption` and `split`, written by the BoW stage.
+//! * `rejects` — every input row that did not make it into the output, with its reason.
+//!
+//! Stages pass [`Chunk`]s: an Arrow record batch plus the rejects found while making it, so a
+//! row is always either in a batch or in a rejects list ("nothing lost", DESIGN.md).
+
+use std::sync::{Arc, OnceLock};
+
+use arrow_array::builder::{BinaryBuilder, StringBuilder, UInt64Builder};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+
+pub const SAMPLE_ID: &str = "sample_id";
+pub const SOURCE: &str = "source";
+pub const CAPTION: &str = "caption";
+pub const URL: &str = "url";
+pub const PATH: &str = "path";
+pub const SHARD: &str = "shard";
+pub const KEY: &str = "key";
+pub const LABEL: &str = "label";
+pub const LABEL_TEXT: &str = "label_text";
+pub const ORIGINAL_CAPTION: &str = "original_caption";
+pub const SPLIT: &str = "split";
+
+/// The `pairs` schema (see `schemas/pairs.md`).
+pub fn pairs() -> SchemaRef {
+    static S: OnceLock<SchemaRef> = OnceLock::new();
+    S.get_or_init(|| {
+        Arc::new(Schema::new(vec![
+            Field::new(SAMPLE_ID, DataType::Utf8, false),
+            Field::new(SOURCE, DataType::Utf8, false),
+            Field::new(CAPTION, DataType::Utf8, true),
+            Field::new(URL, DataType::Utf8, true),
+            Field::new(PATH, DataType::Utf8, true),
+            Field::new(SHARD, DataType::Utf8, true),
+            Field::new(KEY, DataType::Utf8, true),
+            Field::new(LABEL, DataType::Utf8, true),
+            Field::new(LABEL_TEXT, DataType::Utf8, true),
+        ]))
+    })
+    .clone()
+}
+
+/// One row of the `pairs` schema, borrowed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PairRow<'a> {
+    pub sample_id: &'a str,
+    pub caption: Option<&'a str>,
+    pub url: Option<&'a str>,
+    pub path: Option<&'a str>,
+    pub shard: Option<&'a str>,
+    pub key: Option<&'a str>,
+    pub label: Option<&'a str>,
+    pub label_text: Option<&'a str>,
+}
+
+/// Builds `pairs` record batches row by row.
+pub struct PairsBuilder {
+    source: String,
+    cols: [StringBuilder; 9],
+    len: usize,
+}
+
+impl PairsBuilder {
+    pub fn new(source: &str) -> Self {
+        PairsBuilder { source: source.to_owned(), cols: std::array::from_fn(|_| StringBuilder::new()), len: 0 }
+    }
+
+    pub fn push(&mut self, r: PairRow<'_>) {
+        let [id, src, cap, url, path, shard, key, label, label_text] = &mut self.cols;
+        id.append_value(r.sample_id);
+        src.append_value(&self.source);
+        cap.append_option(r.caption);
+        url.append_option(r.url);
+        path.append_option(r.path);
+        shard.append_option(r.shard);
+        key.append_option(r.key);
+        label.append_option(r.label);
+        label_text.append_option(r.label_text);
+        self.len += 1;
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Returns the rows pushed so far as a batch and starts a new one.
+    pub fn finish(&mut self) -> RecordBatch {
+        let cols: Vec<ArrayRef> = self.cols.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef).collect();
+        self.len = 0;
+        RecordBatch::try_new(pairs(), cols).expect("builder columns match the pairs schema")
+    }
+}
+
+/// An input row (or a row dropped by a stage) that is not in the output, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reject {
+    /// The stage that set the row aside (`read_cc_tsv`, `bow`, ...).
+    pub stage: &'static str,
+    /// File the row came from (file name, or shard member for tar files).
+    pub source_file: String,
+    /// 1-based line number for text files, 0-based row index for Parquet, member index for tars.
+    pub row: u64,
+    pub sample_id: Option<String>,
+    /// Machine-readable reason (`wrong_field_count`, `invalid_utf8`, `empty_caption`, ...).
+    pub reason: &'static str,
+    /// Human-readable detail, e.g. `3 fields, expected 2`.
+    pub detail: String,
+    /// The raw input bytes (the line, or the caption for stage rejects), kept verbatim.
+    pub raw: Vec<u8>,
+}
+
+/// The `rejects` schema (see `schemas/rejects.md`).
+pub fn rejects() -> SchemaRef {
+    static S: OnceLock<SchemaRef> = OnceLock::new();
+    S.get_or_init(|| {
+        Arc::new(Schema::new(vec![
+            Field::new("stage", DataType::Utf8, false),
+            Field::new("source_file", DataType::Utf8, false),
+            Field::new("row", DataType::UInt64, false),
+            Field::new(SAMPLE_ID, DataType::Utf8, true),
+            Field::new("reason", DataType::Utf8, false),
+            Field::new("detail", DataType::Utf8, false),
+            Field::new("raw", DataType::Binary, false),
+        ]))
+    })
+    .clone()
+}
+
+pub fn rejects_batch(rows: &[Reject]) -> RecordBatch {
+    let mut stage = StringBuilder::new();
+    let mut file = StringBuilder::new();
+    let mut row = UInt64Builder::new();
+    let mut id = StringBuilder::new();
+    let mut reason = StringBuilder::new();
+    let mut detail = StringBuilder::new();
+    let mut raw = BinaryBuilder::new();
+    for r in rows {
+        stage.append_value(r.stage);
+        file.append_value(&r.source_file);
+        row.append_value(r.row);
+        id.append_option(r.sample_id.as_deref());
+        reason.append_value(r.reason);
+        detail.append_value(&r.detail);
+        raw.append_value(&r.raw);
+    }
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(stage.finish()),
+        Arc::new(file.finish()),
+        Arc::new(row.finish()),
+        Arc::new(id.finish()),
+        Arc::new(reason.finish()),
+        Arc::new(detail.finish()),
+        Arc::new(raw.finish()),
+    ];
+    RecordBatch::try_new(rejects(), cols).expect("columns match the rejects schema")
+}
+
+/// A batch of rows moving through a pipeline, with the rejects found while producing it.
+#[derive(Debug, Clone)]
+pub struct Chunk {
+    pub batch: RecordBatch,
+    pub rejects: Vec<Reject>,
+    /// Rows a reader was configured to skip, counted by reason (not stored).
+    pub skipped: std::collections::BTreeMap<&'static str, u64>,
+}
+
+/// The string column `name` of `batch`, which the plan has checked exists.
+pub fn str_col<'a>(batch: &'a RecordBatch, name: &str) -> &'a arrow_array::StringArray {
+    use arrow_array::cast::AsArray;
+    batch.column_by_name(name).unwrap_or_else(|| panic!("column `{name}` checked at plan time")).as_string::<i32>()
+}

@@ -1,0 +1,512 @@
+//! `bow`: the Bag-of-Words caption deformations of "A Fistful of Words" (Tejankar et al.,
+//! §3.1; spec `bow-and-otter.md` §1–2).
+//!
+//! "mostly" mode keeps a uniformly random base set of exactly `round(base_fraction·N)` captions
+//! byte-identical and deforms the rest with the cascade
+//! `Shuffle → RmStopNalpha → LimitToBaseVocab → RmTopFreq(t) → Keep(n)`; a deformed caption left
+//! with no word is dropped (a `bow/empty_after_bow` reject). "only" mode deforms every caption
+//! and has no base set, so the two base-derived filters are refused.
+//!
+//! Passes ("mostly"): (0) key every captioned row by `xxh3(seed, "bow.split", sample_id)` and
+//! take the `round(base_fraction·N)` smallest keys as the base set; (1) count base-caption
+//! document frequencies: `V_base` and `Top_t`; then apply, chunks in parallel. Shuffle draws
+//! from a per-row stream keyed by `(seed, "bow.shuffle", sample_id)`. Both depend only on
+//! `sample_id`, so the output is the same for any thread count, chunking or input sharding.
+
+use std::sync::{Arc, Mutex};
+
+use arrow_array::builder::StringBuilder;
+use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use rustc_hash::FxHashSet;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::{Problems, Transform};
+use crate::error::Result;
+use crate::rng::{row_key, RowRng};
+use crate::schema::{self, str_col, Chunk, Reject};
+use crate::text::vocab::{Candidates, Counts};
+use crate::text::{is_content_word, lowercase, Stemmer, Tokenizer};
+
+pub const TYPE: &str = "bow";
+
+/// Longest caption length (words) tracked individually in the length histograms; longer
+/// captions share the last bin.
+pub const MAX_HIST_WORDS: usize = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// 10% base captions intact, operators on the other 90% (the paper's default).
+    Mostly,
+    /// Operators on every caption (F-T4 "only BoW").
+    Only,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StemmerChoice {
+    None,
+    /// Snowball English, used only to match words against `V_base` and `Top_t`.
+    English,
+}
+
+/// The default cascade ("default BoW", F-T2): mostly-BoW, Shuffle + RmStopNalpha +
+/// LimitToBaseVocab + RmTopFreq(1000) + Keep(4), 10% base.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BowConfig {
+    #[serde(default = "default_mode")]
+    pub mode: Mode,
+    /// Fraction of captions kept intact as the base set ("mostly" mode).
+    #[serde(default = "default_base_fraction")]
+    pub base_fraction: f64,
+    /// Shuffle: random permutation of the caption's words.
+    #[serde(default = "yes")]
+    pub shuffle: bool,
+    /// RmStopNalpha: drop non-alphabetical words and NLTK English stopwords.
+    #[serde(default = "yes")]
+    pub rm_stop_nalpha: bool,
+    /// LimitToBaseVocab: drop words that never occur in a base caption.
+    #[serde(default = "yes")]
+    pub limit_to_base_vocab: bool,
+    /// RmTopFreq(t): drop the `t` most frequent words of the base captions (by document
+    /// frequency); 0 turns it off.
+    #[serde(default = "default_rm_top_freq")]
+    pub rm_top_freq: usize,
+    /// Keep(n): keep the first `n` surviving words, always last; 0 turns it off.
+    #[serde(default = "default_keep_words")]
+    pub keep_words: usize,
+    /// Words that may enter the top-`t` list: `content` (alphabetical non-stopwords, so `t`
+    /// counts content words) or `raw` (every word).
+    #[serde(default)]
+    pub frequency_candidates: Candidates,
+    /// Stemmer for vocabulary and frequency matching.
+    #[serde(default = "default_stemmer")]
+    pub stemmer: StemmerChoice,
+    /// Split leading/trailing ASCII punctuation off words (for raw web captions; spec §7 A3).
+    #[serde(default)]
+    pub split_punct: bool,
+    /// Keep only the first occurrence of a repeated word (off in the paper, spec §7 A4).
+    #[serde(default)]
+    pub dedup: bool,
+    /// Seed of the base split and the shuffles; defaults to the pipeline's `seed`.
+    #[serde(default)]
+    pub seed: Option<u64>,
+}
+
+fn default_mode() -> Mode {
+    Mode::Mostly
+}
+fn default_base_fraction() -> f64 {
+    0.1
+}
+fn yes() -> bool {
+    true
+}
+fn default_rm_top_freq() -> usize {
+    1000
+}
+fn default_keep_words() -> usize {
+    4
+}
+fn default_stemmer() -> StemmerChoice {
+    StemmerChoice::None
+}
+
+impl BowConfig {
+    pub fn build(&self, pipeline_seed: u64, problems: &mut Problems) -> Option<Bow> {
+        let only = self.mode == Mode::Only;
+        if only && self.limit_to_base_vocab {
+            problems.push(
+                "limit_to_base_vocab",
+                "LimitToBaseVocab needs a base set, which \"only\" mode does not have",
+                Some("set `limit_to_base_vocab = false`, or `mode = \"mostly\"`".into()),
+            );
+        }
+        if only && self.rm_top_freq > 0 {
+            problems.push(
+                "rm_top_freq",
+                "RmTopFreq needs base-set frequencies, which \"only\" mode does not have",
+                Some("set `rm_top_freq = 0`, or `mode = \"mostly\"`".into()),
+            );
+        }
+        if !only && !(self.base_fraction > 0.0 && self.base_fraction < 1.0) {
+            problems.push(
+                "base_fraction",
+                format!("base_fraction must be in (0, 1), got {}", self.base_fraction),
+                Some("the paper uses 0.1".into()),
+            );
+        }
+        if !problems.is_empty() {
+            return None;
+        }
+        Some(Bow {
+            config: self.clone(),
+            seed: self.seed.unwrap_or(pipeline_seed),
+            tokenizer: Tokenizer { split_punct: self.split_punct },
+            stemmer: (self.stemmer == StemmerChoice::English).then(Stemmer::english),
+            split_keys: Vec::new(),
+            base: Vec::new(),
+            base_df: Counts::default(),
+            vocab: FxHashSet::default(),
+            top: Vec::new(),
+            top_set: FxHashSet::default(),
+            stats: Mutex::new(Stats::default()),
+            schema: output_schema(),
+        })
+    }
+}
+
+/// `pairs` + `original_caption` + `split`, the new columns beside `caption`.
+pub fn output_schema() -> SchemaRef {
+    let pairs = schema::pairs();
+    let mut fields: Vec<Field> = Vec::new();
+    for f in pairs.fields() {
+        fields.push(f.as_ref().clone());
+        if f.name() == schema::CAPTION {
+            fields.push(Field::new(schema::ORIGINAL_CAPTION, DataType::Utf8, true));
+            fields.push(Field::new(schema::SPLIT, DataType::Utf8, false));
+        }
+    }
+    Arc::new(Schema::new(fields))
+}
+
+/// Statistics gathered while applying (merged from chunks; every merge is a sum, so the
+/// result does not depend on the order chunks finish in).
+#[derive(Debug, Default)]
+struct Stats {
+    rows_in: u64,
+    no_caption: u64,
+    base: u64,
+    deformed_in: u64,
+    deformed_out: u64,
+    emptied: u64,
+    words_before: u64,
+    words_after: u64,
+    words_deformed_after: u64,
+    len_before: Vec<u64>,
+    len_after: Vec<u64>,
+    freq_before: Counts,
+    freq_after: Counts,
+}
+
+impl Stats {
+    fn merge(&mut self, o: Stats) {
+        self.rows_in += o.rows_in;
+        self.no_caption += o.no_caption;
+        self.base += o.base;
+        self.deformed_in += o.deformed_in;
+        self.deformed_out += o.deformed_out;
+        self.emptied += o.emptied;
+        self.words_before += o.words_before;
+        self.words_after += o.words_after;
+        self.words_deformed_after += o.words_deformed_after;
+        add_hist(&mut self.len_before, &o.len_before);
+        add_hist(&mut self.len_after, &o.len_after);
+        self.freq_before.merge(o.freq_before);
+        self.freq_after.merge(o.freq_after);
+    }
+}
+
+fn add_hist(into: &mut Vec<u64>, from: &[u64]) {
+    if into.len() < from.len() {
+        into.resize(from.len(), 0);
+    }
+    for (a, b) in into.iter_mut().zip(from) {
+        *a += b;
+    }
+}
+
+fn bump_hist(h: &mut Vec<u64>, len: usize) {
+    let bin = len.min(MAX_HIST_WORDS);
+    if h.len() <= bin {
+        h.resize(bin + 1, 0);
+    }
+    h[bin] += 1;
+}
+
+pub struct Bow {
+    config: BowConfig,
+    seed: u64,
+    tokenizer: Tokenizer,
+    stemmer: Option<Stemmer>,
+    /// Pass 0: `(split key, row index)` of every captioned row.
+    split_keys: Vec<(u64, u64)>,
+    /// Base-set membership by input row index (bitset).
+    base: Vec<u64>,
+    /// Pass 1: document frequencies over the base captions (of stems, with a stemmer).
+    base_df: Counts,
+    vocab: FxHashSet<Box<str>>,
+    top: Vec<(String, u64)>,
+    top_set: FxHashSet<Box<str>>,
+    stats: Mutex<Stats>,
+    schema: SchemaRef,
+}
+
+impl Bow {
+    fn mostly(&self) -> bool {
+        self.config.mode == Mode::Mostly
+    }
+
+    fn is_base(&self, row: u64) -> bool {
+        let (w, b) = ((row / 64) as usize, row % 64);
+        self.base.get(w).is_some_and(|x| x >> b & 1 == 1)
+    }
+
+    /// The form a word is matched in against `V_base` / `Top_t`.
+    fn match_form<'a>(&self, word: &'a str) -> std::borrow::Cow<'a, str> {
+        match &self.stemmer {
+            Some(s) => s.stem(word),
+            None => std::borrow::Cow::Borrowed(word),
+        }
+    }
+
+    /// The deformation cascade on one caption's words, in the canonical order. `words` holds
+    /// the lower-cased words; the result is left in `words`.
+    fn deform<'a>(&self, sample_id: &str, words: &mut Vec<&'a str>) {
+        let c = &self.config;
+        if c.shuffle {
+            RowRng::new(self.seed, "bow.shuffle", sample_id).shuffle(words);
+        }
+        let limit = c.limit_to_base_vocab && self.mostly();
+        let top = c.rm_top_freq > 0 && self.mostly();
+        words.retain(|w| {
+            if c.rm_stop_nalpha && !is_content_word(w) {
+                return false;
+            }
+            if limit || top {
+                let form = self.match_form(w);
+                if limit && !self.vocab.contains(form.as_ref()) {
+                    return false;
+                }
+                if top && self.top_set.contains(form.as_ref()) {
+                    return false;
+                }
+            }
+            true
+        });
+        if c.dedup {
+            let mut seen = FxHashSet::default();
+            words.retain(|w| seen.insert(*w));
+        }
+        if c.keep_words > 0 {
+            words.truncate(c.keep_words);
+        }
+    }
+}
+
+/// Reuses a word buffer's allocation for borrows of another lifetime (the vector is emptied;
+/// the in-place `collect` keeps its capacity).
+fn recycle<'a, 'b>(mut v: Vec<&'a str>) -> Vec<&'b str> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!("emptied above")).collect()
+}
+
+impl Transform for Bow {
+    fn fit_passes(&self) -> usize {
+        if self.mostly() {
+            2
+        } else {
+            0
+        }
+    }
+
+    fn fit(&mut self, pass: usize, batch: &RecordBatch, first_row: u64) -> Result<()> {
+        let ids = str_col(batch, schema::SAMPLE_ID);
+        let caps = str_col(batch, schema::CAPTION);
+        match pass {
+            0 => {
+                for r in 0..batch.num_rows() {
+                    if caps.is_valid(r) && super::has_words(caps.value(r)) {
+                        self.split_keys.push((row_key(self.seed, "bow.split", ids.value(r)), first_row + r as u64));
+                    }
+                }
+            }
+            _ => {
+                let mut buf: Vec<&'static str> = Vec::new();
+                let mut forms: Vec<String> = Vec::new();
+                for r in 0..batch.num_rows() {
+                    if !self.is_base(first_row + r as u64) {
+                        continue;
+                    }
+                    let lowered = lowercase(caps.value(r));
+                    let mut words = recycle(std::mem::take(&mut buf));
+                    self.tokenizer.split_into(&lowered, &mut words);
+                    if self.stemmer.is_some() {
+                        forms.clear();
+                        forms.extend(words.iter().map(|w| self.match_form(w).into_owned()));
+                        let refs: Vec<&str> = forms.iter().map(String::as_str).collect();
+                        self.base_df.add_document(&refs);
+                    } else {
+                        self.base_df.add_document(&words);
+                    }
+                    buf = recycle(words);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn end_pass(&mut self, pass: usize) -> Result<()> {
+        if pass == 0 {
+            let n = self.split_keys.len();
+            let k = ((self.config.base_fraction * n as f64).round() as usize).min(n);
+            let keys = &mut self.split_keys;
+            if k > 0 && k < n {
+                keys.select_nth_unstable(k);
+            }
+            let max_row = keys.iter().map(|x| x.1).max().unwrap_or(0);
+            self.base = vec![0u64; (max_row / 64 + 1) as usize];
+            for &(_, row) in &keys[..k] {
+                self.base[(row / 64) as usize] |= 1 << (row % 64);
+            }
+            self.split_keys = Vec::new();
+        } else {
+            self.vocab = self.base_df.iter().map(|(w, _)| w.into()).collect();
+            self.top = self.base_df.top(self.config.rm_top_freq, self.config.frequency_candidates);
+            self.top_set = self.top.iter().map(|(w, _)| w.as_str().into()).collect();
+        }
+        Ok(())
+    }
+
+    fn apply(&self, chunk: Chunk, first_row: u64) -> Result<Chunk> {
+        let Chunk { batch, mut rejects, skipped } = chunk;
+        let ids = str_col(&batch, schema::SAMPLE_ID);
+        let caps = str_col(&batch, schema::CAPTION);
+        let n = batch.num_rows();
+        let mut out = StringBuilder::with_capacity(n, n * 24);
+        let mut split = StringBuilder::with_capacity(n, n * 8);
+        let mut keep = Vec::with_capacity(n);
+        let mut st = Stats::default();
+        let mut buf: Vec<&'static str> = Vec::with_capacity(32);
+        let mut joined = String::new();
+        for r in 0..n {
+            st.rows_in += 1;
+            let id = ids.value(r);
+            let caption = caps.is_valid(r).then(|| caps.value(r));
+            let lowered = caption.map(lowercase);
+            let mut words = recycle(std::mem::take(&mut buf));
+            if let Some(l) = &lowered {
+                self.tokenizer.split_into(l, &mut words);
+            }
+            if words.is_empty() {
+                st.no_caption += 1;
+                rejects.push(Reject {
+                    stage: TYPE,
+                    source_file: String::new(),
+                    row: first_row + r as u64,
+                    sample_id: Some(id.to_owned()),
+                    reason: if caption.is_none() { "no_caption" } else { "empty_caption" },
+                    detail: "the BoW stage needs a caption".into(),
+                    raw: caption.unwrap_or("").as_bytes().to_vec(),
+                });
+                out.append_null();
+                split.append_value("");
+                keep.push(false);
+                buf = recycle(words);
+                continue;
+            }
+            st.words_before += words.len() as u64;
+            bump_hist(&mut st.len_before, words.len());
+            st.freq_before.add_occurrences(words.iter().copied());
+            if self.mostly() && self.is_base(first_row + r as u64) {
+                st.base += 1;
+                st.words_after += words.len() as u64;
+                bump_hist(&mut st.len_after, words.len());
+                st.freq_after.add_occurrences(words.iter().copied());
+                out.append_value(caption.expect("has words"));
+                split.append_value("base");
+                keep.push(true);
+                buf = recycle(words);
+                continue;
+            }
+            st.deformed_in += 1;
+            self.deform(id, &mut words);
+            if words.is_empty() {
+                st.emptied += 1;
+                rejects.push(Reject {
+                    stage: TYPE,
+                    source_file: String::new(),
+                    row: first_row + r as u64,
+                    sample_id: Some(id.to_owned()),
+                    reason: "empty_after_bow",
+                    detail: "no word survived the BoW operators".into(),
+                    raw: caption.expect("has words").as_bytes().to_vec(),
+                });
+                out.append_null();
+                split.append_value("");
+                keep.push(false);
+                buf = recycle(words);
+                continue;
+            }
+            st.deformed_out += 1;
+            st.words_after += words.len() as u64;
+            st.words_deformed_after += words.len() as u64;
+            bump_hist(&mut st.len_after, words.len());
+            st.freq_after.add_occurrences(words.iter().copied());
+            joined.clear();
+            for (i, w) in words.iter().enumerate() {
+                if i > 0 {
+                    joined.push(' ');
+                }
+                joined.push_str(w);
+            }
+            out.append_value(&joined);
+            split.append_value("deformed");
+            keep.push(true);
+            buf = recycle(words);
+        }
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns() + 2);
+        for (f, col) in batch.schema().fields().iter().zip(batch.columns()) {
+            if f.name() == schema::CAPTION {
+                columns.push(Arc::new(out.finish()));
+                columns.push(col.clone());
+                columns.push(Arc::new(split.finish()));
+            } else {
+                columns.push(col.clone());
+            }
+        }
+        let mask = BooleanArray::from(keep);
+        let full = RecordBatch::try_new(self.schema.clone(), columns)?;
+        let batch = arrow_select::filter::filter_record_batch(&full, &mask)?;
+        self.stats.lock().expect("stats lock").merge(st);
+        Ok(Chunk { batch, rejects, skipped })
+    }
+
+    fn output_schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn report(&self) -> serde_json::Value {
+        let st = self.stats.lock().expect("stats lock");
+        let n_in = st.base + st.deformed_in;
+        let n_out = st.base + st.deformed_out;
+        let mean = |words: u64, n: u64| if n == 0 { 0.0 } else { words as f64 / n as f64 };
+        json!({
+            "mode": self.config.mode,
+            "seed": self.seed,
+            "rows_in": st.rows_in,
+            "rows_without_caption": st.no_caption,
+            "captions_in": n_in,
+            "captions_out": n_out,
+            "base": st.base,
+            "deformed_in": st.deformed_in,
+            "deformed_out": st.deformed_out,
+            "emptied": st.emptied,
+            "delta_dataset_size": if n_in == 0 { 0.0 } else { (n_out as f64 - n_in as f64) / n_in as f64 },
+            "mean_words_before": mean(st.words_before, n_in),
+            "mean_words_after": mean(st.words_after, n_out),
+            "mean_words_deformed_after": mean(st.words_deformed_after, st.deformed_out),
+            "vocabulary_before": st.freq_before.len(),
+            "vocabulary_after": st.freq_after.len(),
+            "base_vocabulary": self.vocab.len(),
+            "top_removed": self.top.iter().map(|(w, df)| json!({"word": w, "base_df": df})).collect::<Vec<_>>(),
+            "length_histogram_before": st.len_before,
+            "length_histogram_after": st.len_after,
+            "rank_frequency_before": st.freq_before.ranked(),
+            "rank_frequency_after": st.freq_after.ranked(),
+        })
+    }
+}

@@ -1,0 +1,260 @@
+//! `read_yfcc`: the YFCC100M metadata file, in its 25-field release (line number, photo id,
+//! photo hash, user, ...) or the original 23-field layout (no line number, no hash); the layout
+//! is recognised per line by its field count. Optionally restricted to the YFCC15M subset
+//! (`yfcc100m_subset_data.tsv`: line number, photo id, hash).
+//!
+//! Text fields are URL-encoded in the release (`+` is a space, `%XX` escapes); they are decoded,
+//! HTML tags stripped and whitespace collapsed (the cleaning OTTER describes, spec §5.8). The
+//! caption is the title, the description, or both as `title. description`. `sample_id` is the
+//! photo id; `url` the download URL. Videos and rows outside the subset are skipped and counted
+//! (they are not errors, and YFCC100M has 85M rows outside YFCC15M); a photo without title and
+//! description is an `empty_caption` reject.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::{expand_inputs, split_tabs, ChunkIter, LineChunks, LineOutcome, Problems, Reader};
+use crate::error::Result;
+use crate::io::lines::Lines;
+use crate::io::PathPatterns;
+use crate::schema::PairRow;
+
+pub const TYPE: &str = "read_yfcc";
+
+/// Which metadata fields make the caption.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CaptionFrom {
+    Title,
+    Description,
+    /// `title. description` when both exist, else whichever exists (OTTER, spec §5.8).
+    TitleAndDescription,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadYfccConfig {
+    /// The dataset file(s) (`yfcc100m_dataset`, or its parts).
+    pub path: PathPatterns,
+    /// YFCC15M subset list; when set, other photos are skipped.
+    #[serde(default)]
+    pub subset: Option<PathPatterns>,
+    #[serde(default = "default_caption")]
+    pub caption: CaptionFrom,
+    /// Remove HTML tags from title and description.
+    #[serde(default = "yes")]
+    pub strip_html: bool,
+    #[serde(default = "default_source")]
+    pub source: String,
+}
+
+fn default_caption() -> CaptionFrom {
+    CaptionFrom::TitleAndDescription
+}
+fn yes() -> bool {
+    true
+}
+fn default_source() -> String {
+    "yfcc100m".into()
+}
+
+impl ReadYfccConfig {
+    pub fn build(&self, problems: &mut Problems) -> Option<ReadYfcc> {
+        let files = expand_inputs(&self.path, problems, "path");
+        let subset = self.subset.as_ref().map(|s| expand_inputs(s, problems, "subset"));
+        if !problems.is_empty() {
+            return None;
+        }
+        let subset = match subset {
+            Some(files) => match load_subset(&files) {
+                Ok(s) => Some(Arc::new(s)),
+                Err(e) => {
+                    problems.push("subset", e, Some("expected `line_number<TAB>photo_id<TAB>hash` lines".into()));
+                    return None;
+                }
+            },
+            None => None,
+        };
+        Some(ReadYfcc {
+            files,
+            subset,
+            caption: self.caption,
+            strip_html: self.strip_html,
+            source: self.source.clone(),
+        })
+    }
+}
+
+/// Photo ids listed in subset files. A first line whose second field is not a number is a header.
+fn load_subset(files: &[PathBuf]) -> std::result::Result<HashSet<u64>, String> {
+    let mut ids = HashSet::new();
+    for f in files {
+        let mut lines = Lines::open(f).map_err(|e| e.to_string())?;
+        while let Some((no, line)) = lines.next_line().map_err(|e| e.to_string())? {
+            if line.is_empty() {
+                continue;
+            }
+            let fields = split_tabs(line);
+            let n = fields.count;
+            let id = (n >= 2).then(|| std::str::from_utf8(fields[1]).ok()?.trim().parse::<u64>().ok()).flatten();
+            match id {
+                Some(id) => {
+                    ids.insert(id);
+                }
+                None if no == 1 => {} // header
+                None => return Err(format!("`{}` line {no}: no photo id in the second field", f.display())),
+            }
+        }
+    }
+    Ok(ids)
+}
+
+pub struct ReadYfcc {
+    files: Vec<PathBuf>,
+    subset: Option<Arc<HashSet<u64>>>,
+    caption: CaptionFrom,
+    strip_html: bool,
+    source: String,
+}
+
+/// Field positions in the two layouts.
+struct Layout {
+    id: usize,
+    title: usize,
+    description: usize,
+    download_url: usize,
+    marker: usize,
+}
+const LAYOUT_25: Layout = Layout { id: 1, title: 8, description: 9, download_url: 16, marker: 24 };
+const LAYOUT_23: Layout = Layout { id: 0, title: 6, description: 7, download_url: 14, marker: 22 };
+
+impl Reader for ReadYfcc {
+    fn inputs(&self) -> Vec<PathBuf> {
+        self.files.clone()
+    }
+
+    fn open(&self) -> Result<ChunkIter<'_>> {
+        let subset = self.subset.clone();
+        let (how, strip) = (self.caption, self.strip_html);
+        Ok(Box::new(LineChunks::new(self.files.clone(), &self.source, TYPE, 0, move |_file, _no, line, out| {
+            let fields = split_tabs(line);
+            let layout = match fields.count {
+                25 => &LAYOUT_25,
+                23 => &LAYOUT_23,
+                n => {
+                    return LineOutcome::Reject {
+                        reason: "wrong_field_count",
+                        detail: format!("{n} fields, expected 25 or 23"),
+                    }
+                }
+            };
+            let Ok(id) = std::str::from_utf8(fields[layout.id]) else {
+                return LineOutcome::Reject { reason: "invalid_utf8", detail: "photo id is not UTF-8".into() };
+            };
+            let Ok(num) = id.trim().parse::<u64>() else {
+                return LineOutcome::Reject { reason: "bad_id", detail: format!("photo id `{id}` is not a number") };
+            };
+            if fields[layout.marker] == b"1" {
+                return LineOutcome::Skip("video");
+            }
+            if subset.as_ref().is_some_and(|s| !s.contains(&num)) {
+                return LineOutcome::Skip("not_in_subset");
+            }
+            let decode = |i: usize| -> std::result::Result<String, ()> {
+                let text = String::from_utf8(url_decode(fields[i])).map_err(|_| ())?;
+                Ok(clean(&text, strip))
+            };
+            let (Ok(title), Ok(desc), Ok(url)) =
+                (decode(layout.title), decode(layout.description), decode(layout.download_url))
+            else {
+                return LineOutcome::Reject {
+                    reason: "invalid_utf8",
+                    detail: "a decoded text field is not UTF-8".into(),
+                };
+            };
+            let caption = match how {
+                CaptionFrom::Title => title,
+                CaptionFrom::Description => desc,
+                CaptionFrom::TitleAndDescription => match (title.is_empty(), desc.is_empty()) {
+                    (false, false) => format!("{title}. {desc}"),
+                    (false, true) => title,
+                    _ => desc,
+                },
+            };
+            if caption.is_empty() {
+                return LineOutcome::Reject { reason: "empty_caption", detail: "no title or description".into() };
+            }
+            let url = (!url.is_empty()).then_some(url.as_str());
+            out.push(PairRow { sample_id: id.trim(), caption: Some(&caption), url, ..Default::default() });
+            LineOutcome::Row
+        })))
+    }
+}
+
+/// `application/x-www-form-urlencoded` decoding: `+` is a space, `%XX` a byte; an invalid
+/// escape is kept literally (as Python's `urllib.parse.unquote_plus` does).
+pub fn url_decode(s: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        match s[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < s.len() => match (hex(s[i + 1]), hex(s[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h * 16 + l);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Strips HTML tags (optional) and collapses whitespace runs to one space.
+pub fn clean(text: &str, strip_html: bool) -> String {
+    let mut no_tags = String::with_capacity(text.len());
+    if strip_html {
+        let mut in_tag = false;
+        for c in text.chars() {
+            match c {
+                '<' => in_tag = true,
+                '>' if in_tag => {
+                    in_tag = false;
+                    no_tags.push(' ');
+                }
+                _ if !in_tag => no_tags.push(c),
+                _ => {}
+            }
+        }
+    } else {
+        no_tags.push_str(text);
+    }
+    no_tags.split(crate::text::is_python_whitespace).filter(|p| !p.is_empty()).collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_decoding_follows_unquote_plus() {
+        // Python: urllib.parse.unquote_plus('caf%C3%A9+on%2Bthe+%ZZcorner%')
+        //   == 'café on+the %ZZcorner%'
+        assert_eq!(String::from_utf8(url_decode(b"caf%C3%A9+on%2Bthe+%ZZcorner%")).unwrap(), "café on+the %ZZcorner%");
+        assert!(String::from_utf8(url_decode(b"%FF")).is_err());
+    }
+
+    #[test]
+    fn cleaning_strips_tags_and_collapses_space() {
+        assert_eq!(clean("<b>bold</b>\nand  <a href=\"x\">link</a> ", true), "bold and link");
+        assert_eq!(clean("a <b>", false), "a <b>");
+    }
+}

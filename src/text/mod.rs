@@ -1,0 +1,204 @@
+//! Words: the one tokenisation every text-handling stage shares (Fistful §1.1 / spec §1.1).
+//!
+//! A caption is lower-cased (Unicode default case mapping) and split on runs of whitespace;
+//! every non-empty piece is a *word*, punctuation included. A word is *alphabetical* when every
+//! character is a letter in Python's `str.isalpha` sense (general category Lu, Ll, Lt, Lm, Lo),
+//! which is not Rust's `char::is_alphabetic`. The NLTK English stopword list (179 entries) is
+//! shipped in `stopwords_en.txt`. [`vocab`] holds base-vocabulary and document-frequency
+//! statistics. The BoW stage (`stages::bow`) and, later, pseudo-BoW word ranking build on this.
+
+pub mod vocab;
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::sync::OnceLock;
+
+use unicode_general_category::{get_general_category, GeneralCategory};
+
+/// Python's `str.split()` whitespace: Unicode `White_Space` plus U+001C..U+001F (the ASCII
+/// file/group/record/unit separators), which Python treats as whitespace and Rust does not.
+#[inline]
+pub fn is_python_whitespace(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// Lower-cases `caption`, borrowing when it has no upper-case character (CC3M is already lower
+/// case, so the common path allocates nothing).
+pub fn lowercase(caption: &str) -> Cow<'_, str> {
+    let needs = if caption.is_ascii() {
+        caption.bytes().any(|b| b.is_ascii_uppercase())
+    } else {
+        caption.chars().any(|c| c.is_uppercase() || c.to_lowercase().next() != Some(c))
+    };
+    if needs {
+        Cow::Owned(caption.to_lowercase())
+    } else {
+        Cow::Borrowed(caption)
+    }
+}
+
+/// `str.isalpha()`: non-empty and every character in a letter category (Lu, Ll, Lt, Lm, Lo).
+#[inline]
+pub fn is_alpha(word: &str) -> bool {
+    if word.is_empty() {
+        return false;
+    }
+    if word.is_ascii() {
+        return word.bytes().all(|b| b.is_ascii_alphabetic());
+    }
+    word.chars().all(|c| {
+        matches!(
+            get_general_category(c),
+            GeneralCategory::UppercaseLetter
+                | GeneralCategory::LowercaseLetter
+                | GeneralCategory::TitlecaseLetter
+                | GeneralCategory::ModifierLetter
+                | GeneralCategory::OtherLetter
+        )
+    })
+}
+
+/// The NLTK English stopword list, exactly as NLTK ships it (179 entries).
+pub fn stopwords() -> &'static HashSet<&'static str> {
+    static SET: OnceLock<HashSet<&'static str>> = OnceLock::new();
+    SET.get_or_init(|| include_str!("stopwords_en.txt").split_whitespace().collect())
+}
+
+/// `RmStopNalpha`'s per-word predicate: alphabetical and not a stopword.
+#[inline]
+pub fn is_content_word(word: &str) -> bool {
+    is_alpha(word) && !stopwords().contains(word)
+}
+
+/// How captions are cut into words.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tokenizer {
+    /// Split leading and trailing ASCII punctuation off each piece as separate one-character
+    /// words (`men.` -> `men` `.`). Off by default: CC3M is pre-tokenised and the paper's
+    /// statistics were made without it (spec §7 A3).
+    pub split_punct: bool,
+}
+
+impl Tokenizer {
+    /// Appends the words of an already lower-cased caption to `out`.
+    pub fn split_into<'a>(&self, lowered: &'a str, out: &mut Vec<&'a str>) {
+        for piece in lowered.split(is_python_whitespace).filter(|p| !p.is_empty()) {
+            if self.split_punct {
+                split_punct(piece, out);
+            } else {
+                out.push(piece);
+            }
+        }
+    }
+
+    /// The words of `caption` (lower-cased first), as owned strings. Convenience for tests and
+    /// statistics; hot paths use [`Tokenizer::split_into`] with a reused buffer.
+    pub fn words(&self, caption: &str) -> Vec<String> {
+        let lowered = lowercase(caption);
+        let mut out = Vec::new();
+        self.split_into(&lowered, &mut out);
+        out.into_iter().map(str::to_owned).collect()
+    }
+
+    /// Number of words of `caption`.
+    pub fn count(&self, caption: &str) -> usize {
+        if !self.split_punct {
+            return caption.split(is_python_whitespace).filter(|p| !p.is_empty()).count();
+        }
+        let lowered = lowercase(caption);
+        let mut out = Vec::new();
+        self.split_into(&lowered, &mut out);
+        out.len()
+    }
+}
+
+fn split_punct<'a>(piece: &'a str, out: &mut Vec<&'a str>) {
+    let bytes = piece.as_bytes();
+    if bytes.iter().all(u8::is_ascii_punctuation) {
+        out.push(piece);
+        return;
+    }
+    let start = bytes.iter().take_while(|b| b.is_ascii_punctuation()).count();
+    let end = bytes.len() - bytes.iter().rev().take_while(|b| b.is_ascii_punctuation()).count();
+    // ASCII punctuation bytes are one-byte chars, so these slice bounds are char boundaries.
+    for i in 0..start {
+        out.push(&piece[i..i + 1]);
+    }
+    out.push(&piece[start..end]);
+    for i in end..bytes.len() {
+        out.push(&piece[i..i + 1]);
+    }
+}
+
+/// Optional Snowball stemming used to *match* words against the base vocabulary and the
+/// top-frequency list; output captions always keep the surface words.
+pub struct Stemmer(rust_stemmers::Stemmer);
+
+impl Stemmer {
+    pub fn english() -> Self {
+        Stemmer(rust_stemmers::Stemmer::create(rust_stemmers::Algorithm::English))
+    }
+
+    pub fn stem<'a>(&self, word: &'a str) -> Cow<'a, str> {
+        self.0.stem(word)
+    }
+}
+
+impl std::fmt::Debug for Stemmer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Stemmer(english)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_like_python_str_split() {
+        // Python: "a  b\tc\x1cd\u3000e ".split() == ['a', 'b', 'c', 'd', 'e']
+        let t = Tokenizer::default();
+        assert_eq!(t.words("a  b\tc\u{1c}d\u{3000}e "), ["a", "b", "c", "d", "e"]);
+        assert_eq!(t.words("   "), Vec::<String>::new());
+        assert_eq!(t.count("on white background ."), 4);
+    }
+
+    #[test]
+    fn lowercases_unicode() {
+        assert_eq!(lowercase("ÉCOLE Straße"), "école straße");
+        assert!(matches!(lowercase("already lower"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn isalpha_matches_python() {
+        // Python isalpha() on each: True for letters of any script, False for digits,
+        // punctuation, apostrophes, letter-numbers (Nl, e.g. 'Ⅻ') and combining marks.
+        for w in ["dog", "café", "東京", "ǅ", "ʰ"] {
+            assert!(is_alpha(w), "{w}");
+        }
+        for w in ["", ".", "'s", "n't", "3d", "18th", "e-mail", "don't", "Ⅻ", "e\u{301}"] {
+            assert!(!is_alpha(w), "{w}");
+        }
+    }
+
+    #[test]
+    fn stopword_list_is_nltk_english() {
+        let s = stopwords();
+        assert_eq!(s.len(), 179);
+        assert_eq!(s.iter().filter(|w| is_alpha(w)).count(), 153);
+        assert!(s.contains("the") && s.contains("wouldn't") && !s.contains("dog"));
+    }
+
+    #[test]
+    fn split_punct_peels_ascii_punctuation() {
+        let t = Tokenizer { split_punct: true };
+        assert_eq!(t.words("Men. (hi), ... e-mail"), ["men", ".", "(", "hi", ")", ",", "...", "e-mail"]);
+    }
+
+    #[test]
+    fn english_stemmer() {
+        let s = Stemmer::english();
+        assert_eq!(s.stem("running"), "run");
+        assert_eq!(s.stem("dogs"), "dog");
+    }
+}
