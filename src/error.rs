@@ -138,14 +138,18 @@ fn render_all(diags: &[Diagnostic]) -> String {
 
 /// "did you mean `x`?" for the closest candidate, if any is close enough.
 pub fn did_you_mean<'a>(given: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<String> {
-    let mut best: Option<(f64, &str)> = None;
+    // Close by edits (typos, transpositions: `bwo` -> `bow`) or by shared prefix
+    // (`keep` -> `keep_words`); the fewest edits win, then the higher Jaro-Winkler score.
+    let mut best: Option<(usize, f64, &str)> = None;
     for c in candidates {
-        let score = strsim::jaro_winkler(given, c);
-        if score > 0.75 && best.is_none_or(|(b, _)| score > b) {
-            best = Some((score, c));
+        let edits = strsim::damerau_levenshtein(given, c);
+        let jw = strsim::jaro_winkler(given, c);
+        let close = edits <= (given.chars().count() / 3).max(1) || jw >= 0.85;
+        if close && best.is_none_or(|(e, j, _)| edits < e || (edits == e && jw > j)) {
+            best = Some((edits, jw, c));
         }
     }
-    best.map(|(_, c)| format!("did you mean `{c}`?"))
+    best.map(|(_, _, c)| format!("did you mean `{c}`?"))
 }
 
 #[cfg(test)]
@@ -158,5 +162,6 @@ mod tests {
         assert_eq!(did_you_mean("keep", keys).as_deref(), Some("did you mean `keep_words`?"));
         assert_eq!(did_you_mean("shufle", keys).as_deref(), Some("did you mean `shuffle`?"));
         assert_eq!(did_you_mean("zzz", keys), None);
+        assert_eq!(did_you_mean("bwo", ["bow", "seed"]).as_deref(), Some("did you mean `bow`?"));
     }
 }

@@ -165,6 +165,7 @@ impl ConfigDoc {
     pub fn extract<T: DeserializeOwned>(&self, path: &str, value: &Value, diags: &mut Vec<Diagnostic>) -> Option<T> {
         let mut value = value.clone();
         let mut ok = true;
+        let mut dropped: Vec<String> = Vec::new();
         for _ in 0..64 {
             match serde_path_to_error::deserialize::<_, T>(value.clone()) {
                 Ok(t) => return ok.then_some(t),
@@ -174,12 +175,20 @@ impl ConfigDoc {
                     let full =
                         if inner == "." || inner.is_empty() { path.to_owned() } else { format!("{path}.{inner}") };
                     let message = e.inner().message().to_owned();
+                    // A key dropped for its wrong type comes back as "missing": already reported.
+                    if let Some(field) = message.strip_prefix("missing field `").and_then(|m| m.strip_suffix('`')) {
+                        let missing = if inner == "." || inner.is_empty() { field.to_owned() } else { format!("{inner}.{field}") };
+                        if dropped.contains(&missing) {
+                            return None;
+                        }
+                    }
                     let (msg, hint) = explain_serde_error(&message, &full);
                     diags.push(Diagnostic::new(msg).at(self.location(&full)).maybe_hint(hint));
                     // Drop the offending key and retry to find further errors.
                     if inner == "." || inner.is_empty() || !remove_path(&mut value, &inner) {
                         return None;
                     }
+                    dropped.push(inner);
                 }
             }
         }

@@ -1,0 +1,67 @@
+//! Helpers for integration tests: run a pipeline written inline, read its outputs back by value.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, RecordBatch};
+use curate::pipeline::{self, config::ConfigDoc, plan::compile_doc, RunOptions};
+
+pub fn fixture(rel: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(rel).to_string_lossy().into_owned()
+}
+
+/// Runs the pipeline `toml` (with `{out}` replaced by a fresh temp folder) and returns the
+/// folder, data rows and reject rows.
+pub fn run_pipeline(toml: &str) -> (tempfile::TempDir, Vec<RecordBatch>, Vec<RecordBatch>) {
+    let dir = tempfile::tempdir().unwrap();
+    let text = toml.replace("{out}", &dir.path().join("out").to_string_lossy());
+    let doc = ConfigDoc::parse(Path::new("test.toml"), text, &[]).unwrap_or_else(|d| panic!("{d:?}"));
+    let plan = compile_doc(&doc).unwrap_or_else(|e| panic!("{e}"));
+    pipeline::run(plan, &RunOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let data = read_dir(&dir.path().join("out/data"));
+    let rejects = read_dir(&dir.path().join("out/rejects"));
+    (dir, data, rejects)
+}
+
+pub fn read_dir(dir: &Path) -> Vec<RecordBatch> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    files.iter().filter(|f| f.extension().is_some_and(|e| e == "parquet")).flat_map(|f| curate::io::parquet::read_file(f).unwrap()).collect()
+}
+
+/// Values of a string column over all batches (None for nulls).
+pub fn col(batches: &[RecordBatch], name: &str) -> Vec<Option<String>> {
+    let mut out = Vec::new();
+    for b in batches {
+        let c = b.column_by_name(name).unwrap_or_else(|| panic!("no column {name}"));
+        let s = c.as_string::<i32>();
+        for i in 0..s.len() {
+            out.push(s.is_valid(i).then(|| s.value(i).to_owned()));
+        }
+    }
+    out
+}
+
+/// Non-null values of a string column.
+pub fn strs(batches: &[RecordBatch], name: &str) -> Vec<String> {
+    col(batches, name).into_iter().map(|v| v.unwrap_or_else(|| panic!("null in {name}"))).collect()
+}
+
+/// `(reason, row)` of every reject.
+pub fn reasons(rejects: &[RecordBatch]) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for b in rejects {
+        let r = b.column_by_name("reason").unwrap().as_string::<i32>();
+        let row = b.column_by_name("row").unwrap().as_primitive::<arrow_array::types::UInt64Type>();
+        for i in 0..b.num_rows() {
+            out.push((r.value(i).to_owned(), row.value(i)));
+        }
+    }
+    out
+}
+
+/// A reader-only pipeline: `stage` (TOML of one read stage) then `write_parquet`.
+pub fn read_only(stage: &str) -> String {
+    format!("output_dir = \"{{out}}\"\n\n[[stage]]\n{stage}\n\n[[stage]]\ntype = \"write_parquet\"\n")
+}
