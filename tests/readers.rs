@@ -7,10 +7,8 @@ use common::*;
 
 #[test]
 fn conceptual_captions_tsv() {
-    let (_d, data, rejects) = run_pipeline(&read_only(&format!(
-        "type = \"read_cc_tsv\"\npath = \"{}\"",
-        fixture("readers/cc/cc_train.tsv")
-    )));
+    let (_d, data, rejects) =
+        run_pipeline(&read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", fixture("readers/cc/cc_train.tsv"))));
     let ids = strs(&data, "sample_id");
     let lines: Vec<u32> = vec![1, 2, 4, 5, 7, 9, 11, 13, 14, 15, 16, 17, 18];
     assert_eq!(ids, lines.iter().map(|l| format!("cc_train.tsv#{l}")).collect::<Vec<_>>());
@@ -65,7 +63,11 @@ fn img2dataset_webdataset_tar() {
     assert_eq!(strs(&data, "sample_id"), ["000000000", "000000002", "000000005"]);
     assert_eq!(
         strs(&data, "caption"),
-        ["a red bicycle leaning against a brick wall", "crème brûlée on a white plate", "a lighthouse on a rocky coast at dusk"]
+        [
+            "a red bicycle leaning against a brick wall",
+            "crème brûlée on a white plate",
+            "a lighthouse on a rocky coast at dusk"
+        ]
     );
     assert_eq!(strs(&data, "url")[2], "https://img.example.com/i2d/lighthouse.jpg");
     let r: Vec<String> = reasons(&rejects).into_iter().map(|x| x.0).collect();
@@ -73,7 +75,10 @@ fn img2dataset_webdataset_tar() {
     assert_eq!(col(&rejects, "sample_id")[3].as_deref(), Some("000000008"));
 }
 
-fn yfcc(file: &str, subset: Option<&str>) -> (Vec<String>, Vec<String>, Vec<String>, Vec<(String, u64)>, tempfile::TempDir) {
+fn yfcc(
+    file: &str,
+    subset: Option<&str>,
+) -> (Vec<String>, Vec<String>, Vec<String>, Vec<(String, u64)>, tempfile::TempDir) {
     let subset = subset.map(|s| format!("subset = \"{}\"\n", fixture(s))).unwrap_or_default();
     let (d, data, rejects) = run_pipeline(&read_only(&format!(
         "type = \"read_yfcc\"\npath = \"{}\"\n{subset}",
@@ -168,7 +173,12 @@ fn csv_with_quoting_and_missing_files() {
     assert_eq!(strs(&data, "sample_id"), ["1", "2", "5", "7"]);
     assert_eq!(
         strs(&data, "caption"),
-        ["a dog, running on the grass", "a sign that says \"open\" in red letters", "first line\nsecond line", "a plain unquoted caption"]
+        [
+            "a dog, running on the grass",
+            "a sign that says \"open\" in red letters",
+            "first line\nsecond line",
+            "a plain unquoted caption"
+        ]
     );
     let r: Vec<String> = reasons(&rejects).into_iter().map(|x| x.0).collect();
     assert_eq!(r, ["empty_caption", "missing_file", "wrong_field_count"]);

@@ -28,10 +28,13 @@ pub struct ConfigDoc {
     source: String,
     pub root: Table,
     origins: HashMap<String, Origin>,
+    /// Problems with `--set` arguments; reported together with the file's own problems.
+    pub override_errors: Vec<Diagnostic>,
 }
 
 impl ConfigDoc {
-    /// Reads and parses `path`, then applies `overrides` (`key.path=value`).
+    /// Reads and parses `path`, then applies `overrides` (`key.path=value`). Bad overrides are
+    /// kept in `override_errors`, so they are reported with the rest of the file's problems.
     pub fn load(path: &Path, overrides: &[String]) -> Result<ConfigDoc, Vec<Diagnostic>> {
         let source = std::fs::read_to_string(path).map_err(|e| {
             vec![Diagnostic::new(format!("cannot read pipeline file `{}`: {e}", path.display()))
@@ -41,7 +44,13 @@ impl ConfigDoc {
     }
 
     pub fn parse(path: &Path, source: String, overrides: &[String]) -> Result<ConfigDoc, Vec<Diagnostic>> {
-        let mut doc = ConfigDoc { path: path.to_owned(), source, root: Table::new(), origins: HashMap::new() };
+        let mut doc = ConfigDoc {
+            path: path.to_owned(),
+            source,
+            root: Table::new(),
+            origins: HashMap::new(),
+            override_errors: Vec::new(),
+        };
         let parsed = match DeTable::parse(&doc.source) {
             Ok(t) => t,
             Err(e) => {
@@ -56,17 +65,12 @@ impl ConfigDoc {
         record_spans(&mut origins, "", parsed.get_ref());
         doc.origins = origins;
         doc.root = toml::from_str(&doc.source).expect("DeTable parsed it, so the Table parse succeeds");
-        let mut diags = Vec::new();
         for arg in overrides {
             if let Err(d) = doc.apply_override(arg) {
-                diags.push(d);
+                doc.override_errors.push(d);
             }
         }
-        if diags.is_empty() {
-            Ok(doc)
-        } else {
-            Err(diags)
-        }
+        Ok(doc)
     }
 
     fn file_location(&self, offset: usize) -> Location {
@@ -172,12 +176,19 @@ impl ConfigDoc {
                 Err(e) => {
                     ok = false;
                     let inner = e.path().to_string();
-                    let full =
-                        if inner == "." || inner.is_empty() { path.to_owned() } else { format!("{path}.{inner}") };
+                    let full = match (path.is_empty(), inner == "." || inner.is_empty()) {
+                        (_, true) => path.to_owned(),
+                        (true, false) => inner.clone(),
+                        (false, false) => format!("{path}.{inner}"),
+                    };
                     let message = e.inner().message().to_owned();
                     // A key dropped for its wrong type comes back as "missing": already reported.
                     if let Some(field) = message.strip_prefix("missing field `").and_then(|m| m.strip_suffix('`')) {
-                        let missing = if inner == "." || inner.is_empty() { field.to_owned() } else { format!("{inner}.{field}") };
+                        let missing = if inner == "." || inner.is_empty() {
+                            field.to_owned()
+                        } else {
+                            format!("{inner}.{field}")
+                        };
                         if dropped.contains(&missing) {
                             return None;
                         }
@@ -324,9 +335,9 @@ mod tests {
 
     #[test]
     fn unknown_stage_in_override_is_reported() {
-        let e =
-            ConfigDoc::parse(Path::new("p.toml"), "[[stage]]\ntype = \"bow\"\n".into(), &["bwo.keep_words=2".into()])
-                .unwrap_err();
+        let sets = ["bwo.keep_words=2".to_owned()];
+        let doc = ConfigDoc::parse(Path::new("p.toml"), "[[stage]]\ntype = \"bow\"\n".into(), &sets).unwrap();
+        let e = doc.override_errors;
         assert!(e[0].message.contains("no stage is named `bwo`"));
         assert_eq!(e[0].hint.as_deref(), Some("did you mean `bow`?"));
     }

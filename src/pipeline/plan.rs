@@ -90,7 +90,7 @@ pub fn compile(path: &Path, overrides: &[String]) -> Result<Plan> {
 }
 
 pub fn compile_doc(doc: &ConfigDoc) -> Result<Plan> {
-    let mut diags = Vec::new();
+    let mut diags = doc.override_errors.clone();
     let known_top = fields::<PipelineConfig>();
     for key in doc.root.keys() {
         if !known_top.iter().any(|t| t == key) {
@@ -229,7 +229,7 @@ pub fn compile_doc(doc: &ConfigDoc) -> Result<Plan> {
             diags.push(
                 Diagnostic::new("a pipeline ends with exactly one `write_parquet` stage")
                     .at(doc.location(&format!("stage[{}]", kinds.len() - 1)))
-                    .hint("add `[[stage]]\ntype = \"write_parquet\"` at the end"),
+                    .hint("end the file with a `[[stage]]` of `type = \"write_parquet\"`"),
             );
         }
     }

@@ -27,7 +27,11 @@ pub fn run_pipeline(toml: &str) -> (tempfile::TempDir, Vec<RecordBatch>, Vec<Rec
 pub fn read_dir(dir: &Path) -> Vec<RecordBatch> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
     files.sort();
-    files.iter().filter(|f| f.extension().is_some_and(|e| e == "parquet")).flat_map(|f| curate::io::parquet::read_file(f).unwrap()).collect()
+    files
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "parquet"))
+        .flat_map(|f| curate::io::parquet::read_file(f).unwrap())
+        .collect()
 }
 
 /// Values of a string column over all batches (None for nulls).

@@ -1,0 +1,90 @@
+//! The real `curate` binary on pipeline files: exit codes and messages, snapshotted (insta).
+//! One broken file per kind of configuration error (`tests/fixtures/configs/`); every error in
+//! a file is reported at once, with file, line and a hint.
+
+use std::process::Command;
+
+fn curate(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_curate"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("curate runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+fn validate(file: &str, sets: &[&str]) -> String {
+    let path = format!("tests/fixtures/configs/{file}");
+    let mut args = vec!["validate", path.as_str()];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let (code, stdout, stderr) = curate(&args);
+    assert!(stdout.is_empty(), "stdout carries data only");
+    format!("exit code: {code}\n{stderr}")
+}
+
+#[test]
+fn unknown_stage_type() {
+    insta::assert_snapshot!(validate("unknown_stage_type.toml", &[]));
+}
+
+#[test]
+fn unknown_keys_get_did_you_mean() {
+    insta::assert_snapshot!(validate("unknown_key.toml", &[]));
+}
+
+#[test]
+fn wrong_types_all_reported() {
+    insta::assert_snapshot!(validate("wrong_type.toml", &[]));
+}
+
+#[test]
+fn missing_columns() {
+    insta::assert_snapshot!(validate("missing_column.toml", &[]));
+}
+
+#[test]
+fn missing_input_file() {
+    insta::assert_snapshot!(validate("missing_input.toml", &[]));
+}
+
+#[test]
+fn only_mode_refuses_base_filters() {
+    insta::assert_snapshot!(validate("only_mode_needs_no_base.toml", &[]));
+}
+
+#[test]
+fn toml_syntax_error() {
+    insta::assert_snapshot!(validate("syntax_error.toml", &[]));
+}
+
+#[test]
+fn stage_order_and_unknown_top_level_key() {
+    insta::assert_snapshot!(validate("stage_order.toml", &[]));
+}
+
+#[test]
+fn overrides_are_checked_like_the_file() {
+    insta::assert_snapshot!(validate(
+        "only_mode_needs_no_base.toml",
+        &["bow.keep_words=two", "bwo.shuffle=false", "bow.limit_to_base_vocab=false", "bow.rm_top_freq=0"]
+    ));
+}
+
+#[test]
+fn overrides_fix_a_file() {
+    // The ablation "only BoW + RmStopNalpha + Keep(4)" (F-T4) from one command line.
+    let out = validate("only_mode_needs_no_base.toml", &["bow.limit_to_base_vocab=false", "bow.rm_top_freq=0"]);
+    assert!(out.starts_with("exit code: 0\nok:"), "{out}");
+}
+
+#[test]
+fn bundled_pipeline_validates() {
+    insta::assert_snapshot!(format!("{:?}", curate(&["validate", "pipelines/bow.toml"])));
+}
