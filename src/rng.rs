@@ -12,11 +12,18 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 /// A stable 64-bit key for `(seed, tag, id)`: the same inputs give the same key on every
 /// platform and version.
 pub fn row_key(seed: u64, tag: &str, id: &str) -> u64 {
-    let mut buf = Vec::with_capacity(tag.len() + 1 + id.len());
-    buf.extend_from_slice(tag.as_bytes());
-    buf.push(0);
-    buf.extend_from_slice(id.as_bytes());
-    xxh3_64_with_seed(&buf, seed)
+    let mut buf = [0u8; 128];
+    let n = tag.len() + 1 + id.len();
+    if n <= buf.len() {
+        buf[..tag.len()].copy_from_slice(tag.as_bytes());
+        buf[tag.len() + 1..n].copy_from_slice(id.as_bytes());
+        return xxh3_64_with_seed(&buf[..n], seed);
+    }
+    let mut long = Vec::with_capacity(n);
+    long.extend_from_slice(tag.as_bytes());
+    long.push(0);
+    long.extend_from_slice(id.as_bytes());
+    xxh3_64_with_seed(&long, seed)
 }
 
 /// SplitMix64 stream for one row.
@@ -70,6 +77,10 @@ mod tests {
         assert_ne!(row_key(7, "bow", "x#1"), row_key(7, "split", "x#1"));
         // The tag/id separator keeps ("ab", "c") and ("a", "bc") apart.
         assert_ne!(row_key(0, "ab", "c"), row_key(0, "a", "bc"));
+        // Long ids take the allocating path and hash the same bytes.
+        let long = "x".repeat(300);
+        assert_eq!(row_key(1, "t", &long), xxhash_rust::xxh3::xxh3_64_with_seed(format!("t\0{long}").as_bytes(), 1));
+        assert_eq!(row_key(1, "t", "id"), xxhash_rust::xxh3::xxh3_64_with_seed(b"t\0id", 1));
     }
 
     #[test]

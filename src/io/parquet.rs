@@ -21,9 +21,17 @@ use crate::error::{Error, Result};
 /// Rows per row group: small enough to bound the writer's memory, large enough for good scans.
 const ROW_GROUP_ROWS: usize = 128 * 1024;
 
+/// Columns whose values repeat (labels, split names): dictionary-encoded. Every other column
+/// (ids, captions, URLs — mostly unique) is written plain, since trying a dictionary first and
+/// giving up costs time and saves nothing there.
+const DICTIONARY_COLUMNS: [&str; 6] = ["source", "split", "shard", "label", "label_text", "reason"];
+
 fn properties(metadata: &[(String, String)]) -> WriterProperties {
-    WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
+    let mut b = WriterProperties::builder().set_dictionary_enabled(false);
+    for c in DICTIONARY_COLUMNS {
+        b = b.set_column_dictionary_enabled(c.into(), true);
+    }
+    b.set_compression(Compression::SNAPPY)
         .set_max_row_group_size(ROW_GROUP_ROWS)
         .set_key_value_metadata(Some(metadata.iter().map(|(k, v)| KeyValue::new(k.clone(), v.clone())).collect()))
         .build()

@@ -74,6 +74,10 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
         let (name, stage) = &mut rest[0];
         for pass in 0..stage.fit_passes() {
             pass_no += 1;
+            if !stage.wants_pass(pass) {
+                timings.insert(format!("{name}.fit_pass_{}", pass + 1), 0.0);
+                continue;
+            }
             let t = Instant::now();
             let bar = progress.pass(pass_no, &format!("{name}: fit pass {}", pass + 1), total_rows);
             let mut offsets = vec![0u64; i + 1];

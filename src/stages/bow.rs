@@ -9,7 +9,11 @@
 //!
 //! Passes ("mostly"): (0) key every captioned row by `xxh3(seed, "bow.split", sample_id)` and
 //! take the `round(base_fraction·N)` smallest keys as the base set; (1) count base-caption
-//! document frequencies: `V_base` and `Top_t`; then apply, chunks in parallel. Shuffle draws
+//! document frequencies: `V_base` and `Top_t`; then apply, chunks in parallel. Pass 1 is
+//! usually skipped: pass 0 already keeps the captions whose key falls in a band a little wider
+//! than the expected base quantile, and if the final threshold lies inside the band (with
+//! thousands of rows it does, by dozens of standard deviations) the statistics come from that
+//! cache. Either way the result is the same; only the number of reads differs. Shuffle draws
 //! from a per-row stream keyed by `(seed, "bow.shuffle", sample_id)`. Both depend only on
 //! `sample_id`, so the output is the same for any thread count, chunking or input sharding.
 
@@ -148,6 +152,10 @@ impl BowConfig {
             tokenizer: Tokenizer { split_punct: self.split_punct },
             stemmer: (self.stemmer == StemmerChoice::English).then(Stemmer::english),
             split_keys: Vec::new(),
+            band: Vec::new(),
+            // Expected base quantile plus 10% and 0.005 of margin: ~11% of rows cached.
+            band_limit: ((self.base_fraction * 1.1 + 0.005).min(1.0) * u64::MAX as f64) as u64,
+            stats_done: false,
             base: Vec::new(),
             base_df: Counts::default(),
             vocab: FxHashSet::default(),
@@ -234,6 +242,11 @@ pub struct Bow {
     stemmer: Option<Stemmer>,
     /// Pass 0: `(split key, row index)` of every captioned row.
     split_keys: Vec<(u64, u64)>,
+    /// Pass 0: captions of rows whose split key is below `band_limit` (base candidates).
+    band: Vec<(u64, Box<str>)>,
+    band_limit: u64,
+    /// The base statistics are complete (from the band or from pass 1).
+    stats_done: bool,
     /// Base-set membership by input row index (bitset).
     base: Vec<u64>,
     /// Pass 1: document frequencies over the base captions (of stems, with a stemmer).
@@ -260,6 +273,20 @@ impl Bow {
         match &self.stemmer {
             Some(s) => s.stem(word),
             None => std::borrow::Cow::Borrowed(word),
+        }
+    }
+
+    /// Adds one base caption to the document frequencies.
+    fn count_base_caption(&mut self, caption: &str) {
+        let lowered = lowercase(caption);
+        let mut words = Vec::new();
+        self.tokenizer.split_into(&lowered, &mut words);
+        if self.stemmer.is_some() {
+            let forms: Vec<String> = words.iter().map(|w| self.match_form(w).into_owned()).collect();
+            let refs: Vec<&str> = forms.iter().map(String::as_str).collect();
+            self.base_df.add_document(&refs);
+        } else {
+            self.base_df.add_document(&words);
         }
     }
 
@@ -313,37 +340,25 @@ impl Transform for Bow {
         }
     }
 
+    fn wants_pass(&self, pass: usize) -> bool {
+        pass == 0 || !self.stats_done
+    }
+
     fn fit(&mut self, pass: usize, batch: &RecordBatch, first_row: u64) -> Result<()> {
         let ids = str_col(batch, schema::SAMPLE_ID);
         let caps = str_col(batch, schema::CAPTION);
-        match pass {
-            0 => {
-                for r in 0..batch.num_rows() {
-                    if caps.is_valid(r) && super::has_words(caps.value(r)) {
-                        self.split_keys.push((row_key(self.seed, "bow.split", ids.value(r)), first_row + r as u64));
+        for r in 0..batch.num_rows() {
+            let row = first_row + r as u64;
+            if pass == 0 {
+                if caps.is_valid(r) && super::has_words(caps.value(r)) {
+                    let key = row_key(self.seed, "bow.split", ids.value(r));
+                    self.split_keys.push((key, row));
+                    if key < self.band_limit {
+                        self.band.push((row, caps.value(r).into()));
                     }
                 }
-            }
-            _ => {
-                let mut buf: Vec<&'static str> = Vec::new();
-                let mut forms: Vec<String> = Vec::new();
-                for r in 0..batch.num_rows() {
-                    if !self.is_base(first_row + r as u64) {
-                        continue;
-                    }
-                    let lowered = lowercase(caps.value(r));
-                    let mut words = recycle(std::mem::take(&mut buf));
-                    self.tokenizer.split_into(&lowered, &mut words);
-                    if self.stemmer.is_some() {
-                        forms.clear();
-                        forms.extend(words.iter().map(|w| self.match_form(w).into_owned()));
-                        let refs: Vec<&str> = forms.iter().map(String::as_str).collect();
-                        self.base_df.add_document(&refs);
-                    } else {
-                        self.base_df.add_document(&words);
-                    }
-                    buf = recycle(words);
-                }
+            } else if self.is_base(row) {
+                self.count_base_caption(caps.value(r));
             }
         }
         Ok(())
@@ -359,14 +374,27 @@ impl Transform for Bow {
             }
             let max_row = keys.iter().map(|x| x.1).max().unwrap_or(0);
             self.base = vec![0u64; (max_row / 64 + 1) as usize];
-            for &(_, row) in &keys[..k] {
+            let mut band_covers = true;
+            for &(key, row) in &keys[..k] {
                 self.base[(row / 64) as usize] |= 1 << (row % 64);
+                band_covers &= key < self.band_limit;
             }
             self.split_keys = Vec::new();
+            let band = std::mem::take(&mut self.band);
+            if band_covers {
+                for (row, caption) in &band {
+                    if self.is_base(*row) {
+                        self.count_base_caption(caption);
+                    }
+                }
+                self.stats_done = true;
+                self.end_pass(1)?;
+            }
         } else {
             self.vocab = self.base_df.iter().map(|(w, _)| w.into()).collect();
             self.top = self.base_df.top(self.config.rm_top_freq, self.config.frequency_candidates);
             self.top_set = self.top.iter().map(|(w, _)| w.as_str().into()).collect();
+            self.stats_done = true;
         }
         Ok(())
     }
@@ -508,5 +536,52 @@ impl Transform for Bow {
             "rank_frequency_before": st.freq_before.ranked(),
             "rank_frequency_after": st.freq_after.ranked(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::{PairRow, PairsBuilder};
+
+    fn batch(n: usize) -> RecordBatch {
+        let words = ["dog", "cat", "park", "the", "red", "beach", "a", "tree", "runs", "city"];
+        let mut b = PairsBuilder::new("t");
+        for i in 0..n {
+            let cap: Vec<&str> = (0..(2 + i % 7)).map(|j| words[(i * 7 + j * 3) % words.len()]).collect();
+            b.push(PairRow { sample_id: &format!("s{i}"), caption: Some(&cap.join(" ")), ..Default::default() });
+        }
+        b.finish()
+    }
+
+    fn fitted(band_limit: Option<u64>, b: &RecordBatch) -> Bow {
+        let config: BowConfig = toml::from_str("rm_top_freq = 3").unwrap();
+        let mut bow = config.build(5, &mut Problems::default()).unwrap();
+        if let Some(l) = band_limit {
+            bow.band_limit = l;
+        }
+        for pass in 0..bow.fit_passes() {
+            if bow.wants_pass(pass) {
+                bow.fit(pass, b, 0).unwrap();
+                bow.end_pass(pass).unwrap();
+            }
+        }
+        bow
+    }
+
+    #[test]
+    fn band_cache_and_second_pass_give_the_same_statistics() {
+        let b = batch(5000);
+        let cached = fitted(None, &b);
+        let reread = fitted(Some(0), &b);
+        assert!(cached.stats_done && reread.stats_done);
+        assert_eq!(cached.base, reread.base);
+        assert_eq!(cached.top, reread.top);
+        assert_eq!(cached.vocab, reread.vocab);
+        assert_eq!(cached.base.iter().map(|w| w.count_ones()).sum::<u32>(), 500);
+        let chunk = |bow: &Bow| {
+            bow.apply(Chunk { batch: b.clone(), rejects: vec![], skipped: Default::default() }, 0).unwrap().batch
+        };
+        assert_eq!(chunk(&cached), chunk(&reread));
     }
 }

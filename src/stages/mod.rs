@@ -45,6 +45,11 @@ pub trait Transform: Send + Sync {
     fn fit_passes(&self) -> usize {
         0
     }
+    /// Whether pass `pass` is still needed, asked just before it starts (a stage may have
+    /// learned enough from an earlier pass).
+    fn wants_pass(&self, _pass: usize) -> bool {
+        true
+    }
     /// Sees every chunk of pass `pass`, in input order. `first_row` is the index of the
     /// chunk's first row in the whole input.
     fn fit(&mut self, _pass: usize, _batch: &RecordBatch, _first_row: u64) -> Result<()> {
@@ -162,11 +167,13 @@ impl<'a> std::ops::Index<usize> for Fields<'a> {
 /// Splits a line on tabs without allocating.
 pub fn split_tabs(line: &[u8]) -> Fields<'_> {
     let mut f = Fields { fields: [&[][..]; MAX_FIELDS], count: 0 };
-    for piece in line.split(|&b| b == b'\t') {
+    let mut start = 0;
+    for tab in memchr::memchr_iter(b'\t', line).chain(std::iter::once(line.len())) {
         if f.count < MAX_FIELDS {
-            f.fields[f.count] = piece;
+            f.fields[f.count] = &line[start..tab];
         }
         f.count += 1;
+        start = tab + 1;
     }
     f
 }

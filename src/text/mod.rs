@@ -10,9 +10,9 @@
 pub mod vocab;
 
 use std::borrow::Cow;
-use std::collections::HashSet;
 use std::sync::OnceLock;
 
+use rustc_hash::FxHashSet;
 use unicode_general_category::{get_general_category, GeneralCategory};
 
 /// Python's `str.split()` whitespace: Unicode `White_Space` plus U+001C..U+001F (the ASCII
@@ -59,8 +59,8 @@ pub fn is_alpha(word: &str) -> bool {
 }
 
 /// The NLTK English stopword list, exactly as NLTK ships it (179 entries).
-pub fn stopwords() -> &'static HashSet<&'static str> {
-    static SET: OnceLock<HashSet<&'static str>> = OnceLock::new();
+pub fn stopwords() -> &'static FxHashSet<&'static str> {
+    static SET: OnceLock<FxHashSet<&'static str>> = OnceLock::new();
     SET.get_or_init(|| include_str!("stopwords_en.txt").split_whitespace().collect())
 }
 
@@ -82,6 +82,15 @@ pub struct Tokenizer {
 impl Tokenizer {
     /// Appends the words of an already lower-cased caption to `out`.
     pub fn split_into<'a>(&self, lowered: &'a str, out: &mut Vec<&'a str>) {
+        if lowered.is_ascii() && !self.split_punct {
+            // Same rule on bytes: ASCII whitespace incl. \x0b and \x1c..\x1f (Python's set).
+            let ws = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r' | 0x1c..=0x1f);
+            out.extend(lowered.as_bytes().split(ws).filter(|p| !p.is_empty()).map(|p| {
+                // SAFETY: `p` is a subslice of an ASCII `&str` split at ASCII bytes.
+                unsafe { std::str::from_utf8_unchecked(p) }
+            }));
+            return;
+        }
         for piece in lowered.split(is_python_whitespace).filter(|p| !p.is_empty()) {
             if self.split_punct {
                 split_punct(piece, out);
