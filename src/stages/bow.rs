@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use arrow_array::builder::StringBuilder;
 use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -158,7 +158,9 @@ impl BowConfig {
             stats_done: false,
             base: Vec::new(),
             base_df: Counts::default(),
+            base_surface: FxHashSet::default(),
             vocab: FxHashSet::default(),
+            table: WordTable::default(),
             top: Vec::new(),
             top_set: FxHashSet::default(),
             stats: Mutex::new(Stats::default()),
@@ -182,7 +184,8 @@ pub fn output_schema() -> SchemaRef {
 }
 
 /// Statistics gathered while applying (merged from chunks; every merge is a sum, so the
-/// result does not depend on the order chunks finish in).
+/// result does not depend on the order chunks finish in). Word counts are dense vectors
+/// indexed by [`WordTable`] id, plus a map for words outside the table.
 #[derive(Debug, Default)]
 struct Stats {
     rows_in: u64,
@@ -196,11 +199,17 @@ struct Stats {
     words_deformed_after: u64,
     len_before: Vec<u64>,
     len_after: Vec<u64>,
-    freq_before: Counts,
-    freq_after: Counts,
+    before_ids: Vec<u64>,
+    after_ids: Vec<u64>,
+    before_other: Counts,
+    after_other: Counts,
 }
 
 impl Stats {
+    fn new(table_len: usize) -> Self {
+        Stats { before_ids: vec![0; table_len], after_ids: vec![0; table_len], ..Default::default() }
+    }
+
     fn merge(&mut self, o: Stats) {
         self.rows_in += o.rows_in;
         self.no_caption += o.no_caption;
@@ -213,8 +222,25 @@ impl Stats {
         self.words_deformed_after += o.words_deformed_after;
         add_hist(&mut self.len_before, &o.len_before);
         add_hist(&mut self.len_after, &o.len_after);
-        self.freq_before.merge(o.freq_before);
-        self.freq_after.merge(o.freq_after);
+        add_hist(&mut self.before_ids, &o.before_ids);
+        add_hist(&mut self.after_ids, &o.after_ids);
+        self.before_other.merge(o.before_other);
+        self.after_other.merge(o.after_other);
+    }
+
+    fn count(ids: &mut [u64], other: &mut Counts, word: &str, id: Option<u32>) {
+        match id {
+            Some(i) => ids[i as usize] += 1,
+            None => other.add_occurrences([word]),
+        }
+    }
+
+    /// Occurrences per distinct word, largest first, and the number of distinct words.
+    fn ranked(ids: &[u64], other: &Counts) -> (Vec<u64>, usize) {
+        let mut v: Vec<u64> = ids.iter().copied().filter(|&c| c > 0).chain(other.iter().map(|(_, c)| c)).collect();
+        v.sort_unstable_by(|a, b| b.cmp(a));
+        let n = v.len();
+        (v, n)
     }
 }
 
@@ -235,6 +261,15 @@ fn bump_hist(h: &mut Vec<u64>, len: usize) {
     h[bin] += 1;
 }
 
+/// Every surface word of the base captions with the filters' verdict on it, so a caption word
+/// costs one hash lookup (ids also index the statistics). Words outside the table are judged
+/// directly. Empty in "only" mode.
+#[derive(Debug, Default)]
+struct WordTable {
+    ids: FxHashMap<Box<str>, u32>,
+    keep: Vec<bool>,
+}
+
 pub struct Bow {
     config: BowConfig,
     seed: u64,
@@ -249,11 +284,15 @@ pub struct Bow {
     stats_done: bool,
     /// Base-set membership by input row index (bitset).
     base: Vec<u64>,
-    /// Pass 1: document frequencies over the base captions (of stems, with a stemmer).
+    /// Document frequencies over the base captions (of stems, with a stemmer).
     base_df: Counts,
+    /// Surface words of the base captions (kept apart only when stemming).
+    base_surface: FxHashSet<Box<str>>,
+    /// `V_base` and `Top_t`, in match form (stems with a stemmer).
     vocab: FxHashSet<Box<str>>,
     top: Vec<(String, u64)>,
     top_set: FxHashSet<Box<str>>,
+    table: WordTable,
     stats: Mutex<Stats>,
     schema: SchemaRef,
 }
@@ -285,48 +324,63 @@ impl Bow {
             let forms: Vec<String> = words.iter().map(|w| self.match_form(w).into_owned()).collect();
             let refs: Vec<&str> = forms.iter().map(String::as_str).collect();
             self.base_df.add_document(&refs);
+            for w in words {
+                if !self.base_surface.contains(w) {
+                    self.base_surface.insert(w.into());
+                }
+            }
         } else {
             self.base_df.add_document(&words);
         }
     }
 
-    /// The deformation cascade on one caption's words, in the canonical order. `words` holds
-    /// the lower-cased words; the result is left in `words`.
-    fn deform<'a>(&self, sample_id: &str, words: &mut Vec<&'a str>) {
+    /// Whether RmStopNalpha, LimitToBaseVocab and RmTopFreq (those switched on) all keep `word`.
+    fn keeps(&self, word: &str) -> bool {
         let c = &self.config;
-        if c.shuffle {
-            RowRng::new(self.seed, "bow.shuffle", sample_id).shuffle(words);
+        if c.rm_stop_nalpha && !is_content_word(word) {
+            return false;
         }
         let limit = c.limit_to_base_vocab && self.mostly();
         let top = c.rm_top_freq > 0 && self.mostly();
-        words.retain(|w| {
-            if c.rm_stop_nalpha && !is_content_word(w) {
+        if limit || top {
+            let form = self.match_form(word);
+            if limit && !self.vocab.contains(form.as_ref()) {
                 return false;
             }
-            if limit || top {
-                let form = self.match_form(w);
-                if limit && !self.vocab.contains(form.as_ref()) {
-                    return false;
-                }
-                if top && self.top_set.contains(form.as_ref()) {
-                    return false;
-                }
+            if top && self.top_set.contains(form.as_ref()) {
+                return false;
             }
-            true
-        });
-        if c.dedup {
-            let mut seen = FxHashSet::default();
-            words.retain(|w| seen.insert(*w));
         }
-        if c.keep_words > 0 {
-            words.truncate(c.keep_words);
-        }
+        true
+    }
+
+    /// Fixes `V_base`, `Top_t` and the word table once the base statistics are complete.
+    fn finish_statistics(&mut self) {
+        self.vocab = self.base_df.iter().map(|(w, _)| w.into()).collect();
+        self.top = self.base_df.top(self.config.rm_top_freq, self.config.frequency_candidates);
+        self.top_set = self.top.iter().map(|(w, _)| w.as_str().into()).collect();
+        let mut surface: Vec<Box<str>> = if self.stemmer.is_some() {
+            std::mem::take(&mut self.base_surface).into_iter().collect()
+        } else {
+            self.vocab.iter().cloned().collect()
+        };
+        surface.sort_unstable();
+        let keep = surface.iter().map(|w| self.keeps(w)).collect();
+        let ids = surface.into_iter().enumerate().map(|(i, w)| (w, i as u32)).collect();
+        self.table = WordTable { ids, keep };
+        self.stats_done = true;
     }
 }
 
 /// Reuses a word buffer's allocation for borrows of another lifetime (the vector is emptied;
 /// the in-place `collect` keeps its capacity).
-fn recycle<'a, 'b>(mut v: Vec<&'a str>) -> Vec<&'b str> {
+fn recycle_str<'a, 'b>(mut v: Vec<&'a str>) -> Vec<&'b str> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!("emptied above")).collect()
+}
+
+/// [`recycle_str`] for `(word, payload)` pairs.
+fn recycle<'a, 'b, T: Copy>(mut v: Vec<(&'a str, T)>) -> Vec<(&'b str, T)> {
     v.clear();
     v.into_iter().map(|_| unreachable!("emptied above")).collect()
 }
@@ -387,14 +441,10 @@ impl Transform for Bow {
                         self.count_base_caption(caption);
                     }
                 }
-                self.stats_done = true;
-                self.end_pass(1)?;
+                self.finish_statistics();
             }
         } else {
-            self.vocab = self.base_df.iter().map(|(w, _)| w.into()).collect();
-            self.top = self.base_df.top(self.config.rm_top_freq, self.config.frequency_candidates);
-            self.top_set = self.top.iter().map(|(w, _)| w.as_str().into()).collect();
-            self.stats_done = true;
+            self.finish_statistics();
         }
         Ok(())
     }
@@ -404,20 +454,28 @@ impl Transform for Bow {
         let ids = str_col(&batch, schema::SAMPLE_ID);
         let caps = str_col(&batch, schema::CAPTION);
         let n = batch.num_rows();
+        let c = &self.config;
         let mut out = StringBuilder::with_capacity(n, n * 24);
         let mut split = StringBuilder::with_capacity(n, n * 8);
         let mut keep = Vec::with_capacity(n);
-        let mut st = Stats::default();
-        let mut buf: Vec<&'static str> = Vec::with_capacity(32);
+        let mut st = Stats::new(self.table.keep.len());
+        // (word, table id) of the current caption, and of the survivors.
+        let mut buf: Vec<(&'static str, Option<u32>)> = Vec::with_capacity(32);
+        let mut kept_buf: Vec<(&'static str, Option<u32>)> = Vec::with_capacity(32);
         let mut joined = String::new();
+        let mut tokens: Vec<&str> = Vec::with_capacity(32);
         for r in 0..n {
             st.rows_in += 1;
             let id = ids.value(r);
             let caption = caps.is_valid(r).then(|| caps.value(r));
             let lowered = caption.map(lowercase);
             let mut words = recycle(std::mem::take(&mut buf));
+            tokens.clear();
             if let Some(l) = &lowered {
-                self.tokenizer.split_into(l, &mut words);
+                let mut t = recycle_str(std::mem::take(&mut tokens));
+                self.tokenizer.split_into(l, &mut t);
+                words.extend(t.iter().map(|w| (*w, self.table.ids.get(*w).copied())));
+                tokens = recycle_str(t);
             }
             if words.is_empty() {
                 st.no_caption += 1;
@@ -438,12 +496,16 @@ impl Transform for Bow {
             }
             st.words_before += words.len() as u64;
             bump_hist(&mut st.len_before, words.len());
-            st.freq_before.add_occurrences(words.iter().copied());
+            for &(w, wid) in &words {
+                Stats::count(&mut st.before_ids, &mut st.before_other, w, wid);
+            }
             if self.mostly() && self.is_base(first_row + r as u64) {
                 st.base += 1;
                 st.words_after += words.len() as u64;
                 bump_hist(&mut st.len_after, words.len());
-                st.freq_after.add_occurrences(words.iter().copied());
+                for &(w, wid) in &words {
+                    Stats::count(&mut st.after_ids, &mut st.after_other, w, wid);
+                }
                 out.append_value(caption.expect("has words"));
                 split.append_value("base");
                 keep.push(true);
@@ -451,8 +513,24 @@ impl Transform for Bow {
                 continue;
             }
             st.deformed_in += 1;
-            self.deform(id, &mut words);
-            if words.is_empty() {
+            // The cascade in canonical order: Shuffle, the filters, (dedup), Keep(n).
+            if c.shuffle {
+                RowRng::new(self.seed, "bow.shuffle", id).shuffle(&mut words);
+            }
+            let mut kept = recycle(std::mem::take(&mut kept_buf));
+            for &(w, wid) in &words {
+                let ok = match wid {
+                    Some(i) => self.table.keep[i as usize],
+                    None => self.keeps(w),
+                };
+                if ok && !(c.dedup && kept.iter().any(|k| k.0 == w)) {
+                    kept.push((w, wid));
+                }
+            }
+            if c.keep_words > 0 {
+                kept.truncate(c.keep_words);
+            }
+            if kept.is_empty() {
                 st.emptied += 1;
                 rejects.push(Reject {
                     stage: TYPE,
@@ -466,24 +544,24 @@ impl Transform for Bow {
                 out.append_null();
                 split.append_value("");
                 keep.push(false);
-                buf = recycle(words);
-                continue;
-            }
-            st.deformed_out += 1;
-            st.words_after += words.len() as u64;
-            st.words_deformed_after += words.len() as u64;
-            bump_hist(&mut st.len_after, words.len());
-            st.freq_after.add_occurrences(words.iter().copied());
-            joined.clear();
-            for (i, w) in words.iter().enumerate() {
-                if i > 0 {
-                    joined.push(' ');
+            } else {
+                st.deformed_out += 1;
+                st.words_after += kept.len() as u64;
+                st.words_deformed_after += kept.len() as u64;
+                bump_hist(&mut st.len_after, kept.len());
+                joined.clear();
+                for (i, &(w, wid)) in kept.iter().enumerate() {
+                    Stats::count(&mut st.after_ids, &mut st.after_other, w, wid);
+                    if i > 0 {
+                        joined.push(' ');
+                    }
+                    joined.push_str(w);
                 }
-                joined.push_str(w);
+                out.append_value(&joined);
+                split.append_value("deformed");
+                keep.push(true);
             }
-            out.append_value(&joined);
-            split.append_value("deformed");
-            keep.push(true);
+            kept_buf = recycle(kept);
             buf = recycle(words);
         }
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns() + 2);
@@ -511,6 +589,8 @@ impl Transform for Bow {
         let st = self.stats.lock().expect("stats lock");
         let n_in = st.base + st.deformed_in;
         let n_out = st.base + st.deformed_out;
+        let (ranked_before, vocab_before) = Stats::ranked(&st.before_ids, &st.before_other);
+        let (ranked_after, vocab_after) = Stats::ranked(&st.after_ids, &st.after_other);
         let mean = |words: u64, n: u64| if n == 0 { 0.0 } else { words as f64 / n as f64 };
         json!({
             "mode": self.config.mode,
@@ -527,14 +607,14 @@ impl Transform for Bow {
             "mean_words_before": mean(st.words_before, n_in),
             "mean_words_after": mean(st.words_after, n_out),
             "mean_words_deformed_after": mean(st.words_deformed_after, st.deformed_out),
-            "vocabulary_before": st.freq_before.len(),
-            "vocabulary_after": st.freq_after.len(),
+            "vocabulary_before": vocab_before,
+            "vocabulary_after": vocab_after,
             "base_vocabulary": self.vocab.len(),
             "top_removed": self.top.iter().map(|(w, df)| json!({"word": w, "base_df": df})).collect::<Vec<_>>(),
             "length_histogram_before": st.len_before,
             "length_histogram_after": st.len_after,
-            "rank_frequency_before": st.freq_before.ranked(),
-            "rank_frequency_after": st.freq_after.ranked(),
+            "rank_frequency_before": ranked_before,
+            "rank_frequency_after": ranked_after,
         })
     }
 }
