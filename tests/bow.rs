@@ -12,14 +12,13 @@ use curate::stages::{Problems, Transform};
 use curate::text::{is_content_word, Tokenizer};
 use proptest::prelude::*;
 
+/// `(sample_id, caption, original_caption, split)` of an output row.
+type Row = (String, String, String, String);
+
 /// Runs the BoW stage in memory over `captions` (ids `r0`, `r1`, ...), cut into chunks of
 /// `chunk` rows. Returns `(sample_id, caption, original_caption, split)` rows, the rejected
 /// ids, and the stage report.
-fn run_bow(
-    toml: &str,
-    captions: &[String],
-    chunk: usize,
-) -> (Vec<(String, String, String, String)>, Vec<String>, serde_json::Value) {
+fn run_bow(toml: &str, captions: &[String], chunk: usize) -> (Vec<Row>, Vec<String>, serde_json::Value) {
     let config: BowConfig = toml::from_str(toml).unwrap();
     let mut problems = Problems::default();
     let mut bow = config.build(7, &mut problems).unwrap_or_else(|| panic!("{problems:?}"));
@@ -54,8 +53,9 @@ fn run_bow(
             .iter()
             .map(|c| common::strs(std::slice::from_ref(&out.batch), c))
             .collect();
-        for i in 0..out.batch.num_rows() {
-            rows.push((cols[0][i].clone(), cols[1][i].clone(), cols[2][i].clone(), cols[3][i].clone()));
+        let [ids, caps, origs, splits] = <[Vec<String>; 4]>::try_from(cols).expect("four columns");
+        for (((id, cap), orig), split) in ids.into_iter().zip(caps).zip(origs).zip(splits) {
+            rows.push((id, cap, orig, split));
         }
         rejected.extend(out.rejects.iter().map(|r| r.sample_id.clone().unwrap()));
     }

@@ -75,10 +75,10 @@ fn img2dataset_webdataset_tar() {
     assert_eq!(col(&rejects, "sample_id")[3].as_deref(), Some("000000008"));
 }
 
-fn yfcc(
-    file: &str,
-    subset: Option<&str>,
-) -> (Vec<String>, Vec<String>, Vec<String>, Vec<(String, u64)>, tempfile::TempDir) {
+/// ids, captions, urls, rejects `(reason, line)`, and the run folder.
+type YfccRun = (Vec<String>, Vec<String>, Vec<String>, Vec<(String, u64)>, tempfile::TempDir);
+
+fn yfcc(file: &str, subset: Option<&str>) -> YfccRun {
     let subset = subset.map(|s| format!("subset = \"{}\"\n", fixture(s))).unwrap_or_default();
     let (d, data, rejects) = run_pipeline(&read_only(&format!(
         "type = \"read_yfcc\"\npath = \"{}\"\n{subset}",

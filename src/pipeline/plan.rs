@@ -102,7 +102,7 @@ pub fn compile_doc(doc: &ConfigDoc) -> Result<Plan> {
         }
     }
     let mut top = doc.root.clone();
-    top.retain(|k, _| known_top.iter().any(|t| *t == k));
+    top.retain(|k, _| known_top.contains(&k));
     let top: Option<PipelineConfig> = doc.extract("", &Value::Table(top), &mut diags);
     if doc.root.get("stage").is_some_and(|s| !matches!(s, Value::Array(a) if a.iter().all(Value::is_table))) {
         // Reported by `extract` as a type error already.

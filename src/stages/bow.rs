@@ -136,7 +136,8 @@ impl BowConfig {
                 Some("set `rm_top_freq = 0`, or `mode = \"mostly\"`".into()),
             );
         }
-        if !only && !(self.base_fraction > 0.0 && self.base_fraction < 1.0) {
+        let fraction_ok = 0.0 < self.base_fraction && self.base_fraction < 1.0;
+        if !only && !fraction_ok {
             problems.push(
                 "base_fraction",
                 format!("base_fraction must be in (0, 1), got {}", self.base_fraction),
@@ -374,13 +375,13 @@ impl Bow {
 
 /// Reuses a word buffer's allocation for borrows of another lifetime (the vector is emptied;
 /// the in-place `collect` keeps its capacity).
-fn recycle_str<'a, 'b>(mut v: Vec<&'a str>) -> Vec<&'b str> {
+fn recycle_str<'b>(mut v: Vec<&str>) -> Vec<&'b str> {
     v.clear();
     v.into_iter().map(|_| unreachable!("emptied above")).collect()
 }
 
 /// [`recycle_str`] for `(word, payload)` pairs.
-fn recycle<'a, 'b, T: Copy>(mut v: Vec<(&'a str, T)>) -> Vec<(&'b str, T)> {
+fn recycle<'b, T: Copy>(mut v: Vec<(&str, T)>) -> Vec<(&'b str, T)> {
     v.clear();
     v.into_iter().map(|_| unreachable!("emptied above")).collect()
 }

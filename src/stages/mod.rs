@@ -222,3 +222,20 @@ pub fn header_fields(path: &Path, delimiter: u8) -> std::result::Result<Vec<Stri
     let text = String::from_utf8_lossy(line);
     Ok(text.split(delimiter as char).map(|s| s.trim_matches('"').to_owned()).collect())
 }
+
+/// Field count of the widest of the first `n` lines of a headerless file (one malformed first
+/// line must not hide the file's real width).
+pub fn widest_of_first_lines(path: &Path, delimiter: u8, n: usize) -> std::result::Result<usize, String> {
+    let mut lines = Lines::open(path).map_err(|e| e.to_string())?;
+    let mut widest = 0;
+    for _ in 0..n {
+        match lines.next_line().map_err(|e| e.to_string())? {
+            Some((_, line)) => widest = widest.max(line.iter().filter(|&&b| b == delimiter).count() + 1),
+            None => break,
+        }
+    }
+    if widest == 0 {
+        return Err(format!("`{}` is empty", path.display()));
+    }
+    Ok(widest)
+}

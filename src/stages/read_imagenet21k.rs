@@ -72,7 +72,7 @@ impl ReadImagenet21kConfig {
     }
 }
 
-fn load_words(path: &PathBuf) -> std::result::Result<HashMap<String, String>, String> {
+fn load_words(path: &std::path::Path) -> std::result::Result<HashMap<String, String>, String> {
     let mut lines = Lines::open(path).map_err(|e| e.to_string())?;
     let mut out = HashMap::new();
     while let Some((no, line)) = lines.next_line().map_err(|e| e.to_string())? {

@@ -15,8 +15,8 @@ use arrow_schema::DataType;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    chunk_of, expand_inputs, has_words, header_fields, split_tabs, ChunkIter, LineChunks, LineOutcome, Problems,
-    Reader, CHUNK_ROWS,
+    chunk_of, expand_inputs, has_words, header_fields, split_tabs, widest_of_first_lines, ChunkIter, LineChunks,
+    LineOutcome, Problems, Reader, CHUNK_ROWS,
 };
 use crate::error::{did_you_mean, Error, Result};
 use crate::io::{file_name, parquet, PathPatterns};
@@ -136,6 +136,12 @@ impl ReadTableConfig {
                 Format::Parquet => parquet::read_schema(first)
                     .map(|s| s.fields().iter().map(|f| f.name().clone()).collect())
                     .map_err(|e| e.to_string()),
+                Format::Tsv if !header => {
+                    widest_of_first_lines(first, b'\t', 100).map(|n| (0..n).map(|i| format!("#{i}")).collect())
+                }
+                Format::Csv if !header => {
+                    widest_of_first_lines(first, b',', 100).map(|n| (0..n).map(|i| format!("#{i}")).collect())
+                }
                 Format::Tsv => header_fields(first, b'\t'),
                 Format::Csv => header_fields(first, b','),
             };
@@ -166,12 +172,20 @@ impl ReadTableConfig {
                                     ColumnRef::Index(_) => None,
                                 }
                                 .or_else(|| {
-                                    Some(format!(
-                                        "`{}` has {} columns: {}",
-                                        file_name(first),
-                                        names.len(),
-                                        names.join(", ")
-                                    ))
+                                    Some(if named {
+                                        format!(
+                                            "`{}` has {} columns: {}",
+                                            file_name(first),
+                                            names.len(),
+                                            names.join(", ")
+                                        )
+                                    } else {
+                                        format!(
+                                            "the first lines of `{}` have at most {} fields",
+                                            file_name(first),
+                                            names.len()
+                                        )
+                                    })
                                 });
                                 problems.push(
                                     format!("columns.{key}"),
