@@ -55,7 +55,13 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     std::fs::create_dir_all(&out).map_err(|e| Error::io("cannot create output folder", &out, e))?;
     let config_json = serde_json::to_string_pretty(&plan.resolved).expect("JSON value serializes");
     write_atomic(&out.join("config.json"), config_json.as_bytes())?;
-    let config_hash = format!("xxh3-64:{:016x}", xxhash_rust::xxh3::xxh3_64(config_json.as_bytes()));
+    // The hash names what made the data, so it leaves out where the data was written: the same
+    // input and config give byte-identical files in any output folder.
+    let mut hashed = plan.resolved.clone();
+    if let Some(m) = hashed.as_object_mut() {
+        m.remove("output_dir");
+    }
+    let config_hash = format!("xxh3-64:{:016x}", xxhash_rust::xxh3::xxh3_64(hashed.to_string().as_bytes()));
 
     let mut timings = BTreeMap::new();
     let t = Instant::now();
