@@ -134,42 +134,48 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
 
     let streamed = std::thread::scope(|s| -> Result<(u64, WriterOutcome)> {
         let (tx, rx) = sync_channel::<Result<Chunk>>(GROUP);
-        s.spawn(move || match reader.open() {
-            Ok(chunks) => {
-                for c in chunks {
-                    if tx.send(c).is_err() {
-                        break;
+        let spawn_reader = std::thread::Builder::new().name("curate-read".into());
+        spawn_reader
+            .spawn_scoped(s, move || match reader.open() {
+                Ok(chunks) => {
+                    for c in chunks {
+                        if tx.send(c).is_err() {
+                            break;
+                        }
                     }
                 }
-            }
-            Err(e) => {
-                let _ = tx.send(Err(e));
-            }
-        });
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            })
+            .map_err(|e| Error::io("cannot start a thread", "curate-read", e))?;
         let (wtx, wrx) = sync_channel::<Chunk>(GROUP);
-        let writer = s.spawn(move || -> Result<WriterOutcome> {
-            let mut o = WriterOutcome::default();
-            for chunk in wrx {
-                let batch = match &columns {
-                    Some(idx) => chunk.batch.project(idx)?,
-                    None => chunk.batch,
-                };
-                o.written += batch.num_rows() as u64;
-                data.write(&batch)?;
-                if !chunk.rejects.is_empty() {
-                    for r in &chunk.rejects {
-                        *o.rejects.entry(format!("{}/{}", r.stage, r.reason)).or_insert(0) += 1;
+        let spawn_writer = std::thread::Builder::new().name("curate-write".into());
+        let writer = spawn_writer
+            .spawn_scoped(s, move || -> Result<WriterOutcome> {
+                let mut o = WriterOutcome::default();
+                for chunk in wrx {
+                    let batch = match &columns {
+                        Some(idx) => chunk.batch.project(idx)?,
+                        None => chunk.batch,
+                    };
+                    o.written += batch.num_rows() as u64;
+                    data.write(&batch)?;
+                    if !chunk.rejects.is_empty() {
+                        for r in &chunk.rejects {
+                            *o.rejects.entry(format!("{}/{}", r.stage, r.reason)).or_insert(0) += 1;
+                        }
+                        rejects.write(&schema::rejects_batch(&chunk.rejects))?;
                     }
-                    rejects.write(&schema::rejects_batch(&chunk.rejects))?;
+                    for (k, v) in chunk.skipped {
+                        *o.skipped.entry(k.to_owned()).or_insert(0) += v;
+                    }
                 }
-                for (k, v) in chunk.skipped {
-                    *o.skipped.entry(k.to_owned()).or_insert(0) += v;
-                }
-            }
-            o.data_shards = data.finish()?;
-            o.reject_shards = rejects.finish()?;
-            Ok(o)
-        });
+                o.data_shards = data.finish()?;
+                o.reject_shards = rejects.finish()?;
+                Ok(o)
+            })
+            .map_err(|e| Error::io("cannot start a thread", "curate-write", e))?;
         let read =
             transform_stream(rx, transforms, &bar, |c| wtx.send(c).map_err(|_| Error::data("the writer stopped")));
         drop(wtx);

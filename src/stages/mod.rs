@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::io::lines::Lines;
 use crate::schema::{Chunk, PairsBuilder, Reject};
 
@@ -77,75 +77,175 @@ pub enum LineOutcome {
     Skip(&'static str),
 }
 
-/// Streams chunks out of text files line by line: `parse` turns one line into a row (pushed
-/// on the builder) or a reject. Shared by the TSV-based readers.
+/// Bytes of input per block in [`LineChunks`]; a block (cut at a line end) becomes one chunk.
+/// Fixed, so chunk boundaries depend only on the file's bytes, never on the thread count.
+pub const BLOCK_BYTES: usize = 8 << 20;
+
+/// Blocks parsed at once, in parallel.
+const BLOCKS_AT_ONCE: usize = 4;
+
+/// Streams chunks out of text files: the file is cut into blocks of about [`BLOCK_BYTES`] at
+/// line ends, blocks are parsed in parallel (rayon) and yielded in order. `parse` turns one
+/// line (file name, 1-based line number, bytes without the line end, a reusable scratch
+/// string) into a row pushed on the builder, a reject, or a skip. Shared by the TSV readers.
 pub struct LineChunks<F> {
     files: Vec<PathBuf>,
     next_file: usize,
-    current: Option<(Lines, String)>,
-    builder: PairsBuilder,
+    current: Option<BlockReader>,
+    source: String,
     stage: &'static str,
     parse: F,
     skip_lines: u64,
+    ready: std::collections::VecDeque<Chunk>,
+}
+
+/// One open file being cut into blocks.
+struct BlockReader {
+    file: std::fs::File,
+    path: PathBuf,
+    name: String,
+    /// Bytes after the last line end of the previous block.
+    carry: Vec<u8>,
+    /// Line number of the first line of the next block.
+    next_line: u64,
+    eof: bool,
+}
+
+impl BlockReader {
+    /// The next block (whole lines) and its first line number, or `None` at the end.
+    fn next_block(&mut self) -> Result<Option<(Vec<u8>, u64)>> {
+        use std::io::Read;
+        if self.eof && self.carry.is_empty() {
+            return Ok(None);
+        }
+        let mut buf = std::mem::take(&mut self.carry);
+        let start = buf.len();
+        buf.resize(start + BLOCK_BYTES, 0);
+        let mut filled = start;
+        while filled < buf.len() && !self.eof {
+            let n = self.file.read(&mut buf[filled..]).map_err(|e| Error::io("cannot read", &self.path, e))?;
+            if n == 0 {
+                self.eof = true;
+            }
+            filled += n;
+        }
+        buf.truncate(filled);
+        if !self.eof {
+            match memchr::memrchr(b'\n', &buf) {
+                Some(last) => self.carry = buf.split_off(last + 1),
+                // A single line longer than a block: keep reading until it ends.
+                None => {
+                    self.carry = buf;
+                    return self.next_block();
+                }
+            }
+        }
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        let first = self.next_line;
+        self.next_line += memchr::memchr_iter(b'\n', &buf).count() as u64 + u64::from(!buf.ends_with(b"\n"));
+        Ok(Some((buf, first)))
+    }
 }
 
 impl<F> LineChunks<F>
 where
-    F: FnMut(&str, u64, &[u8], &mut PairsBuilder) -> LineOutcome + Send,
+    F: Fn(&str, u64, &[u8], &mut PairsBuilder, &mut String) -> LineOutcome + Send + Sync,
 {
     /// `skip_lines` leading lines of every file are not data (a header).
     pub fn new(files: Vec<PathBuf>, source: &str, stage: &'static str, skip_lines: u64, parse: F) -> Self {
-        LineChunks { files, next_file: 0, current: None, builder: PairsBuilder::new(source), stage, parse, skip_lines }
+        LineChunks {
+            files,
+            next_file: 0,
+            current: None,
+            source: source.to_owned(),
+            stage,
+            parse,
+            skip_lines,
+            ready: Default::default(),
+        }
     }
 
-    fn fill(&mut self) -> Result<Option<Chunk>> {
+    /// Parses one block into a chunk.
+    fn parse_block(&self, name: &str, block: &[u8], first_line: u64) -> Chunk {
+        let mut builder = PairsBuilder::new(&self.source);
         let mut rejects = Vec::new();
         let mut skipped = Skipped::new();
-        loop {
+        let mut scratch = String::new();
+        let mut start = 0;
+        let mut no = first_line;
+        while start < block.len() {
+            let end = memchr::memchr(b'\n', &block[start..]).map_or(block.len(), |i| start + i);
+            let mut line = &block[start..end];
+            if line.last() == Some(&b'\r') {
+                line = &line[..line.len() - 1];
+            }
+            start = end + 1;
+            if no > self.skip_lines {
+                match (self.parse)(name, no, line, &mut builder, &mut scratch) {
+                    LineOutcome::Row => {}
+                    LineOutcome::Reject { reason, detail } => rejects.push(Reject {
+                        stage: self.stage,
+                        source_file: name.to_owned(),
+                        row: no,
+                        sample_id: None,
+                        reason,
+                        detail,
+                        raw: line.to_vec(),
+                    }),
+                    LineOutcome::Skip(why) => *skipped.entry(why).or_insert(0) += 1,
+                }
+            }
+            no += 1;
+        }
+        Chunk { batch: builder.finish(), rejects, skipped }
+    }
+
+    fn fill(&mut self) -> Result<()> {
+        use rayon::prelude::*;
+        let mut blocks = Vec::with_capacity(BLOCKS_AT_ONCE);
+        while blocks.len() < BLOCKS_AT_ONCE {
             if self.current.is_none() {
                 let Some(path) = self.files.get(self.next_file) else { break };
                 self.next_file += 1;
-                self.current = Some((Lines::open(path)?, crate::io::file_name(path)));
+                let file = std::fs::File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
+                let name = crate::io::file_name(path);
+                self.current =
+                    Some(BlockReader { file, path: path.clone(), name, carry: Vec::new(), next_line: 1, eof: false });
             }
-            let (lines, name) = self.current.as_mut().expect("opened above");
-            let Some((no, line)) = lines.next_line()? else {
-                self.current = None;
-                continue;
-            };
-            if no <= self.skip_lines {
-                continue;
-            }
-            match (self.parse)(name, no, line, &mut self.builder) {
-                LineOutcome::Row => {}
-                LineOutcome::Reject { reason, detail } => rejects.push(Reject {
-                    stage: self.stage,
-                    source_file: name.clone(),
-                    row: no,
-                    sample_id: None,
-                    reason,
-                    detail,
-                    raw: line.to_vec(),
-                }),
-                LineOutcome::Skip(why) => *skipped.entry(why).or_insert(0) += 1,
-            }
-            if self.builder.len() >= CHUNK_ROWS {
-                break;
+            let reader = self.current.as_mut().expect("opened above");
+            match reader.next_block()? {
+                Some((block, first)) => blocks.push((reader.name.clone(), block, first)),
+                None => self.current = None,
             }
         }
-        if self.builder.is_empty() && rejects.is_empty() && skipped.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(Chunk { batch: self.builder.finish(), rejects, skipped }))
+        let chunks: Vec<Chunk> =
+            blocks.par_iter().map(|(name, block, first)| self.parse_block(name, block, *first)).collect();
+        self.ready.extend(
+            chunks.into_iter().filter(|c| c.batch.num_rows() > 0 || !c.rejects.is_empty() || !c.skipped.is_empty()),
+        );
+        Ok(())
     }
 }
 
 impl<F> Iterator for LineChunks<F>
 where
-    F: FnMut(&str, u64, &[u8], &mut PairsBuilder) -> LineOutcome + Send,
+    F: Fn(&str, u64, &[u8], &mut PairsBuilder, &mut String) -> LineOutcome + Send + Sync,
 {
     type Item = Result<Chunk>;
     fn next(&mut self) -> Option<Result<Chunk>> {
-        self.fill().transpose()
+        while self.ready.is_empty() {
+            if self.current.is_none() && self.next_file >= self.files.len() {
+                return None;
+            }
+            if let Err(e) = self.fill() {
+                self.files.clear();
+                self.current = None;
+                return Some(Err(e));
+            }
+        }
+        self.ready.pop_front().map(Ok)
     }
 }
 

@@ -54,9 +54,8 @@ impl Reader for ReadCcTsv {
     }
 
     fn open(&self) -> Result<ChunkIter<'_>> {
-        let mut id = String::new();
         let (ci, ui) = if self.url_first { (1, 0) } else { (0, 1) };
-        Ok(Box::new(LineChunks::new(self.files.clone(), &self.source, TYPE, 0, move |file, no, line, out| {
+        Ok(Box::new(LineChunks::new(self.files.clone(), &self.source, TYPE, 0, move |file, no, line, out, id| {
             let fields = split_tabs(line);
             let n = fields.count;
             if n != 2 {
@@ -72,9 +71,10 @@ impl Reader for ReadCcTsv {
                 return LineOutcome::Reject { reason: "missing_url", detail: "url field is empty".into() };
             }
             id.clear();
-            use std::fmt::Write;
-            let _ = write!(id, "{file}#{no}");
-            out.push(PairRow { sample_id: &id, caption: Some(caption), url: Some(url), ..Default::default() });
+            id.push_str(file);
+            id.push('#');
+            id.push_str(itoa::Buffer::new().format(no));
+            out.push(PairRow { sample_id: id, caption: Some(caption), url: Some(url), ..Default::default() });
             LineOutcome::Row
         })))
     }

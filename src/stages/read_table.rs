@@ -283,19 +283,15 @@ impl Reader for ReadTable {
     fn open(&self) -> Result<ChunkIter<'_>> {
         match self.format {
             Format::Tsv => {
-                let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
-                let mut current = PathBuf::new();
-                let files = self.files.clone();
+                let by_name: std::collections::HashMap<String, PathBuf> =
+                    self.files.iter().map(|f| (file_name(f), f.clone())).collect();
                 let skip = u64::from(self.header);
                 Ok(Box::new(LineChunks::new(
                     self.files.clone(),
                     &self.source,
                     TYPE,
                     skip,
-                    move |name, no, line, out| {
-                        if current.file_name().is_none_or(|n| n.to_string_lossy() != name) {
-                            current = files.iter().find(|f| file_name(f) == name).cloned().unwrap_or_default();
-                        }
+                    move |name, no, line, out, _scratch| {
                         if std::str::from_utf8(line).is_err() {
                             return LineOutcome::Reject {
                                 reason: "invalid_utf8",
@@ -320,7 +316,8 @@ impl Reader for ReadTable {
                         let values = self
                             .indexes
                             .map(|i| i.map(|i| std::str::from_utf8(fields[i]).expect("line checked as UTF-8")));
-                        match maker.emit(&current, no, values, out) {
+                        let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
+                        match maker.emit(&by_name[name], no, values, out) {
                             Ok(()) => LineOutcome::Row,
                             Err((reason, detail)) => LineOutcome::Reject { reason, detail },
                         }
