@@ -60,39 +60,49 @@ pub struct PairRow<'a> {
 /// Builds `pairs` record batches row by row.
 pub struct PairsBuilder {
     source: String,
-    cols: [StringBuilder; 9],
-    /// Whether each column got a value since the last `finish` (all-null columns are made
-    /// without buffers).
-    used: [bool; 9],
+    id: StringBuilder,
+    src: StringBuilder,
+    /// caption, url, path, shard, key, label, label_text: a builder is only fed once its
+    /// column got a first value (earlier rows are backfilled with nulls), so the columns a
+    /// format never fills cost nothing per row.
+    optional: [Option<StringBuilder>; 7],
     len: usize,
+    /// Expected rows and bytes per batch, to size new builders once.
+    capacity: (usize, usize),
 }
 
 impl PairsBuilder {
     pub fn new(source: &str) -> Self {
+        Self::with_capacity(source, 1024, 64 * 1024)
+    }
+
+    /// A builder expecting about `rows` rows per batch and `bytes` bytes per string column.
+    pub fn with_capacity(source: &str, rows: usize, bytes: usize) -> Self {
         PairsBuilder {
             source: source.to_owned(),
-            cols: std::array::from_fn(|_| StringBuilder::new()),
-            used: [false; 9],
+            id: StringBuilder::with_capacity(rows, bytes / 4),
+            src: StringBuilder::with_capacity(rows, rows * source.len()),
+            optional: Default::default(),
             len: 0,
+            capacity: (rows, bytes),
         }
     }
 
     pub fn push(&mut self, r: PairRow<'_>) {
-        let [id, src, cap, url, path, shard, key, label, label_text] = &mut self.cols;
-        id.append_value(r.sample_id);
-        src.append_value(&self.source);
-        cap.append_option(r.caption);
-        url.append_option(r.url);
-        path.append_option(r.path);
-        shard.append_option(r.shard);
-        key.append_option(r.key);
-        label.append_option(r.label);
-        label_text.append_option(r.label_text);
-        let opts = [r.caption, r.url, r.path, r.shard, r.key, r.label, r.label_text];
-        self.used[0] = true;
-        self.used[1] = true;
-        for (u, o) in self.used[2..].iter_mut().zip(opts) {
-            *u |= o.is_some();
+        self.id.append_value(r.sample_id);
+        self.src.append_value(&self.source);
+        let values = [r.caption, r.url, r.path, r.shard, r.key, r.label, r.label_text];
+        for (slot, v) in self.optional.iter_mut().zip(values) {
+            match (slot.as_mut(), v) {
+                (Some(b), v) => b.append_option(v),
+                (None, Some(v)) => {
+                    let mut b = StringBuilder::with_capacity(self.capacity.0, self.capacity.1);
+                    b.append_nulls(self.len);
+                    b.append_value(v);
+                    *slot = Some(b);
+                }
+                (None, None) => {}
+            }
         }
         self.len += 1;
     }
@@ -108,20 +118,13 @@ impl PairsBuilder {
     /// Returns the rows pushed so far as a batch and starts a new one.
     pub fn finish(&mut self) -> RecordBatch {
         let n = self.len;
-        let cols: Vec<ArrayRef> = self
-            .cols
-            .iter_mut()
-            .zip(self.used)
-            .map(|(b, used)| {
-                let a = b.finish();
-                if used {
-                    Arc::new(a) as ArrayRef
-                } else {
-                    arrow_array::new_null_array(&DataType::Utf8, n)
-                }
-            })
-            .collect();
-        self.used = [false; 9];
+        let mut cols: Vec<ArrayRef> = vec![Arc::new(self.id.finish()), Arc::new(self.src.finish())];
+        for slot in self.optional.iter_mut() {
+            cols.push(match slot.take() {
+                Some(mut b) => Arc::new(b.finish()),
+                None => arrow_array::new_null_array(&DataType::Utf8, n),
+            });
+        }
         self.len = 0;
         RecordBatch::try_new(pairs(), cols).expect("builder columns match the pairs schema")
     }
@@ -204,4 +207,26 @@ pub struct Chunk {
 pub fn str_col<'a>(batch: &'a RecordBatch, name: &str) -> &'a arrow_array::StringArray {
     use arrow_array::cast::AsArray;
     batch.column_by_name(name).unwrap_or_else(|| panic!("column `{name}` checked at plan time")).as_string::<i32>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::cast::AsArray;
+    use arrow_array::Array;
+
+    #[test]
+    fn columns_first_filled_later_are_backfilled_with_nulls() {
+        let mut b = PairsBuilder::new("src");
+        b.push(PairRow { sample_id: "a", ..Default::default() });
+        b.push(PairRow { sample_id: "b", caption: Some("a dog"), ..Default::default() });
+        let batch = b.finish();
+        let cap = batch.column_by_name(CAPTION).unwrap().as_string::<i32>();
+        assert_eq!((cap.is_null(0), cap.value(1)), (true, "a dog"));
+        let url = batch.column_by_name(URL).unwrap();
+        assert_eq!((url.len(), url.null_count()), (2, 2), "never-filled column is all null");
+        // The next batch starts clean.
+        b.push(PairRow { sample_id: "c", ..Default::default() });
+        assert_eq!(b.finish().column_by_name(CAPTION).unwrap().null_count(), 1);
+    }
 }

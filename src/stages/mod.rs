@@ -169,7 +169,8 @@ where
 
     /// Parses one block into a chunk.
     fn parse_block(&self, name: &str, block: &[u8], first_line: u64) -> Chunk {
-        let mut builder = PairsBuilder::new(&self.source);
+        let lines = memchr::memchr_iter(b'\n', block).count() + 1;
+        let mut builder = PairsBuilder::with_capacity(&self.source, lines, block.len() / 2);
         let mut rejects = Vec::new();
         let mut skipped = Skipped::new();
         let mut scratch = String::new();
@@ -278,9 +279,10 @@ pub fn split_tabs(line: &[u8]) -> Fields<'_> {
     f
 }
 
-/// `true` if the text has at least one word (§1.1 whitespace).
+/// `true` if the text has at least one word (§1.1 whitespace): some character that is not
+/// whitespace, usually the first.
 pub fn has_words(text: &str) -> bool {
-    text.split(crate::text::is_python_whitespace).any(|p| !p.is_empty())
+    text.chars().any(|c| !crate::text::is_python_whitespace(c))
 }
 
 /// A finished stream chunk made of rows held in memory (readers that load a shard at once).
