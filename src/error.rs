@@ -28,6 +28,9 @@ pub enum Error {
     /// Input data is unusable as a whole (individual bad rows are rejects, not errors).
     #[error("{message}{}", hint_suffix(.hint))]
     Data { message: String, hint: Option<String> },
+    /// A model checkpoint, config or tokenizer cannot be used.
+    #[error("{message}{}", hint_suffix(.hint))]
+    Model { message: String, hint: Option<String> },
     /// Arrow or Parquet failed.
     #[error("parquet/arrow: {0}")]
     Arrow(String),

@@ -33,6 +33,29 @@ pub struct PipelineArgs {
     /// Override a key: `--set bow.rm_top_freq=500`, `--set output_dir=out/x` (repeatable).
     #[arg(long = "set", value_name = "KEY.PATH=VALUE")]
     pub overrides: Vec<String>,
+    /// Where models run: `cpu` (burn's flex backend), `ndarray`, or `cuda[:N]` (built with
+    /// `--features cuda`). Does not change the output beyond float rounding.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+/// The burn device named by `--device`.
+fn device(name: &str) -> anyhow::Result<burn::tensor::Device> {
+    use burn::tensor::Device;
+    match name {
+        "cpu" | "flex" => Ok(Device::flex()),
+        #[cfg(feature = "ndarray")]
+        "ndarray" => Ok(Device::ndarray()),
+        #[cfg(feature = "cuda")]
+        cuda if cuda == "cuda" || cuda.starts_with("cuda:") => {
+            let index: usize = cuda.strip_prefix("cuda:").unwrap_or("0").parse()?;
+            Ok(Device::cuda(index))
+        }
+        other if other.starts_with("cuda") => {
+            anyhow::bail!("`--device {other}`: this curate was built without CUDA; rebuild with `--features cuda`")
+        }
+        other => anyhow::bail!("unknown device `{other}`; use `cpu`, `ndarray` or `cuda[:N]`"),
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, Default)]
@@ -89,7 +112,7 @@ pub fn main() -> i32 {
 fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Validate(args) => {
-            let plan = pipeline::compile(&args.file, &args.overrides)?;
+            let plan = pipeline::plan::compile_on(&args.file, &args.overrides, &device(&args.device)?)?;
             eprintln!(
                 "ok: `{}` is valid: {} stage(s), output to `{}`",
                 args.file.display(),
@@ -107,7 +130,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 When::Never => false,
                 When::Auto => std::io::IsTerminal::is_terminal(&std::io::stderr()),
             };
-            let plan = pipeline::compile(&args.pipeline.file, &args.pipeline.overrides)?;
+            let plan = pipeline::plan::compile_on(
+                &args.pipeline.file,
+                &args.pipeline.overrides,
+                &device(&args.pipeline.device)?,
+            )?;
             let out = plan.output_dir.clone();
             let data_dir = out.join(&plan.write.dir);
             let s = pipeline::run(plan, &RunOptions { progress })?;

@@ -116,11 +116,13 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     let bar = progress.pass(pass_no, "transform + write", total_rows);
     let data_dir = out.join(&plan.write.dir);
     let rejects_dir = out.join("rejects");
-    let metadata = vec![
+    let mut metadata = vec![
         ("curate.version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
         ("curate.config_hash".to_owned(), config_hash.clone()),
         ("curate.pipeline".to_owned(), plan.name.clone()),
     ];
+    let stage_metadata: Vec<(String, String)> = plan.transforms.iter().flat_map(|(_, t)| t.metadata()).collect();
+    metadata.extend(stage_metadata.iter().cloned());
     let mut data =
         ShardedWriter::new(&data_dir, "part", plan.output_schema.clone(), plan.write.rows_per_shard, &metadata)?;
     let mut rejects =
@@ -210,6 +212,7 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
         "curate_version": env!("CARGO_PKG_VERSION"),
         "pipeline": plan.name,
         "pipeline_file": plan.pipeline_file,
+        "metadata": stage_metadata.into_iter().collect::<BTreeMap<String, String>>(),
         "config_hash": config_hash,
         "inputs": inputs,
         "input_fingerprint": input_fingerprint,

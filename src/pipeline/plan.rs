@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_schema::{Schema, SchemaRef};
+use burn::tensor::Device;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -16,13 +17,16 @@ use super::introspect::fields;
 use crate::error::{did_you_mean, Diagnostic, Error, Result};
 use crate::schema;
 use crate::stages::bow::BowConfig;
+use crate::stages::encode_text::EncodeTextConfig;
 use crate::stages::read_cc_tsv::ReadCcTsvConfig;
 use crate::stages::read_imagenet21k::ReadImagenet21kConfig;
 use crate::stages::read_img2dataset::ReadImg2datasetConfig;
 use crate::stages::read_table::ReadTableConfig;
 use crate::stages::read_yfcc::ReadYfccConfig;
 use crate::stages::write_parquet::WriteParquetConfig;
-use crate::stages::{bow, read_cc_tsv, read_imagenet21k, read_img2dataset, read_table, read_yfcc, write_parquet};
+use crate::stages::{
+    bow, encode_text, read_cc_tsv, read_imagenet21k, read_img2dataset, read_table, read_yfcc, write_parquet,
+};
 use crate::stages::{Problems, Reader, Transform};
 
 /// Top-level keys of a pipeline file.
@@ -58,6 +62,7 @@ fn stage_types() -> Vec<(&'static str, Kind, &'static [&'static str])> {
         (read_imagenet21k::TYPE, Kind::Read, fields::<ReadImagenet21kConfig>()),
         (read_table::TYPE, Kind::Read, fields::<ReadTableConfig>()),
         (bow::TYPE, Kind::Transform, fields::<BowConfig>()),
+        (encode_text::TYPE, Kind::Transform, fields::<EncodeTextConfig>()),
         (write_parquet::TYPE, Kind::Write, fields::<WriteParquetConfig>()),
     ]
 }
@@ -83,13 +88,22 @@ enum Built {
     Write(WriteParquetConfig),
 }
 
-/// Loads, overrides and compiles `path`.
+/// Loads, overrides and compiles `path`; models load on the CPU.
 pub fn compile(path: &Path, overrides: &[String]) -> Result<Plan> {
+    compile_on(path, overrides, &Device::flex())
+}
+
+/// [`compile`] with models on `device` (`--device`).
+pub fn compile_on(path: &Path, overrides: &[String], device: &Device) -> Result<Plan> {
     let doc = ConfigDoc::load(path, overrides).map_err(Error::Config)?;
-    compile_doc(&doc)
+    compile_doc_on(&doc, device)
 }
 
 pub fn compile_doc(doc: &ConfigDoc) -> Result<Plan> {
+    compile_doc_on(doc, &Device::flex())
+}
+
+pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
     let mut diags = doc.override_errors.clone();
     let known_top = fields::<PipelineConfig>();
     for key in doc.root.keys() {
@@ -117,6 +131,8 @@ pub fn compile_doc(doc: &ConfigDoc) -> Result<Plan> {
     let types = stage_types();
     let mut built: Vec<(String, &'static str, Kind, Option<Built>, serde_json::Value)> = Vec::new();
     let mut names: Vec<String> = Vec::new();
+    // The schema flowing into the next stage, so each transform is checked against its input.
+    let mut schema = schema::pairs();
     for (i, table) in doc.stages().into_iter().enumerate() {
         let at = format!("stage[{i}]");
         let Some(ty) = table.get("type") else {
@@ -187,6 +203,9 @@ pub fn compile_doc(doc: &ConfigDoc) -> Result<Plan> {
             bow::TYPE => build(doc, &at, &body, &mut diags, |c: &BowConfig| {
                 c.build(seed, &mut problems).map(|t| Built::Transform(Box::new(t)))
             }),
+            encode_text::TYPE => build(doc, &at, &body, &mut diags, |c: &EncodeTextConfig| {
+                c.build(&schema, device, &mut problems).map(|t| Built::Transform(Box::new(t)))
+            }),
             write_parquet::TYPE => build(doc, &at, &body, &mut diags, |c: &WriteParquetConfig| {
                 if c.rows_per_shard == 0 {
                     problems.push("rows_per_shard", "rows_per_shard must be at least 1", None);
@@ -207,6 +226,9 @@ pub fn compile_doc(doc: &ConfigDoc) -> Result<Plan> {
             with_type.insert("name".into(), json!(name));
             with_type.extend(std::mem::take(m));
             *m = with_type;
+        }
+        if let Some(Built::Transform(t)) = &stage {
+            schema = t.output_schema();
         }
         built.push((name, ty, kind, stage, resolved));
     }
@@ -235,12 +257,6 @@ pub fn compile_doc(doc: &ConfigDoc) -> Result<Plan> {
     }
 
     // Column check for the writer's selection, against the schema the stages produce.
-    let mut schema = schema::pairs();
-    for (_, _, kind, stage, _) in &built {
-        if let (Kind::Transform, Some(Built::Transform(t))) = (kind, stage) {
-            schema = t.output_schema();
-        }
-    }
     let mut output_schema = schema.clone();
     let writer_index = built.iter().position(|b| b.2 == Kind::Write);
     if let Some(wi) = writer_index {

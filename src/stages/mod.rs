@@ -8,6 +8,7 @@
 //! parallel; the writer stores the result.
 
 pub mod bow;
+pub mod encode_text;
 pub mod read_cc_tsv;
 pub mod read_imagenet21k;
 pub mod read_img2dataset;
@@ -64,6 +65,10 @@ pub trait Transform: Send + Sync {
     fn output_schema(&self) -> SchemaRef;
     /// Statistics for the report, after all chunks were applied.
     fn report(&self) -> serde_json::Value;
+    /// Key-value pairs for the output files' metadata and the manifest (e.g. the model used).
+    fn metadata(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }
 
 /// Counts of rows a reader was configured to skip (not errors, so not stored as rejects):

@@ -1,0 +1,198 @@
+//! BERT-family text encoders in the Hugging Face `BertModel` layout: BERT and MiniLM
+//! (e.g. all-MiniLM-L6-v2, the Sentence-BERT text teacher of CUSA, spec `cusa-and-pcmepp.md`
+//! §1). Post-LayerNorm transformer: embeddings (word + absolute position + token type) →
+//! LayerNorm → N × [self-attention → add & LayerNorm → GELU MLP → add & LayerNorm]. Pooling
+//! (mean over the attention mask, or the `[CLS]` token) and L2 normalisation are in
+//! [`super::pooling`].
+//!
+//! Loaded from `config.json` + `model.safetensors`; tensor names as saved by `transformers`
+//! (with or without the `bert.` prefix of task heads; `pooler.*` and `cls.*` are ignored).
+
+use std::path::Path;
+
+use burn::module::{Module, Param};
+use burn::nn::{LayerNorm, Linear};
+use burn::tensor::activation::{gelu, softmax};
+use burn::tensor::{Device, Int, Tensor};
+use serde::Deserialize;
+
+use super::weights::Weights;
+use crate::error::{Error, Result};
+
+/// The subset of a Hugging Face BERT `config.json` the model needs.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct BertConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub intermediate_size: usize,
+    pub max_position_embeddings: usize,
+    #[serde(default = "default_type_vocab")]
+    pub type_vocab_size: usize,
+    #[serde(default = "default_eps")]
+    pub layer_norm_eps: f64,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    #[serde(default = "default_position")]
+    pub position_embedding_type: String,
+}
+
+fn default_type_vocab() -> usize {
+    2
+}
+fn default_eps() -> f64 {
+    1e-12
+}
+fn default_act() -> String {
+    "gelu".into()
+}
+fn default_position() -> String {
+    "absolute".into()
+}
+
+impl BertConfig {
+    pub fn from_file(path: &Path) -> Result<BertConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io("cannot read model config", path, e))?;
+        let c: BertConfig = serde_json::from_str(&text).map_err(|e| Error::Model {
+            message: format!("`{}` is not a BERT config: {e}", path.display()),
+            hint: Some("expected a Hugging Face config.json of a BERT/MiniLM model".into()),
+        })?;
+        if c.hidden_act != "gelu" || c.position_embedding_type != "absolute" {
+            return Err(Error::Model {
+                message: format!(
+                    "`{}`: hidden_act `{}` / position_embedding_type `{}` are not supported",
+                    path.display(),
+                    c.hidden_act,
+                    c.position_embedding_type
+                ),
+                hint: Some("curate's BERT supports `gelu` with absolute positions".into()),
+            });
+        }
+        if c.hidden_size % c.num_attention_heads != 0 {
+            return Err(Error::Model {
+                message: format!("hidden_size {} is not divisible by {} heads", c.hidden_size, c.num_attention_heads),
+                hint: None,
+            });
+        }
+        Ok(c)
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct BertLayer {
+    query: Linear,
+    key: Linear,
+    value: Linear,
+    attention_out: Linear,
+    attention_norm: LayerNorm,
+    intermediate: Linear,
+    output: Linear,
+    output_norm: LayerNorm,
+}
+
+#[derive(Module, Debug)]
+pub struct Bert {
+    word_embeddings: Param<Tensor<2>>,
+    position_embeddings: Param<Tensor<2>>,
+    token_type_embeddings: Param<Tensor<2>>,
+    embeddings_norm: LayerNorm,
+    layers: Vec<BertLayer>,
+    #[module(skip)]
+    heads: usize,
+    #[module(skip)]
+    max_positions: usize,
+}
+
+impl Bert {
+    /// Builds the model from checkpoint tensors; call [`Weights::finish`] afterwards.
+    pub fn from_weights(c: &BertConfig, w: &Weights, device: &Device) -> Bert {
+        let p = if w.contains("bert.embeddings.word_embeddings.weight") { "bert." } else { "" };
+        let h = c.hidden_size;
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| {
+                let l = format!("{p}encoder.layer.{i}");
+                BertLayer {
+                    query: w.linear(&format!("{l}.attention.self.query"), h, h, device),
+                    key: w.linear(&format!("{l}.attention.self.key"), h, h, device),
+                    value: w.linear(&format!("{l}.attention.self.value"), h, h, device),
+                    attention_out: w.linear(&format!("{l}.attention.output.dense"), h, h, device),
+                    attention_norm: w.layer_norm(
+                        &format!("{l}.attention.output.LayerNorm"),
+                        h,
+                        c.layer_norm_eps,
+                        device,
+                    ),
+                    intermediate: w.linear(&format!("{l}.intermediate.dense"), h, c.intermediate_size, device),
+                    output: w.linear(&format!("{l}.output.dense"), c.intermediate_size, h, device),
+                    output_norm: w.layer_norm(&format!("{l}.output.LayerNorm"), h, c.layer_norm_eps, device),
+                }
+            })
+            .collect();
+        Bert {
+            word_embeddings: w.param(&format!("{p}embeddings.word_embeddings.weight"), [c.vocab_size, h], device),
+            position_embeddings: w.param(
+                &format!("{p}embeddings.position_embeddings.weight"),
+                [c.max_position_embeddings, h],
+                device,
+            ),
+            token_type_embeddings: w.param(
+                &format!("{p}embeddings.token_type_embeddings.weight"),
+                [c.type_vocab_size, h],
+                device,
+            ),
+            embeddings_norm: w.layer_norm(&format!("{p}embeddings.LayerNorm"), h, c.layer_norm_eps, device),
+            layers,
+            heads: c.num_attention_heads,
+            max_positions: c.max_position_embeddings,
+        }
+    }
+
+    /// Checkpoint tensors this encoder leaves out on purpose (task heads, the pooler).
+    pub const IGNORED: [&'static str; 3] = ["pooler.", "bert.pooler.", "cls."];
+
+    /// Loads `config.json` + `model.safetensors` from a Hugging Face model folder.
+    pub fn load(dir: &Path, device: &Device) -> Result<(Bert, BertConfig)> {
+        let config = BertConfig::from_file(&dir.join("config.json"))?;
+        let weights = Weights::from_safetensors(&dir.join("model.safetensors"))?;
+        let model = Bert::from_weights(&config, &weights, device);
+        weights.finish(&Self::IGNORED)?;
+        Ok((model, config))
+    }
+
+    pub fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
+    /// Token states of the last layer.
+    ///
+    /// # Shapes
+    /// - `ids`, `mask`: `[batch, seq]` (mask 1 for real tokens, 0 for padding; token type 0)
+    /// - output: `[batch, seq, hidden]`
+    pub fn forward(&self, ids: Tensor<2, Int>, mask: Tensor<2, Int>) -> Tensor<3> {
+        let [b, s] = ids.dims();
+        let word = self.word_embeddings.val();
+        let hidden = word.dims()[1];
+        let tokens = word.select(0, ids.reshape([b * s])).reshape([b, s, hidden]);
+        let positions = self.position_embeddings.val().narrow(0, 0, s).unsqueeze_dim::<3>(0);
+        let token_type = self.token_type_embeddings.val().narrow(0, 0, 1).unsqueeze_dim::<3>(0);
+        let mut x = self.embeddings_norm.forward(tokens + positions + token_type);
+        // Additive attention mask, as transformers builds it: 0 for tokens, the most negative
+        // f32 for padding, broadcast over heads and query positions.
+        let pad = mask.float().neg().add_scalar(1.0).mul_scalar(f32::MIN).reshape([b, 1, 1, s]);
+        let dh = hidden / self.heads;
+        let scale = (dh as f64).sqrt().recip();
+        for layer in &self.layers {
+            let split = |t: Tensor<3>| t.reshape([b, s, self.heads, dh]).swap_dims(1, 2);
+            let q = split(layer.query.forward(x.clone()));
+            let k = split(layer.key.forward(x.clone()));
+            let v = split(layer.value.forward(x.clone()));
+            let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale) + pad.clone();
+            let context = softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([b, s, hidden]);
+            x = layer.attention_norm.forward(layer.attention_out.forward(context) + x);
+            let h = gelu(layer.intermediate.forward(x.clone()));
+            x = layer.output_norm.forward(layer.output.forward(h) + x);
+        }
+        x
+    }
+}

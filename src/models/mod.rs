@@ -1,0 +1,10 @@
+//! Encoders in burn that load published checkpoints (issue 3): one module per model family,
+//! each a config + module. `weights` reads safetensors and checks every tensor name and shape;
+//! `pooling` turns token states into sentence embeddings; `text_encoder` adds the tokenizer.
+//! Models run on any burn device (`Device::flex()` on CPU, `Device::cuda(0)` with the `cuda`
+//! feature).
+
+pub mod bert;
+pub mod pooling;
+pub mod text_encoder;
+pub mod weights;

@@ -1,0 +1,119 @@
+//! Encoders against their reference implementations: a random-weight BERT against
+//! `transformers` (fixtures made by `tests/fixtures/models/make_bert_fixtures.py`), on every
+//! CPU backend, and a checkpoint that does not fit the model refused with the full list.
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::Device;
+use curate::models::pooling::Pooling;
+use curate::models::text_encoder::TextEncoder;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models")
+}
+
+fn expected() -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(fixtures().join("tiny_bert_expected.json")).unwrap()).unwrap()
+}
+
+fn rows(v: &serde_json::Value) -> Vec<Vec<f32>> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
+        .collect()
+}
+
+fn assert_close(got: &[f32], want: &[Vec<f32>], tol: f32, what: &str) {
+    let dim = want[0].len();
+    assert_eq!(got.len(), want.len() * dim, "{what}: size");
+    for (i, w) in want.iter().enumerate() {
+        for (j, x) in w.iter().enumerate() {
+            let g = got[i * dim + j];
+            assert!((g - x).abs() <= tol * (1.0 + x.abs()), "{what}: row {i} col {j}: {g} vs {x}");
+        }
+    }
+}
+
+fn cpu_devices() -> Vec<(&'static str, Device)> {
+    #[allow(unused_mut)]
+    let mut devices = vec![("flex", Device::flex())];
+    #[cfg(feature = "ndarray")]
+    devices.push(("ndarray", Device::ndarray()));
+    devices
+}
+
+#[test]
+fn tiny_bert_matches_transformers_on_every_cpu_backend() {
+    // Python (make_bert_fixtures.py): states = BertModel(...)(ids, mask).last_hidden_state;
+    // mean = (states * m).sum(1) / m.sum(1).clamp(min=1e-9); cls = states[:, 0]
+    let e = expected();
+    let captions: Vec<&str> = e["captions"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    let dir = fixtures().join("tiny_bert");
+    for (name, device) in cpu_devices() {
+        let mean = TextEncoder::load(&dir, Some(Pooling::Mean), Some(false), &device).unwrap();
+        assert_eq!(mean.max_tokens(), e["max_seq_length"].as_u64().unwrap() as usize, "sentence_bert_config.json");
+        let (ids, mask, [b, s]) = mean.tokenize(&captions).unwrap();
+        let flat = |v: &serde_json::Value| -> Vec<i64> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|r| r.as_array().unwrap().iter().map(|x| x.as_i64().unwrap()))
+                .collect()
+        };
+        assert_eq!(
+            (b, s),
+            (captions.len(), e["ids"][0].as_array().unwrap().len()),
+            "{name}: padded to longest, truncated"
+        );
+        assert_eq!(ids, flat(&e["ids"]), "token ids as the tokenizers library");
+        assert_eq!(mask, flat(&e["mask"]));
+        assert_close(&mean.encode(&captions).unwrap(), &rows(&e["mean"]), 1e-5, &format!("{name} mean"));
+        let cls = TextEncoder::load(&dir, Some(Pooling::Cls), Some(false), &device).unwrap();
+        assert_close(&cls.encode(&captions).unwrap(), &rows(&e["cls"]), 1e-5, &format!("{name} cls"));
+        let norm = TextEncoder::load(&dir, Some(Pooling::Mean), Some(true), &device).unwrap();
+        assert_close(
+            &norm.encode(&captions).unwrap(),
+            &rows(&e["mean_normalized"]),
+            1e-5,
+            &format!("{name} normalized"),
+        );
+    }
+}
+
+#[test]
+fn a_checkpoint_that_does_not_fit_is_refused_with_every_problem() {
+    use safetensors::tensor::{Dtype, TensorView};
+    let src = fixtures().join("tiny_bert");
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut kept: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        match name.as_str() {
+            "encoder.layer.1.output.dense.bias" => continue, // missing
+            "encoder.layer.0.attention.self.key.weight" => {
+                // mis-shaped: drop the last row
+                let shape = view.shape().to_vec();
+                let keep = (shape[0] - 1) * shape[1] * 4;
+                kept.push((name, vec![shape[0] - 1, shape[1]], view.data()[..keep].to_vec()));
+            }
+            _ => kept.push((name, view.shape().to_vec(), view.data().to_vec())),
+        }
+    }
+    kept.push(("encoder.layer.9.extra.weight".into(), vec![2], vec![0u8; 8])); // unexpected
+    let views: Vec<(String, TensorView)> =
+        kept.iter().map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), d).unwrap())).collect();
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    let err = TextEncoder::load(dir.path(), None, None, &Device::flex()).err().expect("refused").to_string();
+    assert!(err.contains("1 missing:\n    encoder.layer.1.output.dense.bias [32]"), "{err}");
+    assert!(
+        err.contains("1 mis-shaped:\n    encoder.layer.0.attention.self.key.weight: [31, 32], expected [32, 32]"),
+        "{err}"
+    );
+    assert!(err.contains("1 unexpected:\n    encoder.layer.9.extra.weight"), "{err}");
+    assert!(err.contains("hint:"), "{err}");
+}
