@@ -117,3 +117,48 @@ fn a_checkpoint_that_does_not_fit_is_refused_with_every_problem() {
     assert!(err.contains("1 unexpected:\n    encoder.layer.9.extra.weight"), "{err}");
     assert!(err.contains("hint:"), "{err}");
 }
+
+#[test]
+fn encode_text_stage_writes_embeddings_in_input_order() {
+    use arrow_array::cast::AsArray;
+    use arrow_array::Array;
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixtures().join("tiny_bert");
+    let cc = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/readers/cc/cc_train.tsv");
+    let toml = format!(
+        "output_dir = {:?}\n[[stage]]\ntype = \"read_cc_tsv\"\npath = {:?}\n[[stage]]\ntype = \"encode_text\"\nmodel = {:?}\nbatch_size = 3\n[[stage]]\ntype = \"write_parquet\"\n",
+        dir.path().join("out").to_string_lossy(),
+        cc.to_string_lossy(),
+        model.to_string_lossy()
+    );
+    let doc = curate::pipeline::config::ConfigDoc::parse(Path::new("t.toml"), toml, &[]).unwrap();
+    let plan = curate::pipeline::plan::compile_doc(&doc).unwrap();
+    curate::pipeline::run(plan, &Default::default()).unwrap();
+    let file = dir.path().join("out/data/part-00000.parquet");
+    let batches = curate::io::parquet::read_file(&file).unwrap();
+    let b = &batches[0];
+    assert_eq!(b.num_columns(), 3);
+    let ids = b.column(0).as_string::<i32>();
+    assert_eq!(ids.value(0), "cc_train.tsv#1");
+    let caps: Vec<&str> = b.column(1).as_string::<i32>().iter().map(|c| c.unwrap()).collect();
+    assert_eq!(caps.len(), 13);
+    let emb = b.column(2).as_fixed_size_list();
+    assert_eq!(emb.value_length(), 32);
+    let values = emb.values().as_primitive::<arrow_array::types::Float32Type>();
+    // The same texts through the encoder directly: same numbers, in the same order.
+    let enc = TextEncoder::load(&model, None, None, &Device::flex()).unwrap();
+    let direct = enc.encode(&caps).unwrap();
+    assert_eq!(values.len(), direct.len());
+    for (a, d) in values.values().iter().zip(&direct) {
+        assert!((a - d).abs() < 1e-5, "{a} vs {d}");
+    }
+    // The model is recorded in the file's metadata.
+    let meta = parquet::file::reader::FileReader::metadata(
+        &parquet::file::reader::SerializedFileReader::new(std::fs::File::open(&file).unwrap()).unwrap(),
+    )
+    .file_metadata()
+    .key_value_metadata()
+    .cloned()
+    .unwrap();
+    assert!(meta.iter().any(|kv| kv.key == "curate.model" && kv.value.as_deref() == Some(model.to_str().unwrap())));
+}
