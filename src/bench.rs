@@ -131,3 +131,51 @@ pub fn bow(args: &BowBenchArgs) -> Result<()> {
     );
     Ok(())
 }
+
+#[derive(Debug, Args)]
+pub struct TextBenchArgs {
+    /// Model folder (e.g. models/all-MiniLM-L6-v2).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// TSV with captions (e.g. Flickr8k's token file).
+    #[arg(long)]
+    pub input: PathBuf,
+    /// 0-based column of the caption.
+    #[arg(long, default_value_t = 1)]
+    pub column: usize,
+    /// Captions to embed (the first ones with that column).
+    #[arg(long, default_value_t = 10_000)]
+    pub rows: usize,
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    /// `cpu`, `ndarray`, `cuda[:N]`.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+/// Embeds `rows` captions in batches after one warm-up batch; prints sentences/s as JSON.
+pub fn text(args: &TextBenchArgs, device: &burn::tensor::Device) -> Result<()> {
+    let mut lines = Lines::open(&args.input)?;
+    let mut captions = Vec::new();
+    while captions.len() < args.rows {
+        let Some((_, line)) = lines.next_line()? else { break };
+        if let Some(c) = line.split(|&b| b == b'\t').nth(args.column) {
+            captions.push(String::from_utf8_lossy(c).into_owned());
+        }
+    }
+    let enc = crate::models::text_encoder::TextEncoder::load(&args.model, None, None, device)?;
+    let refs: Vec<&str> = captions.iter().map(String::as_str).collect();
+    let batch = args.batch_size.max(1);
+    enc.encode(&refs[..batch.min(refs.len())])?;
+    let t = Instant::now();
+    let mut n = 0;
+    for part in refs.chunks(batch) {
+        n += enc.encode(part)?.len() / enc.dim;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "{}",
+        serde_json::json!({"sentences": n, "seconds": secs, "sentences_per_s": n as f64 / secs, "batch_size": batch, "device": args.device, "threads": rayon::current_num_threads()})
+    );
+    Ok(())
+}

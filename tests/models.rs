@@ -82,6 +82,22 @@ fn tiny_bert_matches_transformers_on_every_cpu_backend() {
 }
 
 #[test]
+fn tiny_distilbert_matches_transformers() {
+    // Python: DistilBertModel(...)(ids, mask).last_hidden_state, pooled as for BERT.
+    let e = expected();
+    let captions: Vec<&str> = e["captions"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    let dir = fixtures().join("tiny_distilbert");
+    for (name, device) in cpu_devices() {
+        for (pooling, normalize, key) in
+            [(Pooling::Mean, false, "mean"), (Pooling::Cls, false, "cls"), (Pooling::Mean, true, "mean_normalized")]
+        {
+            let enc = TextEncoder::load(&dir, Some(pooling), Some(normalize), &device).unwrap();
+            assert_close(&enc.encode(&captions).unwrap(), &rows(&e["distilbert"][key]), 1e-5, &format!("{name} {key}"));
+        }
+    }
+}
+
+#[test]
 fn a_checkpoint_that_does_not_fit_is_refused_with_every_problem() {
     use safetensors::tensor::{Dtype, TensorView};
     let src = fixtures().join("tiny_bert");
@@ -161,4 +177,49 @@ fn encode_text_stage_writes_embeddings_in_input_order() {
     .cloned()
     .unwrap();
     assert!(meta.iter().any(|kv| kv.key == "curate.model" && kv.value.as_deref() == Some(model.to_str().unwrap())));
+}
+
+#[test]
+fn tiny_resnet_matches_torchvision() {
+    // Python (make_resnet_fixtures.py): torchvision ResNet(Bottleneck, [1, 1, 1, 1]) with stem
+    // width 8, eval mode; features = flatten(avgpool(layer4(...(maxpool(relu(bn1(conv1(x)))))))).
+    use burn::tensor::{Tensor, TensorData};
+    use curate::models::resnet::{ResNet, ResNetConfig};
+    let e: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("tiny_resnet_expected.json")).unwrap()).unwrap();
+    let shape: Vec<usize> = e["input_shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+    let input: Vec<f32> = e["input"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+    for (name, device) in cpu_devices() {
+        let model = ResNet::load(&fixtures().join("tiny_resnet.safetensors"), &ResNetConfig::tiny(), &device).unwrap();
+        assert_eq!(model.feature_dim(), 256);
+        let x =
+            Tensor::<4>::from_data(TensorData::new(input.clone(), [shape[0], shape[1], shape[2], shape[3]]), &device);
+        let got = model.forward(x).into_data().try_to_vec::<f32>().unwrap();
+        assert_close(&got, &rows(&e["features"]), 1e-4, &format!("{name} resnet features"));
+    }
+}
+
+#[test]
+fn resnet50_has_torchvisions_exact_layout() {
+    // Every tensor of torchvision's resnet50() state dict, by name and shape
+    // (resnet50_layout.json): loading zeros of exactly those shapes must leave nothing
+    // missing, mis-shaped or unexpected (`fc` is the classifier the feature extractor drops;
+    // `num_batches_tracked` are integer buffers, never read).
+    use curate::models::resnet::{ResNet, ResNetConfig};
+    use curate::models::weights::Weights;
+    let layout: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("resnet50_layout.json")).unwrap()).unwrap();
+    let parts: Vec<(String, Vec<usize>, Vec<f32>)> = layout
+        .iter()
+        .filter(|(k, _)| !k.ends_with("num_batches_tracked"))
+        .map(|(k, v)| {
+            let shape: Vec<usize> = v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+            let n = shape.iter().product();
+            (k.clone(), shape, vec![0.0; n])
+        })
+        .collect();
+    let w = Weights::from_parts(parts);
+    let model = ResNet::from_weights(&ResNetConfig::resnet50(), &w, &Device::flex());
+    w.finish(&ResNet::IGNORED).unwrap();
+    assert_eq!(model.feature_dim(), 2048);
 }

@@ -84,6 +84,9 @@ pub enum BenchCommand {
     /// its caption column to Parquet), each in a child process; prints captions/s, the ratio
     /// and peak memory.
     Bow(crate::bench::BowBenchArgs),
+    /// Sentence embeddings per second of a text encoder on captions from a TSV file
+    /// (`benches/text_encoder_bench.py` runs it beside sentence-transformers).
+    Text(crate::bench::TextBenchArgs),
     /// The I/O floor alone (used by `bench bow`).
     #[command(hide = true)]
     IoFloor { input: PathBuf, output: PathBuf },
@@ -158,6 +161,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Bench(BenchCommand::Bow(args)) => {
             crate::bench::bow(&args)?;
+            Ok(0)
+        }
+        Command::Bench(BenchCommand::Text(args)) => {
+            crate::bench::text(&args, &device(&args.device)?)?;
             Ok(0)
         }
         Command::Bench(BenchCommand::IoFloor { input, output }) => {

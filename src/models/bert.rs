@@ -1,6 +1,7 @@
-//! BERT-family text encoders in the Hugging Face `BertModel` layout: BERT and MiniLM
-//! (e.g. all-MiniLM-L6-v2, the Sentence-BERT text teacher of CUSA, spec `cusa-and-pcmepp.md`
-//! §1). Post-LayerNorm transformer: embeddings (word + absolute position + token type) →
+//! BERT-family text encoders: BERT and MiniLM in the Hugging Face `BertModel` layout (e.g.
+//! all-MiniLM-L6-v2, the Sentence-BERT text teacher of CUSA, spec `cusa-and-pcmepp.md` §1), and
+//! DistilBERT (`DistilBertModel` layout: same computation, other tensor names, no token-type
+//! embeddings; the best text init of "A Fistful of Words", spec `bow-and-otter.md` §4). Post-LayerNorm transformer: embeddings (word + absolute position + token type) →
 //! LayerNorm → N × [self-attention → add & LayerNorm → GELU MLP → add & LayerNorm]. Pooling
 //! (mean over the attention mask, or the `[CLS]` token) and L2 normalisation are in
 //! [`super::pooling`].
@@ -19,25 +20,35 @@ use serde::Deserialize;
 use super::weights::Weights;
 use crate::error::{Error, Result};
 
-/// The subset of a Hugging Face BERT `config.json` the model needs.
+/// The subset of a Hugging Face BERT / DistilBERT `config.json` the model needs (DistilBERT's
+/// own key names are accepted as aliases).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct BertConfig {
+    #[serde(default = "default_model_type")]
+    pub model_type: String,
     pub vocab_size: usize,
+    #[serde(alias = "dim")]
     pub hidden_size: usize,
+    #[serde(alias = "n_layers")]
     pub num_hidden_layers: usize,
+    #[serde(alias = "n_heads")]
     pub num_attention_heads: usize,
+    #[serde(alias = "hidden_dim")]
     pub intermediate_size: usize,
     pub max_position_embeddings: usize,
     #[serde(default = "default_type_vocab")]
     pub type_vocab_size: usize,
     #[serde(default = "default_eps")]
     pub layer_norm_eps: f64,
-    #[serde(default = "default_act")]
+    #[serde(default = "default_act", alias = "activation")]
     pub hidden_act: String,
     #[serde(default = "default_position")]
     pub position_embedding_type: String,
 }
 
+fn default_model_type() -> String {
+    "bert".into()
+}
 fn default_type_vocab() -> usize {
     2
 }
@@ -58,6 +69,12 @@ impl BertConfig {
             message: format!("`{}` is not a BERT config: {e}", path.display()),
             hint: Some("expected a Hugging Face config.json of a BERT/MiniLM model".into()),
         })?;
+        if !matches!(c.model_type.as_str(), "bert" | "distilbert") {
+            return Err(Error::Model {
+                message: format!("`{}`: model_type `{}` is not a BERT-family model", path.display(), c.model_type),
+                hint: Some("supported here: `bert` (BERT, MiniLM) and `distilbert`".into()),
+            });
+        }
         if c.hidden_act != "gelu" || c.position_embedding_type != "absolute" {
             return Err(Error::Model {
                 message: format!(
@@ -95,7 +112,8 @@ pub struct BertLayer {
 pub struct Bert {
     word_embeddings: Param<Tensor<2>>,
     position_embeddings: Param<Tensor<2>>,
-    token_type_embeddings: Param<Tensor<2>>,
+    /// Absent in DistilBERT.
+    token_type_embeddings: Option<Param<Tensor<2>>>,
     embeddings_norm: LayerNorm,
     layers: Vec<BertLayer>,
     #[module(skip)]
@@ -107,6 +125,9 @@ pub struct Bert {
 impl Bert {
     /// Builds the model from checkpoint tensors; call [`Weights::finish`] afterwards.
     pub fn from_weights(c: &BertConfig, w: &Weights, device: &Device) -> Bert {
+        if c.model_type == "distilbert" {
+            return Self::from_distilbert_weights(c, w, device);
+        }
         let p = if w.contains("bert.embeddings.word_embeddings.weight") { "bert." } else { "" };
         let h = c.hidden_size;
         let layers = (0..c.num_hidden_layers)
@@ -136,11 +157,11 @@ impl Bert {
                 [c.max_position_embeddings, h],
                 device,
             ),
-            token_type_embeddings: w.param(
+            token_type_embeddings: Some(w.param(
                 &format!("{p}embeddings.token_type_embeddings.weight"),
                 [c.type_vocab_size, h],
                 device,
-            ),
+            )),
             embeddings_norm: w.layer_norm(&format!("{p}embeddings.LayerNorm"), h, c.layer_norm_eps, device),
             layers,
             heads: c.num_attention_heads,
@@ -148,8 +169,44 @@ impl Bert {
         }
     }
 
+    /// DistilBERT's tensor names (`DistilBertModel`, or with the `distilbert.` prefix of
+    /// task models).
+    fn from_distilbert_weights(c: &BertConfig, w: &Weights, device: &Device) -> Bert {
+        let p = if w.contains("distilbert.embeddings.word_embeddings.weight") { "distilbert." } else { "" };
+        let (h, eps) = (c.hidden_size, c.layer_norm_eps);
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| {
+                let l = format!("{p}transformer.layer.{i}");
+                BertLayer {
+                    query: w.linear(&format!("{l}.attention.q_lin"), h, h, device),
+                    key: w.linear(&format!("{l}.attention.k_lin"), h, h, device),
+                    value: w.linear(&format!("{l}.attention.v_lin"), h, h, device),
+                    attention_out: w.linear(&format!("{l}.attention.out_lin"), h, h, device),
+                    attention_norm: w.layer_norm(&format!("{l}.sa_layer_norm"), h, eps, device),
+                    intermediate: w.linear(&format!("{l}.ffn.lin1"), h, c.intermediate_size, device),
+                    output: w.linear(&format!("{l}.ffn.lin2"), c.intermediate_size, h, device),
+                    output_norm: w.layer_norm(&format!("{l}.output_layer_norm"), h, eps, device),
+                }
+            })
+            .collect();
+        Bert {
+            word_embeddings: w.param(&format!("{p}embeddings.word_embeddings.weight"), [c.vocab_size, h], device),
+            position_embeddings: w.param(
+                &format!("{p}embeddings.position_embeddings.weight"),
+                [c.max_position_embeddings, h],
+                device,
+            ),
+            token_type_embeddings: None,
+            embeddings_norm: w.layer_norm(&format!("{p}embeddings.LayerNorm"), h, eps, device),
+            layers,
+            heads: c.num_attention_heads,
+            max_positions: c.max_position_embeddings,
+        }
+    }
+
     /// Checkpoint tensors this encoder leaves out on purpose (task heads, the pooler).
-    pub const IGNORED: [&'static str; 3] = ["pooler.", "bert.pooler.", "cls."];
+    pub const IGNORED: [&'static str; 7] =
+        ["pooler.", "bert.pooler.", "cls.", "vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "qa_outputs."];
 
     /// Loads `config.json` + `model.safetensors` from a Hugging Face model folder.
     pub fn load(dir: &Path, device: &Device) -> Result<(Bert, BertConfig)> {
@@ -175,8 +232,11 @@ impl Bert {
         let hidden = word.dims()[1];
         let tokens = word.select(0, ids.reshape([b * s])).reshape([b, s, hidden]);
         let positions = self.position_embeddings.val().narrow(0, 0, s).unsqueeze_dim::<3>(0);
-        let token_type = self.token_type_embeddings.val().narrow(0, 0, 1).unsqueeze_dim::<3>(0);
-        let mut x = self.embeddings_norm.forward(tokens + positions + token_type);
+        let mut x = tokens + positions;
+        if let Some(tt) = &self.token_type_embeddings {
+            x = x + tt.val().narrow(0, 0, 1).unsqueeze_dim::<3>(0);
+        }
+        let mut x = self.embeddings_norm.forward(x);
         // Additive attention mask, as transformers builds it: 0 for tokens, the most negative
         // f32 for padding, broadcast over heads and query positions.
         let pad = mask.float().neg().add_scalar(1.0).mul_scalar(f32::MIN).reshape([b, 1, 1, s]);

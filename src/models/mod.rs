@@ -6,5 +6,6 @@
 
 pub mod bert;
 pub mod pooling;
+pub mod resnet;
 pub mod text_encoder;
 pub mod weights;

@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use burn::module::Param;
-use burn::nn::{LayerNorm, LayerNormConfig, Linear};
+use burn::module::RunningState;
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::{BatchNorm, BatchNormConfig, LayerNorm, LayerNormConfig, Linear, PaddingConfig2d};
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::error::{Error, Result};
@@ -114,6 +116,37 @@ impl Weights {
         ln.gamma = self.param(&format!("{prefix}.weight"), [d], device);
         ln.beta = Some(self.param(&format!("{prefix}.bias"), [d], device));
         ln
+    }
+
+    /// A PyTorch `nn.Conv2d` without bias, `{prefix}.weight` `[out, in, k, k]`.
+    pub fn conv2d(
+        &self,
+        prefix: &str,
+        d_in: usize,
+        d_out: usize,
+        kernel: usize,
+        stride: usize,
+        padding: usize,
+        device: &Device,
+    ) -> Conv2d {
+        let mut conv = Conv2dConfig::new([d_in, d_out], [kernel, kernel])
+            .with_stride([stride, stride])
+            .with_padding(PaddingConfig2d::Explicit(padding, padding, padding, padding))
+            .with_bias(false)
+            .init(device);
+        conv.weight = self.param(&format!("{prefix}.weight"), [d_out, d_in, kernel, kernel], device);
+        conv
+    }
+
+    /// A PyTorch `nn.BatchNorm2d` (eval mode: running statistics), `{prefix}.weight`, `.bias`,
+    /// `.running_mean`, `.running_var` (`num_batches_tracked` is an integer buffer, skipped).
+    pub fn batch_norm(&self, prefix: &str, channels: usize, eps: f64, device: &Device) -> BatchNorm {
+        let mut bn = BatchNormConfig::new(channels).with_epsilon(eps).init(device);
+        bn.gamma = self.param(&format!("{prefix}.weight"), [channels], device);
+        bn.beta = self.param(&format!("{prefix}.bias"), [channels], device);
+        bn.running_mean = RunningState::new(self.tensor(&format!("{prefix}.running_mean"), [channels], device));
+        bn.running_var = RunningState::new(self.tensor(&format!("{prefix}.running_var"), [channels], device));
+        bn
     }
 
     /// Refuses the checkpoint if a tensor was missing or mis-shaped, or if a tensor was not

@@ -1,0 +1,158 @@
+//! ResNet in torchvision's layout (`conv1`, `bn1`, `layer1.0.conv1`, `...downsample.0/1`,
+//! `fc`) with Bottleneck blocks, stride on the 3×3 convolution ("ResNet v1.5", as torchvision,
+//! BYOL and most published ResNet-50 checkpoints). The image encoder of "A Fistful of Words"
+//! and OTTER (spec `bow-and-otter.md` §4, §5.8): global-average-pooled features, 2048-d for
+//! ResNet-50; the classifier `fc` is left out (a new projection replaces it).
+
+use std::path::Path;
+
+use burn::module::Module;
+use burn::nn::conv::Conv2d;
+use burn::nn::BatchNorm;
+use burn::tensor::activation::relu;
+use burn::tensor::module::{adaptive_avg_pool2d, max_pool2d};
+use burn::tensor::ops::MaxPoolOptions;
+use burn::tensor::{Device, Tensor};
+
+use super::weights::Weights;
+use crate::error::Result;
+
+/// Blocks per stage and the stem width (torchvision: 64).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResNetConfig {
+    pub layers: [usize; 4],
+    pub width: usize,
+}
+
+impl ResNetConfig {
+    /// ResNet-50: [3, 4, 6, 3] Bottleneck blocks, 2048-d features.
+    pub fn resnet50() -> Self {
+        ResNetConfig { layers: [3, 4, 6, 3], width: 64 }
+    }
+
+    /// ResNet-101.
+    pub fn resnet101() -> Self {
+        ResNetConfig { layers: [3, 4, 23, 3], width: 64 }
+    }
+
+    /// A tiny ResNet for tests: one block per stage, stem width 8 (256-d features).
+    pub fn tiny() -> Self {
+        ResNetConfig { layers: [1, 1, 1, 1], width: 8 }
+    }
+
+    /// Width of the pooled features: `8 · width · 4`.
+    pub fn feature_dim(&self) -> usize {
+        self.width * 8 * 4
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct Bottleneck {
+    conv1: Conv2d,
+    bn1: BatchNorm,
+    conv2: Conv2d,
+    bn2: BatchNorm,
+    conv3: Conv2d,
+    bn3: BatchNorm,
+    downsample: Option<(Conv2d, BatchNorm)>,
+}
+
+impl Bottleneck {
+    fn forward(&self, x: Tensor<4>) -> Tensor<4> {
+        let identity = match &self.downsample {
+            Some((conv, bn)) => bn.forward(conv.forward(x.clone())),
+            None => x.clone(),
+        };
+        let out = relu(self.bn1.forward(self.conv1.forward(x)));
+        let out = relu(self.bn2.forward(self.conv2.forward(out)));
+        let out = self.bn3.forward(self.conv3.forward(out));
+        relu(out + identity)
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct ResNet {
+    conv1: Conv2d,
+    bn1: BatchNorm,
+    blocks: Vec<Bottleneck>,
+    #[module(skip)]
+    feature_dim: usize,
+}
+
+/// torchvision's BatchNorm2d epsilon.
+const BN_EPS: f64 = 1e-5;
+
+impl ResNet {
+    /// Builds the model from checkpoint tensors; call [`Weights::finish`] afterwards.
+    pub fn from_weights(c: &ResNetConfig, w: &Weights, device: &Device) -> ResNet {
+        let mut blocks = Vec::new();
+        let mut inplanes = c.width;
+        for (stage, &n) in c.layers.iter().enumerate() {
+            let planes = c.width << stage;
+            for i in 0..n {
+                let p = format!("layer{}.{i}", stage + 1);
+                let stride = if i == 0 && stage > 0 { 2 } else { 1 };
+                let out = planes * 4;
+                let downsample = (i == 0 && (stride != 1 || inplanes != out)).then(|| {
+                    (
+                        w.conv2d(&format!("{p}.downsample.0"), inplanes, out, 1, stride, 0, device),
+                        w.batch_norm(&format!("{p}.downsample.1"), out, BN_EPS, device),
+                    )
+                });
+                blocks.push(Bottleneck {
+                    conv1: w.conv2d(&format!("{p}.conv1"), inplanes, planes, 1, 1, 0, device),
+                    bn1: w.batch_norm(&format!("{p}.bn1"), planes, BN_EPS, device),
+                    conv2: w.conv2d(&format!("{p}.conv2"), planes, planes, 3, stride, 1, device),
+                    bn2: w.batch_norm(&format!("{p}.bn2"), planes, BN_EPS, device),
+                    conv3: w.conv2d(&format!("{p}.conv3"), planes, out, 1, 1, 0, device),
+                    bn3: w.batch_norm(&format!("{p}.bn3"), out, BN_EPS, device),
+                    downsample,
+                });
+                inplanes = out;
+            }
+        }
+        ResNet {
+            conv1: w.conv2d("conv1", 3, c.width, 7, 2, 3, device),
+            bn1: w.batch_norm("bn1", c.width, BN_EPS, device),
+            blocks,
+            feature_dim: c.feature_dim(),
+        }
+    }
+
+    /// Tensors the feature extractor leaves out: the ImageNet classifier.
+    pub const IGNORED: [&'static str; 1] = ["fc."];
+
+    /// Loads a torchvision-layout safetensors state dict.
+    pub fn load(path: &Path, c: &ResNetConfig, device: &Device) -> Result<ResNet> {
+        let w = Weights::from_safetensors(path)?;
+        let model = ResNet::from_weights(c, &w, device);
+        w.finish(&Self::IGNORED)?;
+        Ok(model)
+    }
+
+    pub fn feature_dim(&self) -> usize {
+        self.feature_dim
+    }
+
+    /// Global-average-pooled features.
+    ///
+    /// # Shapes
+    /// - `images`: `[batch, 3, height, width]` (normalised)
+    /// - output: `[batch, feature_dim]`
+    pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        let x = relu(self.bn1.forward(self.conv1.forward(images)));
+        let pool = MaxPoolOptions {
+            kernel_size: [3, 3],
+            stride: [2, 2],
+            padding: [(1, 1), (1, 1)],
+            dilation: [1, 1],
+            ceil_mode: false,
+        };
+        let mut x = max_pool2d(x, pool);
+        for block in &self.blocks {
+            x = block.forward(x);
+        }
+        let [b, c, _, _] = x.dims();
+        adaptive_avg_pool2d(x, [1, 1]).reshape([b, c])
+    }
+}
