@@ -137,7 +137,6 @@ fn a_checkpoint_that_does_not_fit_is_refused_with_every_problem() {
 #[test]
 fn encode_text_stage_writes_embeddings_in_input_order() {
     use arrow_array::cast::AsArray;
-    use arrow_array::Array;
     let dir = tempfile::tempdir().unwrap();
     let model = fixtures().join("tiny_bert");
     let cc = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/readers/cc/cc_train.tsv");

@@ -14,7 +14,7 @@ use burn::tensor::module::{adaptive_avg_pool2d, max_pool2d};
 use burn::tensor::ops::MaxPoolOptions;
 use burn::tensor::{Device, Tensor};
 
-use super::weights::Weights;
+use super::weights::{ConvSpec, Weights};
 use crate::error::Result;
 
 /// Blocks per stage and the stem width (torchvision: 64).
@@ -95,16 +95,32 @@ impl ResNet {
                 let out = planes * 4;
                 let downsample = (i == 0 && (stride != 1 || inplanes != out)).then(|| {
                     (
-                        w.conv2d(&format!("{p}.downsample.0"), inplanes, out, 1, stride, 0, device),
+                        w.conv2d(
+                            &format!("{p}.downsample.0"),
+                            ConvSpec { d_in: inplanes, d_out: out, kernel: 1, stride, padding: 0 },
+                            device,
+                        ),
                         w.batch_norm(&format!("{p}.downsample.1"), out, BN_EPS, device),
                     )
                 });
                 blocks.push(Bottleneck {
-                    conv1: w.conv2d(&format!("{p}.conv1"), inplanes, planes, 1, 1, 0, device),
+                    conv1: w.conv2d(
+                        &format!("{p}.conv1"),
+                        ConvSpec { d_in: inplanes, d_out: planes, kernel: 1, stride: 1, padding: 0 },
+                        device,
+                    ),
                     bn1: w.batch_norm(&format!("{p}.bn1"), planes, BN_EPS, device),
-                    conv2: w.conv2d(&format!("{p}.conv2"), planes, planes, 3, stride, 1, device),
+                    conv2: w.conv2d(
+                        &format!("{p}.conv2"),
+                        ConvSpec { d_in: planes, d_out: planes, kernel: 3, stride, padding: 1 },
+                        device,
+                    ),
                     bn2: w.batch_norm(&format!("{p}.bn2"), planes, BN_EPS, device),
-                    conv3: w.conv2d(&format!("{p}.conv3"), planes, out, 1, 1, 0, device),
+                    conv3: w.conv2d(
+                        &format!("{p}.conv3"),
+                        ConvSpec { d_in: planes, d_out: out, kernel: 1, stride: 1, padding: 0 },
+                        device,
+                    ),
                     bn3: w.batch_norm(&format!("{p}.bn3"), out, BN_EPS, device),
                     downsample,
                 });
@@ -112,7 +128,7 @@ impl ResNet {
             }
         }
         ResNet {
-            conv1: w.conv2d("conv1", 3, c.width, 7, 2, 3, device),
+            conv1: w.conv2d("conv1", ConvSpec { d_in: 3, d_out: c.width, kernel: 7, stride: 2, padding: 3 }, device),
             bn1: w.batch_norm("bn1", c.width, BN_EPS, device),
             blocks,
             feature_dim: c.feature_dim(),

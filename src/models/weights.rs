@@ -18,6 +18,16 @@ use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::error::{Error, Result};
 
+/// Shape of a square 2-D convolution.
+#[derive(Debug, Clone, Copy)]
+pub struct ConvSpec {
+    pub d_in: usize,
+    pub d_out: usize,
+    pub kernel: usize,
+    pub stride: usize,
+    pub padding: usize,
+}
+
 /// One stored tensor, converted to f32.
 struct Stored {
     shape: Vec<usize>,
@@ -119,16 +129,8 @@ impl Weights {
     }
 
     /// A PyTorch `nn.Conv2d` without bias, `{prefix}.weight` `[out, in, k, k]`.
-    pub fn conv2d(
-        &self,
-        prefix: &str,
-        d_in: usize,
-        d_out: usize,
-        kernel: usize,
-        stride: usize,
-        padding: usize,
-        device: &Device,
-    ) -> Conv2d {
+    pub fn conv2d(&self, prefix: &str, spec: ConvSpec, device: &Device) -> Conv2d {
+        let ConvSpec { d_in, d_out, kernel, stride, padding } = spec;
         let mut conv = Conv2dConfig::new([d_in, d_out], [kernel, kernel])
             .with_stride([stride, stride])
             .with_padding(PaddingConfig2d::Explicit(padding, padding, padding, padding))
