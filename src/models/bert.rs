@@ -122,82 +122,81 @@ pub struct Bert {
     max_positions: usize,
 }
 
-impl Bert {
-    /// Builds the model from checkpoint tensors; call [`Weights::finish`] afterwards.
-    pub fn from_weights(c: &BertConfig, w: &Weights, device: &Device) -> Bert {
-        if c.model_type == "distilbert" {
-            return Self::from_distilbert_weights(c, w, device);
-        }
-        let p = if w.contains("bert.embeddings.word_embeddings.weight") { "bert." } else { "" };
-        let h = c.hidden_size;
-        let layers = (0..c.num_hidden_layers)
-            .map(|i| {
-                let l = format!("{p}encoder.layer.{i}");
-                BertLayer {
-                    query: w.linear(&format!("{l}.attention.self.query"), h, h, device),
-                    key: w.linear(&format!("{l}.attention.self.key"), h, h, device),
-                    value: w.linear(&format!("{l}.attention.self.value"), h, h, device),
-                    attention_out: w.linear(&format!("{l}.attention.output.dense"), h, h, device),
-                    attention_norm: w.layer_norm(
-                        &format!("{l}.attention.output.LayerNorm"),
-                        h,
-                        c.layer_norm_eps,
-                        device,
-                    ),
-                    intermediate: w.linear(&format!("{l}.intermediate.dense"), h, c.intermediate_size, device),
-                    output: w.linear(&format!("{l}.output.dense"), c.intermediate_size, h, device),
-                    output_norm: w.layer_norm(&format!("{l}.output.LayerNorm"), h, c.layer_norm_eps, device),
-                }
-            })
-            .collect();
-        Bert {
-            word_embeddings: w.param(&format!("{p}embeddings.word_embeddings.weight"), [c.vocab_size, h], device),
-            position_embeddings: w.param(
-                &format!("{p}embeddings.position_embeddings.weight"),
-                [c.max_position_embeddings, h],
-                device,
-            ),
-            token_type_embeddings: Some(w.param(
-                &format!("{p}embeddings.token_type_embeddings.weight"),
-                [c.type_vocab_size, h],
-                device,
-            )),
-            embeddings_norm: w.layer_norm(&format!("{p}embeddings.LayerNorm"), h, c.layer_norm_eps, device),
-            layers,
-            heads: c.num_attention_heads,
-            max_positions: c.max_position_embeddings,
-        }
-    }
+/// Where each tensor of a layer lives in one checkpoint family (names after `{layers}.{i}.`).
+struct Names {
+    /// Prefix that task models (`BertForMaskedLM`, ...) put before the encoder.
+    task_prefix: &'static str,
+    layers: &'static str,
+    query: &'static str,
+    key: &'static str,
+    value: &'static str,
+    attention_out: &'static str,
+    attention_norm: &'static str,
+    intermediate: &'static str,
+    output: &'static str,
+    output_norm: &'static str,
+    token_types: bool,
+}
 
-    /// DistilBERT's tensor names (`DistilBertModel`, or with the `distilbert.` prefix of
-    /// task models).
-    fn from_distilbert_weights(c: &BertConfig, w: &Weights, device: &Device) -> Bert {
-        let p = if w.contains("distilbert.embeddings.word_embeddings.weight") { "distilbert." } else { "" };
+const BERT_NAMES: Names = Names {
+    task_prefix: "bert.",
+    layers: "encoder.layer",
+    query: "attention.self.query",
+    key: "attention.self.key",
+    value: "attention.self.value",
+    attention_out: "attention.output.dense",
+    attention_norm: "attention.output.LayerNorm",
+    intermediate: "intermediate.dense",
+    output: "output.dense",
+    output_norm: "output.LayerNorm",
+    token_types: true,
+};
+
+const DISTILBERT_NAMES: Names = Names {
+    task_prefix: "distilbert.",
+    layers: "transformer.layer",
+    query: "attention.q_lin",
+    key: "attention.k_lin",
+    value: "attention.v_lin",
+    attention_out: "attention.out_lin",
+    attention_norm: "sa_layer_norm",
+    intermediate: "ffn.lin1",
+    output: "ffn.lin2",
+    output_norm: "output_layer_norm",
+    token_types: false,
+};
+
+impl Bert {
+    /// Builds the model from checkpoint tensors (BERT/MiniLM or DistilBERT names, by
+    /// `model_type`); call [`Weights::finish`] afterwards.
+    pub fn from_weights(c: &BertConfig, w: &Weights, device: &Device) -> Bert {
+        let n = if c.model_type == "distilbert" { &DISTILBERT_NAMES } else { &BERT_NAMES };
+        let p =
+            if w.contains(&format!("{}embeddings.word_embeddings.weight", n.task_prefix)) { n.task_prefix } else { "" };
         let (h, eps) = (c.hidden_size, c.layer_norm_eps);
         let layers = (0..c.num_hidden_layers)
             .map(|i| {
-                let l = format!("{p}transformer.layer.{i}");
+                let t = |part: &str| format!("{p}{}.{i}.{part}", n.layers);
                 BertLayer {
-                    query: w.linear(&format!("{l}.attention.q_lin"), h, h, device),
-                    key: w.linear(&format!("{l}.attention.k_lin"), h, h, device),
-                    value: w.linear(&format!("{l}.attention.v_lin"), h, h, device),
-                    attention_out: w.linear(&format!("{l}.attention.out_lin"), h, h, device),
-                    attention_norm: w.layer_norm(&format!("{l}.sa_layer_norm"), h, eps, device),
-                    intermediate: w.linear(&format!("{l}.ffn.lin1"), h, c.intermediate_size, device),
-                    output: w.linear(&format!("{l}.ffn.lin2"), c.intermediate_size, h, device),
-                    output_norm: w.layer_norm(&format!("{l}.output_layer_norm"), h, eps, device),
+                    query: w.linear(&t(n.query), h, h, device),
+                    key: w.linear(&t(n.key), h, h, device),
+                    value: w.linear(&t(n.value), h, h, device),
+                    attention_out: w.linear(&t(n.attention_out), h, h, device),
+                    attention_norm: w.layer_norm(&t(n.attention_norm), h, eps, device),
+                    intermediate: w.linear(&t(n.intermediate), h, c.intermediate_size, device),
+                    output: w.linear(&t(n.output), c.intermediate_size, h, device),
+                    output_norm: w.layer_norm(&t(n.output_norm), h, eps, device),
                 }
             })
             .collect();
+        let e = |part: &str| format!("{p}embeddings.{part}");
         Bert {
-            word_embeddings: w.param(&format!("{p}embeddings.word_embeddings.weight"), [c.vocab_size, h], device),
-            position_embeddings: w.param(
-                &format!("{p}embeddings.position_embeddings.weight"),
-                [c.max_position_embeddings, h],
-                device,
-            ),
-            token_type_embeddings: None,
-            embeddings_norm: w.layer_norm(&format!("{p}embeddings.LayerNorm"), h, eps, device),
+            word_embeddings: w.param(&e("word_embeddings.weight"), [c.vocab_size, h], device),
+            position_embeddings: w.param(&e("position_embeddings.weight"), [c.max_position_embeddings, h], device),
+            token_type_embeddings: n
+                .token_types
+                .then(|| w.param(&e("token_type_embeddings.weight"), [c.type_vocab_size, h], device)),
+            embeddings_norm: w.layer_norm(&e("LayerNorm"), h, eps, device),
             layers,
             heads: c.num_attention_heads,
             max_positions: c.max_position_embeddings,
