@@ -153,7 +153,8 @@ pub struct TextBenchArgs {
     pub device: String,
 }
 
-/// Embeds `rows` captions in batches after one warm-up batch; prints sentences/s as JSON.
+/// Embeds `rows` captions in batches after one warm-up batch, batches spread over the worker
+/// threads; prints sentences/s as JSON.
 pub fn text(args: &TextBenchArgs, device: &burn::tensor::Device) -> Result<()> {
     let mut lines = Lines::open(&args.input)?;
     let mut captions = Vec::new();
@@ -167,11 +168,16 @@ pub fn text(args: &TextBenchArgs, device: &burn::tensor::Device) -> Result<()> {
     let refs: Vec<&str> = captions.iter().map(String::as_str).collect();
     let batch = args.batch_size.max(1);
     enc.encode(&refs[..batch.min(refs.len())])?;
+    // Batches run concurrently on the worker threads, as `curate run` applies chunks; PyTorch
+    // spreads each batch over its intra-op threads instead.
+    use rayon::prelude::*;
     let t = Instant::now();
-    let mut n = 0;
-    for part in refs.chunks(batch) {
-        n += enc.encode(part)?.len() / enc.dim;
-    }
+    let n: usize = refs
+        .par_chunks(batch)
+        .map(|part| enc.encode(part).map(|v| v.len() / enc.dim))
+        .collect::<Result<Vec<usize>>>()?
+        .into_iter()
+        .sum();
     let secs = t.elapsed().as_secs_f64();
     println!(
         "{}",
