@@ -44,10 +44,6 @@ impl Error {
     pub fn data(message: impl Into<String>) -> Self {
         Error::Data { message: message.into(), hint: None }
     }
-
-    pub fn data_hint(message: impl Into<String>, hint: impl Into<String>) -> Self {
-        Error::Data { message: message.into(), hint: Some(hint.into()) }
-    }
 }
 
 impl From<parquet::errors::ParquetError> for Error {

@@ -216,10 +216,6 @@ impl Bert {
         Ok((model, config))
     }
 
-    pub fn max_positions(&self) -> usize {
-        self.max_positions
-    }
-
     /// Token states of the last layer.
     ///
     /// # Shapes

@@ -346,3 +346,28 @@ pub fn widest_of_first_lines(path: &Path, delimiter: u8, n: usize) -> std::resul
     }
     Ok(widest)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_malformed_first_line_does_not_hide_the_width_of_a_headerless_file() {
+        // Flickr8k's first line has a space where its tab should be.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.tsv");
+        std::fs::write(&p, "a.jpg#0 no tab here\na.jpg#1\tok\nb.jpg#0\tok\tthird\n").unwrap();
+        assert_eq!(widest_of_first_lines(&p, b'\t', 2).unwrap(), 2, "only the first 2 lines are read");
+        assert_eq!(widest_of_first_lines(&p, b'\t', 100).unwrap(), 3);
+        std::fs::write(&p, "").unwrap();
+        assert!(widest_of_first_lines(&p, b'\t', 100).unwrap_err().contains("is empty"));
+    }
+
+    #[test]
+    fn tab_fields_are_counted_past_the_stored_maximum() {
+        let line = ["f"; 40].join("\t");
+        let f = split_tabs(line.as_bytes());
+        assert_eq!(f.count, 40);
+        assert_eq!(f[0], b"f");
+    }
+}

@@ -94,11 +94,6 @@ impl Counts {
         self.map.is_empty()
     }
 
-    /// Sum of all counts.
-    pub fn total(&self) -> u64 {
-        self.map.values().sum()
-    }
-
     pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
         self.map.iter().map(|(w, c)| (&**w, *c))
     }
@@ -113,13 +108,6 @@ impl Counts {
         }
         all.sort_unstable_by(by_rank);
         all.into_iter().map(|(w, c)| (w.to_owned(), c)).collect()
-    }
-
-    /// All counts, largest first (ties by word), for rank-frequency plots.
-    pub fn ranked(&self) -> Vec<u64> {
-        let mut v: Vec<u64> = self.map.values().copied().collect();
-        v.sort_unstable_by(|a, b| b.cmp(a));
-        v
     }
 }
 
