@@ -1,11 +1,13 @@
 //! Encoders in burn that load published checkpoints (issue 3): one module per model family,
 //! each a config + module. `weights` reads safetensors and checks every tensor name and shape;
-//! `pooling` turns token states into sentence embeddings; `text_encoder` adds the tokenizer.
+//! `pooling` turns token states into sentence embeddings; `text_encoder` adds the tokenizer;
+//! `preprocess` turns image bytes into normalised tensors for the image encoders.
 //! Models run on any burn device (`Device::flex()` on CPU, `Device::cuda(0)` with the `cuda`
 //! feature).
 
 pub mod bert;
 pub mod pooling;
+pub mod preprocess;
 pub mod resnet;
 pub mod text_encoder;
 pub mod weights;

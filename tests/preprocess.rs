@@ -1,0 +1,149 @@
+//! Image preprocessing against torchvision on PIL images (fixtures and the script that made
+//! them: `tests/fixtures/images/make_preprocess_fixtures.py`).
+//!
+//! PNG decoding is lossless and the same in both, and the resampler reproduces PIL's
+//! fixed-point arithmetic, so on PNGs the 8-bit image after Resize + CenterCrop must be
+//! identical (sums, sums of squares, sampled pixels) and the normalised tensor equal to 1e-6
+//! (the same f32 operations: `x / 255`, `- mean`, `/ std`; 1e-6 only allows for the JSON
+//! round trip). JPEGs are decoded by different libraries (libjpeg-turbo in PIL, zune-jpeg in
+//! the `image` crate), whose IDCT and chroma upsampling may round differently; there the
+//! tolerance is the decoder's, see `jpeg_matches_within_the_decoders_rounding`.
+
+use std::path::{Path, PathBuf};
+
+use curate::models::preprocess::{decode, Preprocess};
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images")
+}
+
+fn expected() -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir().join("preprocess_expected.json")).unwrap()).unwrap()
+}
+
+fn presets() -> [(&'static str, Preprocess); 2] {
+    [("imagenet", Preprocess::imagenet()), ("clip", Preprocess::clip())]
+}
+
+/// Differences between curate and torchvision for one image and preset.
+#[derive(Debug, Default)]
+struct Diff {
+    /// Largest |difference| of a sampled 8-bit pixel value.
+    u8_max: i64,
+    /// Largest |difference| of a channel's mean 8-bit value.
+    u8_mean: f64,
+    /// Largest |difference| of a sampled normalised value.
+    f32_max: f32,
+    /// Largest |difference| of a channel's sum of squares (exact integers).
+    sum_sq: i64,
+}
+
+fn compare(name: &str, preset: &str, p: &Preprocess, e: &serde_json::Value) -> Diff {
+    let bytes = std::fs::read(dir().join(name)).unwrap();
+    let img = decode(&bytes).unwrap();
+    let small = p.resize_crop(&img);
+    assert_eq!((small.width, small.height), (224, 224), "{name} {preset}");
+    let step_u8 = expected()["step_u8"].as_u64().unwrap() as usize;
+    let step_f32 = expected()["step_f32"].as_u64().unwrap() as usize;
+    let mut d = Diff::default();
+    let px = |y: usize, x: usize, c: usize| small.data[(y * 224 + x) * 3 + c] as i64;
+    for c in 0..3 {
+        let (mut sum, mut sq) = (0i64, 0i64);
+        for y in 0..224 {
+            for x in 0..224 {
+                sum += px(y, x, c);
+                sq += px(y, x, c) * px(y, x, c);
+            }
+        }
+        let want = e["u8_sum"][c].as_i64().unwrap();
+        d.u8_mean = d.u8_mean.max((sum - want).abs() as f64 / (224.0 * 224.0));
+        d.sum_sq = d.sum_sq.max((sq - e["u8_sum_sq"][c].as_i64().unwrap()).abs());
+    }
+    let hex = e["u8_sub"].as_str().unwrap().as_bytes();
+    let mut k = 0;
+    for y in (0..224).step_by(step_u8) {
+        for x in (0..224).step_by(step_u8) {
+            for c in 0..3 {
+                let want = i64::from_str_radix(std::str::from_utf8(&hex[2 * k..2 * k + 2]).unwrap(), 16).unwrap();
+                d.u8_max = d.u8_max.max((px(y, x, c) - want).abs());
+                k += 1;
+            }
+        }
+    }
+    assert_eq!(2 * k, hex.len(), "{name} {preset}: sample count");
+    let t = p.to_chw(&img);
+    assert_eq!(t.len(), p.len());
+    let want: Vec<f32> = e["f32_sub"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+    let mut k = 0;
+    for c in 0..3 {
+        for y in (0..224).step_by(step_f32) {
+            for x in (0..224).step_by(step_f32) {
+                d.f32_max = d.f32_max.max((t[c * 224 * 224 + y * 224 + x] - want[k]).abs());
+                k += 1;
+            }
+        }
+    }
+    assert_eq!(k, want.len());
+    eprintln!("{name} {preset}: {d:?}");
+    d
+}
+
+#[test]
+fn png_preprocessing_equals_torchvision_exactly() {
+    // Python (make_preprocess_fixtures.py):
+    //   img = Image.open(f).convert("RGB")
+    //   small = Compose([Resize(256), CenterCrop(224)])(img)        # imagenet
+    //   small = Compose([Resize(224, BICUBIC), CenterCrop(224)])(img) # clip
+    //   tensor = Compose([ToTensor(), Normalize(mean, std)])(small)
+    let e = expected();
+    for (name, entry) in e["images"].as_object().unwrap() {
+        if !name.ends_with(".png") {
+            continue;
+        }
+        for (preset, p) in presets() {
+            let d = compare(name, preset, &p, &entry[preset]);
+            assert_eq!((d.u8_max, d.u8_mean, d.sum_sq), (0, 0.0, 0), "{name} {preset}: 8-bit image differs: {d:?}");
+            assert!(d.f32_max <= 1e-6, "{name} {preset}: normalised values differ: {d:?}");
+            // The sum of the whole tensor, for every channel (f64 sums of the same f32 values).
+            let t = p.to_chw(&decode(&std::fs::read(dir().join(name)).unwrap()).unwrap());
+            for c in 0..3 {
+                let s: f64 = t[c * 224 * 224..(c + 1) * 224 * 224].iter().map(|&v| v as f64).sum();
+                let want = entry[preset]["f32_sum"][c].as_f64().unwrap();
+                assert!((s - want).abs() < 1e-6 * want.abs().max(1.0), "{name} {preset} ch {c}: sum {s} vs {want}");
+            }
+        }
+    }
+}
+
+#[test]
+fn jpeg_matches_within_the_decoders_rounding() {
+    // Same transforms as above. PIL decodes with libjpeg-turbo, curate with zune-jpeg. On a
+    // grayscale JPEG the two agree but for a few ±1 IDCT roundings (1% of pixels). On a colour
+    // (4:2:0) JPEG, chroma upsampling and YCbCr → RGB conversion round differently: measured on
+    // `rgb_300x200.jpg`, 16% of decoded pixels differ, by at most 4 levels, with a bias of
+    // +0.18 (R), −0.14 (G), +0.25 (B) levels on average. After resizing that leaves a sampled
+    // pixel within 3/255 and a channel mean within 0.25/255 of torchvision's; the bounds below
+    // allow that and no more — a real preprocessing mistake (a wrong filter, offset or
+    // constant) moves the means by whole levels.
+    let e = expected();
+    for (name, entry) in e["images"].as_object().unwrap() {
+        if !name.ends_with(".jpg") {
+            continue;
+        }
+        for (preset, p) in presets() {
+            let d = compare(name, preset, &p, &entry[preset]);
+            assert!(d.u8_max <= 3, "{name} {preset}: {d:?}");
+            assert!(d.u8_mean <= 0.3, "{name} {preset}: {d:?}");
+            assert!(d.f32_max <= 3.0 / 255.0 / 0.22 + 1e-6, "{name} {preset}: {d:?}");
+        }
+    }
+}
+
+#[test]
+fn undecodable_bytes_are_an_error_not_a_panic() {
+    assert!(decode(b"not an image").is_err());
+    let png = std::fs::read(dir().join("rgb_37x23.png")).unwrap();
+    assert!(decode(&png[..png.len() / 2]).is_err(), "truncated PNG");
+    let img = decode(&png).unwrap();
+    assert_eq!((img.width, img.height, img.data.len()), (37, 23, 37 * 23 * 3));
+}
