@@ -1,19 +1,39 @@
-//! A sentence encoder: `tokenizer.json` (the `tokenizers` crate) + a BERT-family model +
-//! pooling (+ normalisation), loaded from a Hugging Face / sentence-transformers model folder.
-//! Truncation to the model's maximum length (sentence-transformers' `max_seq_length` when the
-//! folder has `sentence_bert_config.json`), padding to the longest caption of each batch.
+//! A sentence encoder: `tokenizer.json` (the `tokenizers` crate) + a transformer (BERT family,
+//! or MPNet for `"model_type": "mpnet"` in `config.json`) + pooling (+ normalisation), loaded
+//! from a Hugging Face / sentence-transformers model folder. Truncation to the model's maximum
+//! length (sentence-transformers' `max_seq_length` when the folder has
+//! `sentence_bert_config.json`), padding to the longest caption of each batch with the model's
+//! `pad_token_id` (MPNet's `<pad>` is 1, and it sets positions).
 
 use std::path::Path;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
+use tokenizers::{PaddingStrategy, Tokenizer, TruncationParams};
 
 use super::bert::Bert;
+use super::mpnet::MpNet;
 use super::pooling::{l2_normalize, pool, Pooling};
 use crate::error::{Error, Result};
 
+/// The transformer under the tokenizer, by `config.json`'s `model_type`.
+enum TextModel {
+    Bert(Bert),
+    MpNet(MpNet),
+}
+
+impl TextModel {
+    /// # Shapes
+    /// - `ids`, `mask`: `[batch, seq]` → `[batch, seq, hidden]`
+    fn forward(&self, ids: Tensor<2, Int>, mask: Tensor<2, Int>) -> Tensor<3> {
+        match self {
+            TextModel::Bert(m) => m.forward(ids, mask),
+            TextModel::MpNet(m) => m.forward(ids, mask),
+        }
+    }
+}
+
 pub struct TextEncoder {
-    model: Bert,
+    model: TextModel,
     tokenizer: Tokenizer,
     pooling: Pooling,
     normalize: bool,
@@ -32,18 +52,50 @@ impl TextEncoder {
     /// sentence-transformers files (`1_Pooling/config.json`, a `Normalize` module in
     /// `modules.json`), defaulting to mean pooling without normalisation.
     pub fn load(dir: &Path, pooling: Option<Pooling>, normalize: Option<bool>, device: &Device) -> Result<TextEncoder> {
-        let (model, config) = Bert::load(dir, device)?;
+        let config_path = dir.join("config.json");
+        let raw = read_json(&config_path);
+        let model_type = raw.as_ref().and_then(|v| v["model_type"].as_str().map(str::to_owned));
+        let (model, dim, model_max) = match model_type.as_deref() {
+            Some("mpnet") => {
+                let (m, c) = MpNet::load(dir, device)?;
+                let max = m.max_tokens();
+                (TextModel::MpNet(m), c.hidden_size, max)
+            }
+            None | Some("bert" | "distilbert") => {
+                let (m, c) = Bert::load(dir, device)?;
+                (TextModel::Bert(m), c.hidden_size, c.max_position_embeddings)
+            }
+            Some(other) => {
+                return Err(Error::Model {
+                    message: format!(
+                        "`{}`: model_type `{other}` is not a supported text encoder",
+                        config_path.display()
+                    ),
+                    hint: Some("supported: `bert` (BERT, MiniLM), `distilbert`, `mpnet`".into()),
+                })
+            }
+        };
         let tok_path = dir.join("tokenizer.json");
         let mut tokenizer = Tokenizer::from_file(&tok_path)
             .map_err(|e| model_err(format!("cannot load tokenizer `{}`: {e}", tok_path.display())))?;
         let st_max = read_json(&dir.join("sentence_bert_config.json"))
             .and_then(|v| v["max_seq_length"].as_u64())
             .map(|v| v as usize);
-        let max_tokens = st_max.unwrap_or(config.max_position_embeddings).min(config.max_position_embeddings);
+        let max_tokens = st_max.unwrap_or(model_max).min(model_max);
         tokenizer
             .with_truncation(Some(TruncationParams { max_length: max_tokens, ..Default::default() }))
             .map_err(|e| model_err(format!("tokenizer truncation: {e}")))?;
-        tokenizer.with_padding(Some(PaddingParams { strategy: PaddingStrategy::BatchLongest, ..Default::default() }));
+        // Pad with the model's own pad id (config.json), as transformers' tokenizers do; the
+        // tokenizer.json may carry none or a fixed-length one.
+        let pad_id = raw.as_ref().and_then(|v| v["pad_token_id"].as_u64()).map(|v| v as u32);
+        let mut padding = tokenizer.get_padding().cloned().unwrap_or_default();
+        if let Some(id) = pad_id {
+            padding.pad_id = id;
+            padding.pad_token = tokenizer.id_to_token(id).unwrap_or(padding.pad_token);
+        }
+        padding.strategy = PaddingStrategy::BatchLongest;
+        padding.pad_to_multiple_of = None;
+        tokenizer.with_padding(Some(padding));
         let st_pool = read_json(&dir.join("1_Pooling/config.json")).map(|v| {
             if v["pooling_mode_cls_token"].as_bool() == Some(true) {
                 Pooling::Cls
@@ -59,7 +111,7 @@ impl TextEncoder {
             normalize: normalize.or(st_norm).unwrap_or(false),
             max_tokens,
             device: device.clone(),
-            dim: config.hidden_size,
+            dim,
         })
     }
 
