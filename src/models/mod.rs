@@ -2,13 +2,15 @@
 //! each a config + module — `bert` (BERT, MiniLM, DistilBERT), `mpnet` (all-mpnet-base-v2, the
 //! CUSA text teacher), `resnet` (torchvision ResNet-50). `weights` reads safetensors and checks
 //! every tensor name and shape; `pooling` turns token states into sentence embeddings;
-//! `text_encoder` adds the tokenizer and picks the text model from `config.json`.
+//! `text_encoder` adds the tokenizer and picks the text model from `config.json`;
+//! `preprocess` turns image bytes into normalised tensors for the image encoders.
 //! Models run on any burn device (`Device::flex()` on CPU, `Device::cuda(0)` with the `cuda`
 //! feature).
 
 pub mod bert;
 pub mod mpnet;
 pub mod pooling;
+pub mod preprocess;
 pub mod resnet;
 pub mod text_encoder;
 pub mod weights;
