@@ -199,9 +199,11 @@ fn top_t_is_by_base_document_frequency() {
     assert_eq!(got[0], "park", "in every base caption");
 }
 
-/// The whole pipeline writes byte-identical files with 1 and 4 threads (spec §1.5).
+/// The whole pipeline writes byte-identical files with 1 and 4 threads (spec §1.5), and
+/// whether the parsed input is kept in memory between passes, read again, or kept until the
+/// memory budget runs out part way.
 #[test]
-fn same_output_for_any_thread_count() {
+fn same_output_for_any_thread_count_and_cache_budget() {
     let dir = tempfile::tempdir().unwrap();
     let tsv = dir.path().join("big.tsv");
     // 80k rows: several 32k-row chunks, processed in parallel groups.
@@ -218,8 +220,8 @@ fn same_output_for_any_thread_count() {
         text.push_str(&format!("{}\thttp://x/{i}.jpg\n", cap.join(" ")));
     }
     std::fs::write(&tsv, text).unwrap();
-    let run = |threads: usize| {
-        let out = dir.path().join(format!("out{threads}"));
+    let run = |label: &str, threads: usize, cache_bytes: usize| {
+        let out = dir.path().join(format!("out{label}"));
         let toml = format!(
             "output_dir = {:?}\nseed = 3\n[[stage]]\ntype = \"read_cc_tsv\"\npath = {:?}\n[[stage]]\ntype = \"bow\"\nrm_top_freq = 3\n[[stage]]\ntype = \"write_parquet\"\nrows_per_shard = 25000\n",
             out.to_string_lossy(),
@@ -228,18 +230,23 @@ fn same_output_for_any_thread_count() {
         let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
         let plan = curate::pipeline::plan::compile_doc(&doc).unwrap();
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-        pool.install(|| curate::pipeline::run(plan, &Default::default())).unwrap();
+        let opts = curate::pipeline::RunOptions { cache_bytes, ..Default::default() };
+        pool.install(|| curate::pipeline::run(plan, &opts)).unwrap();
         (common::read_dir(&out.join("data")), common::read_dir(&out.join("rejects")))
     };
-    let (d1, r1) = run(1);
-    let (d4, r4) = run(4);
+    let default = curate::pipeline::RunOptions::default().cache_bytes;
+    let (d1, r1) = run("1", 1, default);
+    let (d4, r4) = run("4", 4, default);
     assert!(d1.iter().map(|b| b.num_rows()).sum::<usize>() > 50_000);
     assert_eq!(d1, d4);
     assert_eq!(r1, r4);
+    // About 3 MB per parsed 32k-row chunk: 0 re-reads from the start, 4 MiB gives up part way.
+    run("reread", 4, 0);
+    run("overflow", 2, 4 << 20);
     // Not only equal values: the very same files, byte for byte.
     for sub in ["data", "rejects"] {
-        let files = |t: usize| -> Vec<(String, Vec<u8>)> {
-            let mut v: Vec<_> = std::fs::read_dir(dir.path().join(format!("out{t}/{sub}")))
+        let files = |label: &str| -> Vec<(String, Vec<u8>)> {
+            let mut v: Vec<_> = std::fs::read_dir(dir.path().join(format!("out{label}/{sub}")))
                 .unwrap()
                 .map(|e| e.unwrap().path())
                 .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
@@ -247,8 +254,10 @@ fn same_output_for_any_thread_count() {
             v.sort();
             v
         };
-        let (a, b) = (files(1), files(4));
+        let a = files("1");
         assert!(sub == "rejects" || a.len() >= 2, "several data shards");
-        assert!(a == b, "{sub} files differ between 1 and 4 threads");
+        for other in ["4", "reread", "overflow"] {
+            assert!(a == files(other), "{sub} files differ between 1 thread and run `{other}`");
+        }
     }
 }

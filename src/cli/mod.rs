@@ -76,6 +76,11 @@ pub struct RunArgs {
     /// Progress bars on stderr (auto: when stderr is a terminal).
     #[arg(long, value_enum, default_value_t = When::Auto)]
     pub progress: When,
+    /// Memory (MiB) for keeping the parsed input between passes, so a stage that fits first
+    /// (bow) does not make the input be read twice; a larger input is read again. 0 = never.
+    /// Does not change the output.
+    #[arg(long, default_value_t = crate::pipeline::execute::DEFAULT_CACHE_BYTES >> 20)]
+    pub cache_mib: usize,
 }
 
 #[derive(Debug, Subcommand)]
@@ -140,7 +145,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             )?;
             let out = plan.output_dir.clone();
             let data_dir = out.join(&plan.write.dir);
-            let s = pipeline::run(plan, &RunOptions { progress })?;
+            let s = pipeline::run(plan, &RunOptions { progress, cache_bytes: args.cache_mib << 20 })?;
             eprintln!(
                 "wrote {} rows to `{}` ({} shard(s)); {} rejected, {} skipped; {:.2} s",
                 s.rows_written,

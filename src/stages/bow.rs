@@ -17,6 +17,8 @@
 //! from a per-row stream keyed by `(seed, "bow.shuffle", sample_id)`. Both depend only on
 //! `sample_id`, so the output is the same for any thread count, chunking or input sharding.
 
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex};
 
 use arrow_array::builder::StringBuilder;
@@ -265,10 +267,74 @@ fn bump_hist(h: &mut Vec<u64>, len: usize) {
 /// Every surface word of the base captions with the filters' verdict on it, so a caption word
 /// costs one hash lookup (ids also index the statistics). Words outside the table are judged
 /// directly. Empty in "only" mode.
+///
+/// Words of at most 15 bytes (nearly all) are keyed by their bytes packed into a `u128` with
+/// the length in the top byte, so a lookup hashes two words and compares one integer instead
+/// of following a pointer to compare strings.
 #[derive(Debug, Default)]
 struct WordTable {
-    ids: FxHashMap<Box<str>, u32>,
+    short: HashMap<u128, u32, BuildHasherDefault<PackedHasher>>,
+    long: FxHashMap<Box<str>, u32>,
     keep: Vec<bool>,
+}
+
+impl WordTable {
+    /// `words[i]` gets id `i`.
+    fn new(words: Vec<Box<str>>, keep: Vec<bool>) -> Self {
+        let mut t = WordTable { keep, ..Default::default() };
+        for (i, w) in words.into_iter().enumerate() {
+            match pack_word(&w) {
+                Some(k) => t.short.insert(k, i as u32),
+                None => t.long.insert(w, i as u32),
+            };
+        }
+        t
+    }
+
+    #[inline]
+    fn get(&self, word: &str) -> Option<u32> {
+        match pack_word(word) {
+            Some(k) => self.short.get(&k).copied(),
+            None => self.long.get(word).copied(),
+        }
+    }
+}
+
+/// Hashes a [`pack_word`] key with a full avalanche (murmur3's finaliser): Fx would leave the
+/// bucket index of short words depending on their first bytes only.
+#[derive(Default)]
+struct PackedHasher(u64);
+
+impl std::hash::Hasher for PackedHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("only u128 keys are hashed")
+    }
+    #[inline]
+    fn write_u128(&mut self, v: u128) {
+        let mut x = (v as u64) ^ ((v >> 64) as u64).rotate_left(29).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        self.0 = x ^ (x >> 33);
+    }
+}
+
+/// A word of at most 15 bytes as one integer: the bytes, zero-padded, and the length in the
+/// last byte (so `a` and `a\0` differ).
+#[inline]
+fn pack_word(word: &str) -> Option<u128> {
+    let b = word.as_bytes();
+    if b.len() > 15 {
+        return None;
+    }
+    let mut key = [0u8; 16];
+    key[..b.len()].copy_from_slice(b);
+    key[15] = b.len() as u8;
+    Some(u128::from_le_bytes(key))
 }
 
 pub struct Bow {
@@ -367,8 +433,7 @@ impl Bow {
         };
         surface.sort_unstable();
         let keep = surface.iter().map(|w| self.keeps(w)).collect();
-        let ids = surface.into_iter().enumerate().map(|(i, w)| (w, i as u32)).collect();
-        self.table = WordTable { ids, keep };
+        self.table = WordTable::new(surface, keep);
         self.stats_done = true;
     }
 }
@@ -475,7 +540,7 @@ impl Transform for Bow {
             if let Some(l) = &lowered {
                 let mut t = recycle_str(std::mem::take(&mut tokens));
                 self.tokenizer.split_into(l, &mut t);
-                words.extend(t.iter().map(|w| (*w, self.table.ids.get(*w).copied())));
+                words.extend(t.iter().map(|w| (*w, self.table.get(w))));
                 tokens = recycle_str(t);
             }
             if words.is_empty() {
@@ -648,6 +713,20 @@ mod tests {
             }
         }
         bow
+    }
+
+    #[test]
+    fn packed_words_are_distinct_and_long_words_fall_back() {
+        // Same bytes up to zero padding, and the 15/16-byte boundary.
+        assert_ne!(pack_word("a"), pack_word("a\0"));
+        assert_ne!(pack_word(""), pack_word("\0"));
+        assert!(pack_word("fifteen-bytes!!").is_some() && pack_word("sixteen-bytes!!!").is_none());
+        let words: Vec<Box<str>> = ["a", "a\0", "dog", "a-very-long-compound-word"].map(Into::into).into();
+        let t = WordTable::new(words, vec![true, false, true, false]);
+        assert_eq!(
+            ["a", "a\0", "dog", "a-very-long-compound-word", "cat", "a-very-long-compound-wore"].map(|w| t.get(w)),
+            [Some(0), Some(1), Some(2), Some(3), None, None]
+        );
     }
 
     #[test]
