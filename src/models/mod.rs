@@ -1,8 +1,10 @@
 //! Encoders in burn that load published checkpoints (issue 3): one module per model family,
 //! each a config + module — `bert` (BERT, MiniLM, DistilBERT), `mpnet` (all-mpnet-base-v2, the
-//! CUSA text teacher), `resnet` (torchvision ResNet-50). `weights` reads safetensors and checks
-//! every tensor name and shape; `pooling` turns token states into sentence embeddings;
-//! `text_encoder` adds the tokenizer and picks the text model from `config.json`;
+//! CUSA text teacher), `resnet` (torchvision ResNet-50), `vit` (ViT-B/32 in OpenAI CLIP's and
+//! Unicom's layouts: the CLIP image tower and the CUSA image teacher). `weights` reads
+//! safetensors and checks every tensor name and shape; `pooling` turns token states into
+//! sentence embeddings; `text_encoder` adds the tokenizer and picks the text model from
+//! `config.json`;
 //! `preprocess` turns image bytes into normalised tensors for the image encoders.
 //! Models run on any burn device (`Device::flex()` on CPU, `Device::cuda(0)` with the `cuda`
 //! feature).
@@ -13,4 +15,5 @@ pub mod pooling;
 pub mod preprocess;
 pub mod resnet;
 pub mod text_encoder;
+pub mod vit;
 pub mod weights;

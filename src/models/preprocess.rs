@@ -94,7 +94,7 @@ pub struct Rgb8 {
 /// (torchvision's image-folder loader). EXIF orientation is not applied (neither does PIL's
 /// `open`).
 pub fn decode(bytes: &[u8]) -> Result<Rgb8, String> {
-    let img = image::load_from_memory(bytes).map_err(|e| e.to_string())?;
+    let img = image::load_from_memory(bytes).map_err(|e| e.to_string().trim_end().to_owned())?;
     let rgb = img.into_rgb8();
     let (width, height) = (rgb.width() as usize, rgb.height() as usize);
     if width == 0 || height == 0 {
@@ -118,8 +118,10 @@ pub struct Preprocess {
 /// ImageNet channel statistics (torchvision's ResNet weights).
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
 pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
-/// CLIP's channel statistics (also Unicom's, `cusa-and-pcmepp.md` §1.1).
+/// CLIP's channel statistics (also Unicom's, `cusa-and-pcmepp.md` §1.1), digits as published.
+#[allow(clippy::excessive_precision)]
 pub const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
+#[allow(clippy::excessive_precision)]
 pub const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_11];
 
 /// Fractional bits of the fixed-point weights (PIL's choice for 8-bit images: 32 − 8 − 2, so a
@@ -267,10 +269,10 @@ impl Coefficients {
                 total += *wj;
             }
             let one = (1u32 << PRECISION_BITS) as f64;
-            for j in 0..n {
-                let v = if total != 0.0 { w[j] / total } else { w[j] };
+            for (fixed, &wj) in c.weights[k * stride..].iter_mut().zip(&w[..n]) {
+                let v = if total != 0.0 { wj / total } else { wj };
                 // Round half away from zero (C: `(int)(v * one ± 0.5)`).
-                c.weights[k * stride + j] = if v < 0.0 { (v * one - 0.5) as i32 } else { (v * one + 0.5) as i32 };
+                *fixed = if v < 0.0 { (v * one - 0.5) as i32 } else { (v * one + 0.5) as i32 };
             }
             c.starts.push(lo);
             c.lens.push(n);

@@ -115,9 +115,15 @@ impl Weights {
 
     /// A PyTorch `nn.Linear` stored as `{prefix}.weight` `[out, in]` and `{prefix}.bias` `[out]`.
     pub fn linear(&self, prefix: &str, d_in: usize, d_out: usize, device: &Device) -> Linear {
-        let w = self.tensor(&format!("{prefix}.weight"), [d_out, d_in], device).transpose();
-        let b = self.param(&format!("{prefix}.bias"), [d_out], device);
-        Linear { weight: Param::from_tensor(w), bias: Some(b) }
+        self.linear_named(&format!("{prefix}.weight"), Some(&format!("{prefix}.bias")), d_in, d_out, device)
+    }
+
+    /// A linear map from explicitly named tensors: `weight` `[out, in]` and, when given, `bias`
+    /// `[out]` (`nn.MultiheadAttention`'s `in_proj_weight`/`in_proj_bias`, `Linear(bias=False)`).
+    pub fn linear_named(&self, weight: &str, bias: Option<&str>, d_in: usize, d_out: usize, device: &Device) -> Linear {
+        let w = self.tensor(weight, [d_out, d_in], device).transpose();
+        let b = bias.map(|b| self.param(b, [d_out], device));
+        Linear { weight: Param::from_tensor(w), bias: b }
     }
 
     /// A PyTorch `nn.LayerNorm` stored as `{prefix}.weight` and `{prefix}.bias`.
@@ -130,18 +136,31 @@ impl Weights {
 
     /// A PyTorch `nn.Conv2d` without bias, `{prefix}.weight` `[out, in, k, k]`.
     pub fn conv2d(&self, prefix: &str, spec: ConvSpec, device: &Device) -> Conv2d {
+        self.conv2d_inner(prefix, spec, false, device)
+    }
+
+    /// A PyTorch `nn.Conv2d` with bias, `{prefix}.weight` `[out, in, k, k]` and `{prefix}.bias`.
+    pub fn conv2d_with_bias(&self, prefix: &str, spec: ConvSpec, device: &Device) -> Conv2d {
+        self.conv2d_inner(prefix, spec, true, device)
+    }
+
+    fn conv2d_inner(&self, prefix: &str, spec: ConvSpec, bias: bool, device: &Device) -> Conv2d {
         let ConvSpec { d_in, d_out, kernel, stride, padding } = spec;
         let mut conv = Conv2dConfig::new([d_in, d_out], [kernel, kernel])
             .with_stride([stride, stride])
             .with_padding(PaddingConfig2d::Explicit(padding, padding, padding, padding))
-            .with_bias(false)
+            .with_bias(bias)
             .init(device);
         conv.weight = self.param(&format!("{prefix}.weight"), [d_out, d_in, kernel, kernel], device);
+        if bias {
+            conv.bias = Some(self.param(&format!("{prefix}.bias"), [d_out], device));
+        }
         conv
     }
 
-    /// A PyTorch `nn.BatchNorm2d` (eval mode: running statistics), `{prefix}.weight`, `.bias`,
-    /// `.running_mean`, `.running_var` (`num_batches_tracked` is an integer buffer, skipped).
+    /// A PyTorch `nn.BatchNorm1d`/`nn.BatchNorm2d` (eval mode: running statistics),
+    /// `{prefix}.weight`, `.bias`, `.running_mean`, `.running_var` (`num_batches_tracked` is an
+    /// integer buffer, skipped).
     pub fn batch_norm(&self, prefix: &str, channels: usize, eps: f64, device: &Device) -> BatchNorm {
         let mut bn = BatchNormConfig::new(channels).with_epsilon(eps).init(device);
         bn.gamma = self.param(&format!("{prefix}.weight"), [channels], device);

@@ -17,6 +17,7 @@ use super::introspect::fields;
 use crate::error::{did_you_mean, Diagnostic, Error, Result};
 use crate::schema;
 use crate::stages::bow::BowConfig;
+use crate::stages::encode_image::EncodeImageConfig;
 use crate::stages::encode_text::EncodeTextConfig;
 use crate::stages::read_cc_tsv::ReadCcTsvConfig;
 use crate::stages::read_imagenet21k::ReadImagenet21kConfig;
@@ -25,7 +26,8 @@ use crate::stages::read_table::ReadTableConfig;
 use crate::stages::read_yfcc::ReadYfccConfig;
 use crate::stages::write_parquet::WriteParquetConfig;
 use crate::stages::{
-    bow, encode_text, read_cc_tsv, read_imagenet21k, read_img2dataset, read_table, read_yfcc, write_parquet,
+    bow, encode_image, encode_text, read_cc_tsv, read_imagenet21k, read_img2dataset, read_table, read_yfcc,
+    write_parquet,
 };
 use crate::stages::{Problems, Reader, Transform};
 
@@ -63,6 +65,7 @@ fn stage_types() -> Vec<(&'static str, Kind, &'static [&'static str])> {
         (read_table::TYPE, Kind::Read, fields::<ReadTableConfig>()),
         (bow::TYPE, Kind::Transform, fields::<BowConfig>()),
         (encode_text::TYPE, Kind::Transform, fields::<EncodeTextConfig>()),
+        (encode_image::TYPE, Kind::Transform, fields::<EncodeImageConfig>()),
         (write_parquet::TYPE, Kind::Write, fields::<WriteParquetConfig>()),
     ]
 }
@@ -204,6 +207,9 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
                 c.build(seed, &mut problems).map(|t| Built::Transform(Box::new(t)))
             }),
             encode_text::TYPE => build(doc, &at, &body, &mut diags, |c: &EncodeTextConfig| {
+                c.build(&schema, device, &mut problems).map(|t| Built::Transform(Box::new(t)))
+            }),
+            encode_image::TYPE => build(doc, &at, &body, &mut diags, |c: &EncodeImageConfig| {
                 c.build(&schema, device, &mut problems).map(|t| Built::Transform(Box::new(t)))
             }),
             write_parquet::TYPE => build(doc, &at, &body, &mut diags, |c: &WriteParquetConfig| {

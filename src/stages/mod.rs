@@ -8,6 +8,7 @@
 //! parallel; the writer stores the result.
 
 pub mod bow;
+pub mod encode_image;
 pub mod encode_text;
 pub mod read_cc_tsv;
 pub mod read_imagenet21k;

@@ -1,0 +1,127 @@
+//! An image encoder: an architecture name (`resnet50`, `resnet101`, `tiny_resnet`), a
+//! safetensors checkpoint and its preprocessing preset, giving one feature vector per image.
+//! Used by the `encode_image` stage (teacher / frozen image features, spec `bow-and-otter.md`
+//! §4; Unicom in `cusa-and-pcmepp.md` §1.1 once the ViT lands).
+//!
+//! Adding an architecture is one [`ImageArch`] variant and one line in [`ImageArch::spec`]
+//! (plus, for a new model family, a [`Family`] and a [`Net`] variant).
+
+use std::path::Path;
+
+use burn::tensor::{Device, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+use super::preprocess::{Preprocess, PreprocessPreset};
+use super::resnet::{ResNet, ResNetConfig};
+use crate::error::{Error, Result};
+
+/// Image encoder architectures (the `arch` key of `encode_image`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageArch {
+    /// torchvision ResNet-50 (2048-d pooled features).
+    Resnet50,
+    /// torchvision ResNet-101 (2048-d).
+    Resnet101,
+    /// The tiny ResNet of the test fixtures (one block per stage, width 8: 256-d).
+    TinyResnet,
+}
+
+/// A model family with its size configuration.
+#[derive(Debug, Clone)]
+pub enum Family {
+    ResNet(ResNetConfig),
+}
+
+impl ImageArch {
+    /// Family, size and default preprocessing of each architecture.
+    pub fn spec(self) -> (Family, PreprocessPreset) {
+        match self {
+            ImageArch::Resnet50 => (Family::ResNet(ResNetConfig::resnet50()), PreprocessPreset::Imagenet),
+            ImageArch::Resnet101 => (Family::ResNet(ResNetConfig::resnet101()), PreprocessPreset::Imagenet),
+            ImageArch::TinyResnet => (Family::ResNet(ResNetConfig::tiny()), PreprocessPreset::Imagenet),
+        }
+    }
+
+    pub fn name(self) -> String {
+        serde_json::to_value(self).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+    }
+}
+
+/// The loaded network.
+pub enum Net {
+    ResNet(ResNet),
+}
+
+impl Net {
+    /// Loads a checkpoint of `family`; refuses one whose tensors do not fit.
+    pub fn load(family: &Family, path: &Path, device: &Device) -> Result<Net> {
+        Ok(match family {
+            Family::ResNet(c) => Net::ResNet(ResNet::load(path, c, device)?),
+        })
+    }
+
+    pub fn feature_dim(&self) -> usize {
+        match self {
+            Net::ResNet(m) => m.feature_dim(),
+        }
+    }
+
+    /// # Shapes
+    /// - `images`: `[batch, 3, side, side]` (normalised)
+    /// - output: `[batch, feature_dim]`
+    pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        match self {
+            Net::ResNet(m) => m.forward(images),
+        }
+    }
+}
+
+pub struct ImageEncoder {
+    net: Net,
+    pub arch: ImageArch,
+    pub preprocess: Preprocess,
+    device: Device,
+    /// Width of the features.
+    pub dim: usize,
+}
+
+impl ImageEncoder {
+    /// Loads `arch` from a safetensors checkpoint, preprocessing with `preset` (default: the
+    /// architecture's own).
+    pub fn load(path: &Path, arch: ImageArch, preset: Option<PreprocessPreset>, device: &Device) -> Result<Self> {
+        let (family, default_preset) = arch.spec();
+        let net = Net::load(&family, path, device)?;
+        let dim = net.feature_dim();
+        Ok(ImageEncoder {
+            net,
+            arch,
+            preprocess: preset.unwrap_or(default_preset).build(),
+            device: device.clone(),
+            dim,
+        })
+    }
+
+    /// Features of preprocessed images, `[n, dim]` row-major.
+    ///
+    /// # Shapes
+    /// - `pixels`: `n` images of `[3, crop_px, crop_px]`, concatenated
+    /// - output: `[n, dim]` flattened
+    pub fn encode(&self, pixels: Vec<f32>) -> Result<Vec<f32>> {
+        let side = self.preprocess.crop_px;
+        let per = self.preprocess.len();
+        if pixels.is_empty() {
+            return Ok(Vec::new());
+        }
+        if pixels.len() % per != 0 {
+            return Err(Error::data(format!("{} values are not whole {side}x{side} images", pixels.len())));
+        }
+        let n = pixels.len() / per;
+        let x = Tensor::<4>::from_data(TensorData::new(pixels, [n, 3, side, side]), &self.device);
+        self.net
+            .forward(x)
+            .into_data()
+            .try_to_vec::<f32>()
+            .map_err(|e| Error::Model { message: format!("reading image features: {e:?}"), hint: None })
+    }
+}

@@ -1,0 +1,314 @@
+//! Vision Transformer (ViT-B/32 and tiny test sizes) in two published checkpoint layouts, one
+//! module: patch embedding → (+ class token) + learned positions → pre-LayerNorm blocks
+//! [x + attn(LN(x)); x + MLP(LN(x))] → a head that differs per layout.
+//!
+//! - [`VitLayout::Clip`], OpenAI CLIP's image tower (the CLIP ViT-B/32 student of CUSA and
+//!   PCME++, spec `cusa-and-pcmepp.md` §2.6, §3.10): `conv1` (no bias), `class_embedding`,
+//!   `positional_embedding`, `ln_pre`, `transformer.resblocks.N.{ln_1, attn.in_proj_*,
+//!   attn.out_proj, ln_2, mlp.c_fc, mlp.c_proj}` with QuickGELU, then the class token →
+//!   `ln_post` → `@ proj`. A whole CLIP state dict is accepted: the image tower under `visual.`,
+//!   the text tower's tensors ignored.
+//! - [`VitLayout::Unicom`], deepglint/unicom's ViT, CUSA's image teacher (spec §1.1):
+//!   `patch_embed.proj` (with bias), `pos_embed`, `blocks.N.{norm1, attn.qkv (no bias),
+//!   attn.proj, norm2, mlp.fc1, mlp.fc2}` with ReLU6, no class token; the final `norm`ed token
+//!   grid is flattened and mapped by `feature` = Linear(no bias) → BatchNorm1d(eps 2e-5) →
+//!   Linear(no bias) → BatchNorm1d(eps 2e-5), from running statistics. Unicom releases `.pt`
+//!   files: convert the state dict to safetensors (`safetensors.torch.save_file`) to load it.
+//!
+//! Output: one `[D]` vector per image, not normalised. Image pre-processing is in
+//! [`super::preprocess`].
+
+use std::path::Path;
+
+use burn::module::{Module, Param};
+use burn::nn::conv::Conv2d;
+use burn::nn::{BatchNorm, LayerNorm, Linear};
+use burn::tensor::activation::{sigmoid, softmax};
+use burn::tensor::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::weights::{ConvSpec, Weights};
+use crate::error::Result;
+
+/// Which published checkpoint family the tensor names and head follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VitLayout {
+    /// OpenAI CLIP / open_clip image tower.
+    Clip,
+    /// deepglint/unicom.
+    Unicom,
+}
+
+/// Sizes of a ViT; `image_size` is fixed by the learned position table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VitConfig {
+    pub layout: VitLayout,
+    pub image_size: usize,
+    pub patch_size: usize,
+    pub width: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub mlp_dim: usize,
+    pub output_dim: usize,
+}
+
+/// LayerNorm epsilon of both layouts (PyTorch's default).
+const LN_EPS: f64 = 1e-5;
+/// BatchNorm1d epsilon of Unicom's `feature` head.
+const BN_EPS: f64 = 2e-5;
+
+impl VitConfig {
+    /// OpenAI CLIP ViT-B/32's image tower: 224 px, 32 px patches, width 768, 12 layers of 12
+    /// heads, 512-d output.
+    pub fn vit_b32_clip() -> Self {
+        Self::b32(VitLayout::Clip)
+    }
+
+    /// Unicom ViT-B/32 (`FP16-ViT-B-32.pt`): the same trunk, 512-d output.
+    pub fn vit_b32_unicom() -> Self {
+        Self::b32(VitLayout::Unicom)
+    }
+
+    fn b32(layout: VitLayout) -> Self {
+        VitConfig {
+            layout,
+            image_size: 224,
+            patch_size: 32,
+            width: 768,
+            layers: 12,
+            heads: 12,
+            mlp_dim: 3072,
+            output_dim: 512,
+        }
+    }
+
+    /// A tiny CLIP-layout ViT for tests: 32 px, 8 px patches, width 16, 2 layers of 4 heads.
+    pub fn tiny_clip() -> Self {
+        Self::tiny(VitLayout::Clip)
+    }
+
+    /// The tiny ViT in Unicom's layout.
+    pub fn tiny_unicom() -> Self {
+        Self::tiny(VitLayout::Unicom)
+    }
+
+    fn tiny(layout: VitLayout) -> Self {
+        VitConfig { layout, image_size: 32, patch_size: 8, width: 16, layers: 2, heads: 4, mlp_dim: 64, output_dim: 8 }
+    }
+
+    /// Patch tokens per image (49 for ViT-B/32 at 224 px).
+    pub fn patches(&self) -> usize {
+        (self.image_size / self.patch_size).pow(2)
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct VitBlock {
+    norm1: LayerNorm,
+    /// Query, key and value stacked along the output (PyTorch's `[3·width, width]`).
+    qkv: Linear,
+    out: Linear,
+    norm2: LayerNorm,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+/// Unicom's `feature` head.
+#[derive(Module, Debug)]
+pub struct UnicomHead {
+    fc1: Linear,
+    bn1: BatchNorm,
+    fc2: Linear,
+    bn2: BatchNorm,
+}
+
+#[derive(Module, Debug)]
+pub struct Vit {
+    patch_embed: Conv2d,
+    /// CLIP only.
+    class_embedding: Option<Param<Tensor<1>>>,
+    /// `[tokens, width]` (tokens include the class token in CLIP).
+    positional_embedding: Param<Tensor<2>>,
+    /// CLIP only.
+    ln_pre: Option<LayerNorm>,
+    blocks: Vec<VitBlock>,
+    /// `ln_post` (CLIP) or `norm` (Unicom).
+    norm: LayerNorm,
+    /// CLIP: `[width, output_dim]`.
+    proj: Option<Param<Tensor<2>>>,
+    /// Unicom.
+    head: Option<UnicomHead>,
+    #[module(skip)]
+    heads: usize,
+    #[module(skip)]
+    relu6: bool,
+    #[module(skip)]
+    whole_clip: bool,
+    #[module(skip)]
+    output_dim: usize,
+}
+
+/// Tensors of a whole CLIP state dict outside the image tower (text tower, logit scale).
+const CLIP_TEXT_TOWER: [&str; 6] =
+    ["transformer.", "token_embedding.", "positional_embedding", "text_projection", "logit_scale", "ln_final."];
+
+impl Vit {
+    /// Builds the model from checkpoint tensors; call [`Weights::finish`] with
+    /// [`Vit::ignored`] afterwards.
+    pub fn from_weights(c: &VitConfig, w: &Weights, device: &Device) -> Vit {
+        match c.layout {
+            VitLayout::Clip => Self::clip(c, w, device),
+            VitLayout::Unicom => Self::unicom(c, w, device),
+        }
+    }
+
+    fn clip(c: &VitConfig, w: &Weights, device: &Device) -> Vit {
+        let whole_clip = w.contains("visual.conv1.weight");
+        let p = if whole_clip { "visual." } else { "" };
+        let (d, eps) = (c.width, LN_EPS);
+        let blocks = (0..c.layers)
+            .map(|i| {
+                let t = |part: &str| format!("{p}transformer.resblocks.{i}.{part}");
+                VitBlock {
+                    norm1: w.layer_norm(&t("ln_1"), d, eps, device),
+                    qkv: w.linear_named(&t("attn.in_proj_weight"), Some(&t("attn.in_proj_bias")), d, 3 * d, device),
+                    out: w.linear(&t("attn.out_proj"), d, d, device),
+                    norm2: w.layer_norm(&t("ln_2"), d, eps, device),
+                    fc1: w.linear(&t("mlp.c_fc"), d, c.mlp_dim, device),
+                    fc2: w.linear(&t("mlp.c_proj"), c.mlp_dim, d, device),
+                }
+            })
+            .collect();
+        let patch = ConvSpec { d_in: 3, d_out: d, kernel: c.patch_size, stride: c.patch_size, padding: 0 };
+        Vit {
+            patch_embed: w.conv2d(&format!("{p}conv1"), patch, device),
+            class_embedding: Some(w.param(&format!("{p}class_embedding"), [d], device)),
+            positional_embedding: w.param(&format!("{p}positional_embedding"), [c.patches() + 1, d], device),
+            ln_pre: Some(w.layer_norm(&format!("{p}ln_pre"), d, eps, device)),
+            blocks,
+            norm: w.layer_norm(&format!("{p}ln_post"), d, eps, device),
+            proj: Some(w.param(&format!("{p}proj"), [d, c.output_dim], device)),
+            head: None,
+            heads: c.heads,
+            relu6: false,
+            whole_clip,
+            output_dim: c.output_dim,
+        }
+    }
+
+    fn unicom(c: &VitConfig, w: &Weights, device: &Device) -> Vit {
+        let (d, eps) = (c.width, LN_EPS);
+        let blocks = (0..c.layers)
+            .map(|i| {
+                let t = |part: &str| format!("blocks.{i}.{part}");
+                VitBlock {
+                    norm1: w.layer_norm(&t("norm1"), d, eps, device),
+                    qkv: w.linear_named(&t("attn.qkv.weight"), None, d, 3 * d, device),
+                    out: w.linear(&t("attn.proj"), d, d, device),
+                    norm2: w.layer_norm(&t("norm2"), d, eps, device),
+                    fc1: w.linear(&t("mlp.fc1"), d, c.mlp_dim, device),
+                    fc2: w.linear(&t("mlp.fc2"), c.mlp_dim, d, device),
+                }
+            })
+            .collect();
+        let n = c.patches();
+        let patch = ConvSpec { d_in: 3, d_out: d, kernel: c.patch_size, stride: c.patch_size, padding: 0 };
+        Vit {
+            patch_embed: w.conv2d_with_bias("patch_embed.proj", patch, device),
+            class_embedding: None,
+            positional_embedding: Param::from_tensor(w.tensor("pos_embed", [1, n, d], device).reshape([n, d])),
+            ln_pre: None,
+            blocks,
+            norm: w.layer_norm("norm", d, eps, device),
+            proj: None,
+            head: Some(UnicomHead {
+                fc1: w.linear_named("feature.0.weight", None, n * d, d, device),
+                bn1: w.batch_norm("feature.1", d, BN_EPS, device),
+                fc2: w.linear_named("feature.2.weight", None, d, c.output_dim, device),
+                bn2: w.batch_norm("feature.3", c.output_dim, BN_EPS, device),
+            }),
+            heads: c.heads,
+            relu6: true,
+            whole_clip: false,
+            output_dim: c.output_dim,
+        }
+    }
+
+    /// Checkpoint tensors this model leaves out on purpose: the text tower when the checkpoint
+    /// is a whole CLIP (only then, so that a stray tensor of a bare image tower is reported).
+    pub fn ignored(&self) -> &'static [&'static str] {
+        if self.whole_clip {
+            &CLIP_TEXT_TOWER
+        } else {
+            &[]
+        }
+    }
+
+    /// Loads a safetensors state dict in the layout of `c`.
+    pub fn load(path: &Path, c: &VitConfig, device: &Device) -> Result<Vit> {
+        let w = Weights::from_safetensors(path)?;
+        let model = Vit::from_weights(c, &w, device);
+        w.finish(model.ignored())?;
+        Ok(model)
+    }
+
+    pub fn output_dim(&self) -> usize {
+        self.output_dim
+    }
+
+    /// One embedding per image (not normalised).
+    ///
+    /// # Shapes
+    /// - `images`: `[batch, 3, image_size, image_size]` (normalised)
+    /// - output: `[batch, output_dim]`
+    pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        let x = self.patch_embed.forward(images);
+        let [b, d, gh, gw] = x.dims();
+        // Patches in row-major grid order, as `flatten(2).transpose(1, 2)` in PyTorch.
+        let mut x = x.reshape([b, d, gh * gw]).swap_dims(1, 2);
+        if let Some(cls) = &self.class_embedding {
+            let cls = cls.val().reshape([1, 1, d]).repeat_dim(0, b);
+            x = Tensor::cat(vec![cls, x], 1);
+        }
+        x = x + self.positional_embedding.val().unsqueeze_dim::<3>(0);
+        if let Some(ln) = &self.ln_pre {
+            x = ln.forward(x);
+        }
+        for block in &self.blocks {
+            x = x.clone() + self.attention(block, block.norm1.forward(x));
+            let h = block.fc1.forward(block.norm2.forward(x.clone()));
+            // QuickGELU (CLIP, x·σ(1.702x)) or ReLU6 (Unicom).
+            let h = if self.relu6 { h.clamp(0.0, 6.0) } else { h.clone() * sigmoid(h.mul_scalar(1.702)) };
+            x = x + block.fc2.forward(h);
+        }
+        let [_, n, _] = x.dims();
+        match (&self.proj, &self.head) {
+            (Some(proj), _) => {
+                let cls = x.narrow(1, 0, 1).reshape([b, d]);
+                self.norm.forward(cls).matmul(proj.val())
+            }
+            (None, Some(head)) => {
+                let flat = self.norm.forward(x).reshape([b, n * d]);
+                let h = head.bn1.forward(head.fc1.forward(flat));
+                head.bn2.forward(head.fc2.forward(h))
+            }
+            (None, None) => unreachable!("every layout has a head"),
+        }
+    }
+
+    /// Multi-head self-attention of one block.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, tokens, width]` → `[batch, tokens, width]`
+    fn attention(&self, block: &VitBlock, x: Tensor<3>) -> Tensor<3> {
+        let [b, n, d] = x.dims();
+        let dh = d / self.heads;
+        let qkv = block.qkv.forward(x);
+        let split = |i: usize| qkv.clone().narrow(2, i * d, d).reshape([b, n, self.heads, dh]).swap_dims(1, 2);
+        let (q, k, v) = (split(0), split(1), split(2));
+        let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar((dh as f64).sqrt().recip());
+        let context = softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([b, n, d]);
+        block.out.forward(context)
+    }
+}

@@ -1,0 +1,233 @@
+//! The `encode_image` stage run through real pipelines: the bundled ImageNet-21k-layout sample
+//! (`data/imagenet21k_sample`, made by `data/gen_image_sample.py`) and a webdataset tar shard,
+//! with the tiny test ResNet (`tests/fixtures/models/tiny_resnet.safetensors`). Embeddings
+//! must equal the model's forward pass on the preprocessed images, in input order; bad images
+//! must end up in the rejects table with their reason.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Float32Type;
+use arrow_array::RecordBatch;
+use burn::tensor::Device;
+use curate::models::image_encoder::{ImageArch, ImageEncoder};
+
+fn repo(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+fn model() -> PathBuf {
+    repo("tests/fixtures/models/tiny_resnet.safetensors")
+}
+
+/// Embedding rows of all batches.
+fn embeddings(batches: &[RecordBatch]) -> Vec<Vec<f32>> {
+    let mut out = Vec::new();
+    for b in batches {
+        let list = b.column_by_name("embedding").unwrap().as_fixed_size_list();
+        let dim = list.value_length() as usize;
+        let values = list.values().as_primitive::<Float32Type>().values();
+        out.extend(values.chunks(dim).map(<[f32]>::to_vec));
+    }
+    out
+}
+
+/// The same images through `ImageEncoder` directly, one batch.
+fn direct(files: &[PathBuf]) -> Vec<Vec<f32>> {
+    let enc = ImageEncoder::load(&model(), ImageArch::TinyResnet, None, &Device::flex()).unwrap();
+    let mut pixels = Vec::new();
+    for f in files {
+        pixels.extend(enc.preprocess.bytes_to_chw(&std::fs::read(f).unwrap()).unwrap());
+    }
+    enc.encode(pixels).unwrap().chunks(enc.dim).map(<[f32]>::to_vec).collect()
+}
+
+fn assert_same(got: &[Vec<f32>], want: &[Vec<f32>]) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.len(), w.len());
+        for (a, b) in g.iter().zip(w) {
+            // Different batch sizes may change the gemm's blocking, hence not bit-exact.
+            assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "row {i}: {a} vs {b}");
+        }
+    }
+}
+
+/// `(reason, sample_id, detail)` of every reject.
+fn rejects(batches: &[RecordBatch]) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for b in batches {
+        let s = |n: &str| b.column_by_name(n).unwrap().as_string::<i32>().clone();
+        let (reason, id, detail) = (s("reason"), s("sample_id"), s("detail"));
+        for i in 0..b.num_rows() {
+            out.push((reason.value(i).to_owned(), id.value(i).to_owned(), detail.value(i).to_owned()));
+        }
+    }
+    out
+}
+
+#[test]
+fn imagenet21k_sample_is_encoded_in_order_with_the_corrupt_file_rejected() {
+    let root = repo("data/imagenet21k_sample");
+    let toml = format!(
+        "output_dir = \"{{out}}\"\n[[stage]]\ntype = \"read_imagenet21k\"\nroot = {:?}\n\
+         [[stage]]\ntype = \"encode_image\"\nmodel = {:?}\narch = \"tiny_resnet\"\nbatch_size = 4\n\
+         [[stage]]\ntype = \"write_parquet\"\n",
+        root.to_string_lossy(),
+        model().to_string_lossy()
+    );
+    let (dir, data, rej) = common::run_pipeline(&toml);
+    let ids = common::strs(&data, "sample_id");
+    let want_ids: Vec<String> = ["n01440764", "n02102040", "n03000684"]
+        .iter()
+        .flat_map(|s| (1..=3).map(move |i| format!("{s}/{s}_{i}.JPEG")))
+        .collect();
+    assert_eq!(ids, want_ids, "input order, corrupt file left out");
+    let paths = common::strs(&data, "path");
+    assert_eq!(paths[0], root.join("n01440764/n01440764_1.JPEG").to_string_lossy());
+    let embedding = data[0].schema().field_with_name("embedding").unwrap().data_type().clone();
+    assert!(matches!(embedding, arrow_schema::DataType::FixedSizeList(_, 256)), "{embedding}");
+    let got = embeddings(&data);
+    assert!(got.iter().all(|e| e.len() == 256));
+    let files: Vec<PathBuf> = paths.iter().map(PathBuf::from).collect();
+    assert_same(&got, &direct(&files));
+
+    let r = rejects(&rej);
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!((r[0].0.as_str(), r[0].1.as_str()), ("undecodable_image", "n03000684/n03000684_4.JPEG"));
+    assert!(r[0].2.contains("n03000684_4.JPEG"), "detail names the file: {}", r[0].2);
+
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("out/manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["metadata"]["curate.image_arch"], "tiny_resnet");
+    assert_eq!(manifest["metadata"]["curate.preprocess"], "imagenet");
+    assert_eq!(manifest["metadata"]["curate.model"], model().to_string_lossy().as_ref());
+    assert_eq!(manifest["rejects_by_reason"]["encode_image/undecodable_image"], 1);
+}
+
+/// A webdataset shard: `KEY.<ext>` image + `KEY.txt` caption per sample.
+fn write_shard(path: &Path, samples: &[(&str, &str, Vec<u8>)]) {
+    let mut b = tar::Builder::new(std::fs::File::create(path).unwrap());
+    for (key, ext, image) in samples {
+        for (name, data) in
+            [(format!("{key}.{ext}"), image.as_slice()), (format!("{key}.txt"), b"a caption".as_slice())]
+        {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, name, data).unwrap();
+        }
+    }
+    b.finish().unwrap();
+}
+
+#[test]
+fn images_in_webdataset_shards_are_read_by_shard_and_key() {
+    let shards = tempfile::tempdir().unwrap();
+    let img = |n: &str| std::fs::read(repo("tests/fixtures/images").join(n)).unwrap();
+    write_shard(
+        &shards.path().join("00000.tar"),
+        &[
+            ("000000000", "jpg", img("rgb_300x200.jpg")),
+            ("000000001", "jpg", b"\xff\xd8 not really a jpeg".to_vec()),
+            ("000000002", "png", img("gray_64x48.png")),
+        ],
+    );
+    let pipeline = |extra: &str| {
+        format!(
+            "output_dir = \"{{out}}\"\n[[stage]]\ntype = \"read_img2dataset\"\npath = {:?}\n\
+             [[stage]]\ntype = \"encode_image\"\nmodel = {:?}\narch = \"tiny_resnet\"\n\
+             preprocess = \"clip\"\nbatch_size = 2\n{extra}\n[[stage]]\ntype = \"write_parquet\"\n",
+            shards.path().join("*.tar").to_string_lossy(),
+            model().to_string_lossy()
+        )
+    };
+    let (_dir, data, rej) =
+        common::run_pipeline(&pipeline(&format!("shards_dir = {:?}", shards.path().to_string_lossy())));
+    assert_eq!(common::strs(&data, "sample_id"), ["000000000", "000000002"]);
+    assert_eq!(common::strs(&data, "shard"), ["00000", "00000"]);
+    assert_eq!(common::strs(&data, "key"), ["000000000", "000000002"]);
+    let enc = ImageEncoder::load(
+        &model(),
+        ImageArch::TinyResnet,
+        Some(curate::models::preprocess::PreprocessPreset::Clip),
+        &Device::flex(),
+    )
+    .unwrap();
+    let mut pixels = enc.preprocess.bytes_to_chw(&img("rgb_300x200.jpg")).unwrap();
+    pixels.extend(enc.preprocess.bytes_to_chw(&img("gray_64x48.png")).unwrap());
+    let want: Vec<Vec<f32>> = enc.encode(pixels).unwrap().chunks(enc.dim).map(<[f32]>::to_vec).collect();
+    assert_same(&embeddings(&data), &want);
+    let r = rejects(&rej);
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!((r[0].0.as_str(), r[0].1.as_str()), ("undecodable_image", "000000001"));
+
+    // Without `shards_dir` the images cannot be found: every row is a `missing_image` reject.
+    let (_dir, data, rej) = common::run_pipeline(&pipeline(""));
+    assert_eq!(data.iter().map(|b| b.num_rows()).sum::<usize>(), 0);
+    let r = rejects(&rej);
+    assert_eq!(r.iter().filter(|r| r.0 == "missing_image").count(), 3, "{r:?}");
+    assert!(r[0].2.contains("shards_dir"), "{}", r[0].2);
+}
+
+#[test]
+fn a_missing_file_is_a_missing_image_reject() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t.tsv");
+    let present = repo("tests/fixtures/images/rgb_37x23.png");
+    std::fs::write(
+        &table,
+        format!("id\tpath\na\t{}\nb\t{}\n", present.display(), dir.path().join("gone.jpg").display()),
+    )
+    .unwrap();
+    let toml = format!(
+        "output_dir = \"{{out}}\"\n[[stage]]\ntype = \"read_table\"\npath = {:?}\nheader = true\ncheck_files = false\n\
+         columns = {{ sample_id = \"id\", path = \"path\" }}\n\
+         [[stage]]\ntype = \"encode_image\"\nmodel = {:?}\narch = \"tiny_resnet\"\n\
+         [[stage]]\ntype = \"write_parquet\"\n",
+        table.to_string_lossy(),
+        model().to_string_lossy()
+    );
+    let (_out, data, rej) = common::run_pipeline(&toml);
+    assert_eq!(common::strs(&data, "sample_id"), ["a"]);
+    let r = rejects(&rej);
+    assert_eq!((r[0].0.as_str(), r[0].1.as_str()), ("missing_image", "b"));
+    assert!(r[0].2.contains("gone.jpg"), "{}", r[0].2);
+}
+
+#[test]
+fn config_errors_are_reported_before_any_image_is_read() {
+    let toml = format!(
+        "output_dir = \"out\"\n[[stage]]\ntype = \"read_imagenet21k\"\nroot = {:?}\n\
+         [[stage]]\ntype = \"encode_image\"\nmodel = \"no/such.safetensors\"\narch = \"resnet51\"\nbatch_size = 0\n\
+         [[stage]]\ntype = \"write_parquet\"\n",
+        repo("data/imagenet21k_sample").to_string_lossy()
+    );
+    let doc = curate::pipeline::config::ConfigDoc::parse(Path::new("t.toml"), toml, &[]).unwrap();
+    let err = curate::pipeline::plan::compile_doc(&doc).err().expect("refused").to_string();
+    assert!(err.contains("resnet51"), "{err}");
+    let toml = format!(
+        "output_dir = \"out\"\n[[stage]]\ntype = \"read_imagenet21k\"\nroot = {:?}\n\
+         [[stage]]\ntype = \"encode_image\"\nmodel = {:?}\narch = \"resnet50\"\nbatch_size = 0\n\
+         [[stage]]\ntype = \"write_parquet\"\n",
+        repo("data/imagenet21k_sample").to_string_lossy(),
+        model().to_string_lossy()
+    );
+    let doc = curate::pipeline::config::ConfigDoc::parse(Path::new("t.toml"), toml, &[]).unwrap();
+    let err = curate::pipeline::plan::compile_doc(&doc).err().expect("refused").to_string();
+    assert!(err.contains("batch_size must be at least 1"), "{err}");
+    // A wrong architecture for the checkpoint: the weights loader lists what does not fit.
+    let toml = format!(
+        "output_dir = \"out\"\n[[stage]]\ntype = \"read_imagenet21k\"\nroot = {:?}\n\
+         [[stage]]\ntype = \"encode_image\"\nmodel = {:?}\narch = \"resnet50\"\n\
+         [[stage]]\ntype = \"write_parquet\"\n",
+        repo("data/imagenet21k_sample").to_string_lossy(),
+        model().to_string_lossy()
+    );
+    let doc = curate::pipeline::config::ConfigDoc::parse(Path::new("t.toml"), toml, &[]).unwrap();
+    let err = curate::pipeline::plan::compile_doc(&doc).err().expect("refused").to_string();
+    assert!(err.contains("does not fit the model") && err.contains("mis-shaped"), "{err}");
+}
