@@ -5,11 +5,13 @@
 //! safetensors and checks every tensor name and shape; `pooling` turns token states into
 //! sentence embeddings; `text_encoder` adds the tokenizer and picks the text model from
 //! `config.json`;
-//! `preprocess` turns image bytes into normalised tensors for the image encoders.
+//! `preprocess` turns image bytes into normalised tensors and `image_encoder` runs the image
+//! models on them.
 //! Models run on any burn device (`Device::flex()` on CPU, `Device::cuda(0)` with the `cuda`
 //! feature).
 
 pub mod bert;
+pub mod image_encoder;
 pub mod mpnet;
 pub mod pooling;
 pub mod preprocess;
