@@ -8,6 +8,7 @@ pub mod bench;
 pub mod cli;
 pub mod error;
 pub mod io;
+pub mod losses;
 pub mod models;
 pub mod pipeline;
 pub mod report;
