@@ -168,16 +168,11 @@ pub fn text(args: &TextBenchArgs, device: &burn::tensor::Device) -> Result<()> {
     let refs: Vec<&str> = captions.iter().map(String::as_str).collect();
     let batch = args.batch_size.max(1);
     enc.encode(&refs[..batch.min(refs.len())])?;
-    // Batches run concurrently on the worker threads, as `curate run` applies chunks; PyTorch
-    // spreads each batch over its intra-op threads instead.
-    use rayon::prelude::*;
+    // Batches of similar length (sentence-transformers sorts by length too) run concurrently on
+    // the worker threads, as `curate run` applies chunks; PyTorch spreads each batch over its
+    // intra-op threads instead.
     let t = Instant::now();
-    let n: usize = refs
-        .par_chunks(batch)
-        .map(|part| enc.encode(part).map(|v| v.len() / enc.dim))
-        .collect::<Result<Vec<usize>>>()?
-        .into_iter()
-        .sum();
+    let n = enc.encode_many(&refs, batch, true)?.len() / enc.dim;
     let secs = t.elapsed().as_secs_f64();
     println!(
         "{}",

@@ -98,6 +98,22 @@ fn tiny_distilbert_matches_transformers() {
 }
 
 #[test]
+fn length_sorted_batches_give_each_caption_its_own_embedding_in_input_order() {
+    // encode_many sorts by length and batches; every row must equal the caption encoded
+    // alone (padding never changes an embedding) and come back at its input position.
+    let e = expected();
+    let mut captions: Vec<&str> = e["captions"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    captions.push("a");
+    captions.push("a much longer caption than any of the others, with many words in it");
+    let enc = TextEncoder::load(&fixtures().join("tiny_bert"), Some(Pooling::Mean), Some(true), &Device::flex()).unwrap();
+    let alone: Vec<Vec<f32>> = captions.iter().map(|c| enc.encode(&[c]).unwrap()).collect();
+    for (batch, parallel) in [(1, false), (2, true), (3, false), (100, true)] {
+        let got = enc.encode_many(&captions, batch, parallel).unwrap();
+        assert_close(&got, &alone, 1e-5, &format!("batch {batch}"));
+    }
+}
+
+#[test]
 fn a_checkpoint_that_does_not_fit_is_refused_with_every_problem() {
     use safetensors::tensor::{Dtype, TensorView};
     let src = fixtures().join("tiny_bert");

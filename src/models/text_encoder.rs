@@ -152,6 +152,32 @@ impl TextEncoder {
     }
 }
 
+impl TextEncoder {
+    /// Sentence embeddings of many texts, `[texts.len(), dim]` row-major in input order, in
+    /// batches of `batch_size` texts of similar length (sorted by length, longest first, as
+    /// sentence-transformers' `encode` does), so batches carry little padding. Batches run on the
+    /// rayon threads when `parallel`. The order depends only on the texts, so the result does
+    /// not depend on the thread count.
+    pub fn encode_many(&self, texts: &[&str], batch_size: usize, parallel: bool) -> Result<Vec<f32>> {
+        use rayon::prelude::*;
+        let mut order: Vec<usize> = (0..texts.len()).collect();
+        order.sort_by_key(|&i| (std::cmp::Reverse(texts[i].len()), i));
+        let sorted: Vec<&str> = order.iter().map(|&i| texts[i]).collect();
+        let batch = batch_size.max(1);
+        let parts: Vec<Vec<f32>> = if parallel {
+            sorted.par_chunks(batch).map(|p| self.encode(p)).collect::<Result<_>>()?
+        } else {
+            sorted.chunks(batch).map(|p| self.encode(p)).collect::<Result<_>>()?
+        };
+        let dim = self.dim;
+        let mut out = vec![0f32; texts.len() * dim];
+        for (row, &i) in parts.iter().flat_map(|p| p.chunks(dim)).zip(&order) {
+            out[i * dim..(i + 1) * dim].copy_from_slice(row);
+        }
+        Ok(out)
+    }
+}
+
 fn read_json(path: &Path) -> Option<serde_json::Value> {
     serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
 }

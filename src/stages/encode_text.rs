@@ -141,12 +141,11 @@ impl Transform for EncodeText {
             todo.len(),
         )
         .with_field(Arc::new(Field::new("item", DataType::Float32, false)));
-        for part in todo.chunks(self.config.batch_size) {
-            let values = self.encoder.encode(part)?;
-            for row in values.chunks(dim) {
-                emb.values().append_slice(row);
-                emb.append(true);
-            }
+        // Chunks already run in parallel; batches within one run in order.
+        let values = self.encoder.encode_many(&todo, self.config.batch_size, false)?;
+        for row in values.chunks(dim) {
+            emb.values().append_slice(row);
+            emb.append(true);
         }
         let cols: Vec<ArrayRef> =
             vec![Arc::new(keep_ids.finish()), Arc::new(keep_texts.finish()), Arc::new(emb.finish())];
