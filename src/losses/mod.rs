@@ -18,7 +18,13 @@
 //! of a training config, tagged by `type`.
 
 pub mod common;
+pub mod cusa;
 pub mod infonce;
+pub mod kd;
+pub mod label_smoothing;
+pub mod memory_bank;
+pub mod otter;
+pub mod pcmepp;
 
 use std::fmt;
 use std::str::FromStr;
@@ -87,12 +93,24 @@ impl FromStr for LossType {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum LossConfig {
     Infonce(infonce::InfonceConfig),
+    MemoryBank(memory_bank::MemoryBankConfig),
+    LabelSmoothing(label_smoothing::LabelSmoothingConfig),
+    Kd(kd::KdConfig),
+    Otter(otter::OtterConfig),
+    Cusa(cusa::CusaConfig),
+    Pcmepp(pcmepp::PcmeppConfig),
 }
 
 impl LossConfig {
     pub fn loss_type(&self) -> LossType {
         match self {
             LossConfig::Infonce(_) => LossType::Infonce,
+            LossConfig::MemoryBank(_) => LossType::MemoryBank,
+            LossConfig::LabelSmoothing(_) => LossType::LabelSmoothing,
+            LossConfig::Kd(_) => LossType::Kd,
+            LossConfig::Otter(_) => LossType::Otter,
+            LossConfig::Cusa(_) => LossType::Cusa,
+            LossConfig::Pcmepp(_) => LossType::Pcmepp,
         }
     }
 }
@@ -116,14 +134,19 @@ mod tests {
     fn loss_table_parses_with_defaults_and_rejects_unknown_keys() {
         let c: LossConfig = toml::from_str("type = \"infonce\"\ntemperature = 0.02").unwrap();
         assert_eq!(c.loss_type(), LossType::Infonce);
-        #[allow(irrefutable_let_patterns)]
-        let LossConfig::Infonce(i) = c
-        else {
-            unreachable!()
-        };
+        let LossConfig::Infonce(i) = c else { unreachable!() };
         assert_eq!(i.temperature, 0.02);
         assert!(i.learnable_temperature);
-
+        let c: LossConfig = toml::from_str("type = \"memory_bank\"").unwrap();
+        assert_eq!(c, LossConfig::MemoryBank(memory_bank::MemoryBankConfig::default()));
+        for t in LossType::ALL {
+            let c: LossConfig = toml::from_str(&format!("type = \"{t}\"")).unwrap();
+            assert_eq!(c.loss_type(), t);
+        }
+        let c: LossConfig = toml::from_str("type = \"otter\"\nsinkhorn_iterations = 0").unwrap();
+        let LossConfig::Otter(o) = c else { unreachable!() };
+        assert_eq!((o.sinkhorn_iterations, o.sinkhorn_lambda, o.alpha), (0, 0.15, 0.5));
+        assert!(toml::from_str::<LossConfig>("type = \"cusa\"\nitc_reduction = \"median\"").is_err());
         assert!(toml::from_str::<LossConfig>("type = \"infonce\"\ntemprature = 0.02").is_err());
     }
 }
