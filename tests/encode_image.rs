@@ -231,3 +231,19 @@ fn config_errors_are_reported_before_any_image_is_read() {
     let err = curate::pipeline::plan::compile_doc(&doc).err().expect("refused").to_string();
     assert!(err.contains("does not fit the model") && err.contains("mis-shaped"), "{err}");
 }
+
+#[test]
+fn vit_architectures_preprocess_like_clip_and_check_their_checkpoint() {
+    // Unicom's own transform (cusa-and-pcmepp.md §1.1): Resize(224, bicubic), CenterCrop(224),
+    // CLIP mean/std — the `clip` preset, the default for both ViT-B/32 layouts.
+    use curate::models::preprocess::PreprocessPreset;
+    for arch in [ImageArch::VitB32Clip, ImageArch::VitB32Unicom] {
+        assert_eq!(arch.spec().1, PreprocessPreset::Clip, "{arch:?}");
+    }
+    assert_eq!(ImageArch::VitB32Unicom.name(), "vit_b32_unicom");
+    // A ViT-B/32 checkpoint is 350 MB, so only the refusal is exercised here: the tiny test ViT
+    // does not fit the B/32 layout (tests/vit.rs checks the layout and the numbers).
+    let tiny_vit = repo("tests/fixtures/models/tiny_unicom.safetensors");
+    let err = ImageEncoder::load(&tiny_vit, ImageArch::VitB32Unicom, None, &Device::flex()).err().unwrap();
+    assert!(err.to_string().contains("does not fit the model"), "{err}");
+}

@@ -1,7 +1,7 @@
-//! An image encoder: an architecture name (`resnet50`, `resnet101`, `tiny_resnet`), a
-//! safetensors checkpoint and its preprocessing preset, giving one feature vector per image.
-//! Used by the `encode_image` stage (teacher / frozen image features, spec `bow-and-otter.md`
-//! §4; Unicom in `cusa-and-pcmepp.md` §1.1 once the ViT lands).
+//! An image encoder: an architecture name (`resnet50`, `resnet101`, `tiny_resnet`,
+//! `vit_b32_clip`, `vit_b32_unicom`), a safetensors checkpoint and its preprocessing preset,
+//! giving one feature vector per image. Used by the `encode_image` stage (frozen ResNet-50
+//! features, spec `bow-and-otter.md` §4; the Unicom image teacher, `cusa-and-pcmepp.md` §1.1).
 //!
 //! Adding an architecture is one [`ImageArch`] variant and one line in [`ImageArch::spec`]
 //! (plus, for a new model family, a [`Family`] and a [`Net`] variant).
@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::preprocess::{Preprocess, PreprocessPreset};
 use super::resnet::{ResNet, ResNetConfig};
+use super::vit::{Vit, VitConfig};
 use crate::error::{Error, Result};
 
 /// Image encoder architectures (the `arch` key of `encode_image`).
@@ -25,12 +26,17 @@ pub enum ImageArch {
     Resnet101,
     /// The tiny ResNet of the test fixtures (one block per stage, width 8: 256-d).
     TinyResnet,
+    /// OpenAI CLIP ViT-B/32 image tower (512-d; a whole CLIP state dict is accepted).
+    VitB32Clip,
+    /// Unicom ViT-B/32, CUSA's image teacher (512-d).
+    VitB32Unicom,
 }
 
 /// A model family with its size configuration.
 #[derive(Debug, Clone)]
 pub enum Family {
     ResNet(ResNetConfig),
+    Vit(VitConfig),
 }
 
 impl ImageArch {
@@ -40,6 +46,8 @@ impl ImageArch {
             ImageArch::Resnet50 => (Family::ResNet(ResNetConfig::resnet50()), PreprocessPreset::Imagenet),
             ImageArch::Resnet101 => (Family::ResNet(ResNetConfig::resnet101()), PreprocessPreset::Imagenet),
             ImageArch::TinyResnet => (Family::ResNet(ResNetConfig::tiny()), PreprocessPreset::Imagenet),
+            ImageArch::VitB32Clip => (Family::Vit(VitConfig::vit_b32_clip()), PreprocessPreset::Clip),
+            ImageArch::VitB32Unicom => (Family::Vit(VitConfig::vit_b32_unicom()), PreprocessPreset::Clip),
         }
     }
 
@@ -50,20 +58,23 @@ impl ImageArch {
 
 /// The loaded network.
 pub enum Net {
-    ResNet(ResNet),
+    ResNet(Box<ResNet>),
+    Vit(Box<Vit>),
 }
 
 impl Net {
     /// Loads a checkpoint of `family`; refuses one whose tensors do not fit.
     pub fn load(family: &Family, path: &Path, device: &Device) -> Result<Net> {
         Ok(match family {
-            Family::ResNet(c) => Net::ResNet(ResNet::load(path, c, device)?),
+            Family::ResNet(c) => Net::ResNet(Box::new(ResNet::load(path, c, device)?)),
+            Family::Vit(c) => Net::Vit(Box::new(Vit::load(path, c, device)?)),
         })
     }
 
     pub fn feature_dim(&self) -> usize {
         match self {
             Net::ResNet(m) => m.feature_dim(),
+            Net::Vit(m) => m.output_dim(),
         }
     }
 
@@ -73,6 +84,7 @@ impl Net {
     pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
         match self {
             Net::ResNet(m) => m.forward(images),
+            Net::Vit(m) => m.forward(images),
         }
     }
 }
@@ -91,15 +103,24 @@ impl ImageEncoder {
     /// architecture's own).
     pub fn load(path: &Path, arch: ImageArch, preset: Option<PreprocessPreset>, device: &Device) -> Result<Self> {
         let (family, default_preset) = arch.spec();
+        let preprocess = preset.unwrap_or(default_preset).build();
+        // A ViT's learned position table fixes its input size; a ResNet pools any size.
+        if let Family::Vit(c) = &family {
+            if c.image_size != preprocess.crop_px {
+                return Err(Error::Model {
+                    message: format!(
+                        "`{}` takes {1}x{1} images, the preprocessing crops {2}x{2}",
+                        arch.name(),
+                        c.image_size,
+                        preprocess.crop_px
+                    ),
+                    hint: Some("use the architecture's own `preprocess` (leave the key out)".into()),
+                });
+            }
+        }
         let net = Net::load(&family, path, device)?;
         let dim = net.feature_dim();
-        Ok(ImageEncoder {
-            net,
-            arch,
-            preprocess: preset.unwrap_or(default_preset).build(),
-            device: device.clone(),
-            dim,
-        })
+        Ok(ImageEncoder { net, arch, preprocess, device: device.clone(), dim })
     }
 
     /// Features of preprocessed images, `[n, dim]` row-major.

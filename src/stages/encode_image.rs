@@ -2,8 +2,8 @@
 //! (as the readers store it: reachable from where curate runs) or, for img2dataset webdataset
 //! rows, from `<shards_dir>/<shard>.tar` member `<key>.<jpg|png|webp>`; decoded and
 //! preprocessed on rayon threads (src/models/preprocess.rs), encoded in batches by an image
-//! model (src/models/image_encoder.rs: ResNet-50 for "A Fistful of Words"/OTTER §4, the tiny
-//! test ResNet). Output: `sample_id`, the image reference columns (`path`, `shard`, `key`) and
+//! model (src/models/image_encoder.rs: ResNet-50 for "A Fistful of Words"/OTTER §4, the
+//! Unicom ViT-B/32 teacher for CUSA §1.1, CLIP's ViT-B/32, the tiny test ResNet). Output: `sample_id`, the image reference columns (`path`, `shard`, `key`) and
 //! `embedding` as `FixedSizeList<Float32, D>`, in input order; the model, architecture and
 //! preprocessing are recorded in the Parquet metadata and the manifest. A row whose image
 //! cannot be found is a `missing_image` reject, one that does not decode an
@@ -36,11 +36,11 @@ pub struct EncodeImageConfig {
     /// The checkpoint: a safetensors file in the architecture's published layout (torchvision
     /// for ResNets).
     pub model: String,
-    /// `resnet50`, `resnet101` or `tiny_resnet`.
+    /// `resnet50`, `resnet101`, `tiny_resnet`, `vit_b32_clip` or `vit_b32_unicom`.
     pub arch: ImageArch,
     /// `imagenet` (Resize 256 bilinear + CenterCrop 224, ImageNet mean/std) or `clip` (Resize
     /// 224 bicubic + CenterCrop 224, CLIP mean/std); default: the architecture's own
-    /// (`imagenet` for ResNets).
+    /// (`imagenet` for ResNets, `clip` for the ViTs).
     #[serde(default)]
     pub preprocess: Option<PreprocessPreset>,
     /// Images per forward pass.

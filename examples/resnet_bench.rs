@@ -1,0 +1,110 @@
+//! Throughput of curate's ResNet-50 forward pass (random weights, burn's CPU backend or
+//! `--device cuda` with the `cuda` feature): images/s at a batch size, after warm-up. Run by
+//! `benches/resnet_bench.py`, which times torchvision on the same shapes and prints the ratio;
+//! standalone: `cargo run --release --example resnet_bench -- --batch 32 --iters 5`.
+//!
+//! The last line of stdout is `images_per_s <value>`.
+
+use std::time::Instant;
+
+use burn::tensor::{Device, Tensor, TensorData};
+use curate::models::resnet::{ResNet, ResNetConfig};
+use curate::models::weights::Weights;
+
+struct Args {
+    batch: usize,
+    iters: usize,
+    warmup: usize,
+    side: usize,
+}
+
+fn parse() -> Args {
+    let mut a = Args { batch: 32, iters: 5, warmup: 1, side: 224 };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    for pair in argv.chunks(2) {
+        let v = || pair.get(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("`{}` needs a number", pair[0]));
+        match pair[0].as_str() {
+            "--batch" => a.batch = v(),
+            "--iters" => a.iters = v(),
+            "--warmup" => a.warmup = v(),
+            "--side" => a.side = v(),
+            other => panic!("unknown argument `{other}` (--batch, --iters, --warmup, --side)"),
+        }
+    }
+    a
+}
+
+/// xorshift64*: uniform in [-1, 1), enough for weights whose values do not matter.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        ((self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+    }
+}
+
+/// Every tensor of torchvision's `resnet50()` state dict (names and shapes from the committed
+/// layout fixture), filled so activations stay finite: convolutions uniform with He scale,
+/// BatchNorm the identity.
+fn random_weights(rng: &mut Rng) -> Weights {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/models/resnet50_layout.json");
+    let layout: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("layout fixture")).expect("layout JSON");
+    let parts = layout
+        .into_iter()
+        .filter(|(k, _)| !k.ends_with("num_batches_tracked"))
+        .map(|(k, v)| {
+            let shape: Vec<usize> = v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+            let n: usize = shape.iter().product();
+            let data = if shape.len() == 4 {
+                let scale = (6.0 / shape[1..].iter().product::<usize>() as f32).sqrt();
+                (0..n).map(|_| rng.next() * scale).collect()
+            } else if k.ends_with("running_var") || (k.ends_with("weight") && shape.len() == 1) {
+                vec![1.0; n]
+            } else {
+                vec![0.0; n]
+            };
+            (k, shape, data)
+        })
+        .collect();
+    Weights::from_parts(parts)
+}
+
+fn main() {
+    let args = parse();
+    let device = match std::env::var("CURATE_BENCH_DEVICE").as_deref() {
+        #[cfg(feature = "cuda")]
+        Ok("cuda") => Device::cuda(0),
+        _ => Device::flex(),
+    };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let w = random_weights(&mut rng);
+    let model = ResNet::from_weights(&ResNetConfig::resnet50(), &w, &device);
+    w.finish(&ResNet::IGNORED).expect("resnet50 layout");
+    let n = args.batch * 3 * args.side * args.side;
+    let input: Vec<f32> = (0..n).map(|_| rng.next()).collect();
+    let run = || {
+        let x = Tensor::<4>::from_data(TensorData::new(input.clone(), [args.batch, 3, args.side, args.side]), &device);
+        let out = model.forward(x).into_data().try_to_vec::<f32>().expect("features");
+        assert!(out.iter().all(|v| v.is_finite()));
+    };
+    for _ in 0..args.warmup {
+        run();
+    }
+    let t = Instant::now();
+    for _ in 0..args.iters {
+        run();
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let rate = (args.batch * args.iters) as f64 / secs;
+    eprintln!(
+        "curate resnet50: batch {}, {} iterations in {secs:.2} s, {} threads",
+        args.batch,
+        args.iters,
+        rayon::current_num_threads()
+    );
+    println!("images_per_s {rate:.2}");
+}
