@@ -131,3 +131,34 @@ impl LogitScale {
         self.log_scale.val()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logit_scale_clamps_and_stops_the_gradient_outside_its_range() {
+        // θ = ln(1/0.07): s = 14.2857, ds/dθ = s. θ = 5: exp(5) = 148.4 → s = 100, ds/dθ = 0.
+        let d = Device::flex().autodiff();
+        let inside = LogitScale::from_temperature(0.07, true, 1.0, 100.0, &d);
+        let s = inside.scale();
+        assert!((value(&s) - 1.0 / 0.07).abs() < 1e-4);
+        let g = inside.log_scale().grad(&s.backward()).unwrap();
+        assert!((value(&g) - 1.0 / 0.07).abs() < 1e-4);
+        let outside = LogitScale::from_log_scale(5.0, true, 1.0, 100.0, &d);
+        let s = outside.scale();
+        assert_eq!(value(&s), 100.0);
+        assert_eq!(value(&outside.log_scale().grad(&s.backward()).unwrap()), 0.0);
+        let fixed = LogitScale::from_temperature(0.02, false, 1.0, 100.0, &d);
+        assert!(!fixed.log_scale().is_require_grad());
+    }
+
+    #[test]
+    fn kl_treats_zero_targets_as_zero() {
+        // T = [[0, 1]], logits [[0, 0]]: KL = 1·(ln 1 − ln ½) = ln 2, no NaN from 0·ln 0.
+        let d = Device::flex();
+        let t = Tensor::<2>::from_data(TensorData::new(vec![0f32, 1.0], [1, 2]), &d);
+        let kl = kl_batchmean(t, Tensor::zeros([1, 2], &d));
+        assert!((value(&kl) - 2f32.ln()).abs() < 1e-6);
+    }
+}

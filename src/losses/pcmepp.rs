@@ -295,5 +295,8 @@ mod tests {
         let m = msda_labels(&[1.0, 0.6, 1.0, 0.3], 0.0, None, &Device::flex()).into_data().try_to_vec::<f32>().unwrap();
         assert_eq!(&m[4..8], &[0.0, 0.6, 0.4, 0.0]);
         assert_eq!(&m[12..], &[0.7, 0.0, 0.0, 0.3]);
+        // keep_duplicate_positives: images 0 and 2 are the same; row 0 marks both.
+        let m = msda_labels(&[1.0, 1.0, 1.0, 1.0], 0.0, Some(&[7, 8, 7, 9]), &Device::flex());
+        assert_eq!(&m.into_data().try_to_vec::<f32>().unwrap()[..4], &[1.0, 0.0, 1.0, 0.0]);
     }
 }
