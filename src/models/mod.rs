@@ -10,6 +10,7 @@
 //! Models run on any burn device (`Device::flex()` on CPU, `Device::cuda(0)` with the `cuda`
 //! feature).
 
+pub mod activation;
 pub mod bert;
 pub mod image_encoder;
 pub mod mpnet;

@@ -16,7 +16,9 @@ use std::path::Path;
 
 use burn::module::{Module, Param};
 use burn::nn::{LayerNorm, Linear};
-use burn::tensor::activation::{gelu, softmax};
+use burn::tensor::activation::softmax;
+
+use super::activation::gelu;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use serde::Deserialize;
 
