@@ -5,6 +5,13 @@
 //!
 //! PyTorch stores a `Linear` weight as `[out, in]`; burn's is `[in, out]`: [`Weights::linear`]
 //! transposes on load.
+//!
+//! [`Weights::random`] is the other source: no checkpoint, every tensor drawn from a seeded
+//! stream keyed by its name, with PyTorch's default initialisation for its kind (Linear and
+//! Conv weights and biases uniform in ±1/√fan_in, LayerNorm and BatchNorm weight 1 and bias 0,
+//! running statistics 0 and 1, other tensors — embeddings — N(0, 0.02), other biases 0), so a
+//! model built from it trains from scratch, and the same seed rebuilds the same model whatever
+//! order the constructor asks for the tensors in.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,6 +48,19 @@ pub struct Weights {
     used: RefCell<BTreeSet<String>>,
     missing: RefCell<Vec<String>>,
     misshaped: RefCell<Vec<String>>,
+    /// `Some(seed)`: no checkpoint, every tensor is initialised at random (see [`Init`]).
+    random: Option<u64>,
+}
+
+/// How [`Weights::random`] fills a tensor of a given kind.
+#[derive(Debug, Clone, Copy)]
+enum Init {
+    /// By name: `*bias` → 0, anything else (embeddings, class tokens) → N(0, 0.02), as BERT's
+    /// `initializer_range`.
+    ByName,
+    /// Uniform in `[-bound, bound]` (PyTorch's Linear/Conv default: `bound = 1/√fan_in`).
+    Uniform(f64),
+    Const(f32),
 }
 
 impl Weights {
@@ -79,7 +99,22 @@ impl Weights {
             used: Default::default(),
             missing: Default::default(),
             misshaped: Default::default(),
+            random: None,
         }
+    }
+
+    /// A source without a checkpoint: every tensor a model asks for is drawn at random from a
+    /// stream keyed by `(seed, name)`, with PyTorch's default initialisation for its kind.
+    /// [`Weights::finish`] always succeeds.
+    pub fn random(seed: u64) -> Weights {
+        let mut w = Weights::new(format!("random(seed={seed})"), BTreeMap::new());
+        w.random = Some(seed);
+        w
+    }
+
+    /// Whether this source initialises at random instead of reading a checkpoint.
+    pub fn is_random(&self) -> bool {
+        self.random.is_some()
     }
 
     /// From in-memory `(name, shape, values)` triples (tests).
@@ -95,7 +130,15 @@ impl Weights {
     /// The tensor `name`, which must have `shape`. A missing or mis-shaped tensor is recorded and
     /// zeros stand in, so that loading goes on and every problem is reported at once.
     pub fn tensor<const D: usize>(&self, name: &str, shape: [usize; D], device: &Device) -> Tensor<D> {
+        self.tensor_init(name, shape, Init::ByName, device)
+    }
+
+    fn tensor_init<const D: usize>(&self, name: &str, shape: [usize; D], init: Init, device: &Device) -> Tensor<D> {
         self.used.borrow_mut().insert(name.to_owned());
+        if let Some(seed) = self.random {
+            let data = random_values(seed, name, shape.iter().product(), init);
+            return Tensor::from_data(TensorData::new(data, shape), device);
+        }
         match self.tensors.get(name) {
             Some(t) if t.shape == shape => Tensor::from_data(TensorData::new(t.data.clone(), shape), device),
             Some(t) => {
@@ -113,6 +156,16 @@ impl Weights {
         Param::from_tensor(self.tensor(name, shape, device))
     }
 
+    fn param_init<const D: usize>(
+        &self,
+        name: &str,
+        shape: [usize; D],
+        init: Init,
+        device: &Device,
+    ) -> Param<Tensor<D>> {
+        Param::from_tensor(self.tensor_init(name, shape, init, device))
+    }
+
     /// A PyTorch `nn.Linear` stored as `{prefix}.weight` `[out, in]` and `{prefix}.bias` `[out]`.
     pub fn linear(&self, prefix: &str, d_in: usize, d_out: usize, device: &Device) -> Linear {
         self.linear_named(&format!("{prefix}.weight"), Some(&format!("{prefix}.bias")), d_in, d_out, device)
@@ -121,16 +174,17 @@ impl Weights {
     /// A linear map from explicitly named tensors: `weight` `[out, in]` and, when given, `bias`
     /// `[out]` (`nn.MultiheadAttention`'s `in_proj_weight`/`in_proj_bias`, `Linear(bias=False)`).
     pub fn linear_named(&self, weight: &str, bias: Option<&str>, d_in: usize, d_out: usize, device: &Device) -> Linear {
-        let w = self.tensor(weight, [d_out, d_in], device).transpose();
-        let b = bias.map(|b| self.param(b, [d_out], device));
+        let bound = Init::Uniform((d_in as f64).sqrt().recip());
+        let w = self.tensor_init(weight, [d_out, d_in], bound, device).transpose();
+        let b = bias.map(|b| self.param_init(b, [d_out], bound, device));
         Linear { weight: Param::from_tensor(w), bias: b }
     }
 
     /// A PyTorch `nn.LayerNorm` stored as `{prefix}.weight` and `{prefix}.bias`.
     pub fn layer_norm(&self, prefix: &str, d: usize, eps: f64, device: &Device) -> LayerNorm {
         let mut ln = LayerNormConfig::new(d).with_epsilon(eps).init(device);
-        ln.gamma = self.param(&format!("{prefix}.weight"), [d], device);
-        ln.beta = Some(self.param(&format!("{prefix}.bias"), [d], device));
+        ln.gamma = self.param_init(&format!("{prefix}.weight"), [d], Init::Const(1.0), device);
+        ln.beta = Some(self.param_init(&format!("{prefix}.bias"), [d], Init::Const(0.0), device));
         ln
     }
 
@@ -151,9 +205,10 @@ impl Weights {
             .with_padding(PaddingConfig2d::Explicit(padding, padding, padding, padding))
             .with_bias(bias)
             .init(device);
-        conv.weight = self.param(&format!("{prefix}.weight"), [d_out, d_in, kernel, kernel], device);
+        let bound = Init::Uniform(((d_in * kernel * kernel) as f64).sqrt().recip());
+        conv.weight = self.param_init(&format!("{prefix}.weight"), [d_out, d_in, kernel, kernel], bound, device);
         if bias {
-            conv.bias = Some(self.param(&format!("{prefix}.bias"), [d_out], device));
+            conv.bias = Some(self.param_init(&format!("{prefix}.bias"), [d_out], bound, device));
         }
         conv
     }
@@ -163,10 +218,12 @@ impl Weights {
     /// integer buffer, skipped).
     pub fn batch_norm(&self, prefix: &str, channels: usize, eps: f64, device: &Device) -> BatchNorm {
         let mut bn = BatchNormConfig::new(channels).with_epsilon(eps).init(device);
-        bn.gamma = self.param(&format!("{prefix}.weight"), [channels], device);
-        bn.beta = self.param(&format!("{prefix}.bias"), [channels], device);
-        bn.running_mean = RunningState::new(self.tensor(&format!("{prefix}.running_mean"), [channels], device));
-        bn.running_var = RunningState::new(self.tensor(&format!("{prefix}.running_var"), [channels], device));
+        let (one, zero) = (Init::Const(1.0), Init::Const(0.0));
+        bn.gamma = self.param_init(&format!("{prefix}.weight"), [channels], one, device);
+        bn.beta = self.param_init(&format!("{prefix}.bias"), [channels], zero, device);
+        bn.running_mean =
+            RunningState::new(self.tensor_init(&format!("{prefix}.running_mean"), [channels], zero, device));
+        bn.running_var = RunningState::new(self.tensor_init(&format!("{prefix}.running_var"), [channels], one, device));
         bn
     }
 
@@ -205,5 +262,52 @@ impl Weights {
                     .into(),
             ),
         })
+    }
+}
+
+/// `n` values for the tensor `name` of a random source: a SplitMix64 stream keyed by
+/// `(seed, name)` (uniform: 24-bit mantissas; normal: Box–Muller).
+fn random_values(seed: u64, name: &str, n: usize, init: Init) -> Vec<f32> {
+    let init = match init {
+        Init::ByName if name.ends_with("bias") => Init::Const(0.0),
+        other => other,
+    };
+    let mut rng = crate::rng::RowRng::new(seed, "init", name);
+    let mut unit = move || ((rng.next_u64() >> 40) as f64 + 0.5) / (1u64 << 24) as f64;
+    match init {
+        Init::Const(v) => vec![v; n],
+        Init::Uniform(bound) => (0..n).map(|_| ((2.0 * unit() - 1.0) * bound) as f32).collect(),
+        Init::ByName => (0..n)
+            .map(|_| {
+                let (u1, u2) = (unit(), unit());
+                ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * 0.02) as f32
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_source_is_seeded_by_name_and_follows_pytorch_defaults() {
+        let d = Device::flex();
+        let w = Weights::random(7);
+        let lin = w.linear("fc", 16, 4, &d);
+        let bound = 0.25f32; // 1/sqrt(16)
+        let v = lin.weight.val().into_data().try_to_vec::<f32>().unwrap();
+        assert!(v.iter().all(|x| x.abs() <= bound) && v.iter().any(|x| x.abs() > bound / 2.0));
+        let ln = w.layer_norm("ln", 4, 1e-5, &d);
+        assert_eq!(ln.gamma.val().into_data().try_to_vec::<f32>().unwrap(), vec![1.0; 4]);
+        let emb = w.tensor("emb.weight", [200, 10], &d).into_data().try_to_vec::<f32>().unwrap();
+        let sd = (emb.iter().map(|x| x * x).sum::<f32>() / emb.len() as f32).sqrt();
+        assert!((sd - 0.02).abs() < 0.002, "{sd}");
+        // Same seed and name → same values, whatever else was drawn before.
+        let again = Weights::random(7).tensor("emb.weight", [200, 10], &d).into_data().try_to_vec::<f32>().unwrap();
+        assert_eq!(emb, again);
+        let other = Weights::random(8).tensor("emb.weight", [200, 10], &d).into_data().try_to_vec::<f32>().unwrap();
+        assert_ne!(emb, other);
+        assert!(w.finish(&[]).is_ok());
     }
 }
