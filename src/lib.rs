@@ -7,6 +7,7 @@
 pub mod bench;
 pub mod cli;
 pub mod error;
+pub mod eval;
 pub mod io;
 pub mod losses;
 pub mod models;

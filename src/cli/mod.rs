@@ -24,6 +24,35 @@ pub enum Command {
     /// Benchmarks that print figures (not tests).
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Retrieval metrics (COCO 5K/1K, CxC, ECCV Caption) from precomputed embeddings.
+    Eval(EvalArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// A `curate train` run directory to evaluate (not wired yet: use the embedding flags).
+    #[arg(conflicts_with_all = ["image_embeddings", "caption_embeddings"])]
+    pub run: Option<PathBuf>,
+    /// Parquet with `coco_image_id` (int64) and `embedding`; its row order defines the COCO 1K
+    /// folds.
+    #[arg(long, value_name = "IMAGES.parquet", requires = "caption_embeddings")]
+    pub image_embeddings: Option<PathBuf>,
+    /// Parquet with `coco_caption_id`, `coco_image_id` (int64) and `embedding`.
+    #[arg(long, value_name = "CAPTIONS.parquet", requires = "image_embeddings")]
+    pub caption_embeddings: Option<PathBuf>,
+    /// The eccv-caption package's `data/` folder (CxC and ECCV Caption positive pairs); without
+    /// it only the COCO metrics are computed.
+    #[arg(long, value_name = "DIR")]
+    pub eccv_annotations: Option<PathBuf>,
+    /// Output folder: config.json, metrics.json, metrics.md, recall_at_k.svg.
+    #[arg(long, value_name = "OUT_DIR")]
+    pub out: PathBuf,
+    /// How an image and a caption are scored.
+    #[arg(long, value_enum, default_value_t = crate::eval::Similarity::Cosine)]
+    pub similarity: crate::eval::Similarity,
+    /// Worker threads (default: all cores). Does not change the output.
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -162,6 +191,33 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 eprintln!("  skipped {reason}: {n}");
             }
             eprintln!("report: `{}`", out.join("report.md").display());
+            Ok(0)
+        }
+        Command::Eval(args) => {
+            if let Some(n) = args.threads {
+                rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global()?;
+            }
+            // TODO(lead): `curate eval RUN_DIR` — load the run's model, embed the COCO 5K test
+            // split into `eval::embeddings::{Images, Captions}`, then `eval::evaluate` and
+            // `eval::report::write` (plus the trainer's zero-shot classification).
+            let (Some(image_embeddings), Some(caption_embeddings)) = (args.image_embeddings, args.caption_embeddings)
+            else {
+                anyhow::bail!(
+                    "evaluating a run directory{} is not available yet; pass --image-embeddings and --caption-embeddings",
+                    args.run.map(|r| format!(" (`{}`)", r.display())).unwrap_or_default()
+                );
+            };
+            let run = crate::eval::EmbeddingsRun {
+                image_embeddings,
+                caption_embeddings,
+                eccv_annotations: args.eccv_annotations,
+                out: args.out,
+                similarity: args.similarity,
+            };
+            let ev = crate::eval::run_embeddings(&run)?;
+            print!("{}", crate::eval::report::markdown_table(&ev));
+            let total: f64 = ev.timings_s.iter().map(|t| t.1).sum();
+            eprintln!("wrote `{}` ({total:.2} s)", run.out.join("metrics.json").display());
             Ok(0)
         }
         Command::Bench(BenchCommand::Bow(args)) => {

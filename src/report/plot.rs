@@ -1,5 +1,6 @@
 //! Minimal SVG plots for reports (no plotting dependency, no fonts needed to write them):
-//! a grouped histogram and a log–log rank–frequency plot, each with axes, ticks and a legend.
+//! a grouped histogram, a log–log rank–frequency plot and log-x line curves (recall@K), each
+//! with axes, ticks and a legend.
 
 use std::fmt::Write;
 
@@ -168,6 +169,62 @@ pub fn rank_frequency(title: &str, series: &[(&str, &[u64])]) -> String {
     s
 }
 
+/// Lines over a log-scaled x axis (`x >= 1`) and a linear y axis from 0 to 1: recall@K curves.
+/// Series with an even index are drawn solid, odd ones dashed, colours cycling per pair (an
+/// i2t/t2i pair shares a colour).
+pub fn log_x_lines(title: &str, xlabel: &str, ylabel: &str, series: &[(&str, Vec<(f64, f64)>)]) -> String {
+    let mut s = header(title, xlabel, ylabel);
+    let max_x = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0)).fold(10.0, f64::max);
+    let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
+    let xmax = max_x.log10().ceil().max(1.0);
+    let px = |x: f64| LEFT + pw * x.max(1.0).log10() / xmax;
+    let py = |y: f64| TOP + ph * (1.0 - y.clamp(0.0, 1.0));
+    for d in 0..=xmax as i32 {
+        let x = px(10f64.powi(d));
+        let _ = writeln!(
+            s,
+            r##"<line x1="{x}" x2="{x}" y1="{TOP}" y2="{}" stroke="#ddd"/><text x="{x}" y="{}" text-anchor="middle">{}</text>"##,
+            H - BOTTOM,
+            H - BOTTOM + 16.0,
+            10u64.pow(d as u32)
+        );
+    }
+    for t in 0..=5 {
+        let v = t as f64 / 5.0;
+        let y = py(v);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" x2="{}" y1="{y}" y2="{y}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{v:.1}</text>"##,
+            W - RIGHT,
+            LEFT - 6.0,
+            y + 4.0
+        );
+    }
+    for (k, (label, points)) in series.iter().enumerate() {
+        let mut d = String::new();
+        for (j, &(x, y)) in points.iter().enumerate() {
+            let _ = write!(d, "{}{:.1},{:.1} ", if j == 0 { "M" } else { "L" }, px(x), py(y));
+        }
+        let color = COLORS[(k / 2) % COLORS.len()];
+        let dash = if k % 2 == 1 { r#" stroke-dasharray="6,4""# } else { "" };
+        let _ = writeln!(s, r#"<path d="{d}" fill="none" stroke="{color}" stroke-width="2"{dash}/>"#);
+        let ly = TOP + ph - 12.0 - 18.0 * (series.len() - 1 - k) as f64;
+        let lx = W - RIGHT - 150.0;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{lx}" x2="{}" y1="{}" y2="{}" stroke="{color}" stroke-width="2"{dash}/><text x="{}" y="{ly}">{}</text>"#,
+            lx + 24.0,
+            ly - 4.0,
+            ly - 4.0,
+            lx + 30.0,
+            esc(label)
+        );
+    }
+    axes(&mut s);
+    s.push_str("</svg>\n");
+    s
+}
+
 /// 1-based ranks spaced evenly in log scale (about 40 per decade), always including 1 and `n`.
 pub fn log_ranks(n: usize) -> Vec<usize> {
     let mut out = Vec::new();
@@ -197,6 +254,9 @@ mod tests {
         assert_eq!(h.matches("<rect x=").count(), 2 * 3 + 2, "3 bins x 2 series + 2 legend boxes");
         let r = rank_frequency("t", &[("a", &[100, 10, 1])]);
         assert_eq!(r.matches("<path d=\"M").count(), 2, "one series line + the axes");
+        let c = log_x_lines("t", "K", "recall", &[("a", vec![(1.0, 0.5), (100.0, 1.0)]), ("b", vec![(1.0, 0.2)])]);
+        assert!(c.trim_end().ends_with("</svg>"));
+        assert_eq!(c.matches("<path d=\"M").count(), 3, "two series lines + the axes");
     }
 
     #[test]

@@ -1,0 +1,226 @@
+//! Reading the embeddings `curate eval` scores (issue 5): an images table (`coco_image_id` int64,
+//! `embedding` FixedSizeList<Float32, D>) and a captions table (`coco_caption_id`, `coco_image_id`,
+//! `embedding`). Row order is kept: it is the gallery position that breaks score ties
+//! ([`super::ranking`]) and, for images, what defines the COCO 1K folds ([`super::coco`]).
+//! Every problem that makes the tables unusable as a whole (missing column, wrong type, null,
+//! non-finite value, widths that differ, duplicate id) is an error naming the file and column.
+
+use std::path::Path;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, Int64Type};
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::DataType;
+use rustc_hash::FxHashMap;
+
+use crate::error::{Error, Result};
+
+/// Row-major `rows x dim` float32 matrix, one embedding per row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Matrix {
+    pub rows: usize,
+    pub dim: usize,
+    pub data: Vec<f32>,
+}
+
+impl Matrix {
+    /// # Shapes
+    /// `data`: `[rows * dim]`, row-major.
+    pub fn new(rows: usize, dim: usize, data: Vec<f32>) -> Self {
+        assert_eq!(data.len(), rows * dim, "matrix data is not rows x dim");
+        Matrix { rows, dim, data }
+    }
+
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.dim..(i + 1) * self.dim]
+    }
+
+    /// Each row divided by its L2 norm (rows of norm 0 stay 0), for cosine similarity.
+    pub fn l2_normalized(&self) -> Matrix {
+        let mut data = self.data.clone();
+        if self.dim > 0 {
+            for row in data.chunks_mut(self.dim) {
+                let n = row.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt();
+                if n > 0.0 {
+                    row.iter_mut().for_each(|x| *x = (*x as f64 / n) as f32);
+                }
+            }
+        }
+        Matrix { rows: self.rows, dim: self.dim, data }
+    }
+}
+
+/// The image gallery: COCO image ids in row order and their embeddings.
+#[derive(Debug, Clone)]
+pub struct Images {
+    pub ids: Vec<i64>,
+    pub embeddings: Matrix,
+}
+
+/// The caption gallery: COCO caption (annotation) ids, the image each caption belongs to (the COCO
+/// ground truth) and the embeddings, in row order.
+#[derive(Debug, Clone)]
+pub struct Captions {
+    pub ids: Vec<i64>,
+    pub image_ids: Vec<i64>,
+    pub embeddings: Matrix,
+}
+
+/// Reads an images table (`coco_image_id`, `embedding`).
+pub fn read_images(path: &Path) -> Result<Images> {
+    let batches = crate::io::parquet::read_file(path)?;
+    let ids = int64_column(path, &batches, "coco_image_id")?;
+    let embeddings = embedding_column(path, &batches, "embedding")?;
+    check_unique(path, "coco_image_id", &ids)?;
+    Ok(Images { ids, embeddings })
+}
+
+/// Reads a captions table (`coco_caption_id`, `coco_image_id`, `embedding`).
+pub fn read_captions(path: &Path) -> Result<Captions> {
+    let batches = crate::io::parquet::read_file(path)?;
+    let ids = int64_column(path, &batches, "coco_caption_id")?;
+    let image_ids = int64_column(path, &batches, "coco_image_id")?;
+    let embeddings = embedding_column(path, &batches, "embedding")?;
+    check_unique(path, "coco_caption_id", &ids)?;
+    Ok(Captions { ids, image_ids, embeddings })
+}
+
+/// Checks that the two galleries can be scored against each other and that every caption's
+/// image is in the image gallery (otherwise its COCO positive could never be retrieved).
+pub fn check_pair(images: &Images, captions: &Captions, images_path: &Path, captions_path: &Path) -> Result<()> {
+    if images.embeddings.dim != captions.embeddings.dim {
+        return Err(Error::Data {
+            message: format!(
+                "embedding widths differ: `{}` has {} and `{}` has {}",
+                images_path.display(),
+                images.embeddings.dim,
+                captions_path.display(),
+                captions.embeddings.dim
+            ),
+            hint: Some("image and caption embeddings must come from the same dual encoder".into()),
+        });
+    }
+    if images.ids.is_empty() || captions.ids.is_empty() {
+        return Err(Error::data(format!(
+            "nothing to evaluate: {} image(s) in `{}`, {} caption(s) in `{}`",
+            images.ids.len(),
+            images_path.display(),
+            captions.ids.len(),
+            captions_path.display()
+        )));
+    }
+    let known: rustc_hash::FxHashSet<i64> = images.ids.iter().copied().collect();
+    let missing: Vec<(i64, i64)> = captions
+        .ids
+        .iter()
+        .zip(&captions.image_ids)
+        .filter(|(_, im)| !known.contains(im))
+        .map(|(&c, &im)| (c, im))
+        .collect();
+    if let Some(&(c, im)) = missing.first() {
+        return Err(Error::Data {
+            message: format!(
+                "{} caption(s) of `{}` belong to images absent from `{}` (first: caption {c}, image {im})",
+                missing.len(),
+                captions_path.display(),
+                images_path.display()
+            ),
+            hint: Some("embed the images of every caption (the COCO 5K test split has 5,000 images)".into()),
+        });
+    }
+    Ok(())
+}
+
+fn column<'a>(path: &Path, batches: &'a [RecordBatch], name: &str) -> Result<Vec<&'a dyn Array>> {
+    let mut out = Vec::with_capacity(batches.len());
+    for b in batches {
+        let Some(c) = b.column_by_name(name) else {
+            let have: Vec<String> = b.schema().fields().iter().map(|f| format!("`{}`", f.name())).collect();
+            return Err(Error::Schema {
+                message: format!("`{}` has no column `{name}` (columns: {})", path.display(), have.join(", ")),
+                hint: crate::error::did_you_mean(name, b.schema().fields().iter().map(|f| f.name().as_str())),
+            });
+        };
+        if c.null_count() > 0 {
+            return Err(Error::Data {
+                message: format!("column `{name}` of `{}` has {} null value(s)", path.display(), c.null_count()),
+                hint: None,
+            });
+        }
+        out.push(c.as_ref());
+    }
+    Ok(out)
+}
+
+fn int64_column(path: &Path, batches: &[RecordBatch], name: &str) -> Result<Vec<i64>> {
+    let mut out = Vec::new();
+    for c in column(path, batches, name)? {
+        if c.data_type() != &DataType::Int64 {
+            return Err(Error::Schema {
+                message: format!("column `{name}` of `{}` is {}, not Int64", path.display(), c.data_type()),
+                hint: Some(format!("write `{name}` as int64 (COCO ids)")),
+            });
+        }
+        out.extend_from_slice(c.as_primitive::<Int64Type>().values());
+    }
+    Ok(out)
+}
+
+fn embedding_column(path: &Path, batches: &[RecordBatch], name: &str) -> Result<Matrix> {
+    let mut dim = None;
+    let mut data = Vec::new();
+    let mut rows = 0;
+    for c in column(path, batches, name)? {
+        let d = match c.data_type() {
+            DataType::FixedSizeList(item, d) if item.data_type() == &DataType::Float32 => *d as usize,
+            other => {
+                return Err(Error::Schema {
+                    message: format!("column `{name}` of `{}` is {other}, not FixedSizeList<Float32>", path.display()),
+                    hint: Some("store embeddings as fixed-size lists of float32 (what `curate run` writes)".into()),
+                })
+            }
+        };
+        if dim.is_some_and(|x| x != d) {
+            return Err(Error::data(format!(
+                "column `{name}` of `{}` changes width between row groups",
+                path.display()
+            )));
+        }
+        dim = Some(d);
+        let list = c.as_fixed_size_list();
+        let values = list.values().as_primitive::<Float32Type>();
+        if values.null_count() > 0 {
+            return Err(Error::data(format!("column `{name}` of `{}` has null elements", path.display())));
+        }
+        // A sliced list array starts at an offset into its values.
+        let start = list.offset() * d;
+        let vals = &values.values()[start..start + list.len() * d];
+        if let Some(i) = vals.iter().position(|x| !x.is_finite()) {
+            return Err(Error::data(format!(
+                "column `{name}` of `{}` has a non-finite value (row {})",
+                path.display(),
+                rows + i / d.max(1)
+            )));
+        }
+        data.extend_from_slice(vals);
+        rows += list.len();
+    }
+    let dim = dim.unwrap_or(0);
+    if rows > 0 && dim == 0 {
+        return Err(Error::data(format!("column `{name}` of `{}` has width 0", path.display())));
+    }
+    Ok(Matrix::new(rows, dim, data))
+}
+
+fn check_unique(path: &Path, name: &str, ids: &[i64]) -> Result<()> {
+    let mut first: FxHashMap<i64, usize> = FxHashMap::default();
+    for (row, &id) in ids.iter().enumerate() {
+        if let Some(prev) = first.insert(id, row) {
+            return Err(Error::Data {
+                message: format!("`{}`: {name} {id} appears twice (rows {prev} and {row})", path.display()),
+                hint: Some("each gallery item must appear once; drop the duplicate rows".into()),
+            });
+        }
+    }
+    Ok(())
+}

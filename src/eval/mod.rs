@@ -1,0 +1,387 @@
+//! `curate eval`: image-text retrieval metrics with the COCO 5K / 1K, CxC and ECCV Caption
+//! protocols, equal to the `eccv-caption` package (0.1.0) given full rankings (spec
+//! `cusa-and-pcmepp.md` §4, issue 5).
+//!
+//! Inputs are embeddings ([`embeddings`]): an image gallery and a caption gallery whose
+//! `coco_image_id` column is the COCO ground truth; CxC and ECCV Caption positives come from the
+//! package's JSON files ([`PositivePairs`]). Both directions rank the full opposite gallery
+//! ([`ranking`]); each protocol ([`coco`], [`cxc`], [`eccv`]) only picks its queries and
+//! positives and reads their ranks, so one scoring pass serves them all. [`report`] writes
+//! `metrics.json`, `metrics.md` and the recall@K plot.
+//!
+//! [`evaluate`] takes embeddings from anywhere: `curate eval --image-embeddings ...` reads them
+//! from Parquet ([`run_embeddings`]); a trained run directory will embed the COCO 5K test split
+//! with its model and call the same function.
+
+pub mod coco;
+pub mod cxc;
+pub mod eccv;
+pub mod embeddings;
+pub mod ranking;
+pub mod report;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use embeddings::{Captions, Images, Matrix};
+use ranking::{Ranks, Request};
+
+/// How an image and a caption embedding are scored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Similarity {
+    /// Cosine similarity (embeddings are L2-normalised first), as CLIP-style models are scored.
+    #[default]
+    Cosine,
+    /// Dot product of the embeddings as given (already normalised, or a model whose score is
+    /// an inner product).
+    Dot,
+}
+
+/// The two values of one metric; `None` where the protocol has no queries (an empty COCO 1K
+/// fold set), written as `null`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct Pair {
+    pub i2t: Option<f64>,
+    pub t2i: Option<f64>,
+}
+
+/// Positive pairs of one annotation file: query COCO id -> positive COCO ids, in file order.
+/// Positives may be absent from the gallery; they still count (ECCV's R).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PositivePairs(pub Vec<(i64, Vec<i64>)>);
+
+impl PositivePairs {
+    /// Reads a `{"<query id>": [<positive id>, ...], ...}` file (the `eccv-caption` package's
+    /// `data/*.json`); ids may be numbers or decimal strings, as the package's `int()` accepts.
+    pub fn read(path: &Path) -> Result<PositivePairs> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", path, e))?;
+        let bad = |what: String| Error::Data {
+            message: format!("`{}`: {what}", path.display()),
+            hint: Some("expected the eccv-caption package's format: {\"<query id>\": [<positive id>, ...]}".into()),
+        };
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let serde_json::Value::Object(map) = value else {
+            return Err(bad("the top level is not an object".into()));
+        };
+        let int = |v: &serde_json::Value| match v {
+            serde_json::Value::Number(n) => n.as_i64(),
+            serde_json::Value::String(s) => s.trim().parse().ok(),
+            _ => None,
+        };
+        let mut out = Vec::with_capacity(map.len());
+        for (k, v) in &map {
+            let q: i64 = k.trim().parse().map_err(|_| bad(format!("key `{k}` is not an integer id")))?;
+            let serde_json::Value::Array(items) = v else {
+                return Err(bad(format!("the value of `{k}` is not a list")));
+            };
+            let ids = items
+                .iter()
+                .map(|x| int(x).ok_or_else(|| bad(format!("a positive of `{k}` is not an integer id: {x}"))))
+                .collect::<Result<Vec<i64>>>()?;
+            out.push((q, ids));
+        }
+        Ok(PositivePairs(out))
+    }
+}
+
+/// The CxC and ECCV Caption positive pairs (both directions).
+#[derive(Debug, Clone, Default)]
+pub struct Annotations {
+    pub cxc_i2t: PositivePairs,
+    pub cxc_t2i: PositivePairs,
+    pub eccv_i2t: PositivePairs,
+    pub eccv_t2i: PositivePairs,
+}
+
+/// The files read from `--eccv-annotations DIR`, named as in the package's `data/` folder.
+pub const ANNOTATION_FILES: [&str; 4] = [
+    "cxc_image_to_caption.json",
+    "cxc_caption_to_image.json",
+    "eccv_image_to_caption.json",
+    "eccv_caption_to_image.json",
+];
+
+impl Annotations {
+    pub fn read_dir(dir: &Path) -> Result<Annotations> {
+        let missing: Vec<&str> = ANNOTATION_FILES.iter().copied().filter(|f| !dir.join(f).is_file()).collect();
+        if !missing.is_empty() {
+            return Err(Error::Data {
+                message: format!("`{}` lacks {}", dir.display(), missing.join(", ")),
+                hint: Some(
+                    "pass the `data/` folder of the eccv-caption package (`pip download --no-deps \
+                     eccv-caption==0.1.0`, unzip, `eccv_caption/data`)"
+                        .into(),
+                ),
+            });
+        }
+        let read = |f: &str| PositivePairs::read(&dir.join(f));
+        Ok(Annotations {
+            cxc_i2t: read(ANNOTATION_FILES[0])?,
+            cxc_t2i: read(ANNOTATION_FILES[1])?,
+            eccv_i2t: read(ANNOTATION_FILES[2])?,
+            eccv_t2i: read(ANNOTATION_FILES[3])?,
+        })
+    }
+}
+
+/// Gallery rows by COCO id, for both sides.
+pub struct Index {
+    pub image_row: FxHashMap<i64, u32>,
+    pub caption_row: FxHashMap<i64, u32>,
+}
+
+impl Index {
+    fn new(images: &Images, captions: &Captions) -> Index {
+        Index {
+            image_row: images.ids.iter().enumerate().map(|(i, &id)| (id, i as u32)).collect(),
+            caption_row: captions.ids.iter().enumerate().map(|(i, &id)| (id, i as u32)).collect(),
+        }
+    }
+}
+
+/// One direction's rank requests as they are gathered from the protocols, then its ranks.
+#[derive(Debug, Clone)]
+pub struct Direction {
+    requests: Vec<Request>,
+    ranks: Vec<Ranks>,
+    gallery: usize,
+}
+
+impl Direction {
+    fn new(queries: usize, gallery: usize) -> Direction {
+        Direction { requests: vec![Request::default(); queries], ranks: Vec::new(), gallery }
+    }
+
+    /// Asks for the rank of gallery item `t` for query `q` (once, however many protocols ask).
+    fn want(&mut self, q: u32, t: u32) {
+        let r = &mut self.requests[q as usize];
+        if !r.targets.contains(&t) {
+            r.targets.push(t);
+        }
+    }
+
+    fn slot(&self, q: u32, t: u32) -> usize {
+        self.requests[q as usize].targets.iter().position(|&x| x == t).expect("rank was requested")
+    }
+
+    /// 0-based position of gallery item `t` in the full ranking of query `q`.
+    pub fn rank(&self, q: u32, t: u32) -> u32 {
+        self.ranks[q as usize].full[self.slot(q, t)]
+    }
+
+    /// 0-based position of `t` within the query's subset (its COCO 1K fold).
+    pub fn rank_within(&self, q: u32, t: u32) -> u32 {
+        self.ranks[q as usize].subset[self.slot(q, t)]
+    }
+
+    /// Number of items in the gallery this direction ranks.
+    pub fn gallery_len(&self) -> usize {
+        self.gallery
+    }
+
+    /// Requested (query, target) pairs whose score another gallery item shares exactly.
+    pub fn tied(&self) -> u64 {
+        self.ranks.iter().map(|r| r.tied as u64).sum()
+    }
+}
+
+/// Everything computed by [`evaluate`].
+#[derive(Debug, Clone)]
+pub struct Evaluation {
+    /// Metric name (as the eccv-caption package names it) -> values, in report order.
+    pub metrics: Vec<(String, Pair)>,
+    /// Recall@K curves: (label, best 0-based rank of each query; `None` when none of its
+    /// positives is in the gallery) for the plot.
+    pub best_ranks: Vec<(String, Vec<Option<u32>>)>,
+    pub counts: Counts,
+    pub timings_s: Vec<(String, f64)>,
+}
+
+/// Sizes and diagnostics shown in the report.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Counts {
+    pub images: usize,
+    pub captions: usize,
+    pub dim: usize,
+    pub coco_1k_folds: usize,
+    /// Images of the gallery outside every COCO 1K fold (row count not a multiple of 5).
+    pub images_outside_folds: usize,
+    /// Images with no caption: distractors only, not COCO i2t queries.
+    pub images_without_captions: usize,
+    pub cxc_queries: [usize; 2],
+    pub eccv_queries: [usize; 2],
+    /// CxC / ECCV positives absent from the gallery (never retrieved, still counted).
+    pub positives_absent: [usize; 2],
+    /// Requested (query, positive) pairs tied exactly with another gallery item, i2t and t2i.
+    pub tied_pairs: [u64; 2],
+}
+
+/// Scores both directions once and computes every metric.
+///
+/// COCO metrics always; CxC and ECCV Caption when `annotations` is given. Errors when an
+/// annotation query is not in the gallery (the reference would fail on it too).
+pub fn evaluate(
+    images: &Images,
+    captions: &Captions,
+    annotations: Option<&Annotations>,
+    similarity: Similarity,
+) -> Result<Evaluation> {
+    let t0 = Instant::now();
+    let index = Index::new(images, captions);
+    let mut i2t = Direction::new(images.ids.len(), captions.ids.len());
+    let mut t2i = Direction::new(captions.ids.len(), images.ids.len());
+    let folds = coco::Folds::new(images, captions, &index);
+    let coco_plan = coco::plan(images, captions, &index, &mut i2t, &mut t2i);
+    let mut counts = Counts {
+        images: images.ids.len(),
+        captions: captions.ids.len(),
+        dim: images.embeddings.dim,
+        coco_1k_folds: folds.count(),
+        images_outside_folds: folds.outside(),
+        images_without_captions: coco_plan.images_without_captions(),
+        ..Counts::default()
+    };
+    let gt_plans = match annotations {
+        Some(a) => {
+            let cxc = cxc::plan(&a.cxc_i2t, &a.cxc_t2i, &index, &mut i2t, &mut t2i)?;
+            let eccv = eccv::plan(&a.eccv_i2t, &a.eccv_t2i, &index, &mut i2t, &mut t2i)?;
+            counts.cxc_queries = [cxc.i2t.len(), cxc.t2i.len()];
+            counts.eccv_queries = [eccv.i2t.len(), eccv.t2i.len()];
+            counts.positives_absent = [cxc.absent(), eccv.absent()];
+            Some((cxc, eccv))
+        }
+        None => None,
+    };
+    for (q, f) in folds.image_fold.iter().enumerate() {
+        i2t.requests[q].subset = *f;
+    }
+    for (q, &im) in captions.image_ids.iter().enumerate() {
+        t2i.requests[q].subset = folds.image_fold[index.image_row[&im] as usize];
+    }
+    let t_plan = t0.elapsed().as_secs_f64();
+
+    let t1 = Instant::now();
+    let normalized;
+    let (img, cap): (&Matrix, &Matrix) = match similarity {
+        Similarity::Dot => (&images.embeddings, &captions.embeddings),
+        Similarity::Cosine => {
+            normalized = (images.embeddings.l2_normalized(), captions.embeddings.l2_normalized());
+            (&normalized.0, &normalized.1)
+        }
+    };
+    i2t.ranks = ranking::rank_targets(img, cap, &i2t.requests, &folds.caption_subsets);
+    let t_i2t = t1.elapsed().as_secs_f64();
+    let t2 = Instant::now();
+    t2i.ranks = ranking::rank_targets(cap, img, &t2i.requests, &folds.image_subsets);
+    let t_t2i = t2.elapsed().as_secs_f64();
+    counts.tied_pairs = [i2t.tied(), t2i.tied()];
+
+    let t3 = Instant::now();
+    let mut metrics = Vec::new();
+    let mut best_ranks = Vec::new();
+    coco_plan.metrics(&folds, &i2t, &t2i, &mut metrics, &mut best_ranks);
+    if let Some((cxc, eccv)) = &gt_plans {
+        cxc.metrics(&i2t, &t2i, &mut metrics, &mut best_ranks);
+        eccv.metrics(&i2t, &t2i, &mut metrics);
+    }
+    let timings_s = vec![
+        ("plan".to_owned(), t_plan),
+        ("rank_i2t".to_owned(), t_i2t),
+        ("rank_t2i".to_owned(), t_t2i),
+        ("metrics".to_owned(), t3.elapsed().as_secs_f64()),
+    ];
+    Ok(Evaluation { metrics, best_ranks, counts, timings_s })
+}
+
+/// One annotation query resolved to gallery rows.
+#[derive(Debug, Clone)]
+pub struct Query {
+    /// Query row in its gallery.
+    pub row: u32,
+    /// Distinct positives present in the opposite gallery (rows).
+    pub positives: Vec<u32>,
+    /// Distinct positives in the file, present or not (ECCV's R).
+    pub n_positives: usize,
+}
+
+/// Resolves positive pairs to gallery rows and asks `dir` for the ranks of the present
+/// positives. Duplicate positives count once (the package takes a set); positives absent from
+/// the gallery are kept in the count only. A query absent from its gallery is an error.
+pub fn resolve(
+    pairs: &PositivePairs,
+    name: &str,
+    query_rows: &FxHashMap<i64, u32>,
+    target_rows: &FxHashMap<i64, u32>,
+    dir: &mut Direction,
+) -> Result<(Vec<Query>, usize)> {
+    let mut out = Vec::with_capacity(pairs.0.len());
+    let mut absent = 0;
+    for (q, ids) in &pairs.0 {
+        let Some(&row) = query_rows.get(q) else {
+            return Err(Error::Data {
+                message: format!("query {q} of `{name}` is not in the gallery"),
+                hint: Some("CxC and ECCV Caption are defined on the COCO 5K test split: embed all of it".into()),
+            });
+        };
+        let mut seen = rustc_hash::FxHashSet::default();
+        let mut positives = Vec::new();
+        for id in ids {
+            if !seen.insert(*id) {
+                continue;
+            }
+            match target_rows.get(id) {
+                Some(&t) => {
+                    positives.push(t);
+                    dir.want(row, t);
+                }
+                None => absent += 1,
+            }
+        }
+        out.push(Query { row, positives, n_positives: seen.len() });
+    }
+    Ok((out, absent))
+}
+
+/// Recall@K cut-offs reported for every recall protocol (the package's default `Ks`).
+pub const KS: [u32; 3] = [1, 5, 10];
+
+/// Fraction of queries whose best positive rank (0-based, `None` = no positive in the gallery)
+/// is below `k`; `None` without queries.
+pub fn recall(best: &[Option<u32>], k: u32) -> Option<f64> {
+    if best.is_empty() {
+        return None;
+    }
+    Some(best.iter().filter(|r| r.is_some_and(|r| r < k)).count() as f64 / best.len() as f64)
+}
+
+/// `curate eval --image-embeddings ... --caption-embeddings ...`: what to read and where to write.
+#[derive(Debug, Clone, Serialize)]
+pub struct EmbeddingsRun {
+    pub image_embeddings: PathBuf,
+    pub caption_embeddings: PathBuf,
+    pub eccv_annotations: Option<PathBuf>,
+    pub out: PathBuf,
+    pub similarity: Similarity,
+}
+
+/// Reads the embeddings and annotations, evaluates, and writes the report into `run.out`
+/// (`config.json` first, then `metrics.json`, `metrics.md`, `recall_at_k.svg`).
+pub fn run_embeddings(run: &EmbeddingsRun) -> Result<Evaluation> {
+    std::fs::create_dir_all(&run.out).map_err(|e| Error::io("cannot create folder", &run.out, e))?;
+    report::write_config(&run.out, run)?;
+    let t0 = Instant::now();
+    let images = embeddings::read_images(&run.image_embeddings)?;
+    let captions = embeddings::read_captions(&run.caption_embeddings)?;
+    embeddings::check_pair(&images, &captions, &run.image_embeddings, &run.caption_embeddings)?;
+    let annotations = run.eccv_annotations.as_deref().map(Annotations::read_dir).transpose()?;
+    let t_read = t0.elapsed().as_secs_f64();
+    let mut ev = evaluate(&images, &captions, annotations.as_ref(), run.similarity)?;
+    ev.timings_s.insert(0, ("read".to_owned(), t_read));
+    report::write(&run.out, &ev)?;
+    Ok(ev)
+}

@@ -1,0 +1,151 @@
+//! What `curate eval` writes into its output folder: `config.json` (the inputs, before any
+//! work), `metrics.json` (metric name, as the eccv-caption package names it, -> `{"i2t": x,
+//! "t2i": y}`, fractions as the package returns them, `null` where a protocol had no queries),
+//! `metrics.md` (the same values x100 in a table, with counts and timings) and
+//! `recall_at_k.svg` (COCO 5K and CxC recall@K curves, drawn with [`crate::report::plot`]).
+
+use std::fmt::Write;
+use std::path::Path;
+
+use serde::ser::{SerializeMap, Serializer};
+use serde::Serialize;
+
+use super::{EmbeddingsRun, Evaluation, Pair};
+use crate::error::{Error, Result};
+use crate::io::write_atomic;
+
+/// The metrics in report order as one JSON object.
+struct Ordered<'a>(&'a [(String, Pair)]);
+
+impl Serialize for Ordered<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+/// `metrics.json` text.
+pub fn metrics_json(ev: &Evaluation) -> String {
+    let mut s = serde_json::to_string_pretty(&Ordered(&ev.metrics)).expect("metrics serialise");
+    s.push('\n');
+    s
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map_or("—".to_owned(), |v| format!("{:.2}", 100.0 * v))
+}
+
+/// The metrics table (values x100; `mean` is the mean of the two directions, as PCME++ Table 1
+/// reports them).
+pub fn markdown_table(ev: &Evaluation) -> String {
+    let mut s = String::from("| metric | i2t | t2i | mean |\n| --- | ---: | ---: | ---: |\n");
+    for (name, p) in &ev.metrics {
+        let mean = p.i2t.zip(p.t2i).map(|(a, b)| (a + b) / 2.0);
+        let _ = writeln!(s, "| {name} | {} | {} | {} |", pct(p.i2t), pct(p.t2i), pct(mean));
+    }
+    s
+}
+
+/// `metrics.md`: the table, then what was evaluated and how long it took.
+pub fn markdown(ev: &Evaluation) -> String {
+    let c = &ev.counts;
+    let mut s = String::from("# curate eval\n\nValues x100 (metrics.json holds the fractions).\n\n");
+    s.push_str(&markdown_table(ev));
+    let _ = writeln!(s, "\n- galleries: {} images, {} captions, width {}", c.images, c.captions, c.dim);
+    let _ = writeln!(
+        s,
+        "- COCO 1K: {} fold(s) of consecutive image rows; {} image(s) outside the folds; {} image(s) without captions (distractors only)",
+        c.coco_1k_folds, c.images_outside_folds, c.images_without_captions
+    );
+    if c.cxc_queries != [0, 0] || c.eccv_queries != [0, 0] {
+        let _ = writeln!(
+            s,
+            "- queries i2t/t2i: CxC {}/{}, ECCV Caption {}/{}; positives absent from the gallery (counted, never retrieved): CxC {}, ECCV {}",
+            c.cxc_queries[0], c.cxc_queries[1], c.eccv_queries[0], c.eccv_queries[1], c.positives_absent[0], c.positives_absent[1]
+        );
+    }
+    let _ = writeln!(
+        s,
+        "- exact score ties of a positive with another gallery item (broken by gallery row): i2t {}, t2i {}",
+        c.tied_pairs[0], c.tied_pairs[1]
+    );
+    let t: Vec<String> = ev.timings_s.iter().map(|(k, v)| format!("{k} {v:.2} s")).collect();
+    let _ = writeln!(s, "- timings: {}", t.join(", "));
+    s.push_str("\n![recall@K](recall_at_k.svg)\n");
+    s
+}
+
+/// Recall@K for K = 1.. the gallery size, sampled evenly in log scale.
+pub fn recall_curve(best: &[Option<u32>], gallery: usize) -> Vec<(f64, f64)> {
+    if best.is_empty() {
+        return Vec::new();
+    }
+    // Cumulative count of best ranks: hits at K = queries whose best rank is below K.
+    let mut hist = vec![0u64; gallery.max(1) + 1];
+    for r in best.iter().flatten() {
+        hist[(*r as usize).min(gallery)] += 1;
+    }
+    let mut cum = Vec::with_capacity(hist.len());
+    let mut acc = 0u64;
+    for h in &hist {
+        acc += h;
+        cum.push(acc);
+    }
+    crate::report::plot::log_ranks(gallery.max(1))
+        .into_iter()
+        .map(|k| (k as f64, cum[k - 1] as f64 / best.len() as f64))
+        .collect()
+}
+
+/// The recall@K plot.
+pub fn plot(ev: &Evaluation) -> String {
+    let series: Vec<(String, Vec<(f64, f64)>)> = ev
+        .best_ranks
+        .iter()
+        .map(|(label, best)| {
+            let gallery = if label.ends_with("i2t") { ev.counts.captions } else { ev.counts.images };
+            (label.clone(), recall_curve(best, gallery))
+        })
+        .collect();
+    let refs: Vec<(&str, Vec<(f64, f64)>)> = series.iter().map(|(l, p)| (l.as_str(), p.clone())).collect();
+    crate::report::plot::log_x_lines("Recall@K (full galleries)", "K", "recall", &refs)
+}
+
+/// Writes `config.json` (before the work starts).
+pub fn write_config(out: &Path, run: &EmbeddingsRun) -> Result<()> {
+    #[derive(Serialize)]
+    struct Config<'a> {
+        curate_version: &'a str,
+        command: &'a str,
+        #[serde(flatten)]
+        run: &'a EmbeddingsRun,
+    }
+    let c = Config { curate_version: env!("CARGO_PKG_VERSION"), command: "eval", run };
+    let text = serde_json::to_string_pretty(&c).map_err(|e| Error::data(e.to_string()))?;
+    write_atomic(&out.join("config.json"), format!("{text}\n").as_bytes())
+}
+
+/// Writes `metrics.json`, `metrics.md` and `recall_at_k.svg` into `out`.
+pub fn write(out: &Path, ev: &Evaluation) -> Result<()> {
+    std::fs::create_dir_all(out).map_err(|e| Error::io("cannot create folder", out, e))?;
+    write_atomic(&out.join("metrics.json"), metrics_json(ev).as_bytes())?;
+    write_atomic(&out.join("metrics.md"), markdown(ev).as_bytes())?;
+    write_atomic(&out.join("recall_at_k.svg"), plot(ev).as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recall_curve_counts_best_ranks_below_k() {
+        // best ranks 0, 2, none -> R@1 = 1/3, R@3 = 2/3, never 1 (the third has no positive).
+        let c = recall_curve(&[Some(0), Some(2), None], 4);
+        assert_eq!(c.first(), Some(&(1.0, 1.0 / 3.0)));
+        assert_eq!(c.iter().find(|p| p.0 == 3.0).map(|p| p.1), Some(2.0 / 3.0));
+        assert_eq!(c.last().map(|p| p.1), Some(2.0 / 3.0));
+    }
+}
