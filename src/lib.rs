@@ -17,5 +17,6 @@ pub mod rng;
 pub mod schema;
 pub mod stages;
 pub mod text;
+pub mod train;
 
 pub use error::{Error, Result};

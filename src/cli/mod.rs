@@ -24,6 +24,8 @@ pub enum Command {
     /// Benchmarks that print figures (not tests).
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Train a dual encoder (training file: model, data, loss, optimiser, zero-shot eval).
+    Train(TrainArgs),
     /// Retrieval metrics (COCO 5K/1K, CxC, ECCV Caption) from precomputed embeddings.
     Eval(EvalArgs),
 }
@@ -85,6 +87,21 @@ fn device(name: &str) -> anyhow::Result<burn::tensor::Device> {
         }
         other => anyhow::bail!("unknown device `{other}`; use `cpu`, `ndarray` or `cuda[:N]`"),
     }
+}
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
+    /// Continue from the newest checkpoint in `output_dir` (the same config is required).
+    #[arg(long)]
+    pub resume: bool,
+    /// Threads that decode and augment batches ahead of the model. Does not change the result.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Progress bar on stderr (auto: when stderr is a terminal).
+    #[arg(long, value_enum, default_value_t = When::Auto)]
+    pub progress: When,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, Default)]
@@ -218,6 +235,33 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             print!("{}", crate::eval::report::markdown_table(&ev));
             let total: f64 = ev.timings_s.iter().map(|t| t.1).sum();
             eprintln!("wrote `{}` ({total:.2} s)", run.out.join("metrics.json").display());
+            Ok(0)
+        }
+        Command::Train(args) => {
+            let config = crate::train::TrainConfig::load(&args.pipeline.file, &args.pipeline.overrides)?;
+            let progress = match args.progress {
+                When::Always => true,
+                When::Never => false,
+                When::Auto => std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            };
+            let opts = crate::train::TrainOptions {
+                resume: args.resume,
+                workers: args.workers,
+                progress,
+                device: device(&args.pipeline.device)?,
+                ..Default::default()
+            };
+            let s = crate::train::train(&config, &opts)?;
+            let zs = |z: Option<crate::train::zeroshot::ZeroShotScores>| {
+                z.map(|z| format!("top-1 {:.3}, top-5 {:.3} ({} classes)", z.top1, z.top5, z.classes))
+                    .unwrap_or_else(|| "not configured".into())
+            };
+            eprintln!(
+                "trained {} steps on {} pairs in {:.1} s; last loss {:.4}",
+                s.steps, s.rows, s.seconds, s.last_loss
+            );
+            eprintln!("zero-shot at step 0: {}; at the end: {}", zs(s.first_zeroshot), zs(s.last_zeroshot));
+            eprintln!("output: `{}` (config.json, metrics.jsonl, checkpoints/, model.bpk)", s.output_dir.display());
             Ok(0)
         }
         Command::Bench(BenchCommand::Bow(args)) => {

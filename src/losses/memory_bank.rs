@@ -112,6 +112,24 @@ impl MemoryBank {
         self.filled
     }
 
+    /// The bank's state for a checkpoint: `(image, text, filled, next, last)` (see
+    /// [`MemoryBank::from_state`]).
+    #[allow(clippy::type_complexity)]
+    pub fn state(&self) -> (Tensor<2>, Tensor<2>, usize, usize, Option<Range<usize>>) {
+        (self.image.clone(), self.text.clone(), self.filled, self.next, self.last.clone())
+    }
+
+    /// A bank restored from [`MemoryBank::state`] (a resumed training run).
+    pub fn from_state(
+        image: Tensor<2>,
+        text: Tensor<2>,
+        filled: usize,
+        next: usize,
+        last: Option<Range<usize>>,
+    ) -> Self {
+        MemoryBank { image, text, filled, next, last }
+    }
+
     /// Writes the L2-normalised momentum features of one batch over the oldest slots.
     ///
     /// # Shapes

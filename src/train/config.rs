@@ -1,0 +1,446 @@
+//! The training file (`curate train FILE`): model, data, loss, optimiser, schedule, evaluation —
+//! one TOML document read with the pipeline's [`ConfigDoc`], so `--set key.path=value`
+//! overrides (`--set loss.type=otter`, `--set output_dir=out/x`) and every error is reported at
+//! once with file, line and a hint, before any data is read. The `[loss]` table is
+//! [`LossConfig`] (tagged by `type`, each loss with its paper's defaults).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use toml::Value;
+
+use crate::error::{did_you_mean, Diagnostic, Error, Result};
+use crate::io::PathPatterns;
+use crate::losses::LossConfig;
+use crate::models::pooling::Pooling;
+use crate::pipeline::config::ConfigDoc;
+
+/// A whole training file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// A name for the run (shown in logs).
+    #[serde(default = "default_name")]
+    pub name: String,
+    /// Where the resolved config, `metrics.jsonl`, checkpoints and the final model go.
+    pub output_dir: PathBuf,
+    /// Seeds the random initialisation, the data order and the augmentations.
+    #[serde(default)]
+    pub seed: u64,
+    /// Optimiser steps to take (one batch each). Exactly one of `steps` and `epochs`.
+    #[serde(default)]
+    pub steps: Option<u64>,
+    /// Passes over the training set (the last incomplete batch of an epoch is dropped).
+    #[serde(default)]
+    pub epochs: Option<u64>,
+    /// Image-caption pairs per step.
+    #[serde(default = "default_batch")]
+    pub batch_size: usize,
+    /// Write a `metrics.jsonl` line every this many steps.
+    #[serde(default = "default_log_every")]
+    pub log_every: u64,
+    /// Write a checkpoint every this many steps (0: only the final model).
+    #[serde(default = "default_checkpoint_every")]
+    pub checkpoint_every: u64,
+    /// How many of the newest checkpoints to keep.
+    #[serde(default = "default_keep")]
+    pub keep_checkpoints: usize,
+    pub model: ModelConfig,
+    pub data: DataConfig,
+    pub loss: LossConfig,
+    #[serde(default)]
+    pub optim: OptimConfig,
+    #[serde(default)]
+    pub eval: Option<ZeroShotConfig>,
+}
+
+fn default_name() -> String {
+    "train".into()
+}
+fn default_batch() -> usize {
+    512
+}
+fn default_log_every() -> u64 {
+    10
+}
+fn default_checkpoint_every() -> u64 {
+    1000
+}
+fn default_keep() -> usize {
+    2
+}
+
+/// The dual encoder: an image tower + linear projection, a text tower + pooling (+ projection).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Width of the joint embedding space (the paper: 768, DistilBERT's width).
+    #[serde(default = "default_embed_dim")]
+    pub embed_dim: usize,
+    /// Side of the square training crops and evaluation images.
+    #[serde(default = "default_image_size")]
+    pub image_size_px: usize,
+    pub image: ImageModelConfig,
+    pub text: TextModelConfig,
+}
+
+fn default_embed_dim() -> usize {
+    768
+}
+fn default_image_size() -> usize {
+    224
+}
+
+/// A torchvision-layout ResNet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageModelConfig {
+    /// `tiny` (one Bottleneck per stage, stem width 8: 256-d), `resnet50` (2048-d), `resnet101`.
+    #[serde(default = "default_image_preset")]
+    pub preset: ImagePreset,
+    /// Overrides the preset's blocks per stage.
+    #[serde(default)]
+    pub layers: Option<[usize; 4]>,
+    /// Overrides the preset's stem width (features: 32 × width).
+    #[serde(default)]
+    pub width: Option<usize>,
+    /// A torchvision-layout safetensors state dict (e.g. ImageNet or BYOL ResNet-50); absent:
+    /// random initialisation from `seed`.
+    #[serde(default)]
+    pub checkpoint: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImagePreset {
+    Tiny,
+    Resnet50,
+    Resnet101,
+}
+
+fn default_image_preset() -> ImagePreset {
+    ImagePreset::Tiny
+}
+
+/// A BERT-family text tower from a Hugging Face folder: `config.json` + `tokenizer.json`, and
+/// `model.safetensors` when `pretrained`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TextModelConfig {
+    /// The model folder (BERT, MiniLM or DistilBERT layout).
+    pub dir: PathBuf,
+    /// Load `model.safetensors` (the paper: `distilbert-base-uncased`); false: random
+    /// initialisation from `seed` with the folder's `config.json` sizes.
+    #[serde(default = "yes")]
+    pub pretrained: bool,
+    /// Token pooling: `mean` over the attention mask (the paper) or `cls`.
+    #[serde(default = "default_pooling")]
+    pub pooling: Pooling,
+    /// Truncation length in tokens (OTTER: 60).
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: usize,
+    /// Add a linear projection after pooling; default: only when the text width differs from
+    /// `embed_dim` (the paper has none: DistilBERT is 768-d).
+    #[serde(default)]
+    pub projection: Option<bool>,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_pooling() -> Pooling {
+    Pooling::Mean
+}
+fn default_max_tokens() -> usize {
+    60
+}
+
+/// Training tables: any `curate run` output with `sample_id`, a caption and an image path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    /// Parquet files or globs; all rows of all tables form one training set (e.g. aligned and
+    /// pseudo-captioned pairs).
+    pub tables: PathPatterns,
+    #[serde(default = "default_caption")]
+    pub caption_column: String,
+    #[serde(default = "default_path")]
+    pub image_column: String,
+    /// Image paths are relative to this folder (default: as stored, i.e. the working directory).
+    #[serde(default)]
+    pub image_root: Option<PathBuf>,
+    /// RandomResizedCrop area fraction range (torchvision: [0.08, 1]).
+    #[serde(default = "default_crop_scale")]
+    pub crop_scale: [f64; 2],
+    /// RandomResizedCrop aspect-ratio range.
+    #[serde(default = "default_crop_ratio")]
+    pub crop_ratio: [f64; 2],
+    /// Random horizontal flip with probability 0.5.
+    #[serde(default = "yes")]
+    pub flip: bool,
+    /// Teacher image features (CUSA): Parquet with `sample_id` and `embedding`, joined by
+    /// `sample_id`.
+    #[serde(default)]
+    pub teacher_image: Option<PathPatterns>,
+    /// Teacher text features (CUSA), as `teacher_image`.
+    #[serde(default)]
+    pub teacher_text: Option<PathPatterns>,
+}
+
+fn default_caption() -> String {
+    "caption".into()
+}
+fn default_path() -> String {
+    "path".into()
+}
+fn default_crop_scale() -> [f64; 2] {
+    [0.08, 1.0]
+}
+fn default_crop_ratio() -> [f64; 2] {
+    [0.75, 4.0 / 3.0]
+}
+
+/// Optimiser and learning-rate schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimConfig {
+    /// `sgd` (with momentum; the papers) or `adamw`.
+    #[serde(default = "default_optimizer")]
+    pub optimizer: OptimizerKind,
+    /// Peak learning rate (the papers: 3e-3 with SGD).
+    #[serde(default = "default_lr")]
+    pub lr: f64,
+    /// SGD momentum (0.9).
+    #[serde(default = "default_momentum")]
+    pub momentum: f64,
+    /// AdamW betas.
+    #[serde(default = "default_betas")]
+    pub betas: [f64; 2],
+    /// Weight decay of the encoders (decoupled for AdamW, L2 for SGD); the loss's temperatures
+    /// and scales never decay.
+    #[serde(default)]
+    pub weight_decay: f64,
+    /// Clip each parameter's gradient to this L2 norm (burn's per-tensor clipping).
+    #[serde(default)]
+    pub grad_clip_norm: Option<f64>,
+    /// Linear warm-up steps from 0 to `lr`.
+    #[serde(default)]
+    pub warmup_steps: u64,
+    /// `cosine` decay to `min_lr` after warm-up, or `constant`.
+    #[serde(default = "default_schedule")]
+    pub schedule: Schedule,
+    /// The learning rate at the end of the cosine decay.
+    #[serde(default)]
+    pub min_lr: f64,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        OptimConfig {
+            optimizer: default_optimizer(),
+            lr: default_lr(),
+            momentum: default_momentum(),
+            betas: default_betas(),
+            weight_decay: 0.0,
+            grad_clip_norm: None,
+            warmup_steps: 0,
+            schedule: default_schedule(),
+            min_lr: 0.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimizerKind {
+    Sgd,
+    Adamw,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    Cosine,
+    Constant,
+}
+
+fn default_optimizer() -> OptimizerKind {
+    OptimizerKind::Sgd
+}
+fn default_lr() -> f64 {
+    3e-3
+}
+fn default_momentum() -> f64 {
+    0.9
+}
+fn default_betas() -> [f64; 2] {
+    [0.9, 0.999]
+}
+fn default_schedule() -> Schedule {
+    Schedule::Cosine
+}
+
+/// Zero-shot classification during training (spec `bow-and-otter.md` §6.1–6.2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZeroShotConfig {
+    /// Parquet with an image path column and a label column.
+    pub images: PathPatterns,
+    /// Class names, one class per line; synonyms of one class separated by `|` are joined into
+    /// one prompt with `,or ` (OTTER's reference).
+    pub classes: PathBuf,
+    #[serde(default = "default_path")]
+    pub image_column: String,
+    /// The true class name(s) of an image; several (multi-label, flat hit@k) separated by `|`.
+    #[serde(default = "default_label")]
+    pub label_column: String,
+    #[serde(default)]
+    pub image_root: Option<PathBuf>,
+    /// Prompt templates; `{}` is replaced by the class name. Several are averaged (CLIP's
+    /// ensemble); default one: `a photo of a {}.`.
+    #[serde(default = "default_templates")]
+    pub templates: Vec<String>,
+    /// Evaluate every this many steps (and always at step 0 and at the end).
+    #[serde(default = "default_eval_every")]
+    pub every_steps: u64,
+}
+
+fn default_label() -> String {
+    "label".into()
+}
+fn default_templates() -> Vec<String> {
+    vec!["a photo of a {}.".into()]
+}
+fn default_eval_every() -> u64 {
+    500
+}
+
+impl TrainConfig {
+    /// Reads `path`, applies `overrides`, and checks everything that can be checked without
+    /// reading data; every problem is reported at once ([`Error::Config`]).
+    pub fn load(path: &Path, overrides: &[String]) -> Result<TrainConfig> {
+        let doc = ConfigDoc::load(path, overrides).map_err(Error::Config)?;
+        let mut diags = doc.override_errors.clone();
+        let root = Value::Table(doc.root.clone());
+        let parsed: Option<TrainConfig> = doc.extract("", &root, &mut diags);
+        if let Some(c) = &parsed {
+            c.check(&doc, &mut diags);
+        }
+        match parsed {
+            Some(c) if diags.is_empty() => Ok(c),
+            _ => {
+                // "`loss`: unknown field `temprature`, expected one of `temperature`, ...": point
+                // at the key and suggest the closest name.
+                for d in diags.iter_mut() {
+                    if d.message.contains("unknown field") {
+                        let parts: Vec<String> = d.message.split('`').map(str::to_owned).collect();
+                        let (table, given) =
+                            (parts.get(1).cloned().unwrap_or_default(), parts.get(3).cloned().unwrap_or_default());
+                        let key = if table.is_empty() { given.clone() } else { format!("{table}.{given}") };
+                        if let Some(loc) = doc.key_location(&key) {
+                            d.location = Some(loc);
+                        }
+                        if d.hint.is_none() {
+                            d.hint = did_you_mean(&given, parts.iter().skip(5).step_by(2).map(String::as_str));
+                        }
+                    }
+                }
+                Err(Error::Config(diags))
+            }
+        }
+    }
+
+    fn check(&self, doc: &ConfigDoc, diags: &mut Vec<Diagnostic>) {
+        let mut bad = |path: &str, message: String, hint: &str| {
+            diags.push(Diagnostic::new(format!("`{path}`: {message}")).at(doc.location(path)).hint(hint));
+        };
+        match (self.steps, self.epochs) {
+            (Some(_), Some(_)) => bad("steps", "both `steps` and `epochs` are set".into(), "keep one of them"),
+            (None, None) => bad("steps", "neither `steps` nor `epochs` is set".into(), "add `steps = 1000`"),
+            (Some(0), _) | (_, Some(0)) => bad("steps", "must be at least 1".into(), "train for at least one step"),
+            _ => {}
+        }
+        if self.batch_size < 2 {
+            bad("batch_size", format!("{} is too small", self.batch_size), "contrastive losses need at least 2 pairs");
+        }
+        if self.log_every == 0 {
+            bad("log_every", "must be at least 1".into(), "log every step with `log_every = 1`");
+        }
+        let mut tables = vec![("data.tables", Some(&self.data.tables))];
+        tables.push(("data.teacher_image", self.data.teacher_image.as_ref()));
+        tables.push(("data.teacher_text", self.data.teacher_text.as_ref()));
+        tables.push(("eval.images", self.eval.as_ref().map(|e| &e.images)));
+        for (key, patterns) in tables {
+            if let Some(Err(e)) = patterns.map(PathPatterns::expand) {
+                bad(key, e, "list Parquet files or globs (e.g. the `data/*.parquet` of a `curate run` output)");
+            }
+        }
+        let [lo, hi] = self.data.crop_scale;
+        if !(0.0 < lo && lo <= hi && hi <= 1.0) {
+            bad("data.crop_scale", format!("[{lo}, {hi}] is not within (0, 1]"), "e.g. `crop_scale = [0.08, 1.0]`");
+        }
+        if self.model.embed_dim == 0 || self.model.image_size_px < 8 {
+            bad("model", "embed_dim must be positive and image_size_px at least 8".into(), "see the paper preset");
+        }
+        let text_dir = &self.model.text.dir;
+        for file in ["config.json", "tokenizer.json"] {
+            if !text_dir.join(file).is_file() {
+                bad(
+                    "model.text.dir",
+                    format!("`{}` has no `{file}`", text_dir.display()),
+                    "a Hugging Face model folder",
+                );
+            }
+        }
+        if self.model.text.pretrained && !text_dir.join("model.safetensors").is_file() {
+            bad(
+                "model.text.pretrained",
+                format!("`{}` has no `model.safetensors`", text_dir.display()),
+                "download the checkpoint, or set `pretrained = false` to train from scratch",
+            );
+        }
+        if let Some(ck) = &self.model.image.checkpoint {
+            if !ck.is_file() {
+                bad("model.image.checkpoint", format!("`{}` does not exist", ck.display()), "a safetensors file");
+            }
+        }
+        if let crate::losses::LossConfig::MemoryBank(m) = &self.loss {
+            if m.size % self.batch_size != 0 {
+                bad(
+                    "loss.size",
+                    format!("bank size {} is not a multiple of batch_size {}", m.size, self.batch_size),
+                    "the FIFO bank needs K mod B = 0 (spec §4)",
+                );
+            }
+        }
+        if matches!(self.loss, crate::losses::LossConfig::Cusa(_))
+            && (self.data.teacher_image.is_none() || self.data.teacher_text.is_none())
+        {
+            bad(
+                "loss.type",
+                "`cusa` needs teacher features".into(),
+                "set `data.teacher_image` and `data.teacher_text` (outputs of encode_image / encode_text)",
+            );
+        }
+        if let Some(e) = &self.eval {
+            if !e.classes.is_file() {
+                bad("eval.classes", format!("`{}` does not exist", e.classes.display()), "one class name per line");
+            }
+            if e.templates.iter().any(|t| !t.contains("{}")) {
+                bad("eval.templates", "a template has no `{}`".into(), "e.g. `a photo of a {}.`");
+            }
+            if e.every_steps == 0 {
+                bad("eval.every_steps", "must be at least 1".into(), "e.g. `every_steps = 100`");
+            }
+        }
+    }
+
+    /// Total optimiser steps for a training set of `rows` pairs.
+    pub fn total_steps(&self, rows: usize) -> u64 {
+        match (self.steps, self.epochs) {
+            (Some(s), _) => s,
+            (None, Some(e)) => e * (rows / self.batch_size) as u64,
+            (None, None) => 0,
+        }
+    }
+}

@@ -1,0 +1,428 @@
+//! Training data: the rows of one or more `curate run` output tables (`sample_id`, caption,
+//! image `path`) as one training set, teacher features joined by `sample_id` (CUSA), and
+//! batches made on worker threads ahead of the model.
+//!
+//! Determinism (DESIGN "Invariants"): the order of epoch `e` is a Fisher–Yates shuffle keyed by
+//! `(seed, "epoch", e)`, and the augmentation of a row (RandomResizedCrop, flip) by
+//! `(seed, "augment/e", sample_id)`, so batch `s` is a pure function of `(seed, s)` — the same
+//! whatever the worker count, and a resumed run sees exactly the batches an uninterrupted one
+//! would. Worker `w` of `W` makes batches `w, w + W, ...` into its own bounded channel; the
+//! trainer takes them round-robin, so the prefetch depth is bounded and the order fixed.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+
+use arrow_array::{Array, FixedSizeListArray, Float32Array, RecordBatch, StringArray};
+use arrow_schema::DataType;
+use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
+
+use super::config::TrainConfig;
+use crate::error::{Error, Result};
+use crate::io::PathPatterns;
+use crate::models::preprocess::{decode, Rgb8, IMAGENET_MEAN, IMAGENET_STD};
+use crate::rng::RowRng;
+
+/// One image-caption pair.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub sample_id: String,
+    pub caption: String,
+    pub image: PathBuf,
+}
+
+/// The training set: every row of every table, in table order.
+#[derive(Debug, Clone)]
+pub struct TrainSet {
+    pub samples: Vec<Sample>,
+    /// Teacher image / text features, row-aligned with `samples` (`[n, d]` row-major).
+    pub teacher_image: Option<(Vec<f32>, usize)>,
+    pub teacher_text: Option<(Vec<f32>, usize)>,
+    /// Rows left out because their image file does not exist.
+    pub missing_images: usize,
+}
+
+/// A column of a table as strings (any Arrow string type).
+pub(crate) fn string_column(batch: &RecordBatch, name: &str, file: &Path) -> Result<Vec<Option<String>>> {
+    let col = batch.column_by_name(name).ok_or_else(|| Error::Schema {
+        message: format!("`{}` has no column `{name}`", file.display()),
+        hint: Some(format!(
+            "columns here: {}",
+            batch.schema().fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", ")
+        )),
+    })?;
+    let col = arrow_cast::cast(col, &DataType::Utf8)?;
+    let s = col.as_any().downcast_ref::<StringArray>().expect("cast to Utf8");
+    Ok((0..s.len()).map(|i| s.is_valid(i).then(|| s.value(i).to_owned())).collect())
+}
+
+fn expand(p: &PathPatterns) -> Result<Vec<PathBuf>> {
+    p.expand().map_err(Error::data)
+}
+
+/// `sample_id` → embedding of a feature table (`encode_text` / `encode_image` output).
+fn read_features(patterns: &PathPatterns) -> Result<(HashMap<String, Vec<f32>>, usize)> {
+    let mut out = HashMap::new();
+    let mut dim = 0;
+    for file in expand(patterns)? {
+        for batch in crate::io::parquet::read_file(&file)? {
+            let ids = string_column(&batch, "sample_id", &file)?;
+            let col = batch.column_by_name("embedding").ok_or_else(|| Error::Schema {
+                message: format!("`{}` has no column `embedding`", file.display()),
+                hint: Some("teacher tables are outputs of the encode_text / encode_image stages".into()),
+            })?;
+            let list = col.as_any().downcast_ref::<FixedSizeListArray>().ok_or_else(|| Error::Schema {
+                message: format!("`{}`: `embedding` is not FixedSizeList<Float32>", file.display()),
+                hint: None,
+            })?;
+            let d = list.value_length() as usize;
+            let values = list.values().as_any().downcast_ref::<Float32Array>().ok_or_else(|| Error::Schema {
+                message: format!("`{}`: `embedding` values are not Float32", file.display()),
+                hint: None,
+            })?;
+            dim = d;
+            for (i, id) in ids.into_iter().enumerate() {
+                if let Some(id) = id {
+                    let start = (list.offset() + i) * d;
+                    out.insert(id, values.values()[start..start + d].to_vec());
+                }
+            }
+        }
+    }
+    Ok((out, dim))
+}
+
+impl TrainSet {
+    /// Reads every table of `data.tables`; rows without caption or image are skipped, rows whose
+    /// image file does not exist are counted in `missing_images`.
+    pub fn load(c: &TrainConfig) -> Result<TrainSet> {
+        let d = &c.data;
+        let mut samples = Vec::new();
+        let mut missing_images = 0;
+        for file in expand(&d.tables)? {
+            for batch in crate::io::parquet::read_file(&file)? {
+                let ids = string_column(&batch, "sample_id", &file)?;
+                let captions = string_column(&batch, &d.caption_column, &file)?;
+                let paths = string_column(&batch, &d.image_column, &file)?;
+                for ((id, caption), path) in ids.into_iter().zip(captions).zip(paths) {
+                    let (Some(sample_id), Some(caption), Some(path)) = (id, caption, path) else { continue };
+                    let image = match &d.image_root {
+                        Some(root) => root.join(path),
+                        None => PathBuf::from(path),
+                    };
+                    if !image.is_file() {
+                        missing_images += 1;
+                        continue;
+                    }
+                    samples.push(Sample { sample_id, caption, image });
+                }
+            }
+        }
+        if samples.len() < c.batch_size {
+            return Err(Error::Data {
+                message: format!("{} usable training pairs, fewer than one batch of {}", samples.len(), c.batch_size),
+                hint: Some("check `data.tables`, the image paths (relative to the working directory or `data.image_root`) and `batch_size`".into()),
+            });
+        }
+        let join = |patterns: &Option<PathPatterns>, what: &str| -> Result<Option<(Vec<f32>, usize)>> {
+            let Some(p) = patterns else { return Ok(None) };
+            let (table, dim) = read_features(p)?;
+            let mut out = Vec::with_capacity(samples.len() * dim);
+            for s in &samples {
+                let row = table.get(&s.sample_id).ok_or_else(|| Error::Data {
+                    message: format!("no teacher {what} features for sample `{}`", s.sample_id),
+                    hint: Some("teacher tables must cover every training row (join by `sample_id`)".into()),
+                })?;
+                out.extend_from_slice(row);
+            }
+            Ok(Some((out, dim)))
+        };
+        let teacher_image = join(&d.teacher_image, "image")?;
+        let teacher_text = join(&d.teacher_text, "text")?;
+        Ok(TrainSet { samples, teacher_image, teacher_text, missing_images })
+    }
+
+    pub fn steps_per_epoch(&self, batch_size: usize) -> u64 {
+        (self.samples.len() / batch_size) as u64
+    }
+}
+
+/// The tokenizer of a model folder, truncating at `max_tokens` and padding to the longest text
+/// of each batch with the model's `pad_token_id`.
+pub fn load_tokenizer(dir: &Path, max_tokens: usize) -> Result<Tokenizer> {
+    let path = dir.join("tokenizer.json");
+    let model_err = |m: String| Error::Model { message: m, hint: None };
+    let mut tok = Tokenizer::from_file(&path)
+        .map_err(|e| model_err(format!("cannot load tokenizer `{}`: {e}", path.display())))?;
+    tok.with_truncation(Some(TruncationParams { max_length: max_tokens, ..Default::default() }))
+        .map_err(|e| model_err(format!("tokenizer truncation: {e}")))?;
+    let config: Option<serde_json::Value> =
+        std::fs::read_to_string(dir.join("config.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
+    let pad_id = config.and_then(|v| v["pad_token_id"].as_u64()).unwrap_or(0) as u32;
+    let pad_token = tok.id_to_token(pad_id).unwrap_or_else(|| "[PAD]".into());
+    tok.with_padding(Some(PaddingParams {
+        strategy: PaddingStrategy::BatchLongest,
+        pad_id,
+        pad_token,
+        ..Default::default()
+    }));
+    Ok(tok)
+}
+
+/// Token ids and attention mask of `texts`, padded to the longest.
+pub fn tokenize(tok: &Tokenizer, texts: &[&str]) -> Result<(Vec<i64>, Vec<i64>, usize)> {
+    let enc = tok
+        .encode_batch(texts.to_vec(), true)
+        .map_err(|e| Error::Model { message: format!("tokenizer failed: {e}"), hint: None })?;
+    let s = enc.iter().map(|e| e.get_ids().len()).max().unwrap_or(0);
+    let mut ids = Vec::with_capacity(texts.len() * s);
+    let mut mask = Vec::with_capacity(texts.len() * s);
+    for e in &enc {
+        ids.extend(e.get_ids().iter().map(|&i| i as i64));
+        mask.extend(e.get_attention_mask().iter().map(|&m| m as i64));
+    }
+    Ok((ids, mask, s))
+}
+
+/// A uniform float in `[0, 1)`.
+fn unit(rng: &mut RowRng) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// torchvision's `RandomResizedCrop.get_params`: up to 10 tries of a random area fraction in
+/// `scale` and log-uniform aspect ratio in `ratio`, falling back to the centre crop of the
+/// clamped ratio. Returns `(x, y, width, height)` in pixels.
+pub fn random_resized_crop(
+    width: usize,
+    height: usize,
+    scale: [f64; 2],
+    ratio: [f64; 2],
+    rng: &mut RowRng,
+) -> (usize, usize, usize, usize) {
+    let area = (width * height) as f64;
+    let (lr0, lr1) = (ratio[0].ln(), ratio[1].ln());
+    for _ in 0..10 {
+        let target = area * (scale[0] + (scale[1] - scale[0]) * unit(rng));
+        let aspect = (lr0 + (lr1 - lr0) * unit(rng)).exp();
+        let w = (target * aspect).sqrt().round() as usize;
+        let h = (target / aspect).sqrt().round() as usize;
+        if 0 < w && w <= width && 0 < h && h <= height {
+            let y = rng.below((height - h + 1) as u64) as usize;
+            let x = rng.below((width - w + 1) as u64) as usize;
+            return (x, y, w, h);
+        }
+    }
+    let in_ratio = width as f64 / height as f64;
+    let (w, h) = if in_ratio < ratio[0] {
+        (width, ((width as f64 / ratio[0]).round() as usize).max(1))
+    } else if in_ratio > ratio[1] {
+        (((height as f64 * ratio[1]).round() as usize).max(1), height)
+    } else {
+        (width, height)
+    };
+    ((width - w) / 2, (height - h) / 2, w, h)
+}
+
+/// Bilinear resampling of the crop `(x, y, w, h)` of `img` to `out × out` (pixel centres,
+/// as `align_corners=False`), optionally mirrored, normalised with the ImageNet mean and std,
+/// appended to `dst` as CHW.
+pub fn crop_to_chw(img: &Rgb8, crop: (usize, usize, usize, usize), out: usize, flip: bool, dst: &mut Vec<f32>) {
+    let (x0, y0, w, h) = crop;
+    let (sx, sy) = (w as f64 / out as f64, h as f64 / out as f64);
+    let px = |x: usize, y: usize, c: usize| img.data[(y * img.width + x) * 3 + c] as f64;
+    let start = dst.len();
+    dst.resize(start + 3 * out * out, 0.0);
+    for oy in 0..out {
+        let fy = (y0 as f64 + (oy as f64 + 0.5) * sy - 0.5).clamp(0.0, (img.height - 1) as f64);
+        let (ya, ty) = (fy.floor() as usize, fy - fy.floor());
+        let yb = (ya + 1).min(img.height - 1);
+        for ox in 0..out {
+            let fx = (x0 as f64 + (ox as f64 + 0.5) * sx - 0.5).clamp(0.0, (img.width - 1) as f64);
+            let (xa, tx) = (fx.floor() as usize, fx - fx.floor());
+            let xb = (xa + 1).min(img.width - 1);
+            let col = if flip { out - 1 - ox } else { ox };
+            for c in 0..3 {
+                let top = px(xa, ya, c) * (1.0 - tx) + px(xb, ya, c) * tx;
+                let bottom = px(xa, yb, c) * (1.0 - tx) + px(xb, yb, c) * tx;
+                let v = (top * (1.0 - ty) + bottom * ty) / 255.0;
+                dst[start + c * out * out + oy * out + col] = ((v as f32) - IMAGENET_MEAN[c]) / IMAGENET_STD[c];
+            }
+        }
+    }
+}
+
+/// Reads and decodes one image file.
+pub fn read_image(path: &Path) -> Result<Rgb8> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io("cannot read image", path, e))?;
+    decode(&bytes).map_err(|e| Error::data(format!("cannot decode image `{}`: {e}", path.display())))
+}
+
+/// One training batch, ready to become tensors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub step: u64,
+    /// `[B, 3, size, size]` row-major.
+    pub images: Vec<f32>,
+    /// `[B, seq]` token ids and attention mask.
+    pub ids: Vec<i64>,
+    pub mask: Vec<i64>,
+    pub seq: usize,
+    /// Indices into [`TrainSet::samples`].
+    pub rows: Vec<usize>,
+    /// A key per image (hash of its path), equal for repeated images (CUSA ITC, PCME++ labels).
+    pub image_ids: Vec<u64>,
+    /// `[B, d]` teacher features when the set has them.
+    pub teacher_image: Option<Vec<f32>>,
+    pub teacher_text: Option<Vec<f32>>,
+}
+
+/// Makes batch `s` from `(seed, s)` alone.
+pub struct BatchMaker {
+    pub set: Arc<TrainSet>,
+    pub tokenizer: Tokenizer,
+    pub batch_size: usize,
+    pub image_size: usize,
+    pub seed: u64,
+    pub crop_scale: [f64; 2],
+    pub crop_ratio: [f64; 2],
+    pub flip: bool,
+}
+
+impl BatchMaker {
+    pub fn new(set: Arc<TrainSet>, c: &TrainConfig) -> Result<BatchMaker> {
+        Ok(BatchMaker {
+            set,
+            tokenizer: load_tokenizer(&c.model.text.dir, c.model.text.max_tokens)?,
+            batch_size: c.batch_size,
+            image_size: c.model.image_size_px,
+            seed: c.seed,
+            crop_scale: c.data.crop_scale,
+            crop_ratio: c.data.crop_ratio,
+            flip: c.data.flip,
+        })
+    }
+
+    /// The row order of `epoch`.
+    pub fn epoch_order(&self, epoch: u64) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.set.samples.len()).collect();
+        RowRng::new(self.seed, "epoch", &epoch.to_string()).shuffle(&mut order);
+        order
+    }
+
+    /// Batch `step` given the order of its epoch (see [`BatchMaker::epoch_order`]).
+    pub fn make(&self, step: u64, order: &[usize]) -> Result<Batch> {
+        let per_epoch = self.set.steps_per_epoch(self.batch_size);
+        let (epoch, pos) = (step / per_epoch, (step % per_epoch) as usize);
+        let rows: Vec<usize> = order[pos * self.batch_size..(pos + 1) * self.batch_size].to_vec();
+        let tag = format!("augment/{epoch}");
+        let mut images = Vec::with_capacity(rows.len() * 3 * self.image_size * self.image_size);
+        let mut image_ids = Vec::with_capacity(rows.len());
+        for &r in &rows {
+            let s = &self.set.samples[r];
+            let img = read_image(&s.image)?;
+            let mut rng = RowRng::new(self.seed, &tag, &s.sample_id);
+            let crop = random_resized_crop(img.width, img.height, self.crop_scale, self.crop_ratio, &mut rng);
+            let flip = self.flip && rng.below(2) == 1;
+            crop_to_chw(&img, crop, self.image_size, flip, &mut images);
+            image_ids.push(crate::rng::row_key(0, "image", &s.image.to_string_lossy()));
+        }
+        let texts: Vec<&str> = rows.iter().map(|&r| self.set.samples[r].caption.as_str()).collect();
+        let (ids, mask, seq) = tokenize(&self.tokenizer, &texts)?;
+        let gather = |t: &Option<(Vec<f32>, usize)>| {
+            t.as_ref().map(|(v, d)| rows.iter().flat_map(|&r| v[r * d..(r + 1) * d].iter().copied()).collect())
+        };
+        Ok(Batch {
+            step,
+            images,
+            ids,
+            mask,
+            seq,
+            teacher_image: gather(&self.set.teacher_image),
+            teacher_text: gather(&self.set.teacher_text),
+            rows,
+            image_ids,
+        })
+    }
+}
+
+/// Batches `start..end` made on `workers` threads, handed out in order.
+pub struct Loader {
+    receivers: Vec<Receiver<Result<Batch>>>,
+    next: u64,
+    start: u64,
+    end: u64,
+}
+
+impl Loader {
+    pub fn new(maker: Arc<BatchMaker>, start: u64, end: u64, workers: usize) -> Loader {
+        let workers = workers.max(1);
+        let per_epoch = maker.set.steps_per_epoch(maker.batch_size);
+        let mut receivers = Vec::with_capacity(workers);
+        for w in 0..workers as u64 {
+            let (tx, rx) = sync_channel(2);
+            let maker = maker.clone();
+            std::thread::spawn(move || {
+                let mut cached: Option<(u64, Vec<usize>)> = None;
+                let mut step = start + w;
+                while step < end {
+                    let epoch = step / per_epoch;
+                    if cached.as_ref().map(|c| c.0) != Some(epoch) {
+                        cached = Some((epoch, maker.epoch_order(epoch)));
+                    }
+                    let batch = maker.make(step, &cached.as_ref().expect("set above").1);
+                    // The trainer hung up (finished or failed): stop.
+                    if tx.send(batch).is_err() {
+                        return;
+                    }
+                    step += workers as u64;
+                }
+            });
+            receivers.push(rx);
+        }
+        Loader { receivers, next: start, start, end }
+    }
+}
+
+impl Iterator for Loader {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        if self.next >= self.end {
+            return None;
+        }
+        let w = ((self.next - self.start) % self.receivers.len() as u64) as usize;
+        self.next += 1;
+        Some(self.receivers[w].recv().unwrap_or_else(|_| Err(Error::data("a data worker stopped unexpectedly"))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crops_stay_inside_and_follow_the_scale() {
+        let mut rng = RowRng::new(1, "t", "x");
+        for _ in 0..200 {
+            let (x, y, w, h) = random_resized_crop(40, 30, [0.5, 1.0], [0.75, 4.0 / 3.0], &mut rng);
+            assert!(x + w <= 40 && y + h <= 30 && w > 0 && h > 0);
+            let frac = (w * h) as f64 / 1200.0;
+            assert!(frac > 0.4 && frac <= 1.0, "{frac}");
+        }
+    }
+
+    #[test]
+    fn identity_crop_normalises_and_flip_mirrors() {
+        // A 2×1 image: left pixel black, right pixel white.
+        let img = Rgb8 { width: 2, height: 1, data: vec![0, 0, 0, 255, 255, 255] };
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        crop_to_chw(&img, (0, 0, 2, 1), 2, false, &mut a);
+        crop_to_chw(&img, (0, 0, 2, 1), 2, true, &mut b);
+        // Output 2×2; row 0 of channel 0: [black, white] normalised.
+        let black = -IMAGENET_MEAN[0] / IMAGENET_STD[0];
+        let white = (1.0 - IMAGENET_MEAN[0]) / IMAGENET_STD[0];
+        assert!((a[0] - black).abs() < 1e-6 && (a[1] - white).abs() < 1e-6);
+        assert!((b[0] - white).abs() < 1e-6 && (b[1] - black).abs() < 1e-6);
+    }
+}

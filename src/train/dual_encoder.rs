@@ -1,0 +1,172 @@
+//! The CLIP-style dual encoder that `curate train` optimises (spec `bow-and-otter.md` §4, §5.8):
+//! a ResNet image tower (global-average-pooled) with a new linear projection to `embed_dim`
+//! (the paper: ResNet-50, 2048 → 768), and a BERT-family text tower with mean pooling over the
+//! attention mask and an optional projection (none in the paper: DistilBERT is 768-d). Loss
+//! specific heads sit beside the projections: CUSA's uni-modal heads (`cusa-and-pcmepp.md`
+//! §2.1) and PCME++'s log-variance heads (§3.1; here one linear layer on the pooled features,
+//! not the reference's extra transformer block + GPO).
+//!
+//! Towers come from published checkpoints ([`Weights::from_safetensors`]) or from
+//! [`Weights::random`] (training from scratch); the new heads are always random, seeded.
+
+use burn::module::Module;
+use burn::nn::Linear;
+use burn::tensor::{Device, Int, Tensor};
+
+use super::config::{ImagePreset, ModelConfig};
+use crate::error::Result;
+use crate::models::bert::{Bert, BertConfig};
+use crate::models::pooling::{pool, Pooling};
+use crate::models::resnet::{ResNet, ResNetConfig};
+use crate::models::weights::Weights;
+
+/// Which extra heads the loss needs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Heads {
+    /// CUSA: a second, uni-modal projection per modality.
+    pub uni: bool,
+    /// PCME++: a log-variance head per modality.
+    pub log_variance: bool,
+}
+
+#[derive(Module, Debug)]
+pub struct DualEncoder {
+    pub image: ResNet,
+    pub image_proj: Linear,
+    pub text: Bert,
+    pub text_proj: Option<Linear>,
+    pub image_uni: Option<Linear>,
+    pub text_uni: Option<Linear>,
+    pub image_log_var: Option<Linear>,
+    pub text_log_var: Option<Linear>,
+    #[module(skip)]
+    pub pooling: Pooling,
+}
+
+/// Embeddings of one batch (not normalised).
+#[derive(Debug, Clone)]
+pub struct Embeddings {
+    /// `[B, embed_dim]`: the cross-modal embedding (μ for PCME++).
+    pub image: Tensor<2>,
+    pub text: Tensor<2>,
+    /// CUSA's uni-modal embeddings, `[B, embed_dim]`.
+    pub image_uni: Option<Tensor<2>>,
+    pub text_uni: Option<Tensor<2>>,
+    /// PCME++ log-variances, `[B, embed_dim]`.
+    pub image_log_var: Option<Tensor<2>>,
+    pub text_log_var: Option<Tensor<2>>,
+}
+
+/// The ResNet sizes of an image preset, with the config's overrides.
+fn resnet_config(c: &super::config::ImageModelConfig) -> ResNetConfig {
+    {
+        let mut r = match c.preset {
+            ImagePreset::Tiny => ResNetConfig::tiny(),
+            ImagePreset::Resnet50 => ResNetConfig::resnet50(),
+            ImagePreset::Resnet101 => ResNetConfig::resnet101(),
+        };
+        if let Some(l) = c.layers {
+            r.layers = l;
+        }
+        if let Some(w) = c.width {
+            r.width = w;
+        }
+        r
+    }
+}
+
+impl DualEncoder {
+    /// Builds the towers (checkpoints or random from `seed`) and the new heads (random).
+    pub fn init(c: &ModelConfig, heads: Heads, seed: u64, device: &Device) -> Result<DualEncoder> {
+        let rc = resnet_config(&c.image);
+        let image = match &c.image.checkpoint {
+            Some(path) => ResNet::load(path, &rc, device)?,
+            None => ResNet::from_weights(&rc, &Weights::random(seed), device),
+        };
+        let bc = BertConfig::from_file(&c.text.dir.join("config.json"))?;
+        let text = if c.text.pretrained {
+            Bert::load(&c.text.dir, device)?.0
+        } else {
+            let w = Weights::random(seed);
+            Bert::from_weights(&bc, &w, device)
+        };
+        let (fi, ft, d) = (rc.feature_dim(), bc.hidden_size, c.embed_dim);
+        let project_text = c.text.projection.unwrap_or(ft != d);
+        if !project_text && ft != d {
+            return Err(crate::Error::Model {
+                message: format!("the text tower is {ft}-d but `model.embed_dim` is {d}"),
+                hint: Some("set `model.text.projection = true` or `model.embed_dim` to the text width".into()),
+            });
+        }
+        // New heads: their own seeded stream, so they do not depend on the towers' source.
+        let w = Weights::random(seed ^ 0x6865_6164);
+        Ok(DualEncoder {
+            image,
+            image_proj: w.linear("image_proj", fi, d, device),
+            text,
+            text_proj: project_text.then(|| w.linear("text_proj", ft, d, device)),
+            image_uni: heads.uni.then(|| w.linear("image_uni", fi, d, device)),
+            text_uni: heads.uni.then(|| w.linear("text_uni", ft, d, device)),
+            image_log_var: heads.log_variance.then(|| w.linear("image_log_var", fi, d, device)),
+            text_log_var: heads.log_variance.then(|| w.linear("text_log_var", ft, d, device)),
+            pooling: c.text.pooling,
+        })
+    }
+
+    /// Pooled image features before any head.
+    ///
+    /// # Shapes
+    /// - `images`: `[B, 3, H, W]` → `[B, feature_dim]`
+    pub fn image_features(&self, images: Tensor<4>) -> Tensor<2> {
+        self.image.forward(images)
+    }
+
+    /// Pooled text features before any head.
+    ///
+    /// # Shapes
+    /// - `ids`, `mask`: `[B, S]` → `[B, hidden]`
+    pub fn text_features(&self, ids: Tensor<2, Int>, mask: Tensor<2, Int>) -> Tensor<2> {
+        pool(self.text.forward(ids, mask.clone()), mask, self.pooling)
+    }
+
+    /// The cross-modal image embedding (what zero-shot and retrieval use).
+    ///
+    /// # Shapes
+    /// - `images`: `[B, 3, H, W]` → `[B, embed_dim]`
+    pub fn encode_image(&self, images: Tensor<4>) -> Tensor<2> {
+        self.image_proj.forward(self.image_features(images))
+    }
+
+    /// The cross-modal text embedding.
+    ///
+    /// # Shapes
+    /// - `ids`, `mask`: `[B, S]` → `[B, embed_dim]`
+    pub fn encode_text(&self, ids: Tensor<2, Int>, mask: Tensor<2, Int>) -> Tensor<2> {
+        let f = self.text_features(ids, mask);
+        match &self.text_proj {
+            Some(p) => p.forward(f),
+            None => f,
+        }
+    }
+
+    /// Everything the losses need from one batch.
+    ///
+    /// # Shapes
+    /// - `images`: `[B, 3, H, W]`, `ids`, `mask`: `[B, S]` → [`Embeddings`] of `[B, embed_dim]`
+    pub fn forward(&self, images: Tensor<4>, ids: Tensor<2, Int>, mask: Tensor<2, Int>) -> Embeddings {
+        let fi = self.image_features(images);
+        let ft = self.text_features(ids, mask);
+        let head = |h: &Option<Linear>, x: &Tensor<2>| h.as_ref().map(|h| h.forward(x.clone()));
+        Embeddings {
+            image: self.image_proj.forward(fi.clone()),
+            text: match &self.text_proj {
+                Some(p) => p.forward(ft.clone()),
+                None => ft.clone(),
+            },
+            image_uni: head(&self.image_uni, &fi),
+            text_uni: head(&self.text_uni, &ft),
+            image_log_var: head(&self.image_log_var, &fi),
+            text_log_var: head(&self.text_log_var, &ft),
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! `curate train` (issue 4): trains a CLIP-style dual encoder on `curate run` outputs with any of
+//! the losses of [`crate::losses`] (spec `bow-and-otter.md` §4–6, `cusa-and-pcmepp.md` §2–3).
+//!
+//! - [`config`]: the training file (TOML, `--set` overrides, errors with file:line);
+//! - [`dual_encoder`]: ResNet + projection, BERT-family text tower + pooling (+ projection);
+//! - [`data`]: training tables, augmentation, tokenisation, prefetching workers;
+//! - [`optim`]: SGD / AdamW, warm-up + cosine schedule;
+//! - [`run`]: the loop — metrics, checkpoints, resume, the NaN guard;
+//! - [`zeroshot`]: zero-shot top-1/top-5 (flat hit@k) at step 0, during and after training.
+//!
+//! Depends on `models`, `losses` and `io`; nothing here knows about `cli`.
+
+pub mod config;
+pub mod data;
+pub mod dual_encoder;
+pub mod optim;
+pub mod run;
+pub mod zeroshot;
+
+pub use config::TrainConfig;
+pub use run::{train, TrainOptions, TrainSummary};

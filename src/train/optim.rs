@@ -1,0 +1,69 @@
+//! Optimisers and the learning-rate schedule (spec `bow-and-otter.md` §4, §5.8): SGD with
+//! momentum (the papers: lr 3e-3, momentum 0.9, no weight decay) or AdamW, built on burn's
+//! optimisers; linear warm-up then cosine decay to `min_lr`; optional per-tensor gradient-norm
+//! clipping. The trainer keeps two optimisers: one for the encoders (with weight decay) and one
+//! for the loss's temperatures and scales (never decayed, as OTTER's reference).
+
+use burn::grad_clipping::GradientClippingConfig;
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn::optim::{AdamWConfig, ModuleOptimizer, SgdConfig};
+
+use super::config::{OptimConfig, OptimizerKind, Schedule};
+
+/// The learning rate of step `step` (0-based) of `total`: linear warm-up over `warmup_steps`
+/// (step 0 gets `lr / warmup`), then cosine from `lr` down to `min_lr` at the last step.
+pub fn learning_rate(c: &OptimConfig, step: u64, total: u64) -> f64 {
+    if step < c.warmup_steps {
+        return c.lr * (step + 1) as f64 / c.warmup_steps as f64;
+    }
+    match c.schedule {
+        Schedule::Constant => c.lr,
+        Schedule::Cosine => {
+            let span = total.saturating_sub(c.warmup_steps).max(1) as f64;
+            let t = ((step - c.warmup_steps) as f64 / span).min(1.0);
+            c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + (std::f64::consts::PI * t).cos())
+        }
+    }
+}
+
+/// An optimiser from the config; `weight_decay` is the config's for the encoders and 0 for the
+/// loss parameters.
+pub fn build(c: &OptimConfig, weight_decay: f64) -> ModuleOptimizer {
+    let clip = c.grad_clip_norm.map(|n| GradientClippingConfig::Norm(n as f32));
+    match c.optimizer {
+        OptimizerKind::Sgd => SgdConfig::new()
+            // PyTorch's SGD: no dampening.
+            .with_momentum(
+                (c.momentum > 0.0).then(|| MomentumConfig::new().with_momentum(c.momentum).with_dampening(0.0)),
+            )
+            .with_weight_decay((weight_decay > 0.0).then(|| WeightDecayConfig::new(weight_decay as f32)))
+            .with_gradient_clipping(clip)
+            .init(),
+        OptimizerKind::Adamw => AdamWConfig::new()
+            .with_beta_1(c.betas[0] as f32)
+            .with_beta_2(c.betas[1] as f32)
+            .with_epsilon(1e-8)
+            .with_weight_decay(weight_decay as f32)
+            .with_grad_clipping(clip)
+            .init(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warmup_then_cosine() {
+        let c = OptimConfig { lr: 1.0, warmup_steps: 4, min_lr: 0.0, ..Default::default() };
+        let lr: Vec<f64> = (0..14).map(|s| learning_rate(&c, s, 14)).collect();
+        assert_eq!(&lr[..4], &[0.25, 0.5, 0.75, 1.0]);
+        assert!((lr[4] - 1.0).abs() < 1e-12);
+        // Halfway through the 10 decay steps: cos(π/2) → 0.5.
+        assert!((lr[9] - 0.5).abs() < 1e-12);
+        assert!(lr.windows(2).skip(4).all(|w| w[1] <= w[0]));
+        let c = OptimConfig { schedule: Schedule::Constant, ..c };
+        assert_eq!(learning_rate(&c, 10, 14), 1.0);
+    }
+}

@@ -1,0 +1,571 @@
+//! The training loop of `curate train`: builds the dual encoder and the loss's learnable
+//! scalars, writes the resolved config to `output_dir/config.json` before anything else, then
+//! steps through batches from [`super::data::Loader`], logging `metrics.jsonl` (one JSON object
+//! per line: training lines with `step`, `loss`, `lr`, `samples_per_s`; evaluation lines with
+//! `step`, `zeroshot_top1`, `zeroshot_top5`, `zeroshot_classes`), writing checkpoints
+//! atomically (a `step-N.tmp` folder renamed into place) and the final model.
+//!
+//! A checkpoint holds everything the next step depends on — model and loss parameters (with
+//! their parameter ids, which key the optimiser state), both optimisers' state, the EMA teacher,
+//! the memory bank, the EMA update count and the step. The data position is the step itself
+//! (batches are a pure function of seed and step, see [`super::data`]), so `--resume`
+//! reproduces an uninterrupted run's losses exactly. A NaN or infinite loss stops the run before
+//! the optimiser applies it; the last checkpoint written stays the last good one.
+//!
+//! EMA teachers (memory bank, KD, OTTER): a copy of the student at initialisation, updated at
+//! the start of every step, before the teacher forward (spec `bow-and-otter.md` §4 step 2, §5.6),
+//! in training mode (BatchNorm on batch statistics; `teacher_train_mode = true`).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use burn::module::Module;
+use burn::optim::{GradientsParams, ModuleOptimizer};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::config::TrainConfig;
+use super::data::{Batch, BatchMaker, Loader, TrainSet};
+use super::dual_encoder::{DualEncoder, Embeddings, Heads};
+use super::zeroshot::{ZeroShot, ZeroShotScores};
+use crate::error::{Error, Result};
+use crate::losses::common::{l2_normalize, LogitScale};
+use crate::losses::cusa::{cusa, CusaBatch, CusaTemperatures};
+use crate::losses::memory_bank::{ema_decay, ema_update, MemoryBank};
+use crate::losses::pcmepp::{pair_labels, pcmepp, MatchScale};
+use crate::losses::{infonce, kd, label_smoothing, otter, LossConfig};
+
+/// Runtime knobs (flags, not config: they do not change the result).
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    /// Continue from the newest checkpoint in `output_dir`.
+    pub resume: bool,
+    /// Data worker threads.
+    pub workers: usize,
+    /// Show a progress bar on stderr.
+    pub progress: bool,
+    /// Where to train (an autodiff device is made from it).
+    pub device: Device,
+    /// Stop (as if killed) after this many steps in total, without the final model (tests of
+    /// `--resume`).
+    pub stop_after: Option<u64>,
+    /// Replace the loss of this step (1-based) by NaN (tests of the NaN guard).
+    pub inject_nan_at: Option<u64>,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        TrainOptions {
+            resume: false,
+            workers: 2,
+            progress: false,
+            device: Device::flex(),
+            stop_after: None,
+            inject_nan_at: None,
+        }
+    }
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone)]
+pub struct TrainSummary {
+    pub steps: u64,
+    pub last_loss: f32,
+    pub first_zeroshot: Option<ZeroShotScores>,
+    pub last_zeroshot: Option<ZeroShotScores>,
+    pub output_dir: PathBuf,
+    pub seconds: f64,
+    pub rows: usize,
+}
+
+/// The loss's learnable scalars.
+#[derive(Module, Debug)]
+pub struct LossParams {
+    /// InfoNCE-family logit scale (InfoNCE, memory bank, LS, and the NCE term of KD / OTTER).
+    pub scale: Option<LogitScale>,
+    /// The distillation scale of KD / OTTER (absent when tied).
+    pub distill_scale: Option<LogitScale>,
+    pub cusa: Option<CusaTemperatures>,
+    pub pcme: Option<MatchScale>,
+}
+
+impl LossParams {
+    fn init(loss: &LossConfig, device: &Device) -> LossParams {
+        let mut p = LossParams { scale: None, distill_scale: None, cusa: None, pcme: None };
+        let learnable = |log: f64, min: f64, max: f64| LogitScale::from_log_scale(log, true, min, max, device);
+        match loss {
+            LossConfig::Infonce(c) => p.scale = Some(c.init_scale(device)),
+            LossConfig::MemoryBank(c) => p.scale = Some(c.init_scale(device)),
+            LossConfig::LabelSmoothing(c) => {
+                p.scale = Some(learnable(c.init_log_scale, c.min_logit_scale, c.max_logit_scale))
+            }
+            LossConfig::Kd(c) => {
+                p.scale = Some(learnable(c.init_log_scale, c.min_logit_scale, c.max_logit_scale));
+                p.distill_scale = Some(learnable(c.init_log_scale, c.min_logit_scale, c.max_logit_scale));
+            }
+            LossConfig::Otter(c) => {
+                p.scale = Some(learnable(c.init_log_scale, c.min_logit_scale, c.max_logit_scale));
+                if !c.tie_temperatures {
+                    p.distill_scale = Some(learnable(c.init_log_scale, c.min_logit_scale, c.max_logit_scale));
+                }
+            }
+            LossConfig::Cusa(c) => p.cusa = Some(CusaTemperatures::init(c, device)),
+            LossConfig::Pcmepp(c) => p.pcme = Some(MatchScale::init(c, device)),
+        }
+        p
+    }
+}
+
+/// Student and loss parameters: one record per checkpoint.
+#[derive(Module, Debug)]
+pub struct Trainee {
+    pub encoder: DualEncoder,
+    pub loss: LossParams,
+}
+
+/// The EMA momentum of a loss with a teacher, and whether it warms up (OTTER's schedule).
+fn teacher_momentum(loss: &LossConfig) -> Option<(f64, bool)> {
+    match loss {
+        LossConfig::MemoryBank(c) => Some((c.momentum, false)),
+        LossConfig::Kd(c) => Some((c.teacher_momentum, true)),
+        LossConfig::Otter(c) => Some((c.teacher_momentum, true)),
+        _ => None,
+    }
+}
+
+fn heads(loss: &LossConfig) -> Heads {
+    Heads { uni: matches!(loss, LossConfig::Cusa(_)), log_variance: matches!(loss, LossConfig::Pcmepp(_)) }
+}
+
+/// Checkpoint bookkeeping stored in `state.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct State {
+    step: u64,
+    loss: f32,
+    ema_updates: u64,
+    bank: Option<BankState>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct BankState {
+    size: usize,
+    dim: usize,
+    filled: usize,
+    next: usize,
+    last: Option<(usize, usize)>,
+}
+
+/// Everything that changes from step to step.
+struct Run {
+    trainee: Trainee,
+    teacher: Option<DualEncoder>,
+    bank: Option<MemoryBank>,
+    optim_encoder: ModuleOptimizer,
+    optim_loss: ModuleOptimizer,
+    ema_updates: u64,
+}
+
+fn record_err(what: &str, path: &Path, e: impl std::fmt::Debug) -> Error {
+    Error::Model { message: format!("cannot {what} `{}`: {e:?}", path.display()), hint: None }
+}
+
+fn tensor_bytes(t: Tensor<2>) -> Result<Vec<u8>> {
+    let v = t.into_data().try_to_vec::<f32>().map_err(|e| Error::data(format!("{e:?}")))?;
+    Ok(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+}
+
+fn tensor_from_bytes(bytes: &[u8], shape: [usize; 2], device: &Device) -> Tensor<2> {
+    let v: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    Tensor::from_data(TensorData::new(v, shape), device)
+}
+
+fn checkpoint_dir(output: &Path, step: u64) -> PathBuf {
+    output.join("checkpoints").join(format!("step-{step:08}"))
+}
+
+/// The newest complete checkpoint folder and its step.
+pub fn last_checkpoint(output: &Path) -> Option<(u64, PathBuf)> {
+    let dir = output.join("checkpoints");
+    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let step = name.strip_prefix("step-")?.parse::<u64>().ok()?;
+            Some((step, e.path()))
+        })
+        .filter(|(_, p)| p.join("state.json").is_file())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+impl Run {
+    fn save(&self, output: &Path, step: u64, loss: f32, keep: usize) -> Result<()> {
+        let final_dir = checkpoint_dir(output, step);
+        let tmp = final_dir.with_extension("tmp");
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
+        let p = tmp.join("model.bpk");
+        self.trainee.clone().save_file(&p).map_err(|e| record_err("write", &p, e))?;
+        let p = tmp.join("optim_encoder.bpk");
+        self.optim_encoder.save(&p).map_err(|e| record_err("write", &p, e))?;
+        let p = tmp.join("optim_loss.bpk");
+        self.optim_loss.save(&p).map_err(|e| record_err("write", &p, e))?;
+        if let Some(t) = &self.teacher {
+            let p = tmp.join("teacher.bpk");
+            t.clone().save_file(&p).map_err(|e| record_err("write", &p, e))?;
+        }
+        let bank = match &self.bank {
+            Some(b) => {
+                let (image, text, filled, next, last) = b.state();
+                let [size, dim] = image.dims();
+                let mut bytes = tensor_bytes(image)?;
+                bytes.extend(tensor_bytes(text)?);
+                let p = tmp.join("bank.bin");
+                std::fs::write(&p, bytes).map_err(|e| Error::io("cannot write", &p, e))?;
+                Some(BankState { size, dim, filled, next, last: last.map(|r| (r.start, r.end)) })
+            }
+            None => None,
+        };
+        let state = State { step, loss, ema_updates: self.ema_updates, bank };
+        let p = tmp.join("state.json");
+        std::fs::write(&p, serde_json::to_vec_pretty(&state).expect("serialisable"))
+            .map_err(|e| Error::io("cannot write", &p, e))?;
+        let _ = std::fs::remove_dir_all(&final_dir);
+        std::fs::rename(&tmp, &final_dir).map_err(|e| Error::io("cannot rename into place", &final_dir, e))?;
+        // Keep the newest `keep` checkpoints.
+        let dir = output.join("checkpoints");
+        let mut all: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map_err(|e| Error::io("cannot list", &dir, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("step-")) && p.extension().is_none()
+            })
+            .collect();
+        all.sort();
+        let drop = all.len().saturating_sub(keep.max(1));
+        for old in &all[..drop] {
+            let _ = std::fs::remove_dir_all(old);
+        }
+        Ok(())
+    }
+
+    fn load(mut self, dir: &Path, device: &Device) -> Result<(Run, State)> {
+        let p = dir.join("state.json");
+        let text = std::fs::read_to_string(&p).map_err(|e| Error::io("cannot read", &p, e))?;
+        let state: State = serde_json::from_str(&text).map_err(|e| record_err("parse", &p, e))?;
+        let p = dir.join("model.bpk");
+        self.trainee = self.trainee.try_load_file(&p).map_err(|e| record_err("read", &p, e))?;
+        let p = dir.join("optim_encoder.bpk");
+        self.optim_encoder = self.optim_encoder.load(&p).map_err(|e| record_err("read", &p, e))?;
+        let p = dir.join("optim_loss.bpk");
+        self.optim_loss = self.optim_loss.load(&p).map_err(|e| record_err("read", &p, e))?;
+        if let Some(t) = self.teacher.take() {
+            let p = dir.join("teacher.bpk");
+            self.teacher = Some(t.try_load_file(&p).map_err(|e| record_err("read", &p, e))?.no_grad());
+        }
+        if let (Some(_), Some(b)) = (&self.bank, &state.bank) {
+            let p = dir.join("bank.bin");
+            let bytes = std::fs::read(&p).map_err(|e| Error::io("cannot read", &p, e))?;
+            let half = b.size * b.dim * 4;
+            let image = tensor_from_bytes(&bytes[..half], [b.size, b.dim], device);
+            let text = tensor_from_bytes(&bytes[half..], [b.size, b.dim], device);
+            self.bank = Some(MemoryBank::from_state(image, text, b.filled, b.next, b.last.map(|(s, e)| s..e)));
+        }
+        self.ema_updates = state.ema_updates;
+        Ok((self, state))
+    }
+}
+
+fn tensors(batch: &Batch, size: usize, device: &Device) -> (Tensor<4>, Tensor<2, Int>, Tensor<2, Int>) {
+    let b = batch.rows.len();
+    let images = Tensor::<4>::from_data(TensorData::new(batch.images.clone(), [b, 3, size, size]), device);
+    let ids = Tensor::<2, Int>::from_data(TensorData::new(batch.ids.clone(), [b, batch.seq]), device);
+    let mask = Tensor::<2, Int>::from_data(TensorData::new(batch.mask.clone(), [b, batch.seq]), device);
+    (images, ids, mask)
+}
+
+fn features(v: &Option<Vec<f32>>, b: usize, device: &Device) -> Result<Tensor<2>> {
+    let v = v.as_ref().ok_or_else(|| Error::data("the loss needs teacher features and the batch has none"))?;
+    Ok(Tensor::from_data(TensorData::new(v.clone(), [b, v.len() / b]), device))
+}
+
+/// The loss of one batch (shape `[1]`).
+fn loss_of(
+    config: &LossConfig,
+    params: &LossParams,
+    e: Embeddings,
+    teacher: Option<Embeddings>,
+    bank: Option<&mut MemoryBank>,
+    batch: &Batch,
+    device: &Device,
+) -> Result<Tensor<1>> {
+    let scale = || params.scale.as_ref().expect("initialised for this loss").scale();
+    let distill = || params.distill_scale.as_ref().map(LogitScale::scale).unwrap_or_else(scale);
+    let teacher_pair = || {
+        let t = teacher.clone().expect("teacher for this loss");
+        (t.image.detach(), t.text.detach())
+    };
+    Ok(match config {
+        LossConfig::Infonce(c) => infonce::infonce(e.image, e.text, scale(), c.direction_reduction),
+        LossConfig::MemoryBank(c) => {
+            let bank = bank.expect("bank for memory_bank");
+            let (ti, tt) = teacher_pair();
+            bank.enqueue(ti, tt)?;
+            bank.loss(e.image, e.text, scale(), c.direction_reduction)
+        }
+        LossConfig::LabelSmoothing(c) => label_smoothing::label_smoothing(e.image, e.text, scale(), c.alpha),
+        LossConfig::Kd(c) => {
+            let (ti, tt) = teacher_pair();
+            kd::kd(e.image, e.text, ti, tt, scale(), distill(), c.alpha, c.teacher_temperature, c.intra_modal)
+        }
+        LossConfig::Otter(c) => {
+            let (ti, tt) = teacher_pair();
+            otter::otter(e.image, e.text, ti, tt, scale(), distill(), c).loss
+        }
+        LossConfig::Cusa(c) => {
+            let b = batch.rows.len();
+            let temps = params.cusa.as_ref().expect("cusa temperatures");
+            let terms = cusa(
+                CusaBatch {
+                    image_cross: e.image,
+                    text_cross: e.text,
+                    image_uni: e.image_uni.expect("uni head"),
+                    text_uni: e.text_uni.expect("uni head"),
+                    teacher_image: features(&batch.teacher_image, b, device)?,
+                    teacher_text: features(&batch.teacher_text, b, device)?,
+                    image_ids: &batch.image_ids,
+                },
+                temps,
+                c,
+            );
+            terms.loss
+        }
+        LossConfig::Pcmepp(c) => {
+            let m = params.pcme.as_ref().expect("match scale");
+            let labels = pair_labels(&batch.image_ids, c.label_smoothing, device);
+            let terms = pcmepp(
+                l2_normalize(e.image),
+                e.image_log_var.expect("log-variance head"),
+                l2_normalize(e.text),
+                e.text_log_var.expect("log-variance head"),
+                m.a.val(),
+                m.b.val(),
+                labels,
+                c,
+            );
+            terms.loss
+        }
+    })
+}
+
+/// Appends lines to `metrics.jsonl`.
+struct Metrics(std::fs::File);
+
+impl Metrics {
+    /// Opens the log; on resume, drops the lines of steps after `keep_through`.
+    fn open(path: &Path, keep_through: Option<u64>) -> Result<Metrics> {
+        if let Some(step) = keep_through {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let kept: String = text
+                .lines()
+                .filter(|l| {
+                    serde_json::from_str::<serde_json::Value>(l)
+                        .ok()
+                        .and_then(|v| v["step"].as_u64())
+                        .is_some_and(|s| s <= step)
+                })
+                .map(|l| format!("{l}\n"))
+                .collect();
+            crate::io::write_atomic(path, kept.as_bytes())?;
+        } else {
+            std::fs::write(path, b"").map_err(|e| Error::io("cannot write", path, e))?;
+        }
+        let f = std::fs::OpenOptions::new().append(true).open(path).map_err(|e| Error::io("cannot open", path, e))?;
+        Ok(Metrics(f))
+    }
+
+    fn line(&mut self, v: serde_json::Value) -> Result<()> {
+        writeln!(self.0, "{v}").map_err(|e| Error::io("cannot write", "metrics.jsonl", e))
+    }
+}
+
+fn zeroshot_line(step: u64, s: &ZeroShotScores) -> serde_json::Value {
+    json!({"step": step, "zeroshot_top1": s.top1, "zeroshot_top5": s.top5, "zeroshot_classes": s.classes})
+}
+
+/// Trains as `config` says. See the module documentation for what lands in `output_dir`.
+pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> {
+    let started = Instant::now();
+    let out = config.output_dir.clone();
+    std::fs::create_dir_all(&out).map_err(|e| Error::io("cannot create", &out, e))?;
+    let resolved = serde_json::to_string_pretty(config).expect("serialisable config");
+    let config_path = out.join("config.json");
+    let resume_from = if opts.resume { last_checkpoint(&out) } else { None };
+    if resume_from.is_some() {
+        let before = std::fs::read_to_string(&config_path).unwrap_or_default();
+        if before != resolved {
+            return Err(Error::Data {
+                message: format!("the config differs from the one `{}` was trained with", out.display()),
+                hint: Some("resume with the same file and `--set` values, or train into a new `output_dir`".into()),
+            });
+        }
+    } else {
+        crate::io::write_atomic(&config_path, resolved.as_bytes())?;
+    }
+
+    let set = Arc::new(TrainSet::load(config)?);
+    let rows = set.samples.len();
+    let total = config.total_steps(rows);
+    let maker = Arc::new(BatchMaker::new(set.clone(), config)?);
+    let zeroshot = config.eval.as_ref().map(|e| ZeroShot::load(e, config.model.image_size_px)).transpose()?;
+
+    let device = opts.device.clone().autodiff();
+    let encoder = DualEncoder::init(&config.model, heads(&config.loss), config.seed, &device)?;
+    let ema = teacher_momentum(&config.loss);
+    let teacher = ema.map(|_| encoder.clone().no_grad());
+    let bank = match &config.loss {
+        LossConfig::MemoryBank(c) => Some(MemoryBank::new(c.size, config.model.embed_dim, &device)),
+        _ => None,
+    };
+    let mut run = Run {
+        trainee: Trainee { encoder, loss: LossParams::init(&config.loss, &device) },
+        teacher,
+        bank,
+        optim_encoder: super::optim::build(&config.optim, config.optim.weight_decay),
+        optim_loss: super::optim::build(&config.optim, 0.0),
+        ema_updates: 0,
+    };
+    let mut start = 0;
+    if let Some((step, dir)) = &resume_from {
+        let (r, state) = run.load(dir, &device)?;
+        run = r;
+        start = state.step;
+        debug_assert_eq!(start, *step);
+    }
+    let mut metrics = Metrics::open(&out.join("metrics.jsonl"), resume_from.as_ref().map(|(s, _)| *s))?;
+
+    let mut first_zeroshot = None;
+    let mut last_zeroshot = None;
+    let mut evaluate = |run: &Run, step: u64, metrics: &mut Metrics| -> Result<()> {
+        if let Some(z) = &zeroshot {
+            let s = z.evaluate(&run.trainee.encoder.valid(), &maker.tokenizer)?;
+            metrics.line(zeroshot_line(step, &s))?;
+            first_zeroshot.get_or_insert(s);
+            last_zeroshot = Some(s);
+        }
+        Ok(())
+    };
+    if start == 0 {
+        evaluate(&run, 0, &mut metrics)?;
+    }
+
+    let bar = opts.progress.then(|| {
+        let b = indicatif::ProgressBar::new(total);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{bar:30} step {pos}/{len} loss {msg} {per_sec} steps ETA {eta}")
+                .expect("valid template"),
+        );
+        b.set_position(start);
+        b
+    });
+    let end = opts.stop_after.map_or(total, |s| s.min(total));
+    let loader = Loader::new(maker.clone(), start, end, opts.workers);
+    let size = config.model.image_size_px;
+    let mut last_loss = f32::NAN;
+    let mut window = (Instant::now(), 0usize);
+    for batch in loader {
+        let batch = batch?;
+        let step = batch.step + 1; // steps completed after this one
+        let lr = super::optim::learning_rate(&config.optim, batch.step, total);
+        // EMA teacher first (spec §4 step 2, §5.6), then its forward without gradient.
+        let teacher_emb = match (&mut run.teacher, ema) {
+            (Some(t), Some((m, warmup))) => {
+                run.ema_updates += 1;
+                let decay = ema_decay(run.ema_updates, m, warmup);
+                let updated = ema_update(t.clone(), &run.trainee.encoder, decay);
+                *t = updated;
+                let (images, ids, mask) = tensors(&batch, size, &device);
+                let e = t.forward(images, ids, mask);
+                Some(Embeddings { image: e.image.detach(), text: e.text.detach(), ..e })
+            }
+            _ => None,
+        };
+        if let (Some(c), LossConfig::Cusa(cc)) = (run.trainee.loss.cusa.take(), &config.loss) {
+            run.trainee.loss.cusa = Some(c.clamp(cc));
+        }
+        let (images, ids, mask) = tensors(&batch, size, &device);
+        let emb = run.trainee.encoder.forward(images, ids, mask);
+        let loss = loss_of(&config.loss, &run.trainee.loss, emb, teacher_emb, run.bank.as_mut(), &batch, &device)?;
+        let mut value = loss.clone().into_scalar::<f32>();
+        if opts.inject_nan_at == Some(step) {
+            value = f32::NAN;
+        }
+        if !value.is_finite() {
+            if let Some(b) = &bar {
+                b.abandon();
+            }
+            let kept = last_checkpoint(&out)
+                .map(|(s, p)| format!("the last good checkpoint is `{}` (step {s})", p.display()))
+                .unwrap_or_else(|| "no checkpoint was written yet".into());
+            return Err(Error::Data {
+                message: format!("the loss is {value} at step {step}; training stopped and {kept}"),
+                hint: Some("lower `optim.lr`, add warm-up or `optim.grad_clip_norm`, then `--resume`".into()),
+            });
+        }
+        let mut grads = loss.backward();
+        let g_enc = GradientsParams::from_module(&mut grads, &run.trainee.encoder);
+        let g_loss = GradientsParams::from_module(&mut grads, &run.trainee.loss);
+        let Trainee { encoder, loss: params } = run.trainee;
+        let encoder = run.optim_encoder.step(lr, encoder, g_enc);
+        let params = run.optim_loss.step(lr, params, g_loss);
+        run.trainee = Trainee { encoder, loss: params };
+        last_loss = value;
+        window.1 += batch.rows.len();
+
+        if step % config.log_every == 0 || step == total {
+            let secs = window.0.elapsed().as_secs_f64().max(1e-9);
+            metrics.line(json!({"step": step, "loss": value, "lr": lr, "samples_per_s": window.1 as f64 / secs}))?;
+            window = (Instant::now(), 0);
+        }
+        if let Some(b) = &bar {
+            b.set_position(step);
+            b.set_message(format!("{value:.4}"));
+        }
+        if config.checkpoint_every > 0 && step % config.checkpoint_every == 0 && step < total {
+            run.save(&out, step, value, config.keep_checkpoints)?;
+        }
+        if let Some(e) = &config.eval {
+            if step % e.every_steps == 0 && step < total {
+                evaluate(&run, step, &mut metrics)?;
+            }
+        }
+        if opts.stop_after == Some(step) && step < total {
+            break;
+        }
+    }
+    let done = end == total;
+    if done {
+        evaluate(&run, total, &mut metrics)?;
+        let p = out.join("model.bpk");
+        let tmp = crate::io::tmp_path(&p);
+        run.trainee.encoder.clone().save_file(&tmp).map_err(|e| record_err("write", &tmp, e))?;
+        std::fs::rename(&tmp, &p).map_err(|e| Error::io("cannot rename into place", &p, e))?;
+    }
+    if let Some(b) = &bar {
+        b.finish();
+    }
+    Ok(TrainSummary {
+        steps: end,
+        last_loss,
+        first_zeroshot,
+        last_zeroshot,
+        output_dir: out,
+        seconds: started.elapsed().as_secs_f64(),
+        rows,
+    })
+}

@@ -1,0 +1,150 @@
+//! Zero-shot classification during training (spec `bow-and-otter.md` §6.1–6.2): each class
+//! becomes a prompt (`a photo of a {}.` by default; the synonyms of a class joined with `,or `
+//! as OTTER's reference does), embedded by the text tower and L2-normalised — several templates
+//! are averaged and renormalised (CLIP's ensemble); each image is classified by cosine
+//! similarity. Top-1/top-5 are flat hit@k (§6.2): an image counts as a hit when any of its
+//! labels is among the k best classes, which for one label per image is top-k accuracy.
+
+use std::path::Path;
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use tokenizers::Tokenizer;
+
+use super::config::ZeroShotConfig;
+use super::data::{crop_to_chw, read_image, string_column, tokenize};
+use super::dual_encoder::DualEncoder;
+use crate::error::{Error, Result};
+use crate::models::pooling::l2_normalize;
+
+/// Class names from a file: one class per line, synonyms separated by `|`; blank lines and
+/// lines starting with `#` are skipped.
+pub fn parse_classes(text: &str) -> Vec<Vec<String>> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| l.split('|').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect())
+        .collect()
+}
+
+/// The prompt of a class for one template: synonyms joined with `,or ` (OTTER).
+pub fn class_prompt(template: &str, names: &[String]) -> String {
+    template.replace("{}", &names.join(",or "))
+}
+
+/// Flat hit@k: the fraction of images with at least one label among their `k` highest-scoring
+/// classes (ties broken by class order).
+///
+/// # Shapes
+/// - `scores`: `[images, classes]` row-major; `labels`: one set of class indices per image
+pub fn hit_at_k(scores: &[f32], classes: usize, labels: &[Vec<usize>], k: usize) -> f64 {
+    if labels.is_empty() {
+        return 0.0;
+    }
+    let hits = labels
+        .iter()
+        .enumerate()
+        .filter(|(i, l)| {
+            let row = &scores[i * classes..(i + 1) * classes];
+            let mut order: Vec<usize> = (0..classes).collect();
+            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+            order.iter().take(k).any(|c| l.contains(c))
+        })
+        .count();
+    hits as f64 / labels.len() as f64
+}
+
+/// The evaluation set, preprocessed once.
+pub struct ZeroShot {
+    /// `[n, 3, size, size]`: each image resized whole to `size × size`.
+    images: Vec<f32>,
+    size: usize,
+    labels: Vec<Vec<usize>>,
+    /// One prompt per (class, template), class-major.
+    prompts: Vec<String>,
+    templates: usize,
+    pub classes: usize,
+}
+
+/// Zero-shot results.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ZeroShotScores {
+    pub top1: f64,
+    pub top5: f64,
+    pub classes: usize,
+}
+
+impl ZeroShot {
+    pub fn load(c: &ZeroShotConfig, size: usize) -> Result<ZeroShot> {
+        let text = std::fs::read_to_string(&c.classes).map_err(|e| Error::io("cannot read classes", &c.classes, e))?;
+        let class_names = parse_classes(&text);
+        let index = |name: &str| class_names.iter().position(|c| c.iter().any(|n| n == name));
+        let mut images = Vec::new();
+        let mut labels = Vec::new();
+        for file in c.images.expand().map_err(Error::data)? {
+            for batch in crate::io::parquet::read_file(&file)? {
+                let paths = string_column(&batch, &c.image_column, &file)?;
+                let names = string_column(&batch, &c.label_column, &file)?;
+                for (path, label) in paths.into_iter().zip(names) {
+                    let (Some(path), Some(label)) = (path, label) else { continue };
+                    let set: Vec<usize> = label
+                        .split('|')
+                        .map(|l| {
+                            index(l.trim()).ok_or_else(|| Error::Data {
+                                message: format!(
+                                    "`{}`: label `{l}` is not a class of `{}`",
+                                    file.display(),
+                                    c.classes.display()
+                                ),
+                                hint: Some("labels name a class (any of its synonyms)".into()),
+                            })
+                        })
+                        .collect::<Result<_>>()?;
+                    let full = match &c.image_root {
+                        Some(root) => root.join(&path),
+                        None => Path::new(&path).to_owned(),
+                    };
+                    let img = read_image(&full)?;
+                    crop_to_chw(&img, (0, 0, img.width, img.height), size, false, &mut images);
+                    labels.push(set);
+                }
+            }
+        }
+        let prompts = class_names.iter().flat_map(|names| c.templates.iter().map(|t| class_prompt(t, names))).collect();
+        Ok(ZeroShot { images, size, labels, prompts, templates: c.templates.len(), classes: class_names.len() })
+    }
+
+    /// Top-1 and top-5 flat hit rates of `model` (an inference copy: [`burn::module::Module::valid`]).
+    pub fn evaluate(&self, model: &DualEncoder, tokenizer: &Tokenizer) -> Result<ZeroShotScores> {
+        let device: Device = model.image_proj.weight.val().device();
+        let d = self.classes;
+        // Class embeddings: mean of the normalised template embeddings, renormalised.
+        let mut class_rows = Vec::new();
+        for chunk in self.prompts.chunks(256) {
+            let texts: Vec<&str> = chunk.iter().map(String::as_str).collect();
+            let (ids, mask, seq) = tokenize(tokenizer, &texts)?;
+            let shape = [texts.len(), seq];
+            let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, shape), &device);
+            let mask = Tensor::<2, Int>::from_data(TensorData::new(mask, shape), &device);
+            class_rows.push(l2_normalize(model.encode_text(ids, mask)));
+        }
+        let prompts = Tensor::cat(class_rows, 0);
+        let dim = prompts.dims()[1];
+        let classes = l2_normalize(prompts.reshape([d, self.templates, dim]).mean_dim(1).reshape([d, dim]));
+        let per_image = 3 * self.size * self.size;
+        let n = self.labels.len();
+        let mut scores = Vec::with_capacity(n * d);
+        for start in (0..n).step_by(64) {
+            let b = 64.min(n - start);
+            let pixels = self.images[start * per_image..(start + b) * per_image].to_vec();
+            let x = Tensor::<4>::from_data(TensorData::new(pixels, [b, 3, self.size, self.size]), &device);
+            let e = l2_normalize(model.encode_image(x));
+            let s = e.matmul(classes.clone().transpose());
+            scores.extend(s.into_data().try_to_vec::<f32>().map_err(|e| Error::data(format!("{e:?}")))?);
+        }
+        Ok(ZeroShotScores {
+            top1: hit_at_k(&scores, d, &self.labels, 1),
+            top5: hit_at_k(&scores, d, &self.labels, 5),
+            classes: d,
+        })
+    }
+}
