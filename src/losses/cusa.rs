@@ -126,9 +126,13 @@ impl CusaTemperatures {
     /// every forward (the values change, the parameters stay leaves).
     pub fn clamp(self, config: &CusaConfig) -> CusaTemperatures {
         let c = |p: Param<Tensor<1>>, r: [f64; 3]| {
+            // Rebuilt from the value: on an autodiff device `detach().clamp()` is not a leaf, and
+            // a parameter must stay one.
             p.map(|t| {
                 let rg = t.is_require_grad();
-                t.detach().clamp(r[1], r[2]).set_require_grad(rg)
+                let device = t.device();
+                let v = t.into_scalar::<f32>() as f64;
+                scalar(v.clamp(r[1], r[2]), &device).set_require_grad(rg)
             })
         };
         CusaTemperatures {

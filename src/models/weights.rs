@@ -175,7 +175,22 @@ impl Weights {
     /// `[out]` (`nn.MultiheadAttention`'s `in_proj_weight`/`in_proj_bias`, `Linear(bias=False)`).
     pub fn linear_named(&self, weight: &str, bias: Option<&str>, d_in: usize, d_out: usize, device: &Device) -> Linear {
         let bound = Init::Uniform((d_in as f64).sqrt().recip());
-        let w = self.tensor_init(weight, [d_out, d_in], bound, device).transpose();
+        let w = match self.random {
+            // Drawn in PyTorch's `[out, in]` order, transposed on the host: a contiguous weight,
+            // so a fresh model and its reloaded checkpoint take the same matmul path.
+            Some(seed) => {
+                self.used.borrow_mut().insert(weight.to_owned());
+                let v = random_values(seed, weight, d_out * d_in, bound);
+                let mut t = vec![0f32; d_in * d_out];
+                for o in 0..d_out {
+                    for i in 0..d_in {
+                        t[i * d_out + o] = v[o * d_in + i];
+                    }
+                }
+                Tensor::from_data(TensorData::new(t, [d_in, d_out]), device)
+            }
+            None => self.tensor_init(weight, [d_out, d_in], bound, device).transpose(),
+        };
         let b = bias.map(|b| self.param_init(b, [d_out], bound, device));
         Linear { weight: Param::from_tensor(w), bias: b }
     }

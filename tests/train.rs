@@ -1,0 +1,254 @@
+//! `curate train` on the bundled sample (`data/train_sample`, made by `data/gen_train_sample.py`)
+//! with tiny sizes: 16-px crops, batches of 8, a few steps — seconds in a debug build.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use burn::module::Module;
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use curate::error::Location;
+use curate::losses::common::DirectionReduction;
+use curate::losses::infonce::infonce;
+use curate::losses::LossType;
+use curate::train::data::{BatchMaker, Loader, TrainSet};
+use curate::train::dual_encoder::{DualEncoder, Heads};
+use curate::train::zeroshot::{class_prompt, hit_at_k, parse_classes};
+use curate::train::{train, TrainConfig, TrainOptions};
+use curate::Error;
+
+const BASE: &str = r#"
+seed = 3
+steps = 6
+batch_size = 8
+log_every = 1
+checkpoint_every = 3
+
+[model]
+embed_dim = 16
+image_size_px = 16
+
+[model.image]
+preset = "tiny"
+
+[model.text]
+dir = "data/train_sample/text_model"
+pretrained = false
+max_tokens = 16
+
+[data]
+tables = ["data/train_sample/train.parquet"]
+crop_scale = [0.5, 1.0]
+teacher_image = "data/train_sample/teacher_image.parquet"
+teacher_text = "data/train_sample/teacher_text.parquet"
+
+[loss]
+type = "infonce"
+
+[optim]
+optimizer = "adamw"
+lr = 1e-3
+"#;
+
+/// The base config written into `dir`, with `--set` overrides; output under `dir/out`.
+fn config(dir: &Path, sets: &[&str]) -> TrainConfig {
+    let file = dir.join("train.toml");
+    std::fs::write(&file, BASE).unwrap();
+    let mut overrides = vec![format!("output_dir={}", dir.join("out").display())];
+    overrides.extend(sets.iter().map(|s| s.to_string()));
+    TrainConfig::load(&file, &overrides).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `(step, loss)` of the training lines of `metrics.jsonl`.
+fn losses(out: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("loss").is_some())
+        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn a_few_steps_reduce_the_loss_on_a_fixed_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), &[]);
+    let set = Arc::new(TrainSet::load(&c).unwrap());
+    let maker = BatchMaker::new(set, &c).unwrap();
+    let batch = maker.make(0, &maker.epoch_order(0)).unwrap();
+    let device = Device::flex().autodiff();
+    let mut model = DualEncoder::init(&c.model, Heads::default(), 0, &device).unwrap();
+    let mut optim = burn::optim::AdamWConfig::new().init();
+    let (b, s) = (batch.rows.len(), c.model.image_size_px);
+    let mut values = Vec::new();
+    for _ in 0..8 {
+        let images = Tensor::<4>::from_data(TensorData::new(batch.images.clone(), [b, 3, s, s]), &device);
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(batch.ids.clone(), [b, batch.seq]), &device);
+        let mask = Tensor::<2, Int>::from_data(TensorData::new(batch.mask.clone(), [b, batch.seq]), &device);
+        let e = model.forward(images, ids, mask);
+        let scale = curate::losses::common::scalar(10.0, &device);
+        let loss = infonce(e.image, e.text, scale, DirectionReduction::Mean);
+        values.push(loss.clone().into_scalar::<f32>());
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(1e-3, model, grads);
+    }
+    assert!(values.iter().all(|v| v.is_finite()), "{values:?}");
+    assert!(values[7] < values[0] * 0.8, "loss did not fall: {values:?}");
+}
+
+#[test]
+fn every_loss_trains_and_writes_its_outputs() {
+    for t in LossType::ALL {
+        let dir = tempfile::tempdir().unwrap();
+        let ty = format!("loss.type={t}");
+        let mut sets = vec![ty.as_str(), "steps=2", "checkpoint_every=0"];
+        if t == LossType::MemoryBank {
+            sets.push("loss.size=16");
+        }
+        let c = config(dir.path(), &sets);
+        let s = train(&c, &TrainOptions::default()).unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert!(s.last_loss.is_finite(), "{t}");
+        let out = dir.path().join("out");
+        assert_eq!(losses(&out).len(), 2, "{t}");
+        assert!(out.join("config.json").is_file() && out.join("model.bpk").is_file(), "{t}");
+        let resolved: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+        assert_eq!(resolved["loss"]["type"], t.name());
+    }
+}
+
+#[test]
+fn resume_reproduces_the_losses_of_an_uninterrupted_run() {
+    // Memory bank: the checkpoint must carry the model, both optimisers (SGD momentum), the EMA
+    // teacher, the bank and the EMA count for the losses to match bit for bit.
+    let sets = ["loss.type=memory_bank", "loss.size=16", "loss.momentum=0.9", "optim.optimizer=sgd", "optim.lr=0.05"];
+    let whole = tempfile::tempdir().unwrap();
+    let c = config(whole.path(), &sets);
+    train(&c, &TrainOptions::default()).unwrap();
+    let want = losses(&whole.path().join("out"));
+    assert_eq!(want.len(), 6);
+
+    let parts = tempfile::tempdir().unwrap();
+    let c = config(parts.path(), &sets);
+    let out = parts.path().join("out");
+    train(&c, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
+    assert!(!out.join("model.bpk").exists(), "a stopped run has no final model");
+    // The run stopped after step 4; the last checkpoint is step 3, so step 4 is trained again.
+    assert_eq!(curate::train::run::last_checkpoint(&out).unwrap().0, 3);
+    // Another worker count: batches do not depend on it.
+    train(&c, &TrainOptions { resume: true, workers: 3, ..Default::default() }).unwrap();
+    assert_eq!(losses(&out), want);
+    assert!(out.join("model.bpk").is_file());
+
+    // A changed config is refused on resume.
+    let changed = config(parts.path(), &[&sets[..], &["optim.lr=0.01"]].concat());
+    let e = train(&changed, &TrainOptions { resume: true, ..Default::default() }).unwrap_err();
+    assert!(e.to_string().contains("differs"), "{e}");
+}
+
+#[test]
+fn a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), &["checkpoint_every=2"]);
+    let e = train(&c, &TrainOptions { inject_nan_at: Some(5), ..Default::default() }).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("the loss is NaN at step 5"), "{msg}");
+    assert!(msg.contains("step-00000004") && msg.contains("hint:"), "{msg}");
+    let out = dir.path().join("out");
+    assert_eq!(curate::train::run::last_checkpoint(&out).unwrap().0, 4);
+    assert!(!out.join("model.bpk").exists());
+    // The bad step was not applied: resuming continues from step 4.
+    train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
+    assert_eq!(losses(&out).iter().map(|l| l.0).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5, 6]);
+}
+
+#[test]
+fn config_errors_are_reported_at_once_with_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.toml");
+    let text = BASE
+        .replace("batch_size = 8", "batch_size = \"eight\"")
+        .replace("type = \"infonce\"", "type = \"infonce\"\ntemprature = 0.02")
+        .replace("preset = \"tiny\"", "preset = \"tiny\"\ncheckpoint = \"nowhere.safetensors\"");
+    std::fs::write(&file, format!("output_dir = \"out\"\n{text}")).unwrap();
+    let e = TrainConfig::load(&file, &[]).unwrap_err();
+    let Error::Config(diags) = &e else { panic!("{e}") };
+    let line_of = |needle: &str| {
+        let d = diags.iter().find(|d| d.message.contains(needle)).unwrap_or_else(|| panic!("{needle}: {e}"));
+        match &d.location {
+            Some(Location::File { line, path, .. }) if path == &file => *line,
+            other => panic!("{needle}: {other:?}"),
+        }
+    };
+    let source = std::fs::read_to_string(&file).unwrap();
+    let line = |s: &str| source.lines().position(|l| l.contains(s)).unwrap() + 1;
+    assert_eq!(line_of("batch_size"), line("batch_size = \"eight\""));
+    assert_eq!(line_of("temprature"), line("temprature"));
+    let d = diags.iter().find(|d| d.message.contains("temprature")).unwrap();
+    assert_eq!(d.hint.as_deref(), Some("did you mean `temperature`?"));
+    // Checks that need a parsed file (paths, sizes) come once the types are right.
+    let fixed = source.replace("\"eight\"", "8").replace("temprature = 0.02\n", "");
+    std::fs::write(&file, &fixed).unwrap();
+    let e = TrainConfig::load(&file, &[]).unwrap_err().to_string();
+    let want = format!("bad.toml:{}:", line("nowhere.safetensors"));
+    assert!(e.contains("nowhere.safetensors") && e.contains(&want), "{e}");
+    let e = TrainConfig::load(&file, &["loss.type=infonse".into()]).unwrap_err().to_string();
+    assert!(e.contains("unknown value `infonse`") && e.contains("did you mean `infonce`?"), "{e}");
+    assert!(e.contains("--set loss.type=infonse"), "{e}");
+}
+
+#[test]
+fn zero_shot_hit_at_k_by_hand() {
+    // 3 images, 4 classes. Image 0: best class 2 (label 2) → top-1 hit. Image 1: best 0, second
+    // 3 (label 3) → top-1 miss, top-2 hit. Image 2: labels {0, 1} (multi-label), best 1 → hit.
+    let scores = [0.1, 0.2, 0.9, 0.0, 0.8, 0.1, 0.0, 0.5, 0.3, 0.7, 0.2, 0.1];
+    let labels = vec![vec![2], vec![3], vec![0, 1]];
+    assert!((hit_at_k(&scores, 4, &labels, 1) - 2.0 / 3.0).abs() < 1e-12);
+    assert_eq!(hit_at_k(&scores, 4, &labels, 2), 1.0);
+    // Ties go to the lower class index: all-equal scores predict class 0 first.
+    assert_eq!(hit_at_k(&[0.5; 4], 4, &[vec![0]], 1), 1.0);
+    assert_eq!(hit_at_k(&[0.5; 4], 4, &[vec![3]], 3), 0.0);
+    let classes = parse_classes("# comment\ntench | Tinca tinca\n\ngoldfish\n");
+    assert_eq!(classes, vec![vec!["tench".to_string(), "Tinca tinca".into()], vec!["goldfish".into()]]);
+    assert_eq!(class_prompt("a photo of {}.", &classes[0]), "a photo of tench,or Tinca tinca.");
+}
+
+#[test]
+fn batches_depend_on_seed_and_step_only_not_on_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), &[]);
+    let set = Arc::new(TrainSet::load(&c).unwrap());
+    let maker = Arc::new(BatchMaker::new(set.clone(), &c).unwrap());
+    // 576 rows / 8 = 72 steps per epoch: 70..75 crosses into epoch 1.
+    let one: Vec<_> = Loader::new(maker.clone(), 70, 75, 1).map(Result::unwrap).collect();
+    let three: Vec<_> = Loader::new(maker.clone(), 70, 75, 3).map(Result::unwrap).collect();
+    assert_eq!(one, three);
+    assert_eq!(one.iter().map(|b| b.step).collect::<Vec<_>>(), vec![70, 71, 72, 73, 74]);
+    // Each epoch visits every row once.
+    let epoch: Vec<usize> = (0..72).flat_map(|s| maker.make(s, &maker.epoch_order(0)).unwrap().rows).collect();
+    let mut sorted = epoch.clone();
+    sorted.sort();
+    assert_eq!(sorted, (0..576).collect::<Vec<_>>());
+    let other = config(dir.path(), &["seed=4"]);
+    let maker4 = BatchMaker::new(set, &other).unwrap();
+    assert_ne!(maker4.make(70, &maker4.epoch_order(0)).unwrap(), one[0]);
+}
+
+#[test]
+fn random_initialisation_is_reproducible_and_checkpoints_reload_to_identical_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), &[]);
+    let device = Device::flex();
+    let a = DualEncoder::init(&c.model, Heads::default(), 11, &device).unwrap();
+    let b = DualEncoder::init(&c.model, Heads::default(), 11, &device).unwrap();
+    let x = Tensor::<4>::ones([2, 3, 16, 16], &device);
+    let out = |m: &DualEncoder| m.encode_image(x.clone()).into_data().try_to_vec::<f32>().unwrap();
+    assert_eq!(out(&a), out(&b));
+    let path = PathBuf::from(dir.path()).join("m.bpk");
+    a.clone().save_file(&path).unwrap();
+    let c2 = DualEncoder::init(&c.model, Heads::default(), 12, &device).unwrap();
+    assert_ne!(out(&a), out(&c2));
+    let loaded = c2.load_file(&path);
+    assert_eq!(out(&a), out(&loaded));
+}
