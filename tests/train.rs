@@ -252,3 +252,61 @@ fn random_initialisation_is_reproducible_and_checkpoints_reload_to_identical_out
     let loaded = c2.load_file(&path);
     assert_eq!(out(&a), out(&loaded));
 }
+
+#[test]
+fn webdataset_shards_give_the_same_batches_as_files() {
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let rows = &curate::io::parquet::read_file(Path::new("data/train_sample/train.parquet")).unwrap()[0];
+    let col = |name: &str| -> Vec<String> {
+        let a = rows.column_by_name(name).unwrap().as_any().downcast_ref::<StringArray>().unwrap().clone();
+        (0..16).map(|i| a.value(i).to_owned()).collect()
+    };
+    let (ids, captions, paths) = (col("sample_id"), col("caption"), col("path"));
+    let keys: Vec<String> = (0..16).map(|i| format!("{i:09}")).collect();
+    let mut tar = tar::Builder::new(std::fs::File::create(dir.path().join("00000.tar")).unwrap());
+    for (key, path) in keys.iter().zip(&paths) {
+        let bytes = std::fs::read(path).unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.set_size(bytes.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        tar.append_data(&mut h, format!("{key}.png"), &bytes[..]).unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.set_size(3);
+        h.set_mode(0o644);
+        h.set_cksum();
+        tar.append_data(&mut h, format!("{key}.txt"), &b"cap"[..]).unwrap();
+    }
+    tar.finish().unwrap();
+    let strings = |v: &[String]| -> ArrayRef { Arc::new(StringArray::from(v.to_vec())) };
+    let write = |name: &str, cols: Vec<(&str, ArrayRef)>| {
+        let batch = RecordBatch::try_from_iter(cols).unwrap();
+        let f = std::fs::File::create(dir.path().join(name)).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(f, batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    };
+    let shard = vec!["00000".to_string(); 16];
+    write(
+        "shards.parquet",
+        vec![
+            ("sample_id", strings(&ids)),
+            ("caption", strings(&captions)),
+            ("shard", strings(&shard)),
+            ("key", strings(&keys)),
+        ],
+    );
+    write(
+        "files.parquet",
+        vec![("sample_id", strings(&ids)), ("caption", strings(&captions)), ("path", strings(&paths))],
+    );
+    let d = dir.path().display();
+    let from = |table: &str| {
+        let c = config(dir.path(), &[&format!("data.tables=[\"{d}/{table}\"]"), &format!("data.shards_dir={d}")]);
+        let maker = BatchMaker::new(Arc::new(TrainSet::load(&c).unwrap()), &c).unwrap();
+        maker.make(1, &maker.epoch_order(0)).unwrap()
+    };
+    let (a, b) = (from("shards.parquet"), from("files.parquet"));
+    assert_eq!((a.images, a.ids, a.rows), (b.images, b.ids, b.rows));
+}

@@ -169,6 +169,10 @@ pub struct DataConfig {
     /// Image paths are relative to this folder (default: as stored, i.e. the working directory).
     #[serde(default)]
     pub image_root: Option<PathBuf>,
+    /// Folder of img2dataset webdataset shards: rows without an image path are read from
+    /// `<shards_dir>/<shard>.tar` member `<key>.jpg|jpeg|png|webp` (columns `shard`, `key`).
+    #[serde(default)]
+    pub shards_dir: Option<PathBuf>,
     /// RandomResizedCrop area fraction range (torchvision: [0.08, 1]).
     #[serde(default = "default_crop_scale")]
     pub crop_scale: [f64; 2],

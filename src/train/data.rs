@@ -1,5 +1,6 @@
 //! Training data: the rows of one or more `curate run` output tables (`sample_id`, caption,
-//! image `path`) as one training set, teacher features joined by `sample_id` (CUSA), and
+//! image `path`, or img2dataset's `shard` + `key` into webdataset tar shards under
+//! `data.shards_dir`) as one training set, teacher features joined by `sample_id` (CUSA), and
 //! batches made on worker threads ahead of the model.
 //!
 //! Determinism (DESIGN "Invariants"): the order of epoch `e` is a Fisher–Yates shuffle keyed by
@@ -24,12 +25,66 @@ use crate::io::PathPatterns;
 use crate::models::preprocess::{decode, Rgb8, IMAGENET_MEAN, IMAGENET_STD};
 use crate::rng::RowRng;
 
+/// Where an image's bytes are: a file, or a member of a webdataset tar shard (found once by
+/// indexing the shard, then read with one seek).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageSource {
+    File(PathBuf),
+    Tar { shard: Arc<PathBuf>, offset: u64, len: u64 },
+}
+
+impl ImageSource {
+    pub fn read(&self) -> Result<Vec<u8>> {
+        match self {
+            ImageSource::File(p) => std::fs::read(p).map_err(|e| Error::io("cannot read image", p, e)),
+            ImageSource::Tar { shard, offset, len } => {
+                use std::io::{Read, Seek, SeekFrom};
+                let mut f =
+                    std::fs::File::open(shard.as_path()).map_err(|e| Error::io("cannot open", shard.as_path(), e))?;
+                let mut buf = vec![0u8; *len as usize];
+                f.seek(SeekFrom::Start(*offset))
+                    .and_then(|_| f.read_exact(&mut buf))
+                    .map_err(|e| Error::io("cannot read tar member in", shard.as_path(), e))?;
+                Ok(buf)
+            }
+        }
+    }
+
+    /// A stable name (for image ids and error messages).
+    pub fn name(&self) -> String {
+        match self {
+            ImageSource::File(p) => p.to_string_lossy().into_owned(),
+            ImageSource::Tar { shard, offset, .. } => format!("{}@{offset}", shard.display()),
+        }
+    }
+}
+
+/// `key` → (data offset, length) of the image members of a webdataset shard.
+type ShardIndex = HashMap<String, (u64, u64)>;
+
+fn index_shard(path: &Path) -> Result<ShardIndex> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
+    let mut archive = tar::Archive::new(file);
+    let mut out = HashMap::new();
+    for entry in archive.entries_with_seek().map_err(|e| Error::io("cannot read tar", path, e))? {
+        let entry = entry.map_err(|e| Error::io("corrupt tar member in", path, e))?;
+        let name = entry.path().map_err(|e| Error::io("bad member name in", path, e))?.to_string_lossy().into_owned();
+        let (dir, base) = name.rsplit_once('/').unwrap_or(("", name.as_str()));
+        let Some((stem, ext)) = base.split_once('.') else { continue };
+        if matches!(ext.to_ascii_lowercase().as_str(), "jpg" | "jpeg" | "png" | "webp") {
+            let key = if dir.is_empty() { stem.to_owned() } else { format!("{dir}/{stem}") };
+            out.insert(key, (entry.raw_file_position(), entry.size()));
+        }
+    }
+    Ok(out)
+}
+
 /// One image-caption pair.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     pub sample_id: String,
     pub caption: String,
-    pub image: PathBuf,
+    pub image: ImageSource,
 }
 
 /// The training set: every row of every table, in table order.
@@ -100,22 +155,49 @@ impl TrainSet {
         let d = &c.data;
         let mut samples = Vec::new();
         let mut missing_images = 0;
+        let mut shards: HashMap<String, (Arc<PathBuf>, ShardIndex)> = HashMap::new();
         for file in expand(&d.tables)? {
             for batch in crate::io::parquet::read_file(&file)? {
                 let ids = string_column(&batch, "sample_id", &file)?;
                 let captions = string_column(&batch, &d.caption_column, &file)?;
-                let paths = string_column(&batch, &d.image_column, &file)?;
-                for ((id, caption), path) in ids.into_iter().zip(captions).zip(paths) {
-                    let (Some(sample_id), Some(caption), Some(path)) = (id, caption, path) else { continue };
-                    let image = match &d.image_root {
-                        Some(root) => root.join(path),
-                        None => PathBuf::from(path),
-                    };
-                    if !image.is_file() {
-                        missing_images += 1;
-                        continue;
+                let n = batch.num_rows();
+                let has = |c: &str| batch.column_by_name(c).is_some();
+                let paths = if has(&d.image_column) || d.shards_dir.is_none() {
+                    string_column(&batch, &d.image_column, &file)?
+                } else {
+                    vec![None; n]
+                };
+                let (shard_col, key_col) = match &d.shards_dir {
+                    Some(_) if has("shard") && has("key") => {
+                        (string_column(&batch, "shard", &file)?, string_column(&batch, "key", &file)?)
                     }
-                    samples.push(Sample { sample_id, caption, image });
+                    _ => (vec![None; n], vec![None; n]),
+                };
+                for (i, ((id, caption), path)) in ids.into_iter().zip(captions).zip(paths).enumerate() {
+                    let (Some(sample_id), Some(caption)) = (id, caption) else { continue };
+                    let image = match (path, &shard_col[i], &key_col[i], &d.shards_dir) {
+                        (Some(path), ..) => {
+                            let image = match &d.image_root {
+                                Some(root) => root.join(path),
+                                None => PathBuf::from(path),
+                            };
+                            image.is_file().then_some(ImageSource::File(image))
+                        }
+                        (None, Some(shard), Some(key), Some(dir)) => {
+                            if !shards.contains_key(shard) {
+                                let p = dir.join(format!("{shard}.tar"));
+                                let index = if p.is_file() { index_shard(&p)? } else { HashMap::new() };
+                                shards.insert(shard.clone(), (Arc::new(p), index));
+                            }
+                            let (p, index) = &shards[shard];
+                            index.get(key).map(|&(offset, len)| ImageSource::Tar { shard: p.clone(), offset, len })
+                        }
+                        _ => continue,
+                    };
+                    match image {
+                        Some(image) => samples.push(Sample { sample_id, caption, image }),
+                        None => missing_images += 1,
+                    }
                 }
             }
         }
@@ -252,10 +334,10 @@ pub fn crop_to_chw(img: &Rgb8, crop: (usize, usize, usize, usize), out: usize, f
     }
 }
 
-/// Reads and decodes one image file.
-pub fn read_image(path: &Path) -> Result<Rgb8> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io("cannot read image", path, e))?;
-    decode(&bytes).map_err(|e| Error::data(format!("cannot decode image `{}`: {e}", path.display())))
+/// Reads and decodes one image.
+pub fn read_image(source: &ImageSource) -> Result<Rgb8> {
+    let bytes = source.read()?;
+    decode(&bytes).map_err(|e| Error::data(format!("cannot decode image `{}`: {e}", source.name())))
 }
 
 /// One training batch, ready to become tensors.
@@ -325,7 +407,7 @@ impl BatchMaker {
             let crop = random_resized_crop(img.width, img.height, self.crop_scale, self.crop_ratio, &mut rng);
             let flip = self.flip && rng.below(2) == 1;
             crop_to_chw(&img, crop, self.image_size, flip, &mut images);
-            image_ids.push(crate::rng::row_key(0, "image", &s.image.to_string_lossy()));
+            image_ids.push(crate::rng::row_key(0, "image", &s.image.name()));
         }
         let texts: Vec<&str> = rows.iter().map(|&r| self.set.samples[r].caption.as_str()).collect();
         let (ids, mask, seq) = tokenize(&self.tokenizer, &texts)?;

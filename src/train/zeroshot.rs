@@ -11,7 +11,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use tokenizers::Tokenizer;
 
 use super::config::ZeroShotConfig;
-use super::data::{crop_to_chw, read_image, string_column, tokenize};
+use super::data::{crop_to_chw, read_image, string_column, tokenize, ImageSource};
 use super::dual_encoder::DualEncoder;
 use crate::error::{Error, Result};
 use crate::models::pooling::l2_normalize;
@@ -103,7 +103,7 @@ impl ZeroShot {
                         Some(root) => root.join(&path),
                         None => Path::new(&path).to_owned(),
                     };
-                    let img = read_image(&full)?;
+                    let img = read_image(&ImageSource::File(full))?;
                     crop_to_chw(&img, (0, 0, img.width, img.height), size, false, &mut images);
                     labels.push(set);
                 }
