@@ -113,7 +113,9 @@ impl CocoPlan {
         metrics: &mut Vec<(String, Pair)>,
         best_ranks: &mut Vec<(String, Vec<Option<u32>>)>,
     ) {
-        let per_fold: Vec<(Vec<Option<u32>>, Vec<Option<u32>>)> = (0..folds.count())
+        // Per fold: the best rank of each i2t query and of each t2i query.
+        type BestRanks = (Vec<Option<u32>>, Vec<Option<u32>>);
+        let per_fold: Vec<BestRanks> = (0..folds.count())
             .map(|f| {
                 (
                     self.i2t_best(i2t, folds.image_subsets[f].iter().copied(), true),
