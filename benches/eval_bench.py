@@ -43,7 +43,7 @@ def main():
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--topk", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--noise", type=float, default=2.0, help="caption noise scale (higher = lower recall)")
+    ap.add_argument("--noise", type=float, default=8.0, help="caption noise scale (higher = lower recall)")
     args = ap.parse_args()
 
     import eccv_caption
