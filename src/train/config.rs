@@ -82,6 +82,11 @@ pub struct ModelConfig {
     pub image_size_px: usize,
     pub image: ImageModelConfig,
     pub text: TextModelConfig,
+    /// Initial bias of PCME++'s log-variance heads (the reference: 0). With `D` dimensions the
+    /// initial `Σ exp(v)` is `D·e^bias`; at 0 every matching logit starts deeply negative, the
+    /// negatives give no gradient and a short run collapses (the reference trains 25 epochs).
+    #[serde(default)]
+    pub log_variance_bias: f64,
 }
 
 fn default_embed_dim() -> usize {

@@ -75,6 +75,14 @@ fn resnet_config(c: &super::config::ImageModelConfig) -> ResNetConfig {
     }
 }
 
+/// A PCME++ log-variance head with its bias set to `model.log_variance_bias`.
+fn log_var_head(w: &Weights, name: &str, d_in: usize, c: &ModelConfig, device: &Device) -> Linear {
+    let mut head = w.linear(name, d_in, c.embed_dim, device);
+    let bias = Tensor::<1>::full([c.embed_dim], c.log_variance_bias, device);
+    head.bias = Some(burn::module::Param::from_tensor(bias));
+    head
+}
+
 impl DualEncoder {
     /// Builds the towers (checkpoints or random from `seed`) and the new heads (random).
     pub fn init(c: &ModelConfig, heads: Heads, seed: u64, device: &Device) -> Result<DualEncoder> {
@@ -107,8 +115,8 @@ impl DualEncoder {
             text_proj: project_text.then(|| w.linear("text_proj", ft, d, device)),
             image_uni: heads.uni.then(|| w.linear("image_uni", fi, d, device)),
             text_uni: heads.uni.then(|| w.linear("text_uni", ft, d, device)),
-            image_log_var: heads.log_variance.then(|| w.linear("image_log_var", fi, d, device)),
-            text_log_var: heads.log_variance.then(|| w.linear("text_log_var", ft, d, device)),
+            image_log_var: heads.log_variance.then(|| log_var_head(&w, "image_log_var", fi, c, device)),
+            text_log_var: heads.log_variance.then(|| log_var_head(&w, "text_log_var", ft, c, device)),
             pooling: c.text.pooling,
         })
     }

@@ -467,7 +467,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let bar = opts.progress.then(|| {
         let b = indicatif::ProgressBar::new(total);
         b.set_style(
-            indicatif::ProgressStyle::with_template("{bar:30} step {pos}/{len} loss {msg} {per_sec} steps ETA {eta}")
+            indicatif::ProgressStyle::with_template("{bar:30} step {pos}/{len} loss {msg} ETA {eta}")
                 .expect("valid template"),
         );
         b.set_position(start);
@@ -478,6 +478,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let size = config.model.image_size_px;
     let mut last_loss = f32::NAN;
     let mut window = (Instant::now(), 0usize);
+    let mut step_started = Instant::now();
     for batch in loader {
         let batch = batch?;
         let step = batch.step + 1; // steps completed after this one
@@ -534,7 +535,8 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         }
         if let Some(b) = &bar {
             b.set_position(step);
-            b.set_message(format!("{value:.4}"));
+            let rate = batch.rows.len() as f64 / step_started.elapsed().as_secs_f64().max(1e-9);
+            b.set_message(format!("{value:.4} · {rate:.0} samples/s"));
         }
         if config.checkpoint_every > 0 && step % config.checkpoint_every == 0 && step < total {
             run.save(&out, step, value, config.keep_checkpoints)?;
@@ -547,6 +549,8 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         if opts.stop_after == Some(step) && step < total {
             break;
         }
+        // The bar's rate: one batch over the wall time of a whole step, waiting included.
+        step_started = Instant::now();
     }
     let done = end == total;
     if done {
