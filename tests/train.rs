@@ -310,3 +310,26 @@ fn webdataset_shards_give_the_same_batches_as_files() {
     let (a, b) = (from("shards.parquet"), from("files.parquet"));
     assert_eq!((a.images, a.ids, a.rows), (b.images, b.ids, b.rows));
 }
+
+#[test]
+fn the_binary_trains_and_reports_config_errors_with_exit_code_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("train.toml");
+    std::fs::write(&file, format!("output_dir = \"{}\"\n{BASE}", dir.path().join("out").display())).unwrap();
+    let curate = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_curate")).args(args).output().expect("curate runs")
+    };
+    let f = file.to_str().unwrap();
+    let ok = curate(&["train", f, "--set", "steps=2", "--progress", "never"]);
+    let stderr = String::from_utf8_lossy(&ok.stderr);
+    assert_eq!(ok.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("trained 2 steps on 576 pairs"), "{stderr}");
+    assert!(ok.stdout.is_empty(), "stdout carries data only");
+    assert_eq!(losses(&dir.path().join("out")).len(), 2);
+    let bad = curate(&["train", f, "--set", "optim.optimizer=adam", "--set", "batch_size=1"]);
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("error: `optim.optimizer`: unknown value `adam`"), "{stderr}");
+    assert!(stderr.contains("--> --set optim.optimizer=adam"), "{stderr}");
+    assert!(stderr.contains("configuration error"), "{stderr}");
+}
