@@ -106,6 +106,9 @@ fn every_loss_trains_and_writes_its_outputs() {
         if t == LossType::MemoryBank {
             sets.push("loss.size=16");
         }
+        if t == LossType::Pcmepp {
+            sets.push("data.msda={mix_ratio = 0.5}");
+        }
         let c = config(dir.path(), &sets);
         let s = train(&c, &TrainOptions::default()).unwrap_or_else(|e| panic!("{t}: {e}"));
         assert!(s.last_loss.is_finite(), "{t}");

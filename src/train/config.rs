@@ -187,6 +187,10 @@ pub struct DataConfig {
     /// Random horizontal flip with probability 0.5.
     #[serde(default = "yes")]
     pub flip: bool,
+    /// PCME++'s mixed sample data augmentation (Mixup / CutMix on images, soft labels; spec
+    /// `cusa-and-pcmepp.md` §3.8); absent: off. Only with `loss.type = "pcmepp"`.
+    #[serde(default)]
+    pub msda: Option<MsdaConfig>,
     /// Teacher image features (CUSA): Parquet with `sample_id` and `embedding`, joined by
     /// `sample_id`.
     #[serde(default)]
@@ -194,6 +198,31 @@ pub struct DataConfig {
     /// Teacher text features (CUSA), as `teacher_image`.
     #[serde(default)]
     pub teacher_text: Option<PathPatterns>,
+}
+
+/// Mixup / CutMix per batch element with the reversed batch as partner (PCME++ §3.8).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MsdaConfig {
+    /// Probability that an element is mixed (`mix_batch_ratio`, 0.25).
+    #[serde(default = "default_mix_ratio")]
+    pub mix_ratio: f64,
+    /// Probability that a mixed element uses CutMix rather than Mixup (`switch_prob`, 0.5).
+    #[serde(default = "default_cutmix_prob")]
+    pub cutmix_prob: f64,
+    /// `λ ~ Beta(beta, beta)` (2).
+    #[serde(default = "default_beta")]
+    pub beta: f64,
+}
+
+fn default_mix_ratio() -> f64 {
+    0.25
+}
+fn default_cutmix_prob() -> f64 {
+    0.5
+}
+fn default_beta() -> f64 {
+    2.0
 }
 
 fn default_caption() -> String {
@@ -430,6 +459,14 @@ impl TrainConfig {
                 "`cusa` needs teacher features".into(),
                 "set `data.teacher_image` and `data.teacher_text` (outputs of encode_image / encode_text)",
             );
+        }
+        if self.data.msda.is_some() {
+            if !matches!(self.loss, crate::losses::LossConfig::Pcmepp(_)) {
+                bad("data.msda", "mixed images need soft labels".into(), "MSDA is PCME++'s (`loss.type = \"pcmepp\"`)");
+            }
+            if self.batch_size % 2 != 0 {
+                bad("batch_size", "MSDA pairs element i with B−1−i".into(), "use an even batch size");
+            }
         }
         if let Some(e) = &self.eval {
             if !e.classes.is_file() {

@@ -340,6 +340,69 @@ pub fn read_image(source: &ImageSource) -> Result<Rgb8> {
     decode(&bytes).map_err(|e| Error::data(format!("cannot decode image `{}`: {e}", source.name())))
 }
 
+/// A `Gamma(shape, 1)` draw (Marsaglia & Tsang 2000; `shape < 1` through the `U^{1/shape}`
+/// boost).
+fn gamma(shape: f64, rng: &mut RowRng) -> f64 {
+    if shape < 1.0 {
+        return gamma(shape + 1.0, rng) * unit(rng).max(f64::MIN_POSITIVE).powf(1.0 / shape);
+    }
+    let d = shape - 1.0 / 3.0;
+    let c = (9.0 * d).sqrt().recip();
+    loop {
+        let (u1, u2) = (unit(rng).max(f64::MIN_POSITIVE), unit(rng));
+        let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+        let v = (1.0 + c * z).powi(3);
+        if v <= 0.0 {
+            continue;
+        }
+        let u = unit(rng).max(f64::MIN_POSITIVE);
+        if u.ln() < 0.5 * z * z + d - d * v + d * v.ln() {
+            return d * v;
+        }
+    }
+}
+
+/// PCME++'s MSDA (spec `cusa-and-pcmepp.md` §3.8) on a batch of CHW images in place: element
+/// `i` is mixed with probability `mix_ratio` with its partner `B−1−i` of the unmodified batch,
+/// by CutMix (probability `cutmix_prob`; λ corrected to the pasted area) or Mixup, `λ ~ Beta`.
+/// Returns every element's λ (1 when unmixed), for [`crate::losses::pcmepp::msda_labels`].
+pub fn mix_batch(images: &mut [f32], size: usize, c: &super::config::MsdaConfig, rng: &mut RowRng) -> Vec<f64> {
+    let plane = size * size;
+    let b = images.len() / (3 * plane);
+    let source = images.to_vec();
+    let mut lambdas = vec![1.0; b];
+    for (i, lambda) in lambdas.iter_mut().enumerate() {
+        if unit(rng) >= c.mix_ratio {
+            continue;
+        }
+        let cutmix = unit(rng) < c.cutmix_prob;
+        let (x, y) = (gamma(c.beta, rng), gamma(c.beta, rng));
+        let lam = x / (x + y);
+        let j = b - 1 - i;
+        let (own, partner) = (i * 3 * plane, j * 3 * plane);
+        if cutmix {
+            let ratio = (1.0 - lam).sqrt();
+            let (cut, cy, cx) =
+                ((size as f64 * ratio) as usize, rng.below(size as u64) as usize, rng.below(size as u64) as usize);
+            let (y0, y1) = (cy.saturating_sub(cut / 2), (cy + cut / 2).min(size));
+            let (x0, x1) = (cx.saturating_sub(cut / 2), (cx + cut / 2).min(size));
+            for ch in 0..3 {
+                for row in y0..y1 {
+                    let at = ch * plane + row * size;
+                    images[own + at + x0..own + at + x1].copy_from_slice(&source[partner + at + x0..partner + at + x1]);
+                }
+            }
+            *lambda = 1.0 - ((y1 - y0) * (x1 - x0)) as f64 / plane as f64;
+        } else {
+            for k in 0..3 * plane {
+                images[own + k] = (lam * source[own + k] as f64 + (1.0 - lam) * source[partner + k] as f64) as f32;
+            }
+            *lambda = lam;
+        }
+    }
+    lambdas
+}
+
 /// One training batch, ready to become tensors.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
@@ -354,6 +417,8 @@ pub struct Batch {
     pub rows: Vec<usize>,
     /// A key per image (hash of its path), equal for repeated images (CUSA ITC, PCME++ labels).
     pub image_ids: Vec<u64>,
+    /// MSDA's λ per element when images were mixed (PCME++).
+    pub lambdas: Option<Vec<f64>>,
     /// `[B, d]` teacher features when the set has them.
     pub teacher_image: Option<Vec<f32>>,
     pub teacher_text: Option<Vec<f32>>,
@@ -369,6 +434,7 @@ pub struct BatchMaker {
     pub crop_scale: [f64; 2],
     pub crop_ratio: [f64; 2],
     pub flip: bool,
+    pub msda: Option<super::config::MsdaConfig>,
 }
 
 impl BatchMaker {
@@ -382,6 +448,7 @@ impl BatchMaker {
             crop_scale: c.data.crop_scale,
             crop_ratio: c.data.crop_ratio,
             flip: c.data.flip,
+            msda: c.data.msda.clone(),
         })
     }
 
@@ -409,6 +476,10 @@ impl BatchMaker {
             crop_to_chw(&img, crop, self.image_size, flip, &mut images);
             image_ids.push(crate::rng::row_key(0, "image", &s.image.name()));
         }
+        let lambdas = self.msda.as_ref().map(|c| {
+            let mut rng = RowRng::new(self.seed, "msda", &step.to_string());
+            mix_batch(&mut images, self.image_size, c, &mut rng)
+        });
         let texts: Vec<&str> = rows.iter().map(|&r| self.set.samples[r].caption.as_str()).collect();
         let (ids, mask, seq) = tokenize(&self.tokenizer, &texts)?;
         let gather = |t: &Option<(Vec<f32>, usize)>| {
@@ -424,6 +495,7 @@ impl BatchMaker {
             teacher_text: gather(&self.set.teacher_text),
             rows,
             image_ids,
+            lambdas,
         })
     }
 }
@@ -492,6 +564,37 @@ mod tests {
             let frac = (w * h) as f64 / 1200.0;
             assert!(frac > 0.4 && frac <= 1.0, "{frac}");
         }
+    }
+
+    #[test]
+    fn cutmix_lambda_is_the_kept_area_and_mixup_is_convex() {
+        // 4 images of 8×8, image i filled with the value i.
+        let (size, b) = (8, 4);
+        let fill = || (0..b).flat_map(|i| vec![i as f32; 3 * size * size]).collect::<Vec<f32>>();
+        let cut = super::super::config::MsdaConfig { mix_ratio: 1.0, cutmix_prob: 1.0, beta: 2.0 };
+        let mut x = fill();
+        let l = mix_batch(&mut x, size, &cut, &mut RowRng::new(5, "t", "cut"));
+        for i in 0..b {
+            let img = &x[i * 3 * size * size..(i + 1) * 3 * size * size];
+            let own = img.iter().filter(|&&v| v == i as f32).count() as f64 / img.len() as f64;
+            assert!((own - l[i]).abs() < 1e-12 || (i == b - 1 - i), "{own} {}", l[i]);
+            assert!(img.iter().all(|&v| v == i as f32 || v == (b - 1 - i) as f32));
+        }
+        let mix = super::super::config::MsdaConfig { cutmix_prob: 0.0, ..cut };
+        let mut x = fill();
+        let l = mix_batch(&mut x, size, &mix, &mut RowRng::new(5, "t", "mix"));
+        // Element 0 with partner 3: λ·0 + (1 − λ)·3.
+        assert!(l[0] > 0.0 && l[0] < 1.0);
+        assert!((x[0] as f64 - 3.0 * (1.0 - l[0])).abs() < 1e-5);
+        let mean: f64 = (0..2000)
+            .map(|k| {
+                let mut r = RowRng::new(9, "beta", &k.to_string());
+                let (a, b) = (gamma(2.0, &mut r), gamma(2.0, &mut r));
+                a / (a + b)
+            })
+            .sum::<f64>()
+            / 2000.0;
+        assert!((mean - 0.5).abs() < 0.02, "{mean}");
     }
 
     #[test]

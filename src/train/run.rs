@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::losses::common::{l2_normalize, LogitScale};
 use crate::losses::cusa::{cusa, CusaBatch, CusaTemperatures};
 use crate::losses::memory_bank::{ema_decay, ema_update, MemoryBank};
-use crate::losses::pcmepp::{pair_labels, pcmepp, MatchScale};
+use crate::losses::pcmepp::{msda_labels, pair_labels, pcmepp, MatchScale};
 use crate::losses::{infonce, kd, label_smoothing, otter, LossConfig};
 
 /// Runtime knobs (flags, not config: they do not change the result).
@@ -347,7 +347,13 @@ fn loss_of(
         }
         LossConfig::Pcmepp(c) => {
             let m = params.pcme.as_ref().expect("match scale");
-            let labels = pair_labels(&batch.image_ids, c.label_smoothing, device);
+            let labels = match &batch.lambdas {
+                Some(l) => {
+                    let dups = c.keep_duplicate_positives.then_some(batch.image_ids.as_slice());
+                    msda_labels(l, c.label_smoothing, dups, device)
+                }
+                None => pair_labels(&batch.image_ids, c.label_smoothing, device),
+            };
             let terms = pcmepp(
                 l2_normalize(e.image),
                 e.image_log_var.expect("log-variance head"),
