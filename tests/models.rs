@@ -105,7 +105,8 @@ fn length_sorted_batches_give_each_caption_its_own_embedding_in_input_order() {
     let mut captions: Vec<&str> = e["captions"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
     captions.push("a");
     captions.push("a much longer caption than any of the others, with many words in it");
-    let enc = TextEncoder::load(&fixtures().join("tiny_bert"), Some(Pooling::Mean), Some(true), &Device::flex()).unwrap();
+    let enc =
+        TextEncoder::load(&fixtures().join("tiny_bert"), Some(Pooling::Mean), Some(true), &Device::flex()).unwrap();
     let alone: Vec<Vec<f32>> = captions.iter().map(|c| enc.encode(&[c]).unwrap()).collect();
     for (batch, parallel) in [(1, false), (2, true), (3, false), (100, true)] {
         let got = enc.encode_many(&captions, batch, parallel).unwrap();
