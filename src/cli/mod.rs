@@ -75,7 +75,9 @@ fn device(name: &str) -> anyhow::Result<burn::tensor::Device> {
     use burn::tensor::Device;
     match name {
         "cpu" | "flex" => Ok(Device::flex()),
+        // burn 0.22 deprecates ndarray in favour of flex; kept for the backend comparison.
         #[cfg(feature = "ndarray")]
+        #[allow(deprecated)]
         "ndarray" => Ok(Device::ndarray()),
         #[cfg(feature = "cuda")]
         cuda if cuda == "cuda" || cuda.starts_with("cuda:") => {

@@ -19,6 +19,7 @@ pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
 
 fn is_host(device: &Device) -> bool {
     #[cfg(feature = "ndarray")]
+    #[allow(deprecated)]
     if *device == Device::ndarray() {
         return true;
     }
