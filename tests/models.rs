@@ -2,6 +2,8 @@
 //! `transformers` (fixtures made by `tests/fixtures/models/make_bert_fixtures.py`), on every
 //! CPU backend, and a checkpoint that does not fit the model refused with the full list.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use burn::tensor::Device;
@@ -116,31 +118,15 @@ fn length_sorted_batches_give_each_caption_its_own_embedding_in_input_order() {
 
 #[test]
 fn a_checkpoint_that_does_not_fit_is_refused_with_every_problem() {
-    use safetensors::tensor::{Dtype, TensorView};
-    let src = fixtures().join("tiny_bert");
-    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut kept: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    for (name, view) in st.tensors() {
-        match name.as_str() {
-            "encoder.layer.1.output.dense.bias" => continue, // missing
-            "encoder.layer.0.attention.self.key.weight" => {
-                // mis-shaped: drop the last row
-                let shape = view.shape().to_vec();
-                let keep = (shape[0] - 1) * shape[1] * 4;
-                kept.push((name, vec![shape[0] - 1, shape[1]], view.data()[..keep].to_vec()));
-            }
-            _ => kept.push((name, view.shape().to_vec(), view.data().to_vec())),
-        }
-    }
-    kept.push(("encoder.layer.9.extra.weight".into(), vec![2], vec![0u8; 8])); // unexpected
-    let views: Vec<(String, TensorView)> =
-        kept.iter().map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), d).unwrap())).collect();
+    // Missing, mis-shaped (one row short) and unexpected tensors, all in one checkpoint.
     let dir = tempfile::tempdir().unwrap();
-    for f in ["config.json", "tokenizer.json"] {
-        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
-    }
-    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    common::write_broken_model_folder(
+        &fixtures().join("tiny_bert"),
+        dir.path(),
+        "encoder.layer.1.output.dense.bias",
+        "encoder.layer.0.attention.self.key.weight",
+        "encoder.layer.9.extra.weight",
+    );
     let err = TextEncoder::load(dir.path(), None, None, &Device::flex()).err().expect("refused").to_string();
     assert!(err.contains("1 missing:\n    encoder.layer.1.output.dense.bias [32]"), "{err}");
     assert!(

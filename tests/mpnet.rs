@@ -3,6 +3,8 @@
 //! (fixtures made by `tests/fixtures/models/make_mpnet_fixtures.py`); the relative position
 //! buckets; a checkpoint that does not fit refused with every problem; the real-size layout.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -97,31 +99,15 @@ fn tiny_mpnet_folder_matches_sentence_transformers() {
 
 #[test]
 fn an_mpnet_checkpoint_that_does_not_fit_is_refused_with_every_problem() {
-    use safetensors::tensor::{Dtype, TensorView};
-    let src = fixtures().join("tiny_mpnet");
-    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut kept: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    for (name, view) in st.tensors() {
-        match name.as_str() {
-            "encoder.layer.1.attention.attn.o.bias" => continue, // missing
-            "encoder.relative_attention_bias.weight" => {
-                // mis-shaped: 31 buckets
-                let shape = view.shape().to_vec();
-                let keep = (shape[0] - 1) * shape[1] * 4;
-                kept.push((name, vec![shape[0] - 1, shape[1]], view.data()[..keep].to_vec()));
-            }
-            _ => kept.push((name, view.shape().to_vec(), view.data().to_vec())),
-        }
-    }
-    kept.push(("encoder.layer.0.attention.attn.extra.weight".into(), vec![2], vec![0u8; 8])); // unexpected
-    let views: Vec<(String, TensorView)> =
-        kept.iter().map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), d).unwrap())).collect();
+    // Missing, mis-shaped (one row short) and unexpected tensors, all in one checkpoint.
     let dir = tempfile::tempdir().unwrap();
-    for f in ["config.json", "tokenizer.json"] {
-        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
-    }
-    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    common::write_broken_model_folder(
+        &fixtures().join("tiny_mpnet"),
+        dir.path(),
+        "encoder.layer.1.attention.attn.o.bias",
+        "encoder.relative_attention_bias.weight",
+        "encoder.layer.0.attention.attn.extra.weight",
+    );
     let err = TextEncoder::load(dir.path(), None, None, &Device::flex()).err().expect("refused").to_string();
     assert!(err.contains("1 missing:\n    encoder.layer.1.attention.attn.o.bias [16]"), "{err}");
     assert!(

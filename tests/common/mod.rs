@@ -69,3 +69,34 @@ pub fn reasons(rejects: &[RecordBatch]) -> Vec<(String, u64)> {
 pub fn read_only(stage: &str) -> String {
     format!("output_dir = \"{{out}}\"\n\n[[stage]]\n{stage}\n\n[[stage]]\ntype = \"write_parquet\"\n")
 }
+
+/// Copies the model folder `src` (`config.json`, `tokenizer.json`) into `dst` with its
+/// `model.safetensors` broken three ways: tensor `missing` left out, tensor `misshaped` without
+/// the last row of its first dimension, and a 2-element tensor `unexpected` added.
+pub fn write_broken_model_folder(src: &Path, dst: &Path, missing: &str, misshaped: &str, unexpected: &str) {
+    use safetensors::tensor::{Dtype, TensorView};
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut kept: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        if name == missing {
+            continue;
+        }
+        let shape = view.shape().to_vec();
+        if name == misshaped {
+            let keep = (shape[0] - 1) * shape[1..].iter().product::<usize>() * 4;
+            let mut smaller = shape.clone();
+            smaller[0] -= 1;
+            kept.push((name, smaller, view.data()[..keep].to_vec()));
+        } else {
+            kept.push((name, shape, view.data().to_vec()));
+        }
+    }
+    kept.push((unexpected.into(), vec![2], vec![0u8; 8]));
+    let views: Vec<(String, TensorView)> =
+        kept.iter().map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), d).unwrap())).collect();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(src.join(f), dst.join(f)).unwrap();
+    }
+    safetensors::serialize_to_file(views, None, &dst.join("model.safetensors")).unwrap();
+}
