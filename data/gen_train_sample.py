@@ -35,6 +35,8 @@ REL = "data/train_sample"  # paths in the tables are relative to the repository 
 SIZE = 32
 TRAIN_PER_CLASS = 24
 EVAL_PER_CLASS = 10
+UNALIGNED_PER_CLASS = 5
+RETRIEVAL_PER_CLASS = 5
 
 COLOURS = {
     "red": ((220, 30, 30), ["red", "red", "red", "crimson", "scarlet"]),
@@ -211,6 +213,70 @@ def main():
     features(train, txt_feat, "teacher_text.parquet")
     print(f"wrote {len(train)} training pairs, {len(evals)} zero-shot images, {len(classes)} classes, "
           f"{len(vocab)} tokens to {OUT}")
+    unaligned = write_unaligned()
+    images, captions = write_retrieval()
+    print(f"wrote {unaligned} uncaptioned images (unaligned/), {images} retrieval images with {captions} captions")
+
+
+def write_unaligned():
+    """`unaligned/`: uncaptioned images in ImageNet-21k layout (`nXXXXXXXX/nXXXXXXXX_K.png`, one
+    made-up synset per class, `n9000000` + class number) with `words.txt` (`synset<TAB>class`):
+    the images pseudo-BoW mining labels (issue 6); their class is kept aside to score the mined
+    words. Own random stream, so the files above do not change."""
+    rng = random.Random(1)
+    root = os.path.join(OUT, "unaligned")
+    lines = []
+    n = 0
+    for i, (colour, (rgb, _)) in enumerate(COLOURS.items()):
+        for j, shape in enumerate(SHAPES):
+            synset = f"n9{i * len(SHAPES) + j + 1:07d}"
+            lines.append(f"{synset}\t{colour} {shape}")
+            os.makedirs(os.path.join(root, synset), exist_ok=True)
+            for k in range(UNALIGNED_PER_CLASS):
+                img, _ = draw(rng, rgb, shape)
+                with open(os.path.join(root, synset, f"{synset}_{k}.png"), "wb") as f:
+                    f.write(png(img))
+                n += 1
+    with open(os.path.join(root, "words.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return n
+
+
+def write_retrieval():
+    """`retrieval_images.parquet` (`coco_image_id`, `path`) and `retrieval_captions.parquet`
+    (`coco_caption_id`, `coco_image_id`, `caption`): held-out images with 5 captions each in the
+    training captions' wording, a COCO-style retrieval set for `curate eval RUN_DIR`. Own random
+    stream."""
+    rng = random.Random(2)
+    images, captions = [], []
+    for k in range(RETRIEVAL_PER_CLASS):
+        for colour, (rgb, colour_words) in COLOURS.items():
+            for shape, shape_words in SHAPES.items():
+                img, bg = draw(rng, rgb, shape)
+                name = f"retrieval_{colour}_{shape}_{k:02d}.png"
+                with open(os.path.join(OUT, "images", name), "wb") as f:
+                    f.write(png(img))
+                image_id = len(images) + 1
+                images.append((image_id, f"{REL}/images/{name}"))
+                for _ in range(5):
+                    caption = rng.choice(TEMPLATES).format(c=rng.choice(colour_words), s=rng.choice(shape_words), bg=bg)
+                    captions.append((len(captions) + 1, image_id, caption))
+    pq.write_table(
+        pa.table({
+            "coco_image_id": pa.array([i for i, _ in images], type=pa.int64()),
+            "path": [p for _, p in images],
+        }),
+        os.path.join(OUT, "retrieval_images.parquet"),
+    )
+    pq.write_table(
+        pa.table({
+            "coco_caption_id": pa.array([c[0] for c in captions], type=pa.int64()),
+            "coco_image_id": pa.array([c[1] for c in captions], type=pa.int64()),
+            "caption": [c[2] for c in captions],
+        }),
+        os.path.join(OUT, "retrieval_captions.parquet"),
+    )
+    return len(images), len(captions)
 
 
 if __name__ == "__main__":
