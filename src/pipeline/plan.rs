@@ -19,6 +19,7 @@ use crate::schema;
 use crate::stages::bow::BowConfig;
 use crate::stages::encode_image::EncodeImageConfig;
 use crate::stages::encode_text::EncodeTextConfig;
+use crate::stages::mine_pseudo_bow::MinePseudoBowConfig;
 use crate::stages::read_cc_tsv::ReadCcTsvConfig;
 use crate::stages::read_imagenet21k::ReadImagenet21kConfig;
 use crate::stages::read_img2dataset::ReadImg2datasetConfig;
@@ -26,8 +27,8 @@ use crate::stages::read_table::ReadTableConfig;
 use crate::stages::read_yfcc::ReadYfccConfig;
 use crate::stages::write_parquet::WriteParquetConfig;
 use crate::stages::{
-    bow, encode_image, encode_text, read_cc_tsv, read_imagenet21k, read_img2dataset, read_table, read_yfcc,
-    write_parquet,
+    bow, encode_image, encode_text, mine_pseudo_bow, read_cc_tsv, read_imagenet21k, read_img2dataset, read_table,
+    read_yfcc, write_parquet,
 };
 use crate::stages::{Problems, Reader, Transform};
 
@@ -66,6 +67,7 @@ fn stage_types() -> Vec<(&'static str, Kind, &'static [&'static str])> {
         (bow::TYPE, Kind::Transform, fields::<BowConfig>()),
         (encode_text::TYPE, Kind::Transform, fields::<EncodeTextConfig>()),
         (encode_image::TYPE, Kind::Transform, fields::<EncodeImageConfig>()),
+        (mine_pseudo_bow::TYPE, Kind::Transform, fields::<MinePseudoBowConfig>()),
         (write_parquet::TYPE, Kind::Write, fields::<WriteParquetConfig>()),
     ]
 }
@@ -211,6 +213,9 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
             }),
             encode_image::TYPE => build(doc, &at, &body, &mut diags, |c: &EncodeImageConfig| {
                 c.build(&schema, device, &mut problems).map(|t| Built::Transform(Box::new(t)))
+            }),
+            mine_pseudo_bow::TYPE => build(doc, &at, &body, &mut diags, |c: &MinePseudoBowConfig| {
+                c.build(seed, &schema, device, &mut problems).map(|t| Built::Transform(Box::new(t)))
             }),
             write_parquet::TYPE => build(doc, &at, &body, &mut diags, |c: &WriteParquetConfig| {
                 if c.rows_per_shard == 0 {

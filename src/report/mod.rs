@@ -1,7 +1,8 @@
 //! The run report: `report.json` (machine-readable), `report.md` (for people) and plots under
 //! `plots/` — rows in/out, rejects by reason, and for the BoW stage the Fistful statistics
 //! (Δ dataset size, mean words per caption before/after, vocabulary sizes, the removed top-`t`
-//! words) with caption-length histograms and word rank–frequency plots before/after.
+//! words) with caption-length histograms and word rank–frequency plots before/after; for pseudo-BoW
+//! mining the per-strategy class-word hit rates and example pseudo captions beside their images.
 
 pub mod plot;
 
@@ -45,6 +46,9 @@ pub fn write(out: &Path, plan: &Plan, summary: &RunSummary, stages: &[(String, V
         if report.get("length_histogram_before").is_some() {
             bow_section(&mut md, &plots, name, &mut report)?;
         }
+        if report.get("pseudo_bow").is_some() {
+            pseudo_bow_section(&mut md, out, name, &report);
+        }
         stage_json.insert(name.clone(), report);
     }
     let doc = json!({
@@ -65,6 +69,111 @@ pub fn write(out: &Path, plan: &Plan, summary: &RunSummary, stages: &[(String, V
 
 fn u64s(v: &Value) -> Vec<u64> {
     v.as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default()
+}
+
+/// `path` as seen from the folder `from` (both relative to the working directory or absolute),
+/// for links in `report.md`; `path` unchanged when there is no relative form.
+fn relative_to(from: &Path, path: &str) -> String {
+    let (Ok(from), Ok(to)) = (std::path::absolute(from), std::path::absolute(path)) else { return path.to_owned() };
+    let (a, b): (Vec<_>, Vec<_>) = (from.components().collect(), to.components().collect());
+    let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    if common == 0 {
+        return path.to_owned();
+    }
+    let mut rel = std::path::PathBuf::new();
+    for _ in common..a.len() {
+        rel.push("..");
+    }
+    for c in &b[common..] {
+        rel.push(c);
+    }
+    rel.to_string_lossy().into_owned()
+}
+
+/// Pseudo-BoW mining: settings, the per-strategy label-word hit rates and example captions
+/// beside their images.
+fn pseudo_bow_section(md: &mut String, out: &Path, name: &str, r: &Value) {
+    let u = |k: &str| r[k].as_u64().unwrap_or(0);
+    let _ = writeln!(md, "## Stage `{name}` (pseudo-BoW mining)\n");
+    let _ = writeln!(
+        md,
+        "Run `{}` (frozen); aligned set: {} captions (`{}`), {} distinct content words; c = {} crops, \
+         k = {} neighbours, p = {} words, strategy `{}`, Top_t = {}.\n",
+        r["run"].as_str().unwrap_or(""),
+        u("aligned_captions"),
+        r["aligned_caption_column"].as_str().unwrap_or(""),
+        u("aligned_vocabulary"),
+        u("crops"),
+        u("neighbors"),
+        u("words"),
+        r["strategy"].as_str().unwrap_or(""),
+        u("top_words"),
+    );
+    let _ = writeln!(
+        md,
+        "- images in: {}, mined: {}, no candidate word: {}; mean words per caption {:.2}",
+        u("images_in"),
+        u("images_mined"),
+        u("no_candidate_word"),
+        r["mean_words"].as_f64().unwrap_or(0.0)
+    );
+    let _ = writeln!(
+        md,
+        "- exact search: {:.0} crops/s ({:.2} s); crop embedding {:.2} s\n",
+        r["crops_per_second_searched"].as_f64().unwrap_or(0.0),
+        r["search_seconds"].as_f64().unwrap_or(0.0),
+        r["crop_embed_seconds"].as_f64().unwrap_or(0.0)
+    );
+    let strategies = r["strategies"].as_object().cloned().unwrap_or_default();
+    if u("labelled_images") > 0 {
+        let _ = writeln!(
+            md,
+            "True class words (`{}`, kept aside) among the p words, {} labelled images:\n",
+            r["label_column"].as_str().unwrap_or(""),
+            u("labelled_images")
+        );
+        let _ =
+            writeln!(md, "| strategy | a class word | all class words | no candidate |\n| --- | ---: | ---: | ---: |");
+        for (s, v) in &strategies {
+            let pct = |k: &str| 100.0 * v[k].as_f64().unwrap_or(f64::NAN);
+            let mark = if Some(s.as_str()) == r["strategy"].as_str() { " (used)" } else { "" };
+            let _ = writeln!(
+                md,
+                "| `{s}`{mark} | {:.1}% | {:.1}% | {} |",
+                pct("label_word_hit_rate"),
+                pct("all_label_words_rate"),
+                v["no_candidate"].as_u64().unwrap_or(0)
+            );
+        }
+        let _ = writeln!(md);
+    }
+    let examples = r["examples"].as_array().cloned().unwrap_or_default();
+    if !examples.is_empty() {
+        let names: Vec<String> = strategies.keys().cloned().collect();
+        let _ = writeln!(md, "Examples (first images of the input):\n");
+        let _ = write!(md, "| image | true class |");
+        for n in &names {
+            let _ = write!(md, " `{n}` |");
+        }
+        let _ = write!(md, "\n| --- | --- |");
+        for _ in &names {
+            let _ = write!(md, " --- |");
+        }
+        let _ = writeln!(md);
+        for e in &examples {
+            let id = e["sample_id"].as_str().unwrap_or("");
+            let image = match e["image"].as_str() {
+                Some(p) => format!("![{id}]({})<br>`{id}`", relative_to(out, p)),
+                None => format!("`{id}`"),
+            };
+            let _ = write!(md, "| {image} | {} |", e["label"].as_str().unwrap_or(""));
+            for n in &names {
+                let _ = write!(md, " {} |", e["captions"][n].as_str().unwrap_or(""));
+            }
+            let _ = writeln!(md);
+        }
+        let _ = writeln!(md);
+    }
 }
 
 /// The BoW statistics: Markdown section, plots, and the report JSON with the full

@@ -10,6 +10,8 @@
 pub mod bow;
 pub mod encode_image;
 pub mod encode_text;
+pub mod images;
+pub mod mine_pseudo_bow;
 pub mod read_cc_tsv;
 pub mod read_imagenet21k;
 pub mod read_img2dataset;

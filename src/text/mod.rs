@@ -5,8 +5,10 @@
 //! character is a letter in Python's `str.isalpha` sense (general category Lu, Ll, Lt, Lm, Lo),
 //! which is not Rust's `char::is_alphabetic`. The NLTK English stopword list (179 entries) is
 //! shipped in `stopwords_en.txt`. [`vocab`] holds base-vocabulary and document-frequency
-//! statistics. The BoW stage (`stages::bow`) and, later, pseudo-BoW word ranking build on this.
+//! statistics, [`pseudo_bow`] the word ranking of pseudo-BoW mining. The BoW stage (`stages::bow`)
+//! and the mining stage (`stages::mine_pseudo_bow`) build on this.
 
+pub mod pseudo_bow;
 pub mod vocab;
 
 use std::borrow::Cow;

@@ -117,7 +117,7 @@ fn expand(p: &PathPatterns) -> Result<Vec<PathBuf>> {
 }
 
 /// `sample_id` → embedding of a feature table (`encode_text` / `encode_image` output).
-fn read_features(patterns: &PathPatterns) -> Result<(HashMap<String, Vec<f32>>, usize)> {
+pub(crate) fn read_features(patterns: &PathPatterns) -> Result<(HashMap<String, Vec<f32>>, usize)> {
     let mut out = HashMap::new();
     let mut dim = 0;
     for file in expand(patterns)? {

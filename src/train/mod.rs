@@ -6,6 +6,7 @@
 //! - [`data`]: training tables, augmentation, tokenisation, prefetching workers;
 //! - [`optim`]: SGD / AdamW, warm-up + cosine schedule;
 //! - [`run`]: the loop — metrics, checkpoints, resume, the NaN guard;
+//! - [`trained`]: a finished run loaded frozen, embedding captions and images;
 //! - [`zeroshot`]: zero-shot top-1/top-5 (flat hit@k) at step 0, during and after training.
 //!
 //! Depends on `models`, `losses` and `io`; nothing here knows about `cli`.
@@ -15,6 +16,7 @@ pub mod data;
 pub mod dual_encoder;
 pub mod optim;
 pub mod run;
+pub mod trained;
 pub mod zeroshot;
 
 pub use config::TrainConfig;

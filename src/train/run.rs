@@ -136,7 +136,7 @@ fn teacher_momentum(loss: &LossConfig) -> Option<(f64, bool)> {
     }
 }
 
-fn heads(loss: &LossConfig) -> Heads {
+pub(crate) fn heads(loss: &LossConfig) -> Heads {
     Heads { uni: matches!(loss, LossConfig::Cusa(_)), log_variance: matches!(loss, LossConfig::Pcmepp(_)) }
 }
 

@@ -1,0 +1,100 @@
+//! A finished `curate train` run, loaded frozen for inference: its resolved `config.json`, the
+//! final `model.bpk` and the text tower's tokenizer. It embeds captions and preprocessed images
+//! exactly as the trainer's zero-shot evaluation does (L2-normalised cross-modal embeddings), for
+//! pseudo-BoW mining (`stages::mine_pseudo_bow`) and `curate eval RUN_DIR`.
+
+use std::path::{Path, PathBuf};
+
+use burn::module::Module;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use tokenizers::Tokenizer;
+
+use super::config::TrainConfig;
+use super::data::{load_tokenizer, tokenize};
+use super::dual_encoder::DualEncoder;
+use super::run::heads;
+use crate::error::{Error, Result};
+use crate::models::pooling::l2_normalize;
+
+/// Captions per text forward pass.
+const TEXT_BATCH: usize = 256;
+
+pub struct TrainedRun {
+    pub dir: PathBuf,
+    pub config: TrainConfig,
+    pub model: DualEncoder,
+    pub tokenizer: Tokenizer,
+    device: Device,
+}
+
+fn to_vec(t: Tensor<2>) -> Result<Vec<f32>> {
+    t.into_data().try_to_vec::<f32>().map_err(|e| Error::data(format!("{e:?}")))
+}
+
+impl TrainedRun {
+    /// Loads `dir/config.json` and `dir/model.bpk` (written when a run finishes all its steps).
+    pub fn load(dir: &Path, device: &Device) -> Result<TrainedRun> {
+        let config_path = dir.join("config.json");
+        let model_path = dir.join("model.bpk");
+        let hint = || Some(format!("train it first (`curate train FILE --set output_dir={}`)", dir.display()));
+        if !config_path.is_file() {
+            return Err(Error::Data {
+                message: format!("`{}` is not a `curate train` run: it has no config.json", dir.display()),
+                hint: hint(),
+            });
+        }
+        if !model_path.is_file() {
+            return Err(Error::Data {
+                message: format!("`{}` has no final model (model.bpk): the run did not finish", dir.display()),
+                hint: Some("finish it with `curate train FILE --resume`".into()),
+            });
+        }
+        let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io("cannot read", &config_path, e))?;
+        let config: TrainConfig = serde_json::from_str(&text).map_err(|e| Error::Data {
+            message: format!("`{}` is not a curate training config: {e}", config_path.display()),
+            hint: Some("it was written by another curate version; train again".into()),
+        })?;
+        let model = DualEncoder::init(&config.model, heads(&config.loss), config.seed, device)?
+            .try_load_file(&model_path)
+            .map_err(|e| Error::Model {
+                message: format!("cannot load `{}`: {e:?}", model_path.display()),
+                hint: Some("the model does not match the run's config.json".into()),
+            })?;
+        let tokenizer = load_tokenizer(&config.model.text.dir, config.model.text.max_tokens)?;
+        Ok(TrainedRun { dir: dir.to_owned(), config, model, tokenizer, device: device.clone() })
+    }
+
+    /// Side of the square images the image tower takes.
+    pub fn image_size(&self) -> usize {
+        self.config.model.image_size_px
+    }
+
+    /// Width of the cross-modal embeddings.
+    pub fn dim(&self) -> usize {
+        self.config.model.embed_dim
+    }
+
+    /// L2-normalised text embeddings, `[texts.len(), dim]` row-major.
+    pub fn embed_texts(&self, texts: &[&str]) -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(texts.len() * self.dim());
+        for chunk in texts.chunks(TEXT_BATCH) {
+            let (ids, mask, seq) = tokenize(&self.tokenizer, chunk)?;
+            let shape = [chunk.len(), seq];
+            let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, shape), &self.device);
+            let mask = Tensor::<2, Int>::from_data(TensorData::new(mask, shape), &self.device);
+            out.extend(to_vec(l2_normalize(self.model.encode_text(ids, mask)))?);
+        }
+        Ok(out)
+    }
+
+    /// L2-normalised image embeddings of `n` preprocessed images (`[n, 3, size, size]` CHW,
+    /// as [`super::data::crop_to_chw`] makes them), `[n, dim]` row-major.
+    pub fn embed_images(&self, pixels: Vec<f32>, n: usize) -> Result<Vec<f32>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let s = self.image_size();
+        let x = Tensor::<4>::from_data(TensorData::new(pixels, [n, 3, s, s]), &self.device);
+        to_vec(l2_normalize(self.model.encode_image(x)))
+    }
+}

@@ -1,0 +1,292 @@
+//! Pseudo-BoW mining (`mine_pseudo_bow`, spec `bow-and-otter.md` §3) end to end on the bundled
+//! sample: a tiny run trained for a few steps labels the uncaptioned images of
+//! `data/train_sample/unaligned` (made by `data/gen_train_sample.py`). The words and counts of
+//! every output row are recomputed here from the aligned table and the row's `neighbor_ids`;
+//! the ranking rules themselves are unit-tested in `src/text/pseudo_bow.rs`, exact top-k in
+//! `src/knn.rs`.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float64Type, UInt32Type, UInt64Type};
+use arrow_array::{Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
+use curate::pipeline::{self, config::ConfigDoc, plan::compile_doc, RunOptions};
+use curate::text::{is_content_word, Tokenizer};
+use curate::train::data::TrainSet;
+use curate::train::{train, TrainConfig, TrainOptions};
+
+const TRAIN: &str = r#"
+seed = 1
+steps = 4
+batch_size = 16
+checkpoint_every = 0
+
+[model]
+embed_dim = 16
+image_size_px = 16
+
+[model.image]
+preset = "tiny"
+
+[model.text]
+dir = "data/train_sample/text_model"
+pretrained = false
+max_tokens = 16
+
+[data]
+tables = ["data/train_sample/train.parquet"]
+
+[loss]
+type = "infonce"
+"#;
+
+/// A finished tiny run, trained once per test binary (kept for the process's life).
+fn trained_run() -> &'static Path {
+    static RUN: OnceLock<PathBuf> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap().keep();
+        let file = dir.join("train.toml");
+        std::fs::write(&file, TRAIN).unwrap();
+        let out = dir.join("run");
+        let config = TrainConfig::load(&file, &[format!("output_dir={}", out.display())]).unwrap();
+        train(&config, &TrainOptions { progress: false, ..Default::default() }).unwrap_or_else(|e| panic!("{e}"));
+        out
+    })
+}
+
+/// A pipeline reading `root` (ImageNet-21k layout) and mining with `stage_keys` added to the
+/// `mine_pseudo_bow` stage; output in `out`.
+fn pipeline(out: &Path, root: &str, aligned: &str, stage_keys: &str) -> String {
+    format!(
+        r#"output_dir = {out:?}
+seed = 5
+[[stage]]
+type = "read_imagenet21k"
+root = {root:?}
+words = "data/train_sample/unaligned/words.txt"
+[[stage]]
+type = "mine_pseudo_bow"
+run = {run:?}
+aligned = [{aligned:?}]
+{stage_keys}
+[[stage]]
+type = "write_parquet"
+rows_per_shard = 50
+"#,
+        out = out.to_string_lossy(),
+        run = trained_run().to_string_lossy(),
+    )
+}
+
+fn run(toml: String, threads: usize) -> curate::pipeline::RunSummary {
+    let doc = ConfigDoc::parse(Path::new("t.toml"), toml, &[]).unwrap_or_else(|d| panic!("{d:?}"));
+    let plan = compile_doc(&doc).unwrap_or_else(|e| panic!("{e}"));
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    pool.install(|| pipeline::run(plan, &RunOptions::default())).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `sample_id` → caption of the aligned table.
+fn aligned_captions(path: &str) -> HashMap<String, String> {
+    let batches = curate::io::parquet::read_file(Path::new(path)).unwrap();
+    let ids = common::col(&batches, "sample_id");
+    let caps = common::col(&batches, "caption");
+    ids.into_iter().zip(caps).map(|(i, c)| (i.unwrap(), c.unwrap())).collect()
+}
+
+/// The distinct content words of a caption (§1.1 + RmStopNalpha).
+fn content_words(caption: &str) -> HashSet<String> {
+    Tokenizer::default().words(caption).into_iter().filter(|w| is_content_word(w)).collect()
+}
+
+#[test]
+fn every_word_and_count_comes_from_the_retrieved_captions() {
+    const ALIGNED: &str = "data/train_sample/train.parquet";
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let keys = "crops = 3\nneighbors = 4\nwords = 3\ntop_words = 2\nbatch_size = 7";
+    let summary = run(pipeline(&out, "data/train_sample/unaligned", ALIGNED, keys), 2);
+    assert_eq!(summary.rows_read, 120);
+    let data = common::read_dir(&out.join("data"));
+    let rows: usize = data.iter().map(RecordBatch::num_rows).sum();
+    assert_eq!(rows, 120, "every image has candidate words");
+
+    let captions = aligned_captions(ALIGNED);
+    let docs: Vec<HashSet<String>> = captions.values().map(|c| content_words(c)).collect();
+    let df = |w: &str| docs.iter().filter(|d| d.contains(w)).count() as u64;
+    let mut ids_in_order = Vec::new();
+    for b in &data {
+        let caption = b.column_by_name("caption").unwrap().as_string::<i32>();
+        let strategy = b.column_by_name("strategy").unwrap().as_string::<i32>();
+        let neighbors = b.column_by_name("neighbor_ids").unwrap().as_list::<i32>();
+        let words = b.column_by_name("words").unwrap().as_list::<i32>();
+        let ids = b.column_by_name("sample_id").unwrap().as_string::<i32>();
+        for r in 0..b.num_rows() {
+            ids_in_order.push(ids.value(r).to_owned());
+            assert_eq!(strategy.value(r), "weighted_count", "the paper's default");
+            let nn = neighbors.value(r);
+            let nn = nn.as_any().downcast_ref::<StringArray>().unwrap();
+            assert_eq!(nn.len(), 3 * 4, "c·k retrieved captions, repeats kept");
+            let retrieved: Vec<HashSet<String>> =
+                (0..nn.len()).map(|i| content_words(&captions[nn.value(i)])).collect();
+            let w = words.value(r);
+            let w = w.as_struct();
+            let (word, count) = (w.column(0).as_string::<i32>(), w.column(1).as_primitive::<UInt32Type>());
+            let (pool_count, score) =
+                (w.column(2).as_primitive::<UInt64Type>(), w.column(3).as_primitive::<Float64Type>());
+            assert!(!w.is_empty() && w.len() <= 3, "at most p words");
+            let shown: Vec<&str> = (0..w.len()).map(|i| word.value(i)).collect();
+            assert_eq!(caption.value(r), shown.join(" "), "the caption is the ranked words in rank order");
+            let mut previous = f64::INFINITY;
+            for i in 0..w.len() {
+                let expected = retrieved.iter().filter(|d| d.contains(word.value(i))).count() as u32;
+                assert_eq!(count.value(i), expected, "cnt({}, NN) of {}", word.value(i), ids.value(r));
+                assert_eq!(pool_count.value(i), df(word.value(i)), "cnt({}, S_a)", word.value(i));
+                assert_eq!(score.value(i), count.value(i) as f64 / pool_count.value(i) as f64);
+                assert!(score.value(i) <= previous, "ranked by score");
+                previous = score.value(i);
+            }
+            // No better-scoring candidate was left out.
+            let floor = previous;
+            let all: HashSet<&String> = retrieved.iter().flatten().collect();
+            for cand in all.iter().filter(|c| !shown.contains(&c.as_str())) {
+                let s = retrieved.iter().filter(|d| d.contains(cand.as_str())).count() as f64 / df(cand) as f64;
+                assert!(s <= floor, "`{cand}` scores {s} > the last kept word's {floor}");
+            }
+        }
+    }
+    let mut sorted = ids_in_order.clone();
+    sorted.sort();
+    assert_eq!(ids_in_order, sorted, "input order kept");
+
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    let stage = &report["stages"]["mine_pseudo_bow"];
+    assert_eq!(stage["labelled_images"], 120);
+    assert_eq!(stage["strategies"].as_object().unwrap().len(), 4);
+    for (_, s) in stage["strategies"].as_object().unwrap() {
+        let rate = s["label_word_hit_rate"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&rate));
+    }
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("pseudo-BoW mining") && md.contains("](../../"), "examples link their images: {md}");
+}
+
+#[test]
+fn same_output_for_any_thread_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = |threads: usize| {
+        let out = dir.path().join(format!("out{threads}"));
+        let keys = "strategy = \"rm_top_rand\"\nshuffle_words = true\ntop_words = 3\nbatch_size = 5";
+        run(pipeline(&out, "data/train_sample/unaligned", "data/train_sample/train.parquet", keys), threads);
+        let mut v: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(out.join("data"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .map(|p| (p.file_name().unwrap().into(), std::fs::read(&p).unwrap()))
+            .collect();
+        v.sort();
+        v
+    };
+    let one = files(1);
+    assert!(one.len() >= 2, "several shards");
+    assert!(one == files(3), "the data files differ between 1 and 3 threads");
+}
+
+/// Writes a one-column-caption aligned table.
+fn write_aligned(path: &Path, captions: &[&str]) {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("sample_id", DataType::Utf8, false),
+        Field::new("caption", DataType::Utf8, false),
+    ]));
+    let ids: Vec<String> = (0..captions.len()).map(|i| format!("a{i}")).collect();
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![Arc::new(StringArray::from(ids)), Arc::new(StringArray::from(captions.to_vec()))],
+    )
+    .unwrap();
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+#[test]
+fn unusable_images_and_images_without_candidates_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("images");
+    std::fs::create_dir_all(root.join("n90000001")).unwrap();
+    for k in 0..2 {
+        std::fs::copy(
+            format!("data/train_sample/unaligned/n90000001/n90000001_{k}.png"),
+            root.join(format!("n90000001/n90000001_{k}.png")),
+        )
+        .unwrap();
+    }
+    std::fs::write(root.join("n90000001/n90000001_9.png"), b"\x89PNG not really").unwrap();
+    // Only stopwords and punctuation: nothing survives RmStopNalpha.
+    let aligned = dir.path().join("aligned.parquet");
+    write_aligned(&aligned, &["a the of .", "on it , 3d", "and then"]);
+    let out = dir.path().join("out");
+    let summary = run(pipeline(&out, &root.to_string_lossy(), &aligned.to_string_lossy(), "neighbors = 2"), 2);
+    assert_eq!(summary.rows_read, 3);
+    assert_eq!(summary.rows_written, 0);
+    let rejects = common::read_dir(&out.join("rejects"));
+    let mut reasons = common::col(&rejects, "reason");
+    reasons.sort();
+    let reasons: Vec<String> = reasons.into_iter().flatten().collect();
+    assert_eq!(reasons, ["no_candidate_word", "no_candidate_word", "undecodable_image"]);
+}
+
+#[test]
+fn a_missing_run_is_refused_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = std::fs::read_to_string("pipelines/pseudo_bow.toml").unwrap();
+    let sets = [format!("mine_pseudo_bow.run={}", dir.path().display())];
+    let doc = ConfigDoc::parse(Path::new("pipelines/pseudo_bow.toml"), toml.clone(), &sets).unwrap();
+    let err = compile_doc(&doc).err().expect("no run there").to_string();
+    assert!(err.contains("is not a `curate train` run") && err.contains("--set mine_pseudo_bow.run="), "{err}");
+    // The shipped pipeline compiles against a finished run.
+    let sets = [format!("mine_pseudo_bow.run={}", trained_run().display())];
+    let doc = ConfigDoc::parse(Path::new("pipelines/pseudo_bow.toml"), toml, &sets).unwrap();
+    compile_doc(&doc).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn semi_aligned_training_takes_aligned_and_pseudo_captioned_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let mined = dir.path().join("mined");
+    run(pipeline(&mined, "data/train_sample/unaligned", "data/train_sample/train.parquet", "crops = 2"), 2);
+    // The shipped file, pointed at this test's mined table.
+    let tables = format!("data.tables=[\"data/train_sample/train.parquet\", \"{}/data/*.parquet\"]", mined.display());
+    let out = dir.path().join("semi");
+    let config = TrainConfig::load(
+        Path::new("pipelines/train_semi_aligned.toml"),
+        &[
+            tables,
+            format!("output_dir={}", out.display()),
+            "model.image_size_px=16".into(),
+            "batch_size=32".into(),
+            "eval.every_steps=1000".into(),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.epochs, Some(10), "the paper's 10 epochs");
+    let set = TrainSet::load(&config).unwrap();
+    assert_eq!(set.samples.len(), 576 + 120);
+    let pseudo: Vec<_> = set.samples.iter().filter(|s| s.sample_id.starts_with("n9000")).collect();
+    assert_eq!(pseudo.len(), 120);
+    assert!(pseudo.iter().all(|s| !s.caption.is_empty()));
+    // A short run on the mixed set: two steps instead of ten epochs, no zero-shot.
+    let mut short = config;
+    short.epochs = None;
+    short.steps = Some(2);
+    short.eval = None;
+    let s = train(&short, &TrainOptions { progress: false, ..Default::default() }).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((s.rows, s.steps), (696, 2));
+    assert!(s.last_loss.is_finite());
+    assert!(out.join("model.bpk").is_file());
+}
