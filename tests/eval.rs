@@ -251,3 +251,251 @@ fn input_errors_name_the_file_and_column() {
     let e = Annotations::read_dir(d).unwrap_err().to_string();
     assert!(e.contains("lacks cxc_image_to_caption.json") && e.contains("eccv-caption"), "{e}");
 }
+
+// `curate eval RUN_DIR`: a 4-step run on the bundled sample (`data/gen_train_sample.py`), its
+// model embedding `data/train_sample/retrieval_*.parquet` (120 images, 5 captions each).
+
+mod run_dir {
+    use std::path::{Path, PathBuf};
+
+    use arrow_array::{Int64Array, StringArray};
+    use burn::tensor::Device;
+    use curate::eval::embeddings::{Captions, Images, Matrix};
+    use curate::eval::trained::{run_trained, RunEval, IMAGE_BATCH};
+    use curate::eval::{evaluate, Similarity};
+    use curate::train::data::{crop_to_chw, read_image, ImageSource};
+    use curate::train::trained::TrainedRun;
+    use curate::train::zeroshot::ZeroShot;
+    use curate::train::{train, TrainConfig, TrainOptions};
+
+    const RUN: &str = r#"
+seed = 1
+steps = 4
+batch_size = 16
+log_every = 1
+checkpoint_every = 0
+
+[model]
+embed_dim = 16
+image_size_px = 16
+
+[model.image]
+preset = "tiny"
+
+[model.text]
+dir = "data/train_sample/text_model"
+pretrained = false
+max_tokens = 16
+
+[data]
+tables = ["data/train_sample/train.parquet"]
+crop_scale = [0.5, 1.0]
+
+[loss]
+type = "infonce"
+
+[optim]
+optimizer = "adamw"
+lr = 1e-3
+"#;
+
+    const ZEROSHOT_AND_RETRIEVAL: &str = r#"
+[eval]
+images = "data/train_sample/zeroshot.parquet"
+classes = "data/train_sample/classes.txt"
+every_steps = 100
+
+[eval.retrieval]
+images = "data/train_sample/retrieval_images.parquet"
+captions = "data/train_sample/retrieval_captions.parquet"
+"#;
+
+    const IMAGES: &str = "data/train_sample/retrieval_images.parquet";
+    const CAPTIONS: &str = "data/train_sample/retrieval_captions.parquet";
+
+    /// Trains `toml` for 4 steps into `dir/run`.
+    fn train_run(dir: &Path, toml: &str) -> PathBuf {
+        let file = dir.join("train.toml");
+        std::fs::write(&file, toml).unwrap();
+        let run = dir.join("run");
+        let c = TrainConfig::load(&file, &[format!("output_dir={}", run.display())]).unwrap_or_else(|e| panic!("{e}"));
+        train(&c, &TrainOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+        run
+    }
+
+    fn json(path: &Path) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    fn int64s(path: &str, name: &str) -> Vec<i64> {
+        let batches = curate::io::parquet::read_file(Path::new(path)).unwrap();
+        batches
+            .iter()
+            .flat_map(|b| {
+                let c = b.column_by_name(name).unwrap().as_any().downcast_ref::<Int64Array>().unwrap();
+                c.values().to_vec()
+            })
+            .collect()
+    }
+
+    fn strings(path: &str, name: &str) -> Vec<String> {
+        let batches = curate::io::parquet::read_file(Path::new(path)).unwrap();
+        batches
+            .iter()
+            .flat_map(|b| {
+                let c = b.column_by_name(name).unwrap().as_any().downcast_ref::<StringArray>().unwrap();
+                c.iter().map(|s| s.unwrap().to_owned()).collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_run_directory_is_scored_like_the_embeddings_of_its_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let run_dir = train_run(dir.path(), &format!("{RUN}{ZEROSHOT_AND_RETRIEVAL}"));
+        let device = Device::flex();
+        let args = RunEval { run: run_dir.clone(), ..Default::default() };
+        let ev = run_trained(&args, &device).unwrap_or_else(|e| panic!("{e}"));
+        let out = run_dir.join("eval");
+        for f in ["config.json", "metrics.json", "metrics.md", "recall_at_k.svg"] {
+            assert!(out.join(f).is_file(), "{f} written into RUN_DIR/eval");
+        }
+        let config = json(&out.join("config.json"));
+        assert_eq!(config["command"], "eval");
+        assert_eq!(config["retrieval_from"], "run config");
+        assert_eq!(config["images"], IMAGES);
+        let got = json(&out.join("metrics.json"));
+
+        // The same galleries embedded here with the run's model: the ids and row order of the
+        // tables, images resized whole as the trainer's zero-shot evaluation does.
+        let run = TrainedRun::load(&run_dir, &device).unwrap();
+        let (image_ids, paths) = (int64s(IMAGES, "coco_image_id"), strings(IMAGES, "path"));
+        let (caption_ids, caption_images) = (int64s(CAPTIONS, "coco_caption_id"), int64s(CAPTIONS, "coco_image_id"));
+        let texts = strings(CAPTIONS, "caption");
+        assert_eq!((image_ids.len(), caption_ids.len()), (120, 600));
+        let size = run.image_size();
+        let mut image_rows = Vec::new();
+        for chunk in paths.chunks(IMAGE_BATCH) {
+            let mut pixels = Vec::new();
+            for p in chunk {
+                let img = read_image(&ImageSource::File(p.into())).unwrap();
+                crop_to_chw(&img, (0, 0, img.width, img.height), size, false, &mut pixels);
+            }
+            image_rows.extend(run.embed_images(pixels, chunk.len()).unwrap());
+        }
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let caption_rows = run.embed_texts(&refs).unwrap();
+        let d = run.dim();
+        let images = Images { ids: image_ids.clone(), embeddings: Matrix::new(120, d, image_rows.clone()) };
+        let captions = Captions {
+            ids: caption_ids,
+            image_ids: caption_images.clone(),
+            embeddings: Matrix::new(600, d, caption_rows.clone()),
+        };
+        let want = evaluate(&images, &captions, None, Similarity::Cosine).unwrap();
+        assert_eq!(want.metrics.len(), ev.metrics.len());
+        let same = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) => (a - b).abs() <= 1e-12,
+            (a, b) => a == b,
+        };
+        for (name, w) in &want.metrics {
+            for (dir, w) in [("i2t", w.i2t), ("t2i", w.t2i)] {
+                let g = got[name][dir].as_f64();
+                assert!(same(g, w), "{name} {dir}: run directory {g:?}, embeddings {w:?}");
+            }
+        }
+
+        // Recall@10 i2t by brute force: an image hits when fewer than 10 captions come before
+        // its best caption — scores are dot products of the L2-normalised embeddings; a 4-step
+        // model gives captions with the same text the same score, and equal scores go by row
+        // (`np.argsort(-s, kind="stable")`).
+        let dot = |i: usize, j: usize| -> f32 {
+            image_rows[i * d..(i + 1) * d].iter().zip(&caption_rows[j * d..(j + 1) * d]).map(|(a, b)| a * b).sum()
+        };
+        let hits = (0..120)
+            .filter(|&i| {
+                let s: Vec<f32> = (0..600).map(|j| dot(i, j)).collect();
+                let best = (0..600)
+                    .filter(|&j| caption_images[j] == image_ids[i])
+                    .max_by(|&a, &b| s[a].total_cmp(&s[b]).then(b.cmp(&a)))
+                    .unwrap();
+                let before = (0..600).filter(|&j| s[j] > s[best] || (s[j] == s[best] && j < best)).count();
+                before < 10
+            })
+            .count();
+        let r10 = got["coco_5k_r10"]["i2t"].as_f64().unwrap();
+        assert!((r10 - hits as f64 / 120.0).abs() < 1e-12, "coco_5k_r10 i2t {r10}, by hand {hits}/120");
+        // "COCO 1K" on 120 images: five folds of 24 consecutive rows.
+        assert_eq!((ev.counts.coco_1k_folds, ev.counts.images_outside_folds), (5, 0));
+
+        // Zero-shot: under its own key, equal to the trainer's scores at the last step and to
+        // the zero-shot set evaluated here.
+        let zs = &got["zeroshot"];
+        assert_eq!(zs["classes"], 24);
+        let z = ZeroShot::load(run.config.eval.as_ref().unwrap(), size).unwrap();
+        let direct = z.evaluate(&run.model, &run.tokenizer).unwrap();
+        // (serde_json reads floats back to within an ulp, hence the tolerance.)
+        let near = |v: &serde_json::Value, x: f64| v.as_f64().is_some_and(|v| (v - x).abs() < 1e-12);
+        assert!(near(&zs["top1"], direct.top1) && near(&zs["top5"], direct.top5), "{zs} vs {direct:?}");
+        let last = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .rev()
+            .find(|v| v.get("zeroshot_top1").is_some())
+            .unwrap();
+        assert_eq!(last["step"], 4);
+        assert!(near(&zs["top1"], last["zeroshot_top1"].as_f64().unwrap()), "{zs} vs {last}");
+        assert!(near(&zs["top5"], last["zeroshot_top5"].as_f64().unwrap()), "{zs} vs {last}");
+        let md = std::fs::read_to_string(out.join("metrics.md")).unwrap();
+        assert!(md.contains("| coco_5k_r10 |") && md.contains("| zeroshot_top1 (24 classes) |"), "{md}");
+
+        // The flags name the same set: the same metrics.
+        let flags_out = dir.path().join("flags");
+        let args = RunEval {
+            run: run_dir.clone(),
+            images: Some(IMAGES.into()),
+            captions: Some(CAPTIONS.into()),
+            out: Some(flags_out.clone()),
+            ..Default::default()
+        };
+        run_trained(&args, &device).unwrap();
+        assert_eq!(json(&flags_out.join("metrics.json")), got);
+        assert_eq!(json(&flags_out.join("config.json"))["retrieval_from"], "flags");
+    }
+
+    #[test]
+    fn a_run_without_a_retrieval_set_or_a_final_model_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let run_dir = train_run(dir.path(), RUN);
+        let device = Device::flex();
+        let e = run_trained(&RunEval { run: run_dir.clone(), ..Default::default() }, &device).unwrap_err().to_string();
+        assert!(e.contains("no retrieval set to evaluate") && e.contains("eval.retrieval"), "{e}");
+        assert!(e.contains("hint: pass `--images IMAGES.parquet --captions CAPTIONS.parquet`"), "{e}");
+        assert!(!run_dir.join("eval").exists(), "nothing written");
+
+        // With the flags it evaluates; without zero-shot settings metrics.json has no zero-shot.
+        let out = dir.path().join("eval");
+        let args = RunEval {
+            run: run_dir.clone(),
+            images: Some(IMAGES.into()),
+            captions: Some(CAPTIONS.into()),
+            out: Some(out.clone()),
+            ..Default::default()
+        };
+        let ev = run_trained(&args, &device).unwrap();
+        assert!(ev.zeroshot.is_none());
+        let got = json(&out.join("metrics.json"));
+        assert!(got.get("zeroshot").is_none() && got["coco_5k_r1"]["t2i"].is_f64(), "{got}");
+
+        // A run that did not finish (no model.bpk), through the binary: exit code 2.
+        std::fs::remove_file(run_dir.join("model.bpk")).unwrap();
+        let e = run_trained(&args, &device).unwrap_err().to_string();
+        assert!(e.contains("has no final model (model.bpk)"), "{e}");
+        let bin = std::process::Command::new(env!("CARGO_BIN_EXE_curate")).arg("eval").arg(&run_dir).output().unwrap();
+        let stderr = String::from_utf8_lossy(&bin.stderr);
+        assert_eq!(bin.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("error: ") && stderr.contains("model.bpk") && stderr.contains("hint:"), "{stderr}");
+        assert!(bin.stdout.is_empty());
+    }
+}

@@ -26,18 +26,36 @@ pub enum Command {
     Bench(BenchCommand),
     /// Train a dual encoder (training file: model, data, loss, optimiser, zero-shot eval).
     Train(TrainArgs),
-    /// Retrieval metrics (COCO 5K/1K, CxC, ECCV Caption) from precomputed embeddings.
+    /// Retrieval metrics (COCO 5K/1K, CxC, ECCV Caption) of a trained run or precomputed embeddings.
     Eval(EvalArgs),
 }
 
+/// `curate eval RUN_DIR [--images IMAGES.parquet --captions CAPTIONS.parquet] [--out OUT_DIR]`
+/// embeds a retrieval set with a trained run's model (plus the run's zero-shot classification);
+/// `curate eval --image-embeddings ... --caption-embeddings ... --out OUT_DIR` scores
+/// precomputed embeddings. Both write the same files.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["run", "image_embeddings"])))]
 pub struct EvalArgs {
-    /// A `curate train` run directory to evaluate (not wired yet: use the embedding flags).
-    #[arg(conflicts_with_all = ["image_embeddings", "caption_embeddings"])]
+    /// A `curate train` run directory (config.json, model.bpk): its model embeds the retrieval
+    /// set (`--images`/`--captions`, else the run config's `eval.retrieval`), and the run
+    /// config's zero-shot set when it has one.
+    #[arg(value_name = "RUN_DIR", conflicts_with_all = ["image_embeddings", "caption_embeddings"])]
     pub run: Option<PathBuf>,
+    /// With RUN_DIR: Parquet with `coco_image_id` (int64) and `path` (an image file); its row
+    /// order defines the COCO 1K folds. Default: the run config's `eval.retrieval.images`.
+    #[arg(long, value_name = "IMAGES.parquet", requires_all = ["run", "captions"])]
+    pub images: Option<PathBuf>,
+    /// With RUN_DIR: Parquet with `coco_caption_id`, `coco_image_id` (int64) and `caption`.
+    #[arg(long, value_name = "CAPTIONS.parquet", requires_all = ["run", "images"])]
+    pub captions: Option<PathBuf>,
+    /// With RUN_DIR: the folder image paths are relative to (default: the run config's
+    /// `eval.retrieval.image_root` for its set, else as stored).
+    #[arg(long, value_name = "DIR", requires = "run")]
+    pub image_root: Option<PathBuf>,
     /// Parquet with `coco_image_id` (int64) and `embedding`; its row order defines the COCO 1K
     /// folds.
-    #[arg(long, value_name = "IMAGES.parquet", requires = "caption_embeddings")]
+    #[arg(long, value_name = "IMAGES.parquet", requires_all = ["caption_embeddings", "out"])]
     pub image_embeddings: Option<PathBuf>,
     /// Parquet with `coco_caption_id`, `coco_image_id` (int64) and `embedding`.
     #[arg(long, value_name = "CAPTIONS.parquet", requires = "image_embeddings")]
@@ -46,15 +64,20 @@ pub struct EvalArgs {
     /// it only the COCO metrics are computed.
     #[arg(long, value_name = "DIR")]
     pub eccv_annotations: Option<PathBuf>,
-    /// Output folder: config.json, metrics.json, metrics.md, recall_at_k.svg.
+    /// Output folder: config.json, metrics.json, metrics.md, recall_at_k.svg. Default with
+    /// RUN_DIR: `RUN_DIR/eval`; required with the embedding flags.
     #[arg(long, value_name = "OUT_DIR")]
-    pub out: PathBuf,
+    pub out: Option<PathBuf>,
     /// How an image and a caption are scored.
     #[arg(long, value_enum, default_value_t = crate::eval::Similarity::Cosine)]
     pub similarity: crate::eval::Similarity,
     /// Worker threads (default: all cores). Does not change the output.
     #[arg(long)]
     pub threads: Option<usize>,
+    /// With RUN_DIR: where the model runs, as for `curate train` (`cpu`, `ndarray`,
+    /// `cuda[:N]`). Does not change the output beyond float rounding.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 #[derive(Debug, Args)]
@@ -216,21 +239,33 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             if let Some(n) = args.threads {
                 rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global()?;
             }
-            // TODO(lead): `curate eval RUN_DIR` — load the run's model, embed the COCO 5K test
-            // split into `eval::embeddings::{Images, Captions}`, then `eval::evaluate` and
-            // `eval::report::write` (plus the trainer's zero-shot classification).
-            let (Some(image_embeddings), Some(caption_embeddings)) = (args.image_embeddings, args.caption_embeddings)
+            if let Some(run_dir) = args.run {
+                let run = crate::eval::trained::RunEval {
+                    run: run_dir,
+                    images: args.images,
+                    captions: args.captions,
+                    image_root: args.image_root,
+                    eccv_annotations: args.eccv_annotations,
+                    out: args.out,
+                    similarity: args.similarity,
+                    progress: true,
+                };
+                let ev = crate::eval::trained::run_trained(&run, &device(&args.device)?)?;
+                print!("{}", crate::eval::report::markdown_table(&ev));
+                let total: f64 = ev.timings_s.iter().map(|t| t.1).sum();
+                eprintln!("wrote `{}` ({total:.2} s)", run.out_dir().join("metrics.json").display());
+                return Ok(0);
+            }
+            let (Some(image_embeddings), Some(caption_embeddings), Some(out)) =
+                (args.image_embeddings, args.caption_embeddings, args.out)
             else {
-                anyhow::bail!(
-                    "evaluating a run directory{} is not available yet; pass --image-embeddings and --caption-embeddings",
-                    args.run.map(|r| format!(" (`{}`)", r.display())).unwrap_or_default()
-                );
+                anyhow::bail!("pass RUN_DIR, or --image-embeddings, --caption-embeddings and --out");
             };
             let run = crate::eval::EmbeddingsRun {
                 image_embeddings,
                 caption_embeddings,
                 eccv_annotations: args.eccv_annotations,
-                out: args.out,
+                out,
                 similarity: args.similarity,
             };
             let ev = crate::eval::run_embeddings(&run)?;

@@ -4,6 +4,10 @@
 //! ([`super::ranking`]) and, for images, what defines the COCO 1K folds ([`super::coco`]).
 //! Every problem that makes the tables unusable as a whole (missing column, wrong type, null,
 //! non-finite value, widths that differ, duplicate id) is an error naming the file and column.
+//!
+//! `curate eval RUN_DIR` reads the same galleries before they are embedded ([`ImageList`]:
+//! `coco_image_id` + `path`; [`CaptionList`]: `coco_caption_id`, `coco_image_id` + `caption`)
+//! and builds [`Images`] / [`Captions`] from the model's output ([`Images::from_rows`]).
 
 use std::path::Path;
 
@@ -85,35 +89,85 @@ pub fn read_captions(path: &Path) -> Result<Captions> {
     Ok(Captions { ids, image_ids, embeddings })
 }
 
-/// Checks that the two galleries can be scored against each other and that every caption's
-/// image is in the image gallery (otherwise its COCO positive could never be retrieved).
-pub fn check_pair(images: &Images, captions: &Captions, images_path: &Path, captions_path: &Path) -> Result<()> {
-    if images.embeddings.dim != captions.embeddings.dim {
-        return Err(Error::Data {
-            message: format!(
-                "embedding widths differ: `{}` has {} and `{}` has {}",
-                images_path.display(),
-                images.embeddings.dim,
-                captions_path.display(),
-                captions.embeddings.dim
-            ),
-            hint: Some("image and caption embeddings must come from the same dual encoder".into()),
-        });
+/// An image list to embed (`curate eval RUN_DIR`): `coco_image_id` and `path`, in row order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageList {
+    pub ids: Vec<i64>,
+    pub paths: Vec<String>,
+}
+
+/// A caption list to embed: `coco_caption_id`, `coco_image_id` and `caption`, in row order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CaptionList {
+    pub ids: Vec<i64>,
+    pub image_ids: Vec<i64>,
+    pub texts: Vec<String>,
+}
+
+/// Reads an image list (`coco_image_id` int64, `path` string).
+pub fn read_image_list(path: &Path) -> Result<ImageList> {
+    let batches = crate::io::parquet::read_file(path)?;
+    let ids = int64_column(path, &batches, "coco_image_id")?;
+    let paths = string_column(path, &batches, "path")?;
+    check_unique(path, "coco_image_id", &ids)?;
+    Ok(ImageList { ids, paths })
+}
+
+/// Reads a caption list (`coco_caption_id`, `coco_image_id` int64, `caption` string).
+pub fn read_caption_list(path: &Path) -> Result<CaptionList> {
+    let batches = crate::io::parquet::read_file(path)?;
+    let ids = int64_column(path, &batches, "coco_caption_id")?;
+    let image_ids = int64_column(path, &batches, "coco_image_id")?;
+    let texts = string_column(path, &batches, "caption")?;
+    check_unique(path, "coco_caption_id", &ids)?;
+    Ok(CaptionList { ids, image_ids, texts })
+}
+
+impl Images {
+    /// The gallery from embeddings made in memory (a trained run's image tower).
+    ///
+    /// # Shapes
+    /// `data`: `[ids.len() * dim]`, row-major, row `i` the embedding of `ids[i]`.
+    pub fn from_rows(ids: Vec<i64>, dim: usize, data: Vec<f32>) -> Images {
+        let rows = ids.len();
+        Images { ids, embeddings: Matrix::new(rows, dim, data) }
     }
-    if images.ids.is_empty() || captions.ids.is_empty() {
+}
+
+impl Captions {
+    /// The gallery from embeddings made in memory (a trained run's text tower).
+    ///
+    /// # Shapes
+    /// `data`: `[ids.len() * dim]`, row-major; `image_ids`: `[ids.len()]`.
+    pub fn from_rows(ids: Vec<i64>, image_ids: Vec<i64>, dim: usize, data: Vec<f32>) -> Captions {
+        assert_eq!(ids.len(), image_ids.len(), "one image id per caption");
+        let rows = ids.len();
+        Captions { ids, image_ids, embeddings: Matrix::new(rows, dim, data) }
+    }
+}
+
+/// Checks, before anything is embedded, that there is something to evaluate and that every
+/// caption's image is in the image gallery (otherwise its COCO positive could never be retrieved).
+pub fn check_ids(
+    image_ids: &[i64],
+    caption_ids: &[i64],
+    caption_image_ids: &[i64],
+    images_path: &Path,
+    captions_path: &Path,
+) -> Result<()> {
+    if image_ids.is_empty() || caption_ids.is_empty() {
         return Err(Error::data(format!(
             "nothing to evaluate: {} image(s) in `{}`, {} caption(s) in `{}`",
-            images.ids.len(),
+            image_ids.len(),
             images_path.display(),
-            captions.ids.len(),
+            caption_ids.len(),
             captions_path.display()
         )));
     }
-    let known: rustc_hash::FxHashSet<i64> = images.ids.iter().copied().collect();
-    let missing: Vec<(i64, i64)> = captions
-        .ids
+    let known: rustc_hash::FxHashSet<i64> = image_ids.iter().copied().collect();
+    let missing: Vec<(i64, i64)> = caption_ids
         .iter()
-        .zip(&captions.image_ids)
+        .zip(caption_image_ids)
         .filter(|(_, im)| !known.contains(im))
         .map(|(&c, &im)| (c, im))
         .collect();
@@ -129,6 +183,24 @@ pub fn check_pair(images: &Images, captions: &Captions, images_path: &Path, capt
         });
     }
     Ok(())
+}
+
+/// Checks that the two galleries can be scored against each other and that every caption's
+/// image is in the image gallery (otherwise its COCO positive could never be retrieved).
+pub fn check_pair(images: &Images, captions: &Captions, images_path: &Path, captions_path: &Path) -> Result<()> {
+    if images.embeddings.dim != captions.embeddings.dim {
+        return Err(Error::Data {
+            message: format!(
+                "embedding widths differ: `{}` has {} and `{}` has {}",
+                images_path.display(),
+                images.embeddings.dim,
+                captions_path.display(),
+                captions.embeddings.dim
+            ),
+            hint: Some("image and caption embeddings must come from the same dual encoder".into()),
+        });
+    }
+    check_ids(&images.ids, &captions.ids, &captions.image_ids, images_path, captions_path)
 }
 
 fn column<'a>(path: &Path, batches: &'a [RecordBatch], name: &str) -> Result<Vec<&'a dyn Array>> {
@@ -162,6 +234,21 @@ fn int64_column(path: &Path, batches: &[RecordBatch], name: &str) -> Result<Vec<
             });
         }
         out.extend_from_slice(c.as_primitive::<Int64Type>().values());
+    }
+    Ok(out)
+}
+
+fn string_column(path: &Path, batches: &[RecordBatch], name: &str) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for c in column(path, batches, name)? {
+        if !matches!(c.data_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) {
+            return Err(Error::Schema {
+                message: format!("column `{name}` of `{}` is {}, not a string", path.display(), c.data_type()),
+                hint: None,
+            });
+        }
+        let c = arrow_cast::cast(c, &DataType::Utf8)?;
+        out.extend(c.as_string::<i32>().iter().map(|s| s.unwrap_or_default().to_owned()));
     }
     Ok(out)
 }

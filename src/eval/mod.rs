@@ -10,8 +10,9 @@
 //! `metrics.json`, `metrics.md` and the recall@K plot.
 //!
 //! [`evaluate`] takes embeddings from anywhere: `curate eval --image-embeddings ...` reads them
-//! from Parquet ([`run_embeddings`]); a trained run directory will embed the COCO 5K test split
-//! with its model and call the same function.
+//! from Parquet ([`run_embeddings`]); `curate eval RUN_DIR` embeds a retrieval set (the COCO 5K
+//! test split, or the bundled sample) with a trained run's model ([`trained`]) and calls the
+//! same function, adding the run's zero-shot classification scores ([`ZeroShotMetrics`]).
 
 pub mod coco;
 pub mod cxc;
@@ -19,6 +20,7 @@ pub mod eccv;
 pub mod embeddings;
 pub mod ranking;
 pub mod report;
+pub mod trained;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -200,6 +202,24 @@ pub struct Evaluation {
     pub best_ranks: Vec<(String, Vec<Option<u32>>)>,
     pub counts: Counts,
     pub timings_s: Vec<(String, f64)>,
+    /// Zero-shot classification of a trained run (`curate eval RUN_DIR` when the run config has
+    /// zero-shot settings); `None` from embeddings.
+    pub zeroshot: Option<ZeroShotMetrics>,
+}
+
+/// Zero-shot top-1/top-5 (flat hit@k over the class prompts, spec `bow-and-otter.md` §6.2), as
+/// the trainer computes them ([`crate::train::zeroshot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ZeroShotMetrics {
+    pub top1: f64,
+    pub top5: f64,
+    pub classes: usize,
+}
+
+impl From<crate::train::zeroshot::ZeroShotScores> for ZeroShotMetrics {
+    fn from(s: crate::train::zeroshot::ZeroShotScores) -> Self {
+        ZeroShotMetrics { top1: s.top1, top5: s.top5, classes: s.classes }
+    }
 }
 
 /// Sizes and diagnostics shown in the report.
@@ -297,7 +317,7 @@ pub fn evaluate(
         ("rank".to_owned(), t_rank),
         ("metrics".to_owned(), t3.elapsed().as_secs_f64()),
     ];
-    Ok(Evaluation { metrics, best_ranks, counts, timings_s })
+    Ok(Evaluation { metrics, best_ranks, counts, timings_s, zeroshot: None })
 }
 
 /// One annotation query resolved to gallery rows.

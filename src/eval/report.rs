@@ -3,6 +3,11 @@
 //! "t2i": y}`, fractions as the package returns them, `null` where a protocol had no queries),
 //! `metrics.md` (the same values x100 in a table, with counts and timings) and
 //! `recall_at_k.svg` (COCO 5K and CxC recall@K curves, drawn with [`crate::report::plot`]).
+//!
+//! A trained run's zero-shot scores (`curate eval RUN_DIR`) are one more top-level key,
+//! `"zeroshot": {"top1": x, "top5": y, "classes": n}`, after the retrieval metrics, so every
+//! other key keeps the `{"i2t", "t2i"}` shape; in the table they are rows `zeroshot_top1` /
+//! `zeroshot_top5` with the value in the i2t column (an image ranks the class prompts).
 
 use std::fmt::Write;
 use std::path::Path;
@@ -10,18 +15,21 @@ use std::path::Path;
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
-use super::{EmbeddingsRun, Evaluation, Pair};
+use super::{Evaluation, Pair, ZeroShotMetrics};
 use crate::error::{Error, Result};
 use crate::io::write_atomic;
 
-/// The metrics in report order as one JSON object.
-struct Ordered<'a>(&'a [(String, Pair)]);
+/// The metrics in report order as one JSON object, then the zero-shot scores if any.
+struct Ordered<'a>(&'a [(String, Pair)], Option<&'a ZeroShotMetrics>);
 
 impl Serialize for Ordered<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(self.0.len()))?;
+        let mut m = s.serialize_map(Some(self.0.len() + usize::from(self.1.is_some())))?;
         for (k, v) in self.0 {
             m.serialize_entry(k, v)?;
+        }
+        if let Some(z) = self.1 {
+            m.serialize_entry("zeroshot", z)?;
         }
         m.end()
     }
@@ -29,7 +37,7 @@ impl Serialize for Ordered<'_> {
 
 /// `metrics.json` text.
 pub fn metrics_json(ev: &Evaluation) -> String {
-    let mut s = serde_json::to_string_pretty(&Ordered(&ev.metrics)).expect("metrics serialise");
+    let mut s = serde_json::to_string_pretty(&Ordered(&ev.metrics, ev.zeroshot.as_ref())).expect("metrics serialise");
     s.push('\n');
     s
 }
@@ -46,6 +54,11 @@ pub fn markdown_table(ev: &Evaluation) -> String {
         let mean = p.i2t.zip(p.t2i).map(|(a, b)| (a + b) / 2.0);
         let _ = writeln!(s, "| {name} | {} | {} | {} |", pct(p.i2t), pct(p.t2i), pct(mean));
     }
+    if let Some(z) = &ev.zeroshot {
+        for (name, v) in [("zeroshot_top1", z.top1), ("zeroshot_top5", z.top5)] {
+            let _ = writeln!(s, "| {name} ({} classes) | {} | — | — |", z.classes, pct(Some(v)));
+        }
+    }
     s
 }
 
@@ -55,6 +68,9 @@ pub fn markdown(ev: &Evaluation) -> String {
     let mut s = String::from("# curate eval\n\nValues x100 (metrics.json holds the fractions).\n\n");
     s.push_str(&markdown_table(ev));
     let _ = writeln!(s, "\n- galleries: {} images, {} captions, width {}", c.images, c.captions, c.dim);
+    if ev.zeroshot.is_some() {
+        let _ = writeln!(s, "- zero-shot: each image ranks the class prompts (flat hit@k), hence the i2t column");
+    }
     let _ = writeln!(
         s,
         "- COCO 1K: {} fold(s) of consecutive image rows; {} image(s) outside the folds; {} image(s) without captions (distractors only)",
@@ -114,14 +130,15 @@ pub fn plot(ev: &Evaluation) -> String {
     crate::report::plot::log_x_lines("Recall@K (full galleries)", "K", "recall", &refs)
 }
 
-/// Writes `config.json` (before the work starts).
-pub fn write_config(out: &Path, run: &EmbeddingsRun) -> Result<()> {
+/// Writes `config.json` (before the work starts): the version, the command and the inputs
+/// (`run`: [`super::EmbeddingsRun`] or [`super::trained::Resolved`]).
+pub fn write_config<T: Serialize>(out: &Path, run: &T) -> Result<()> {
     #[derive(Serialize)]
-    struct Config<'a> {
+    struct Config<'a, T> {
         curate_version: &'a str,
         command: &'a str,
         #[serde(flatten)]
-        run: &'a EmbeddingsRun,
+        run: &'a T,
     }
     let c = Config { curate_version: env!("CARGO_PKG_VERSION"), command: "eval", run };
     let text = serde_json::to_string_pretty(&c).map_err(|e| Error::data(e.to_string()))?;

@@ -318,7 +318,8 @@ fn default_schedule() -> Schedule {
     Schedule::Cosine
 }
 
-/// Zero-shot classification during training (spec `bow-and-otter.md` §6.1–6.2).
+/// The `[eval]` table: zero-shot classification during training (spec `bow-and-otter.md`
+/// §6.1–6.2) and, in `[eval.retrieval]`, the retrieval set of `curate eval RUN_DIR`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ZeroShotConfig {
@@ -341,6 +342,27 @@ pub struct ZeroShotConfig {
     /// Evaluate every this many steps (and always at step 0 and at the end).
     #[serde(default = "default_eval_every")]
     pub every_steps: u64,
+    /// The image-text retrieval set `curate eval RUN_DIR` embeds with the trained model when no
+    /// `--images`/`--captions` are given (spec `cusa-and-pcmepp.md` §4); not used while
+    /// training. Absent: `curate eval RUN_DIR` needs the flags. Left out of `config.json` when
+    /// absent, so runs trained before it existed resume unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retrieval: Option<RetrievalConfig>,
+}
+
+/// A retrieval gallery in the COCO layout (`[eval.retrieval]`): the COCO 5K test split for the
+/// papers, `data/train_sample/retrieval_*.parquet` for the bundled sample. Row order matters:
+/// the image rows in five consecutive fifths are the COCO 1K folds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrievalConfig {
+    /// Parquet with `coco_image_id` (int64) and `path` (an image file).
+    pub images: PathBuf,
+    /// Parquet with `coco_caption_id`, `coco_image_id` (int64) and `caption`.
+    pub captions: PathBuf,
+    /// Image paths are relative to this folder (default: as stored, i.e. the working directory).
+    #[serde(default)]
+    pub image_root: Option<PathBuf>,
 }
 
 fn default_label() -> String {
@@ -477,6 +499,29 @@ impl TrainConfig {
             }
             if e.every_steps == 0 {
                 bad("eval.every_steps", "must be at least 1".into(), "e.g. `every_steps = 100`");
+            }
+            // Checked here although only `curate eval` reads them: a typo should not surface
+            // after the training.
+            if let Some(r) = &e.retrieval {
+                for (key, file, columns) in [
+                    ("eval.retrieval.images", &r.images, "`coco_image_id` and `path`"),
+                    ("eval.retrieval.captions", &r.captions, "`coco_caption_id`, `coco_image_id` and `caption`"),
+                ] {
+                    if !file.is_file() {
+                        bad(
+                            key,
+                            format!("`{}` does not exist", file.display()),
+                            &format!("a Parquet file with {columns}"),
+                        );
+                    }
+                }
+                if let Some(root) = r.image_root.as_ref().filter(|d| !d.is_dir()) {
+                    bad(
+                        "eval.retrieval.image_root",
+                        format!("`{}` is not a folder", root.display()),
+                        "the folder the `path` column is relative to",
+                    );
+                }
             }
         }
     }

@@ -1,0 +1,216 @@
+//! `curate eval RUN_DIR` (issue 5): evaluates a finished `curate train` run. Its model
+//! ([`TrainedRun`]) embeds a retrieval set in the COCO layout ([`super::embeddings::ImageList`],
+//! [`super::embeddings::CaptionList`]) — the `--images`/`--captions` flags, else the run
+//! config's `[eval.retrieval]` — with images preprocessed as the trainer's zero-shot evaluation
+//! does (the whole image resized to the model's square size: no crop, no flip). The galleries
+//! then go through the same [`super::evaluate`] and [`super::report`] as precomputed
+//! embeddings, so both forms of `curate eval` write the same files. When the run config has
+//! zero-shot settings (`[eval]`), the trainer's zero-shot top-1/top-5
+//! ([`crate::train::zeroshot`]) are added.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::tensor::Device;
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::embeddings::{self, Captions, Images};
+use super::{evaluate, report, Annotations, Evaluation, Similarity};
+use crate::error::{Error, Result};
+use crate::train::config::{TrainConfig, ZeroShotConfig};
+use crate::train::data::{crop_to_chw, read_image, ImageSource};
+use crate::train::trained::TrainedRun;
+use crate::train::zeroshot::ZeroShot;
+
+/// Images per image-tower forward pass (the trainer's zero-shot batch). Embeddings do not depend
+/// on it beyond float rounding.
+pub const IMAGE_BATCH: usize = 64;
+
+/// Captions per [`TrainedRun::embed_texts`] call between progress lines (a multiple of its
+/// internal batch, so the batches are the same as one call over all captions).
+const TEXT_CHUNK: usize = 4096;
+
+/// `curate eval RUN_DIR`: what to evaluate and where to write.
+#[derive(Debug, Clone, Default)]
+pub struct RunEval {
+    /// The `curate train` output directory (`config.json`, `model.bpk`).
+    pub run: PathBuf,
+    /// Image list (`coco_image_id`, `path`); with `captions`, replaces the run config's
+    /// `eval.retrieval`.
+    pub images: Option<PathBuf>,
+    /// Caption list (`coco_caption_id`, `coco_image_id`, `caption`).
+    pub captions: Option<PathBuf>,
+    /// Folder the `path` column is relative to; overrides `eval.retrieval.image_root`.
+    pub image_root: Option<PathBuf>,
+    /// The eccv-caption package's `data/` folder (CxC and ECCV Caption).
+    pub eccv_annotations: Option<PathBuf>,
+    /// Output folder; default `run/eval`.
+    pub out: Option<PathBuf>,
+    pub similarity: Similarity,
+    /// Say on stderr what is being embedded (counts, then progress lines).
+    pub progress: bool,
+}
+
+impl RunEval {
+    /// The output folder: `out`, or `RUN_DIR/eval`.
+    pub fn out_dir(&self) -> PathBuf {
+        self.out.clone().unwrap_or_else(|| self.run.join("eval"))
+    }
+}
+
+/// The inputs as resolved, written to `config.json` before anything is embedded.
+#[derive(Debug, Clone, Serialize)]
+pub struct Resolved {
+    pub run: PathBuf,
+    /// Where the retrieval set came from: `flags` or `run config` (`eval.retrieval`).
+    pub retrieval_from: &'static str,
+    pub images: PathBuf,
+    pub captions: PathBuf,
+    pub image_root: Option<PathBuf>,
+    pub eccv_annotations: Option<PathBuf>,
+    /// The run's zero-shot settings (without `retrieval`), when it has them.
+    pub zeroshot: Option<ZeroShotConfig>,
+    pub image_size_px: usize,
+    pub out: PathBuf,
+    pub similarity: Similarity,
+}
+
+/// The retrieval set: the flags, else the run config's `eval.retrieval`.
+fn resolve(args: &RunEval, config: &TrainConfig) -> Result<Resolved> {
+    let (retrieval_from, images, captions, image_root) = match (&args.images, &args.captions) {
+        (Some(i), Some(c)) => ("flags", i.clone(), c.clone(), args.image_root.clone()),
+        (None, None) => match config.eval.as_ref().and_then(|e| e.retrieval.as_ref()) {
+            Some(r) => (
+                "run config",
+                r.images.clone(),
+                r.captions.clone(),
+                args.image_root.clone().or_else(|| r.image_root.clone()),
+            ),
+            None => {
+                return Err(Error::Data {
+                    message: format!(
+                        "no retrieval set to evaluate `{}` on: neither `--images`/`--captions` nor \
+                         `eval.retrieval` in its config.json",
+                        args.run.display()
+                    ),
+                    hint: Some(
+                        "pass `--images IMAGES.parquet --captions CAPTIONS.parquet` (`coco_image_id` + `path`; \
+                         `coco_caption_id`, `coco_image_id` + `caption`), or add `[eval.retrieval]` with `images` \
+                         and `captions` to the training file"
+                            .into(),
+                    ),
+                })
+            }
+        },
+        _ => return Err(Error::data("`--images` and `--captions` go together")),
+    };
+    let zeroshot = config.eval.clone().map(|mut z| {
+        z.retrieval = None;
+        z
+    });
+    Ok(Resolved {
+        run: args.run.clone(),
+        retrieval_from,
+        images,
+        captions,
+        image_root,
+        eccv_annotations: args.eccv_annotations.clone(),
+        zeroshot,
+        image_size_px: config.model.image_size_px,
+        out: args.out_dir(),
+        similarity: args.similarity,
+    })
+}
+
+/// Loads the run, embeds the retrieval set, evaluates (plus zero-shot when configured) and
+/// writes the report into [`RunEval::out_dir`]: `config.json` first, then `metrics.json`,
+/// `metrics.md`, `recall_at_k.svg`. Inputs are checked (tables, annotations, zero-shot set)
+/// before the first embedding.
+pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
+    let note = |msg: String| {
+        if args.progress {
+            eprintln!("{msg}");
+        }
+    };
+    let t0 = Instant::now();
+    let run = TrainedRun::load(&args.run, device)?;
+    let r = resolve(args, &run.config)?;
+    let t_load = t0.elapsed().as_secs_f64();
+
+    let t1 = Instant::now();
+    std::fs::create_dir_all(&r.out).map_err(|e| Error::io("cannot create folder", &r.out, e))?;
+    report::write_config(&r.out, &r)?;
+    let images = embeddings::read_image_list(&r.images)?;
+    let captions = embeddings::read_caption_list(&r.captions)?;
+    embeddings::check_ids(&images.ids, &captions.ids, &captions.image_ids, &r.images, &r.captions)?;
+    let annotations = r.eccv_annotations.as_deref().map(Annotations::read_dir).transpose()?;
+    let zeroshot = r.zeroshot.as_ref().map(|z| ZeroShot::load(z, run.image_size())).transpose()?;
+    let t_read = t1.elapsed().as_secs_f64();
+
+    let size = run.image_size();
+    note(format!(
+        "embedding {} images (`{}`, {size}×{size} px) and {} captions (`{}`) with `{}`",
+        images.ids.len(),
+        r.images.display(),
+        captions.ids.len(),
+        r.captions.display(),
+        run.dir.display()
+    ));
+    let t2 = Instant::now();
+    let texts: Vec<&str> = captions.texts.iter().map(String::as_str).collect();
+    let mut caption_rows = Vec::with_capacity(texts.len() * run.dim());
+    for chunk in texts.chunks(TEXT_CHUNK) {
+        caption_rows.extend(run.embed_texts(chunk)?);
+        if texts.len() > TEXT_CHUNK {
+            note(format!("  captions {}/{}", caption_rows.len() / run.dim(), texts.len()));
+        }
+    }
+    let t_captions = t2.elapsed().as_secs_f64();
+
+    let t3 = Instant::now();
+    let root = r.image_root.as_deref();
+    let batches = images.paths.len().div_ceil(IMAGE_BATCH);
+    let every = (batches / 10).max(1);
+    let mut image_rows = Vec::with_capacity(images.ids.len() * run.dim());
+    for (b, chunk) in images.paths.chunks(IMAGE_BATCH).enumerate() {
+        let pixels = chunk
+            .par_iter()
+            .map(|p| preprocess(&root.map_or_else(|| PathBuf::from(p), |d| d.join(p)), size))
+            .collect::<Result<Vec<Vec<f32>>>>()?;
+        image_rows.extend(run.embed_images(pixels.concat(), chunk.len())?);
+        if batches > 1 && ((b + 1) % every == 0 || b + 1 == batches) {
+            note(format!("  images {}/{}", image_rows.len() / run.dim(), images.ids.len()));
+        }
+    }
+    let t_images = t3.elapsed().as_secs_f64();
+    note(format!("embedded captions in {t_captions:.1} s, images in {t_images:.1} s"));
+
+    let image_gallery = Images::from_rows(images.ids, run.dim(), image_rows);
+    let caption_gallery = Captions::from_rows(captions.ids, captions.image_ids, run.dim(), caption_rows);
+    let mut ev = evaluate(&image_gallery, &caption_gallery, annotations.as_ref(), r.similarity)?;
+    let steps = [("load", t_load), ("read", t_read), ("embed_captions", t_captions), ("embed_images", t_images)];
+    for (i, (k, v)) in steps.into_iter().enumerate() {
+        ev.timings_s.insert(i, (k.to_owned(), v));
+    }
+    if let Some(z) = zeroshot {
+        note(format!("zero-shot classification over {} classes", z.classes));
+        let t4 = Instant::now();
+        ev.zeroshot = Some(z.evaluate(&run.model, &run.tokenizer)?.into());
+        ev.timings_s.push(("zeroshot".to_owned(), t4.elapsed().as_secs_f64()));
+    }
+    report::write(&r.out, &ev)?;
+    Ok(ev)
+}
+
+/// One image as the image tower takes it: decoded, resized whole to `size × size` (bilinear),
+/// ImageNet-normalised, CHW — what [`ZeroShot`] does with its images.
+///
+/// # Shapes
+/// returns `[3 * size * size]`
+pub fn preprocess(path: &Path, size: usize) -> Result<Vec<f32>> {
+    let img = read_image(&ImageSource::File(path.to_owned()))?;
+    let mut out = Vec::with_capacity(3 * size * size);
+    crop_to_chw(&img, (0, 0, img.width, img.height), size, false, &mut out);
+    Ok(out)
+}
