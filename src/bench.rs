@@ -1,7 +1,9 @@
 //! Benchmarks (`curate bench ...`): they print figures and assert nothing. `bench bow` times
 //! the default BoW cascade (`curate run`) against the I/O floor — reading the same TSV and
 //! writing its caption column to Parquet — each in a child process, alternating, so both see the
-//! same machine state; it reports captions/s, the ratio and the children's peak RSS.
+//! same machine state; it reports captions/s, the ratio and the children's peak RSS. `bench knn`
+//! times exact top-k search (`knn::exact_top_k`) on matrices from files, for
+//! `benches/knn_bench.py` to compare with faiss.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -177,6 +179,104 @@ pub fn text(args: &TextBenchArgs, device: &burn::tensor::Device) -> Result<()> {
     println!(
         "{}",
         serde_json::json!({"sentences": n, "seconds": secs, "sentences_per_s": n as f64 / secs, "batch_size": batch, "device": args.device, "threads": rayon::current_num_threads()})
+    );
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct KnnBenchArgs {
+    /// Queries, `[nq, dim]`: `.npy` (float32, C order, 2-D) or raw little-endian f32, row-major.
+    #[arg(long)]
+    pub queries: PathBuf,
+    /// Pool, `[np, dim]`, in the same formats.
+    #[arg(long)]
+    pub pool: PathBuf,
+    /// Row width of raw files (`.npy` files carry their own shape).
+    #[arg(long)]
+    pub dim: Option<usize>,
+    /// Neighbours per query.
+    #[arg(long, default_value_t = 10)]
+    pub k: usize,
+    /// Timed runs; the best is reported (plus all runs).
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// Write the ids of the last run here: raw little-endian u32, `[nq, k]` row-major.
+    #[arg(long)]
+    pub ids_out: Option<PathBuf>,
+    /// Queries per matrix product (default: `knn::Blocking::default()`).
+    #[arg(long)]
+    pub query_block: Option<usize>,
+    /// Pool rows per matrix product (default: `knn::Blocking::default()`).
+    #[arg(long)]
+    pub pool_block: Option<usize>,
+}
+
+/// A row-major f32 matrix from a `.npy` file (float32, C order, 2-D) or from raw little-endian
+/// f32 with `dim` columns; returns the values and the row width.
+fn read_f32_matrix(path: &Path, dim: Option<usize>) -> Result<(Vec<f32>, usize)> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io("cannot read", path, e))?;
+    let bad = |what: &str| Error::data(format!("`{}`: {what}", path.display()));
+    let (body, width) = if bytes.starts_with(b"\x93NUMPY") && bytes.len() >= 10 {
+        // Version 1 has a u16 header length at 8, versions 2 and 3 a u32.
+        let (len, at) = match bytes[6] {
+            1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+            _ if bytes.len() >= 12 => (u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize, 12),
+            _ => return Err(bad("truncated .npy header")),
+        };
+        let header = std::str::from_utf8(bytes.get(at..at + len).ok_or_else(|| bad("truncated .npy header"))?)
+            .map_err(|_| bad("the .npy header is not text"))?;
+        if !header.contains("'descr': '<f4'") || !header.contains("'fortran_order': False") {
+            return Err(bad("expected a little-endian float32 array in C order (`<f4`)"));
+        }
+        let shape = header
+            .split("'shape': (")
+            .nth(1)
+            .and_then(|s| s.split(')').next())
+            .ok_or_else(|| bad("no shape in the .npy header"))?;
+        let dims: Vec<usize> =
+            shape.split(',').filter(|s| !s.trim().is_empty()).filter_map(|s| s.trim().parse().ok()).collect();
+        let [_, width] = dims[..] else { return Err(bad("expected a 2-D array")) };
+        (&bytes[at + len..], width)
+    } else {
+        (&bytes[..], dim.ok_or_else(|| bad("raw f32 input needs `--dim`"))?)
+    };
+    if width == 0 || body.len() % (4 * width) != 0 {
+        return Err(bad(&format!("{} bytes do not make rows of {width} f32", body.len())));
+    }
+    Ok((body.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect(), width))
+}
+
+/// Times `knn::exact_top_k` on the queries and pool of `args` (after loading, excluded); prints
+/// queries/s of the best run as JSON and optionally writes the ids.
+pub fn knn(args: &KnnBenchArgs) -> Result<()> {
+    let (queries, dim) = read_f32_matrix(&args.queries, args.dim)?;
+    let (pool, pool_dim) = read_f32_matrix(&args.pool, args.dim)?;
+    if pool_dim != dim {
+        return Err(Error::data(format!("queries have {dim} columns, the pool {pool_dim}")));
+    }
+    let (nq, np) = (queries.len() / dim, pool.len() / dim);
+    let default = crate::knn::Blocking::default();
+    let blocking = crate::knn::Blocking {
+        queries: args.query_block.unwrap_or(default.queries),
+        pool: args.pool_block.unwrap_or(default.pool),
+    };
+    let mut runs = Vec::new();
+    let mut result = None;
+    for _ in 0..args.repeat.max(1) {
+        let t = Instant::now();
+        result = Some(crate::knn::exact_top_k_with(&queries, &pool, dim, args.k, blocking));
+        runs.push(t.elapsed().as_secs_f64());
+    }
+    let best = runs.iter().copied().fold(f64::INFINITY, f64::min);
+    if let (Some(path), Some(r)) = (&args.ids_out, &result) {
+        let bytes: Vec<u8> = r.ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+        std::fs::write(path, bytes).map_err(|e| Error::io("cannot write", path, e))?;
+    }
+    println!(
+        "{}",
+        serde_json::json!({"queries": nq, "pool": np, "dim": dim, "k": args.k, "threads": rayon::current_num_threads(),
+            "query_block": blocking.queries, "pool_block": blocking.pool, "best_s": best,
+            "queries_per_s": nq as f64 / best, "runs_s": runs})
     );
     Ok(())
 }

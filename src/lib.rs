@@ -9,6 +9,7 @@ pub mod cli;
 pub mod error;
 pub mod eval;
 pub mod io;
+pub mod knn;
 pub mod losses;
 pub mod models;
 pub mod pipeline;

@@ -163,6 +163,9 @@ pub enum BenchCommand {
     /// Sentence embeddings per second of a text encoder on captions from a TSV file
     /// (`benches/text_encoder_bench.py` runs it beside sentence-transformers).
     Text(crate::bench::TextBenchArgs),
+    /// Exact top-k inner-product search (`knn::exact_top_k`) on f32 matrices from files; prints
+    /// queries/s (`benches/knn_bench.py` runs it beside faiss).
+    Knn(crate::bench::KnnBenchArgs),
     /// The I/O floor alone (used by `bench bow`).
     #[command(hide = true)]
     IoFloor { input: PathBuf, output: PathBuf },
@@ -307,6 +310,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Bench(BenchCommand::Text(args)) => {
             crate::bench::text(&args, &device(&args.device)?)?;
+            Ok(0)
+        }
+        Command::Bench(BenchCommand::Knn(args)) => {
+            crate::bench::knn(&args)?;
             Ok(0)
         }
         Command::Bench(BenchCommand::IoFloor { input, output }) => {
