@@ -34,8 +34,8 @@ pub struct Blocking {
 
 impl Default for Blocking {
     /// Measured with `benches/knn_bench.py` (768 dims, AVX-512, 2 MiB L2 per core): 512 queries
-    /// per block ran ~10% faster than 256 (half the passes over the pool), 768 no faster; pool
-    /// blocks of 1024 to 2048 rows ran alike. The score block is then 2 MiB per running task.
+    /// per block ran ~10% faster than 256 (half the passes over the pool), 768 or 1024 at most 3%
+    /// more; pool blocks of 704 to 2048 rows ran alike. The score block is 2 MiB per running task.
     fn default() -> Self {
         Blocking { queries: 512, pool: 1024 }
     }
