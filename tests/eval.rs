@@ -2,6 +2,8 @@
 //! by `tests/fixtures/eval/make_eval_fixtures.py`, hand-computed cases (exact ties, positives
 //! absent from the gallery, empty and missing COCO 1K folds) and the input errors.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -256,7 +258,7 @@ fn input_errors_name_the_file_and_column() {
 // model embedding `data/train_sample/retrieval_*.parquet` (120 images, 5 captions each).
 
 mod run_dir {
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
 
     use arrow_array::{Int64Array, StringArray};
     use burn::tensor::Device;
@@ -266,38 +268,6 @@ mod run_dir {
     use curate::train::data::{crop_to_chw, read_image, ImageSource};
     use curate::train::trained::TrainedRun;
     use curate::train::zeroshot::ZeroShot;
-    use curate::train::{train, TrainConfig, TrainOptions};
-
-    const RUN: &str = r#"
-seed = 1
-steps = 4
-batch_size = 16
-log_every = 1
-checkpoint_every = 0
-
-[model]
-embed_dim = 16
-image_size_px = 16
-
-[model.image]
-preset = "tiny"
-
-[model.text]
-dir = "data/train_sample/text_model"
-pretrained = false
-max_tokens = 16
-
-[data]
-tables = ["data/train_sample/train.parquet"]
-crop_scale = [0.5, 1.0]
-
-[loss]
-type = "infonce"
-
-[optim]
-optimizer = "adamw"
-lr = 1e-3
-"#;
 
     const ZEROSHOT_AND_RETRIEVAL: &str = r#"
 [eval]
@@ -312,16 +282,6 @@ captions = "data/train_sample/retrieval_captions.parquet"
 
     const IMAGES: &str = "data/train_sample/retrieval_images.parquet";
     const CAPTIONS: &str = "data/train_sample/retrieval_captions.parquet";
-
-    /// Trains `toml` for 4 steps into `dir/run`.
-    fn train_run(dir: &Path, toml: &str) -> PathBuf {
-        let file = dir.join("train.toml");
-        std::fs::write(&file, toml).unwrap();
-        let run = dir.join("run");
-        let c = TrainConfig::load(&file, &[format!("output_dir={}", run.display())]).unwrap_or_else(|e| panic!("{e}"));
-        train(&c, &TrainOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-        run
-    }
 
     fn json(path: &Path) -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
@@ -352,7 +312,8 @@ captions = "data/train_sample/retrieval_captions.parquet"
     #[test]
     fn a_run_directory_is_scored_like_the_embeddings_of_its_model() {
         let dir = tempfile::tempdir().unwrap();
-        let run_dir = train_run(dir.path(), &format!("{RUN}{ZEROSHOT_AND_RETRIEVAL}"));
+        let run_dir =
+            crate::common::train_run(dir.path(), &format!("{}{ZEROSHOT_AND_RETRIEVAL}", crate::common::TINY_RUN));
         let device = Device::flex();
         let args = RunEval { run: run_dir.clone(), ..Default::default() };
         let ev = run_trained(&args, &device).unwrap_or_else(|e| panic!("{e}"));
@@ -467,7 +428,7 @@ captions = "data/train_sample/retrieval_captions.parquet"
     #[test]
     fn a_run_without_a_retrieval_set_or_a_final_model_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let run_dir = train_run(dir.path(), RUN);
+        let run_dir = crate::common::train_run(dir.path(), crate::common::TINY_RUN);
         let device = Device::flex();
         let e = run_trained(&RunEval { run: run_dir.clone(), ..Default::default() }, &device).unwrap_err().to_string();
         assert!(e.contains("no retrieval set to evaluate") && e.contains("eval.retrieval"), "{e}");

@@ -20,42 +20,12 @@ use curate::text::{is_content_word, Tokenizer};
 use curate::train::data::TrainSet;
 use curate::train::{train, TrainConfig, TrainOptions};
 
-const TRAIN: &str = r#"
-seed = 1
-steps = 4
-batch_size = 16
-checkpoint_every = 0
-
-[model]
-embed_dim = 16
-image_size_px = 16
-
-[model.image]
-preset = "tiny"
-
-[model.text]
-dir = "data/train_sample/text_model"
-pretrained = false
-max_tokens = 16
-
-[data]
-tables = ["data/train_sample/train.parquet"]
-
-[loss]
-type = "infonce"
-"#;
-
 /// A finished tiny run, trained once per test binary (kept for the process's life).
 fn trained_run() -> &'static Path {
     static RUN: OnceLock<PathBuf> = OnceLock::new();
     RUN.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap().keep();
-        let file = dir.join("train.toml");
-        std::fs::write(&file, TRAIN).unwrap();
-        let out = dir.join("run");
-        let config = TrainConfig::load(&file, &[format!("output_dir={}", out.display())]).unwrap();
-        train(&config, &TrainOptions { progress: false, ..Default::default() }).unwrap_or_else(|e| panic!("{e}"));
-        out
+        common::train_run(&dir, common::TINY_RUN)
     })
 }
 

@@ -100,3 +100,48 @@ pub fn write_broken_model_folder(src: &Path, dst: &Path, missing: &str, misshape
     }
     safetensors::serialize_to_file(views, None, &dst.join("model.safetensors")).unwrap();
 }
+
+/// A tiny run on the bundled sample (tiny ResNet, 2-layer BERT, 16-px images, 4 steps): enough
+/// for tests that need a finished `curate train` run, not for learning.
+pub const TINY_RUN: &str = r#"
+seed = 1
+steps = 4
+batch_size = 16
+log_every = 1
+checkpoint_every = 0
+
+[model]
+embed_dim = 16
+image_size_px = 16
+
+[model.image]
+preset = "tiny"
+
+[model.text]
+dir = "data/train_sample/text_model"
+pretrained = false
+max_tokens = 16
+
+[data]
+tables = ["data/train_sample/train.parquet"]
+crop_scale = [0.5, 1.0]
+
+[loss]
+type = "infonce"
+
+[optim]
+optimizer = "adamw"
+lr = 1e-3
+"#;
+
+/// Trains the training file `toml` into `dir/run` (config in `dir/train.toml`); returns the run.
+pub fn train_run(dir: &Path, toml: &str) -> PathBuf {
+    let file = dir.join("train.toml");
+    std::fs::write(&file, toml).unwrap();
+    let run = dir.join("run");
+    let c = curate::train::TrainConfig::load(&file, &[format!("output_dir={}", run.display())])
+        .unwrap_or_else(|e| panic!("{e}"));
+    curate::train::train(&c, &curate::train::TrainOptions { progress: false, ..Default::default() })
+        .unwrap_or_else(|e| panic!("{e}"));
+    run
+}
