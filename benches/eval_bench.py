@@ -13,9 +13,12 @@ caption list groups them, so curate's COCO 1K folds (consecutive image rows) are
   both directions, then `Metrics.compute_all_metrics` (COCO 1K/5K and CxC R@1/5/10, ECCV
   mAP@R / R-P / R@1); torch uses every core.
 
-Prints both times, the ratio, and the largest difference per metric (lists of 500 are long
-enough for every metric here, so differences can only come from float32 near-ties scored in a
-different order).
+Each side runs `--repeat` times (curate after one untimed run that warms the page cache); prints
+the median and fastest time of each, their ratios, the load average before and after (the
+2-core machine is shared: both sides slow down under load, the reference's torch part most),
+curate's own breakdown (`metrics.md` timings), and the largest difference per metric (lists of
+500 are long enough for every metric here, so differences can only come from float32 near-ties
+scored in a different order).
 
     pip install --no-deps eccv-caption==0.1.0
     cargo build --release
@@ -25,6 +28,7 @@ different order).
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,6 +48,7 @@ def main():
     ap.add_argument("--topk", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--noise", type=float, default=8.0, help="caption noise scale (higher = lower recall)")
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs of each side")
     args = ap.parse_args()
 
     import eccv_caption
@@ -77,34 +82,51 @@ def main():
         exe = os.path.join(ROOT, "target", "release", "curate")
         cmd = [exe, "eval", "--image-embeddings", ip, "--caption-embeddings", cp, "--eccv-annotations", data,
                "--out", out, "--similarity", "dot"]
+        load_before = os.getloadavg()
         subprocess.run(cmd, check=True, capture_output=True)  # warm the page cache
-        t = time.perf_counter()
-        subprocess.run(cmd, check=True, capture_output=True)
-        t_curate = time.perf_counter() - t
+        t_curate = []
+        for _ in range(args.repeat):
+            t = time.perf_counter()
+            subprocess.run(cmd, check=True, capture_output=True)
+            t_curate.append(time.perf_counter() - t)
         with open(os.path.join(out, "metrics.json")) as f:
             ours = json.load(f)
+        with open(os.path.join(out, "metrics.md")) as f:
+            breakdown = next((line[2:].strip() for line in f if line.startswith("- timings:")), "")
 
     torch.set_num_threads(os.cpu_count())
-    t = time.perf_counter()
-    s = torch.from_numpy(img) @ torch.from_numpy(cap).T
-    i2t_idx = torch.topk(s, args.topk, dim=1).indices.numpy()
-    t2i_idx = torch.topk(s.T, min(args.topk, len(image_ids)), dim=1).indices.numpy()
-    i2t = {int(image_ids[r]): cap_ids[row].tolist() for r, row in enumerate(i2t_idx)}
-    t2i = {int(cap_ids[r]): image_ids[row].tolist() for r, row in enumerate(t2i_idx)}
-    t_rank = time.perf_counter() - t
     m = Metrics()
-    t = time.perf_counter()
-    ref = m.compute_all_metrics(
-        i2t, t2i,
-        target_metrics=("coco_1k_recalls", "coco_5k_recalls", "cxc_recalls", "eccv_map_at_r", "eccv_rprecision", "eccv_r1"),
-        Ks=(1, 5, 10),
-    )
-    t_metrics = time.perf_counter() - t
-    t_ref = t_rank + t_metrics
+    t_rank, t_metrics = [], []
+    for _ in range(args.repeat):
+        t = time.perf_counter()
+        s = torch.from_numpy(img) @ torch.from_numpy(cap).T
+        i2t_idx = torch.topk(s, args.topk, dim=1).indices.numpy()
+        t2i_idx = torch.topk(s.T, min(args.topk, len(image_ids)), dim=1).indices.numpy()
+        i2t = {int(image_ids[r]): cap_ids[row].tolist() for r, row in enumerate(i2t_idx)}
+        t2i = {int(cap_ids[r]): image_ids[row].tolist() for r, row in enumerate(t2i_idx)}
+        del s
+        t_rank.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        ref = m.compute_all_metrics(
+            i2t, t2i,
+            target_metrics=("coco_1k_recalls", "coco_5k_recalls", "cxc_recalls", "eccv_map_at_r", "eccv_rprecision",
+                            "eccv_r1"),
+            Ks=(1, 5, 10),
+        )
+        t_metrics.append(time.perf_counter() - t)
+    t_ref = [a + b for a, b in zip(t_rank, t_metrics)]
+    load_after = os.getloadavg()
 
-    print(f"curate eval (whole process)      {t_curate:8.2f} s")
-    print(f"eccv-caption (torch top-{args.topk} + Metrics) {t_ref:8.2f} s  (ranking {t_rank:.2f} s, metrics {t_metrics:.2f} s)")
-    print(f"ratio                            {t_ref / t_curate:8.1f}x")
+    med = statistics.median
+    print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} (1 min)")
+    print(f"curate eval (whole process)      median {med(t_curate):6.2f} s, fastest {min(t_curate):6.2f} s"
+          f"  [{' '.join(f'{x:.2f}' for x in t_curate)}]")
+    print(f"  {breakdown} (last run)")
+    print(f"eccv-caption (torch top-{args.topk} + Metrics) median {med(t_ref):6.2f} s, fastest {min(t_ref):6.2f} s"
+          f"  [{' '.join(f'{x:.2f}' for x in t_ref)}]")
+    print(f"  ranking median {med(t_rank):.2f} s, metrics median {med(t_metrics):.2f} s")
+    print(f"ratio of medians                 {med(t_ref) / med(t_curate):6.1f}x"
+          f"  (of fastest runs {min(t_ref) / min(t_curate):.1f}x)")
     worst = 0.0
     for k, v in ref.items():
         d = max(abs(ours[k][x] - float(v[x])) for x in ("i2t", "t2i"))

@@ -11,6 +11,8 @@
 //! no such fold at all (fewer than five images) the 1K values are `null` (the package would
 //! average NaNs).
 
+use std::ops::Range;
+
 use super::embeddings::{Captions, Images};
 use super::{recall, Direction, Index, Pair, KS};
 
@@ -21,8 +23,8 @@ pub struct Folds {
     pub image_fold: Vec<Option<u32>>,
     /// Per fold, its caption rows (ascending): the gallery of its i2t queries.
     pub caption_subsets: Vec<Vec<u32>>,
-    /// Per fold, its image rows (ascending): the gallery of its t2i queries.
-    pub image_subsets: Vec<Vec<u32>>,
+    /// Per fold, its image rows (a range): the gallery of its t2i queries.
+    pub image_subsets: Vec<Range<u32>>,
 }
 
 /// The number of COCO 1K folds.
@@ -42,7 +44,7 @@ impl Folds {
                 caption_subsets[f as usize].push(c as u32);
             }
         }
-        let image_subsets = (0..FOLDS).map(|f| ((f * size) as u32..((f + 1) * size) as u32).collect()).collect();
+        let image_subsets = (0..FOLDS).map(|f| (f * size) as u32..((f + 1) * size) as u32).collect();
         Folds { image_fold, caption_subsets, image_subsets }
     }
 
@@ -118,7 +120,7 @@ impl CocoPlan {
         let per_fold: Vec<BestRanks> = (0..folds.count())
             .map(|f| {
                 (
-                    self.i2t_best(i2t, folds.image_subsets[f].iter().copied(), true),
+                    self.i2t_best(i2t, folds.image_subsets[f].clone(), true),
                     self.t2i_best(t2i, folds.caption_subsets[f].iter().copied(), true),
                 )
             })

@@ -72,6 +72,11 @@ pub struct Captions {
 
 /// Reads an images table (`coco_image_id`, `embedding`).
 pub fn read_images(path: &Path) -> Result<Images> {
+    if let Some((mut ids, embeddings)) = read_clean(path, &["coco_image_id"], "embedding") {
+        let ids = ids.remove(0);
+        check_unique(path, "coco_image_id", &ids)?;
+        return Ok(Images { ids, embeddings });
+    }
     let batches = crate::io::parquet::read_file(path)?;
     let ids = int64_column(path, &batches, "coco_image_id")?;
     let embeddings = embedding_column(path, &batches, "embedding")?;
@@ -81,12 +86,103 @@ pub fn read_images(path: &Path) -> Result<Images> {
 
 /// Reads a captions table (`coco_caption_id`, `coco_image_id`, `embedding`).
 pub fn read_captions(path: &Path) -> Result<Captions> {
+    if let Some((mut ids, embeddings)) = read_clean(path, &["coco_caption_id", "coco_image_id"], "embedding") {
+        let (image_ids, ids) = (ids.remove(1), ids.remove(0));
+        check_unique(path, "coco_caption_id", &ids)?;
+        return Ok(Captions { ids, image_ids, embeddings });
+    }
     let batches = crate::io::parquet::read_file(path)?;
     let ids = int64_column(path, &batches, "coco_caption_id")?;
     let image_ids = int64_column(path, &batches, "coco_image_id")?;
     let embeddings = embedding_column(path, &batches, "embedding")?;
     check_unique(path, "coco_caption_id", &ids)?;
     Ok(Captions { ids, image_ids, embeddings })
+}
+
+/// Levels decoded per call in [`embedding_values`]: two i16 buffers of 1 MB stay in cache
+/// (a 16 MB pair made the read 25% slower).
+const LEVELS_PER_CALL: usize = 1 << 19;
+
+/// The fast path of [`read_images`] / [`read_captions`] for a well-formed table: the id columns
+/// through Arrow, the embedding column (`FixedSizeList<Float32>`) straight from the Parquet
+/// column chunks, which takes less than half the time of assembling Arrow list arrays (issue 5:
+/// 52 MB of COCO 25K caption embeddings in ~75 ms instead of ~170 ms). `None` at the first
+/// thing out of the ordinary — a missing column, another type, a null anywhere, a non-finite
+/// value, no rows — and the caller reads the file again the general way, which reports it.
+fn read_clean(path: &Path, id_columns: &[&str], embedding: &str) -> Option<(Vec<Vec<i64>>, Matrix)> {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::arrow::ProjectionMask;
+
+    let builder = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path).ok()?).ok()?;
+    let schema = builder.schema().clone();
+    let DataType::FixedSizeList(item, d) = schema.field_with_name(embedding).ok()?.data_type() else {
+        return None;
+    };
+    let rows = usize::try_from(builder.metadata().file_metadata().num_rows()).ok()?;
+    if item.data_type() != &DataType::Float32 || *d <= 0 || rows == 0 {
+        return None;
+    }
+    let roots: Vec<usize> = id_columns.iter().map(|c| schema.index_of(c).ok()).collect::<Option<_>>()?;
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    let batches: Vec<RecordBatch> =
+        builder.with_projection(mask).build().ok()?.collect::<std::result::Result<_, _>>().ok()?;
+    let ids: Vec<Vec<i64>> = id_columns.iter().map(|c| int64_column(path, &batches, c).ok()).collect::<Option<_>>()?;
+    if ids.iter().any(|v| v.len() != rows) {
+        return None;
+    }
+    let embeddings = embedding_values(path, embedding, *d as usize, rows)?;
+    Some((ids, embeddings))
+}
+
+/// The values of a `FixedSizeList<Float32, d>` column without nulls, decoded with the Parquet
+/// column reader; `None` unless every level says "present" and every record holds `d` values.
+fn embedding_values(path: &Path, name: &str, d: usize, rows: usize) -> Option<Matrix> {
+    use parquet::column::reader::ColumnReader;
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+
+    let reader = SerializedFileReader::new(std::fs::File::open(path).ok()?).ok()?;
+    let schema = reader.metadata().file_metadata().schema_descr_ptr();
+    let leaves: Vec<usize> = (0..schema.num_columns())
+        .filter(|&i| schema.column(i).path().parts().first().map(String::as_str) == Some(name))
+        .collect();
+    let [leaf] = leaves[..] else { return None };
+    let descr = schema.column(leaf);
+    if descr.physical_type() != parquet::basic::Type::FLOAT || descr.max_rep_level() != 1 {
+        return None;
+    }
+    let max_def = descr.max_def_level();
+    let mut data: Vec<f32> = Vec::with_capacity(rows * d);
+    let (mut def, mut rep) = (Vec::new(), Vec::new());
+    for g in 0..reader.num_row_groups() {
+        let group = reader.get_row_group(g).ok()?;
+        let ColumnReader::FloatColumnReader(mut column) = group.get_column_reader(leaf).ok()? else {
+            return None;
+        };
+        let mut left = usize::try_from(group.metadata().num_rows()).ok()?;
+        while left > 0 {
+            def.clear();
+            rep.clear();
+            let start = data.len();
+            let (records, values, levels) = column
+                .read_records(left.min((LEVELS_PER_CALL / d).max(1)), Some(&mut def), Some(&mut rep), &mut data)
+                .ok()?;
+            let whole = |r: &[i16]| r[0] == 0 && r[1..].iter().all(|&x| x == 1);
+            if records == 0
+                || values != records * d
+                || levels != values
+                || data.len() - start != values
+                || def.iter().any(|&x| x != max_def)
+                || !rep.chunks_exact(d).all(whole)
+            {
+                return None;
+            }
+            left -= records;
+        }
+    }
+    if data.len() != rows * d || !data.iter().all(|x| x.is_finite()) {
+        return None;
+    }
+    Some(Matrix::new(rows, d, data))
 }
 
 /// An image list to embed (`curate eval RUN_DIR`): `coco_image_id` and `path`, in row order.
@@ -310,4 +406,61 @@ fn check_unique(path: &Path, name: &str, ids: &[i64]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::builder::{FixedSizeListBuilder, Float32Builder};
+    use arrow_array::{ArrayRef, Int64Array};
+    use arrow_schema::{Field, Schema};
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+
+    use super::*;
+
+    /// An images table of `rows` rows in row groups of 3 (`null_at`: a null embedding element).
+    fn write(path: &Path, rows: usize, dim: usize, null_at: Option<usize>) {
+        let mut b = FixedSizeListBuilder::new(Float32Builder::new(), dim as i32);
+        for r in 0..rows {
+            for k in 0..dim {
+                if null_at == Some(r * dim + k) {
+                    b.values().append_null();
+                } else {
+                    b.values().append_value((r * dim + k) as f32 / 7.0);
+                }
+            }
+            b.append(true);
+        }
+        let cols: Vec<(&str, ArrayRef)> = vec![
+            ("coco_image_id", Arc::new(Int64Array::from_iter_values(0..rows as i64))),
+            ("embedding", Arc::new(b.finish())),
+        ];
+        let schema = Arc::new(Schema::new(
+            cols.iter().map(|(n, a)| Field::new(*n, a.data_type().clone(), true)).collect::<Vec<_>>(),
+        ));
+        let batch = RecordBatch::try_new(schema.clone(), cols.into_iter().map(|c| c.1).collect()).unwrap();
+        let props = WriterProperties::builder().set_max_row_group_size(3).build();
+        let mut w = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema, Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    }
+
+    #[test]
+    fn the_column_reader_path_equals_the_arrow_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("images.parquet");
+        write(&p, 8, 5, None);
+        let (ids, fast) = read_clean(&p, &["coco_image_id"], "embedding").expect("a clean table");
+        let batches = crate::io::parquet::read_file(&p).unwrap();
+        assert_eq!(ids, vec![int64_column(&p, &batches, "coco_image_id").unwrap()]);
+        assert_eq!(fast, embedding_column(&p, &batches, "embedding").unwrap());
+        assert_eq!((fast.rows, fast.dim, fast.data[12]), (8, 5, 12.0 / 7.0));
+        // A null element: the general path reads the file and names the problem.
+        write(&p, 8, 5, Some(17));
+        assert!(read_clean(&p, &["coco_image_id"], "embedding").is_none());
+        let e = read_images(&p).unwrap_err().to_string();
+        assert!(e.contains("null"), "{e}");
+    }
 }

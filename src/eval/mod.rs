@@ -18,6 +18,7 @@ pub mod coco;
 pub mod cxc;
 pub mod eccv;
 pub mod embeddings;
+pub mod product;
 pub mod ranking;
 pub mod report;
 pub mod trained;
@@ -294,13 +295,9 @@ pub fn evaluate(
             (&normalized.0, &normalized.1)
         }
     };
-    let scores = ranking::scores(img, cap);
-    let t_score = t1.elapsed().as_secs_f64();
-    let t2 = Instant::now();
-    i2t.ranks = ranking::rank_rows(&scores, cap.rows, &i2t.requests, &folds.caption_subsets);
-    t2i.ranks = ranking::rank_columns(&scores, img.rows, &t2i.requests, &folds.image_subsets);
-    drop(scores);
-    let t_rank = t2.elapsed().as_secs_f64();
+    (i2t.ranks, t2i.ranks) =
+        ranking::rank(img, cap, &i2t.requests, &t2i.requests, &folds.caption_subsets, &folds.image_subsets);
+    let t_rank = t1.elapsed().as_secs_f64();
     counts.tied_pairs = [i2t.tied(), t2i.tied()];
 
     let t3 = Instant::now();
@@ -313,8 +310,7 @@ pub fn evaluate(
     }
     let timings_s = vec![
         ("plan".to_owned(), t_plan),
-        ("score".to_owned(), t_score),
-        ("rank".to_owned(), t_rank),
+        ("score_and_rank".to_owned(), t_rank),
         ("metrics".to_owned(), t3.elapsed().as_secs_f64()),
     ];
     Ok(Evaluation { metrics, best_ranks, counts, timings_s, zeroshot: None })
@@ -397,10 +393,20 @@ pub fn run_embeddings(run: &EmbeddingsRun) -> Result<Evaluation> {
     std::fs::create_dir_all(&run.out).map_err(|e| Error::io("cannot create folder", &run.out, e))?;
     report::write_config(&run.out, run)?;
     let t0 = Instant::now();
-    let images = embeddings::read_images(&run.image_embeddings)?;
-    let captions = embeddings::read_captions(&run.caption_embeddings)?;
+    // The three inputs are read side by side (the captions take longest); errors are reported
+    // in this order.
+    let (images, (captions, annotations)) = rayon::join(
+        || embeddings::read_images(&run.image_embeddings),
+        || {
+            rayon::join(
+                || embeddings::read_captions(&run.caption_embeddings),
+                || run.eccv_annotations.as_deref().map(Annotations::read_dir).transpose(),
+            )
+        },
+    );
+    let (images, captions) = (images?, captions?);
     embeddings::check_pair(&images, &captions, &run.image_embeddings, &run.caption_embeddings)?;
-    let annotations = run.eccv_annotations.as_deref().map(Annotations::read_dir).transpose()?;
+    let annotations = annotations?;
     let t_read = t0.elapsed().as_secs_f64();
     let mut ev = evaluate(&images, &captions, annotations.as_ref(), run.similarity)?;
     ev.timings_s.insert(0, ("read".to_owned(), t_read));
