@@ -13,12 +13,13 @@ caption list groups them, so curate's COCO 1K folds (consecutive image rows) are
   both directions, then `Metrics.compute_all_metrics` (COCO 1K/5K and CxC R@1/5/10, ECCV
   mAP@R / R-P / R@1); torch uses every core.
 
-Each side runs `--repeat` times (curate after one untimed run that warms the page cache); prints
-the median and fastest time of each, their ratios, the load average before and after (the
-2-core machine is shared: both sides slow down under load, the reference's torch part most),
-curate's own breakdown (`metrics.md` timings), and the largest difference per metric (lists of
-500 are long enough for every metric here, so differences can only come from float32 near-ties
-scored in a different order).
+Each side runs `--repeat` times, the two alternating so that both meet the same conditions on the
+shared machine (curate after one untimed run that warms the page cache). Prints the median and
+fastest time of each and their ratios, the load average before and after (both sides slow down
+under load, the reference's torch part most; its first runs are also slower), curate's own
+breakdown (`metrics.md` timings), and the largest difference per metric (lists of 500 are long
+enough for every metric here, so differences can only come from float32 near-ties scored in a
+different order).
 
     pip install --no-deps eccv-caption==0.1.0
     cargo build --release
@@ -84,36 +85,35 @@ def main():
                "--out", out, "--similarity", "dot"]
         load_before = os.getloadavg()
         subprocess.run(cmd, check=True, capture_output=True)  # warm the page cache
-        t_curate = []
+        torch.set_num_threads(os.cpu_count())
+        m = Metrics()
+        # The two sides alternate, so that both meet the same conditions on the shared machine.
+        t_curate, t_rank, t_metrics = [], [], []
         for _ in range(args.repeat):
             t = time.perf_counter()
             subprocess.run(cmd, check=True, capture_output=True)
             t_curate.append(time.perf_counter() - t)
+
+            t = time.perf_counter()
+            s = torch.from_numpy(img) @ torch.from_numpy(cap).T
+            i2t_idx = torch.topk(s, args.topk, dim=1).indices.numpy()
+            t2i_idx = torch.topk(s.T, min(args.topk, len(image_ids)), dim=1).indices.numpy()
+            i2t = {int(image_ids[r]): cap_ids[row].tolist() for r, row in enumerate(i2t_idx)}
+            t2i = {int(cap_ids[r]): image_ids[row].tolist() for r, row in enumerate(t2i_idx)}
+            del s
+            t_rank.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            ref = m.compute_all_metrics(
+                i2t, t2i,
+                target_metrics=("coco_1k_recalls", "coco_5k_recalls", "cxc_recalls", "eccv_map_at_r",
+                                "eccv_rprecision", "eccv_r1"),
+                Ks=(1, 5, 10),
+            )
+            t_metrics.append(time.perf_counter() - t)
         with open(os.path.join(out, "metrics.json")) as f:
             ours = json.load(f)
         with open(os.path.join(out, "metrics.md")) as f:
             breakdown = next((line[2:].strip() for line in f if line.startswith("- timings:")), "")
-
-    torch.set_num_threads(os.cpu_count())
-    m = Metrics()
-    t_rank, t_metrics = [], []
-    for _ in range(args.repeat):
-        t = time.perf_counter()
-        s = torch.from_numpy(img) @ torch.from_numpy(cap).T
-        i2t_idx = torch.topk(s, args.topk, dim=1).indices.numpy()
-        t2i_idx = torch.topk(s.T, min(args.topk, len(image_ids)), dim=1).indices.numpy()
-        i2t = {int(image_ids[r]): cap_ids[row].tolist() for r, row in enumerate(i2t_idx)}
-        t2i = {int(cap_ids[r]): image_ids[row].tolist() for r, row in enumerate(t2i_idx)}
-        del s
-        t_rank.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        ref = m.compute_all_metrics(
-            i2t, t2i,
-            target_metrics=("coco_1k_recalls", "coco_5k_recalls", "cxc_recalls", "eccv_map_at_r", "eccv_rprecision",
-                            "eccv_r1"),
-            Ks=(1, 5, 10),
-        )
-        t_metrics.append(time.perf_counter() - t)
     t_ref = [a + b for a, b in zip(t_rank, t_metrics)]
     load_after = os.getloadavg()
 
