@@ -42,7 +42,7 @@ pub fn io_floor(input: &Path, output: &Path) -> Result<u64> {
         let caption = line.split(|&c| c == b'\t').next().unwrap_or(b"");
         b.append_value(String::from_utf8_lossy(caption));
         rows += 1;
-        if rows % crate::stages::CHUNK_ROWS as u64 == 0 {
+        if rows.is_multiple_of(crate::stages::CHUNK_ROWS as u64) {
             w.write(&RecordBatch::try_new(schema.clone(), vec![Arc::new(b.finish()) as ArrayRef])?)?;
         }
     }

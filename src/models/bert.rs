@@ -88,7 +88,7 @@ impl BertConfig {
                 hint: Some("curate's BERT supports `gelu` with absolute positions".into()),
             });
         }
-        if c.hidden_size % c.num_attention_heads != 0 {
+        if !c.hidden_size.is_multiple_of(c.num_attention_heads) {
             return Err(Error::Model {
                 message: format!("hidden_size {} is not divisible by {} heads", c.hidden_size, c.num_attention_heads),
                 hint: None,

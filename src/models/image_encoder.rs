@@ -134,7 +134,7 @@ impl ImageEncoder {
         if pixels.is_empty() {
             return Ok(Vec::new());
         }
-        if pixels.len() % per != 0 {
+        if !pixels.len().is_multiple_of(per) {
             return Err(Error::data(format!("{} values are not whole {side}x{side} images", pixels.len())));
         }
         let n = pixels.len() / per;

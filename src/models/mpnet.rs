@@ -108,7 +108,7 @@ impl MpNetConfig {
                 hint: Some(format!("curate's MPNet supports `gelu` with {BUCKETS} relative position buckets")),
             });
         }
-        if c.hidden_size % c.num_attention_heads != 0 || c.max_position_embeddings < 3 {
+        if !c.hidden_size.is_multiple_of(c.num_attention_heads) || c.max_position_embeddings < 3 {
             return Err(Error::Model {
                 message: format!(
                     "`{}`: hidden_size {} with {} heads, {} positions",

@@ -486,7 +486,7 @@ impl TrainConfig {
             if !matches!(self.loss, crate::losses::LossConfig::Pcmepp(_)) {
                 bad("data.msda", "mixed images need soft labels".into(), "MSDA is PCME++'s (`loss.type = \"pcmepp\"`)");
             }
-            if self.batch_size % 2 != 0 {
+            if !self.batch_size.is_multiple_of(2) {
                 bad("batch_size", "MSDA pairs element i with B−1−i".into(), "use an even batch size");
             }
         }
