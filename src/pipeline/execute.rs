@@ -131,33 +131,34 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
             let mut rows = 0;
             // The first pass over the input fills the cache; later passes read from it.
             let filling = cache.is_none();
-            let source: ChunkIter<'_> = match &cache {
-                Some(c) if c.chunks.is_some() => {
-                    Box::new(c.chunks.as_ref().expect("checked").clone().into_iter().map(Ok))
-                }
-                _ => plan.reader.open()?,
-            };
+            let cached: Option<Vec<Chunk>> = cache.as_ref().and_then(|c| c.chunks.clone());
             if filling {
                 cache = Some(PassCache::new(opts.cache_bytes));
             }
-            for chunk in source {
-                let chunk = chunk?;
-                if filling {
-                    cache.as_mut().expect("set above").keep(&chunk);
+            let reader: &dyn Reader = plan.reader.as_ref();
+            std::thread::scope(|s| -> Result<()> {
+                // Reading and parsing run on their own thread, ahead of the fitting here.
+                let rx = spawn_reader(s, reader, cached)?;
+                for chunk in rx {
+                    let chunk = chunk?;
+                    if filling {
+                        cache.as_mut().expect("set above").keep(&chunk);
+                    }
+                    let n_read =
+                        chunk.batch.num_rows() + chunk.rejects.len() + chunk.skipped.values().sum::<u64>() as usize;
+                    rows += n_read as u64;
+                    let mut c = chunk;
+                    for (j, (_, earlier)) in before.iter().enumerate() {
+                        let n = c.batch.num_rows() as u64;
+                        c = earlier.apply(c, offsets[j])?;
+                        offsets[j] += n;
+                    }
+                    stage.fit(pass, &c.batch, offsets[i])?;
+                    offsets[i] += c.batch.num_rows() as u64;
+                    bar.inc(n_read as u64);
                 }
-                let n_read =
-                    chunk.batch.num_rows() + chunk.rejects.len() + chunk.skipped.values().sum::<u64>() as usize;
-                rows += n_read as u64;
-                let mut c = chunk;
-                for (j, (_, earlier)) in before.iter().enumerate() {
-                    let n = c.batch.num_rows() as u64;
-                    c = earlier.apply(c, offsets[j])?;
-                    offsets[j] += n;
-                }
-                stage.fit(pass, &c.batch, offsets[i])?;
-                offsets[i] += c.batch.num_rows() as u64;
-                bar.inc(n_read as u64);
-            }
+                Ok(())
+            })?;
             stage.end_pass(pass)?;
             bar.finish();
             total_rows = Some(rows);
@@ -191,24 +192,7 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     let transforms: &[(String, Box<dyn Transform>)] = &plan.transforms;
 
     let streamed = std::thread::scope(|s| -> Result<(u64, WriterOutcome)> {
-        let (tx, rx) = sync_channel::<Result<Chunk>>(GROUP);
-        let spawn_reader = std::thread::Builder::new().name("curate-read".into());
-        spawn_reader
-            .spawn_scoped(s, move || {
-                match cached.map_or_else(|| reader.open(), |c| Ok(Box::new(c.into_iter().map(Ok)))) {
-                    Ok(chunks) => {
-                        for c in chunks {
-                            if tx.send(c).is_err() {
-                                break;
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        let _ = tx.send(Err(e));
-                    }
-                }
-            })
-            .map_err(|e| Error::io("cannot start a thread", "curate-read", e))?;
+        let rx = spawn_reader(s, reader, cached)?;
         let (wtx, wrx) = sync_channel::<Chunk>(GROUP);
         let spawn_writer = std::thread::Builder::new().name("curate-write".into());
         let writer = spawn_writer
@@ -289,6 +273,36 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     let text = serde_json::to_string_pretty(&manifest).expect("JSON value serializes");
     write_atomic(&out.join("manifest.json"), text.as_bytes())?;
     Ok(summary)
+}
+
+/// Streams `cached` chunks, or else the reader's, from a thread of their own, at most [`GROUP`]
+/// ahead of the receiver.
+fn spawn_reader<'s>(
+    s: &'s std::thread::Scope<'s, '_>,
+    reader: &'s dyn Reader,
+    cached: Option<Vec<Chunk>>,
+) -> Result<Receiver<Result<Chunk>>> {
+    let (tx, rx) = sync_channel::<Result<Chunk>>(GROUP);
+    std::thread::Builder::new()
+        .name("curate-read".into())
+        .spawn_scoped(s, move || {
+            let source: Result<ChunkIter<'_>> =
+                cached.map_or_else(|| reader.open(), |c| Ok(Box::new(c.into_iter().map(Ok))));
+            match source {
+                Ok(chunks) => {
+                    for c in chunks {
+                        if tx.send(c).is_err() {
+                            break;
+                        }
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            }
+        })
+        .map_err(|e| Error::io("cannot start a thread", "curate-read", e))?;
+    Ok(rx)
 }
 
 #[derive(Default)]

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use arrow_array::builder::StringBuilder;
 use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use rayon::prelude::*;
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -33,7 +34,7 @@ use crate::error::Result;
 use crate::rng::{row_key, RowRng};
 use crate::schema::{self, str_col, Chunk, Reject};
 use crate::text::vocab::{Candidates, Counts};
-use crate::text::{is_content_word, lowercase, Stemmer, Tokenizer};
+use crate::text::{ascii_word_spans, is_content_word, lowercase, Stemmer, Tokenizer};
 
 pub const TYPE: &str = "bow";
 
@@ -298,6 +299,20 @@ impl WordTable {
             None => self.long.get(word).copied(),
         }
     }
+
+    /// [`WordTable::get`] for the word `padded[s..e]` of an [`ascii_word_spans`] buffer: the
+    /// key comes from one 16-byte load, masked to the word (the padding keeps it in bounds).
+    #[inline]
+    fn get_padded(&self, padded: &[u8], s: usize, e: usize) -> Option<u32> {
+        let len = e - s;
+        if len > 15 {
+            // SAFETY: `ascii_word_spans` buffers are ASCII.
+            return self.long.get(unsafe { std::str::from_utf8_unchecked(&padded[s..e]) }).copied();
+        }
+        let bytes: [u8; 16] = padded[s..s + 16].try_into().expect("16 bytes");
+        let key = (u128::from_le_bytes(bytes) & ((1u128 << (8 * len)) - 1)) | ((len as u128) << 120);
+        self.short.get(&key).copied()
+    }
 }
 
 /// Hashes a [`pack_word`] key with a full avalanche (murmur3's finaliser): Fx would leave the
@@ -335,6 +350,13 @@ fn pack_word(word: &str) -> Option<u128> {
     key[..b.len()].copy_from_slice(b);
     key[15] = b.len() as u8;
     Some(u128::from_le_bytes(key))
+}
+
+/// Base statistics of some captions, merged by summing (so chunks can be counted in parallel).
+#[derive(Default)]
+struct BaseCounts {
+    df: Counts,
+    surface: FxHashSet<Box<str>>,
 }
 
 pub struct Bow {
@@ -382,23 +404,35 @@ impl Bow {
         }
     }
 
-    /// Adds one base caption to the document frequencies.
-    fn count_base_caption(&mut self, caption: &str) {
-        let lowered = lowercase(caption);
-        let mut words = Vec::new();
-        self.tokenizer.split_into(&lowered, &mut words);
-        if self.stemmer.is_some() {
-            let forms: Vec<String> = words.iter().map(|w| self.match_form(w).into_owned()).collect();
-            let refs: Vec<&str> = forms.iter().map(String::as_str).collect();
-            self.base_df.add_document(&refs);
-            for w in words {
-                if !self.base_surface.contains(w) {
-                    self.base_surface.insert(w.into());
+    /// Document frequencies of some base captions (of their match forms) and, with a stemmer,
+    /// their surface words.
+    fn count_base_captions<'a>(&self, captions: impl Iterator<Item = &'a str>) -> BaseCounts {
+        let mut counts = BaseCounts::default();
+        let mut buf: Vec<&str> = Vec::new();
+        for caption in captions {
+            let lowered = lowercase(caption);
+            let mut words = recycle_str(std::mem::take(&mut buf));
+            self.tokenizer.split_into(&lowered, &mut words);
+            if self.stemmer.is_some() {
+                let forms: Vec<String> = words.iter().map(|w| self.match_form(w).into_owned()).collect();
+                let refs: Vec<&str> = forms.iter().map(String::as_str).collect();
+                counts.df.add_document(&refs);
+                for w in &words {
+                    if !counts.surface.contains(*w) {
+                        counts.surface.insert((*w).into());
+                    }
                 }
+            } else {
+                counts.df.add_document(&words);
             }
-        } else {
-            self.base_df.add_document(&words);
+            buf = recycle_str(words);
         }
+        counts
+    }
+
+    fn add_base_counts(&mut self, counts: BaseCounts) {
+        self.base_df.merge(counts.df);
+        self.base_surface.extend(counts.surface);
     }
 
     /// Whether RmStopNalpha, LimitToBaseVocab and RmTopFreq (those switched on) all keep `word`.
@@ -467,19 +501,21 @@ impl Transform for Bow {
     fn fit(&mut self, pass: usize, batch: &RecordBatch, first_row: u64) -> Result<()> {
         let ids = str_col(batch, schema::SAMPLE_ID);
         let caps = str_col(batch, schema::CAPTION);
-        for r in 0..batch.num_rows() {
-            let row = first_row + r as u64;
-            if pass == 0 {
+        if pass == 0 {
+            for r in 0..batch.num_rows() {
                 if caps.is_valid(r) && super::has_words(caps.value(r)) {
+                    let row = first_row + r as u64;
                     let key = row_key(self.seed, "bow.split", ids.value(r));
                     self.split_keys.push((key, row));
                     if key < self.band_limit {
                         self.band.push((row, caps.value(r).into()));
                     }
                 }
-            } else if self.is_base(row) {
-                self.count_base_caption(caps.value(r));
             }
+        } else {
+            let base = (0..batch.num_rows()).filter(|&r| self.is_base(first_row + r as u64)).map(|r| caps.value(r));
+            let counts = self.count_base_captions(base);
+            self.add_base_counts(counts);
         }
         Ok(())
     }
@@ -502,11 +538,18 @@ impl Transform for Bow {
             self.split_keys = Vec::new();
             let band = std::mem::take(&mut self.band);
             if band_covers {
-                for (row, caption) in &band {
-                    if self.is_base(*row) {
-                        self.count_base_caption(caption);
-                    }
-                }
+                // Counted in parallel; the merge is a sum, so the result is the same.
+                let counts = band
+                    .par_chunks(4096)
+                    .map(|part| {
+                        self.count_base_captions(part.iter().filter(|(row, _)| self.is_base(*row)).map(|(_, c)| &**c))
+                    })
+                    .reduce(BaseCounts::default, |mut a, b| {
+                        a.df.merge(b.df);
+                        a.surface.extend(b.surface);
+                        a
+                    });
+                self.add_base_counts(counts);
                 self.finish_statistics();
             }
         } else {
@@ -530,18 +573,34 @@ impl Transform for Bow {
         let mut kept_buf: Vec<(&'static str, Option<u32>)> = Vec::with_capacity(32);
         let mut joined = String::new();
         let mut tokens: Vec<&str> = Vec::with_capacity(32);
+        // The lower-cased caption of the fast path and its word ranges.
+        let mut scratch: Vec<u8> = Vec::with_capacity(256);
+        let mut spans: Vec<(u32, u32)> = Vec::with_capacity(32);
+        let fast = !self.tokenizer.split_punct;
         for r in 0..n {
             st.rows_in += 1;
             let id = ids.value(r);
             let caption = caps.is_valid(r).then(|| caps.value(r));
-            let lowered = caption.map(lowercase);
             let mut words = recycle(std::mem::take(&mut buf));
-            tokens.clear();
-            if let Some(l) = &lowered {
-                let mut t = recycle_str(std::mem::take(&mut tokens));
-                self.tokenizer.split_into(l, &mut t);
-                words.extend(t.iter().map(|w| (*w, self.table.get(w))));
-                tokens = recycle_str(t);
+            spans.clear();
+            let lowered;
+            if let Some(cap) = caption {
+                if fast && ascii_word_spans(cap, &mut scratch, &mut spans) {
+                    let padded = scratch.as_slice();
+                    words.extend(spans.iter().map(|&(s, e)| {
+                        let (s, e) = (s as usize, e as usize);
+                        // SAFETY: `ascii_word_spans` buffers are ASCII.
+                        let w = unsafe { std::str::from_utf8_unchecked(&padded[s..e]) };
+                        (w, self.table.get_padded(padded, s, e))
+                    }));
+                } else {
+                    lowered = lowercase(cap);
+                    let mut t = recycle_str(std::mem::take(&mut tokens));
+                    t.clear();
+                    self.tokenizer.split_into(&lowered, &mut t);
+                    words.extend(t.iter().map(|w| (*w, self.table.get(w))));
+                    tokens = recycle_str(t);
+                }
             }
             if words.is_empty() {
                 st.no_caption += 1;
@@ -727,6 +786,19 @@ mod tests {
             ["a", "a\0", "dog", "a-very-long-compound-word", "cat", "a-very-long-compound-wore"].map(|w| t.get(w)),
             [Some(0), Some(1), Some(2), Some(3), None, None]
         );
+        // The fast path's keys (one masked 16-byte load from the padded caption) are the same,
+        // for words of every length up to past 15 bytes and at any position.
+        let words: Vec<String> =
+            (1..=20).map(|n| (0..n).map(|i| (b'a' + (i * 7 + n) as u8 % 26) as char).collect()).collect();
+        let t = WordTable::new(words.iter().map(|w| w.as_str().into()).collect(), vec![true; words.len()]);
+        let caption = format!("{} Dog zebra {}", words.join(" "), words[14].to_uppercase());
+        let (mut padded, mut spans) = (Vec::new(), Vec::new());
+        assert!(ascii_word_spans(&caption, &mut padded, &mut spans));
+        let fast: Vec<Option<u32>> =
+            spans.iter().map(|&(s, e)| t.get_padded(&padded, s as usize, e as usize)).collect();
+        let slow: Vec<Option<u32>> = Tokenizer::default().words(&caption).iter().map(|w| t.get(w)).collect();
+        assert_eq!(fast, slow);
+        assert_eq!(fast.iter().flatten().count(), 21);
     }
 
     #[test]

@@ -112,6 +112,84 @@ impl Tokenizer {
     }
 }
 
+/// Bytes of zero padding [`ascii_word_spans`] leaves after the caption in its scratch buffer.
+pub const SPAN_PADDING: usize = 64;
+
+/// The fast path of lower-casing and [`Tokenizer::split_into`] (without `split_punct`) for the
+/// common caption: ASCII with no control bytes, so the only whitespace is the space. Writes the
+/// lower-cased caption into `scratch` followed by [`SPAN_PADDING`] zero bytes (so a 16-byte load
+/// at any word start stays inside the buffer) and appends each word's byte range. Returns false,
+/// leaving `spans` untouched, when the caption does not qualify; the words are then those of
+/// the general path.
+pub fn ascii_word_spans(caption: &str, scratch: &mut Vec<u8>, spans: &mut Vec<(u32, u32)>) -> bool {
+    let b = caption.as_bytes();
+    if b.len() >= u32::MAX as usize {
+        return false;
+    }
+    scratch.clear();
+    let mut bad = 0u8;
+    scratch.extend(b.iter().map(|&c| {
+        bad |= u8::from(c >= 0x80) | u8::from(c < 0x20);
+        c | (u8::from(c.wrapping_sub(b'A') < 26) << 5)
+    }));
+    if bad != 0 {
+        return false;
+    }
+    scratch.resize(b.len() + SPAN_PADDING, 0);
+    // Positions from the end on count as whitespace, and the scan covers position `n`, so
+    // every word closes inside it.
+    let n = b.len();
+    let mut carry = 0u64;
+    let mut start = 0u32;
+    for w in (0..=n).step_by(64) {
+        let mut ws = space_mask(&scratch[w..w + 64]);
+        if n - w < 64 {
+            ws |= !0u64 << (n - w);
+        }
+        let word = !ws;
+        let prev = (word << 1) | carry;
+        let mut starts = word & !prev;
+        let mut ends = ws & prev;
+        // Starts and ends alternate; take whichever comes first.
+        while starts | ends != 0 {
+            let (s, e) = (starts.trailing_zeros(), ends.trailing_zeros());
+            if s < e {
+                start = (w as u32) + s;
+                starts &= starts - 1;
+            } else {
+                spans.push((start, (w as u32) + e));
+                ends &= ends - 1;
+            }
+        }
+        carry = word >> 63;
+    }
+    true
+}
+
+/// Bit `i` set when `block[i]` is a space (`block` holds 64 bytes).
+#[inline]
+fn space_mask(block: &[u8]) -> u64 {
+    debug_assert!(block.len() >= 64);
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_set1_epi8};
+        let mut m = 0u64;
+        for q in 0..4 {
+            // SAFETY: SSE2 is part of x86_64; the 16 bytes read lie inside `block` (64 bytes).
+            let bits = unsafe {
+                let v = _mm_loadu_si128(block.as_ptr().add(16 * q).cast());
+                _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(b' ' as i8)))
+            };
+            m |= u64::from(bits as u16) << (16 * q);
+        }
+        m
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        block[..64].iter().enumerate().fold(0u64, |m, (i, &c)| m | (u64::from(c == b' ') << i))
+    }
+}
+
 fn split_punct<'a>(piece: &'a str, out: &mut Vec<&'a str>) {
     let bytes = piece.as_bytes();
     if bytes.iter().all(u8::is_ascii_punctuation) {
@@ -161,6 +239,46 @@ mod tests {
         assert_eq!(t.words("a  b\tc\u{1c}d\u{3000}e "), ["a", "b", "c", "d", "e"]);
         assert_eq!(t.words("   "), Vec::<String>::new());
         assert_eq!(t.words("on white background .").len(), 4);
+    }
+
+    #[test]
+    fn ascii_spans_match_the_general_path() {
+        let t = Tokenizer::default();
+        let long = format!("{} tail", "word ".repeat(40));
+        let cases = [
+            "a dog",
+            "  Leading and trailing  ",
+            "",
+            "   ",
+            "x",
+            "on white background .",
+            "MiXeD CaSe 3D",
+            long.as_str(),
+            "exactly-sixty-four-bytes-long-caption-with-no-space-at-all-xxxxxx",
+        ];
+        for c in cases {
+            let (mut scratch, mut spans) = (Vec::new(), Vec::new());
+            assert!(ascii_word_spans(c, &mut scratch, &mut spans), "{c:?}");
+            assert!(scratch[c.len()..].iter().all(|&b| b == 0) && scratch.len() == c.len() + SPAN_PADDING);
+            let got: Vec<String> = spans
+                .iter()
+                .map(|&(s, e)| String::from_utf8(scratch[s as usize..e as usize].to_vec()).unwrap())
+                .collect();
+            assert_eq!(got, t.words(c), "{c:?}");
+        }
+        // Every length around the 64-byte windows, words ending exactly at a window edge.
+        for n in 1..200 {
+            let c: String = (0..n).map(|i| if i % 7 == 6 || i % 64 == 63 { ' ' } else { 'a' }).collect();
+            let (mut scratch, mut spans) = (Vec::new(), Vec::new());
+            assert!(ascii_word_spans(&c, &mut scratch, &mut spans));
+            let got: Vec<&[u8]> = spans.iter().map(|&(s, e)| &scratch[s as usize..e as usize]).collect();
+            let want: Vec<&[u8]> = c.as_bytes().split(|&b| b == b' ').filter(|p| !p.is_empty()).collect();
+            assert_eq!(got, want, "{n}");
+        }
+        // Tabs, other control bytes and non-ASCII text take the general path.
+        for c in ["a\tb", "a\u{1c}b", "café", "a\u{0}b"] {
+            assert!(!ascii_word_spans(c, &mut Vec::new(), &mut Vec::new()), "{c:?}");
+        }
     }
 
     #[test]
