@@ -3,6 +3,7 @@
 //! the erf is a branch-free formula the compiler vectorises. Other devices, and autodiff
 //! devices (training needs the backward pass), use burn's own `gelu`.
 
+use burn::backend::Flex;
 use burn::tensor::{Device, Tensor, TensorData};
 
 /// `0.5·x·(1 + erf(x/√2))`, within 2e-7·(1 + |x|) of the exact value.
@@ -11,10 +12,48 @@ pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     if device.is_autodiff() || !is_host(&device) || x.dtype() != burn::tensor::DType::F32 {
         return burn::tensor::activation::gelu(x);
     }
+    if device == Device::flex() {
+        // In place in the tensor's own buffer (copied first only if shared). GELU is elementwise,
+        // so a view's layout still reads the right values.
+        let mut t = x.try_into_primitive::<Flex>().expect("a float tensor on the flex device");
+        gelu_slice(t.storage_mut::<f32>());
+        return Tensor::from_primitive::<Flex>(t);
+    }
     let shape = x.shape();
     let mut values = x.into_data().try_into_vec::<f32>().expect("checked to be f32");
-    values.iter_mut().for_each(|v| *v = gelu_f32(*v));
+    gelu_slice(&mut values);
     Tensor::from_data(TensorData::new(values, shape), &device)
+}
+
+/// [`gelu_f32`] over a slice, in the widest vectors the CPU has (the same operations in the
+/// same order at every width, so the same bits).
+fn gelu_slice(values: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked above).
+            unsafe { gelu_avx512(values) };
+            return;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked above).
+            unsafe { gelu_avx2(values) };
+            return;
+        }
+    }
+    values.iter_mut().for_each(|v| *v = gelu_f32(*v));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn gelu_avx512(values: &mut [f32]) {
+    values.iter_mut().for_each(|v| *v = gelu_f32(*v));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn gelu_avx2(values: &mut [f32]) {
+    values.iter_mut().for_each(|v| *v = gelu_f32(*v));
 }
 
 fn is_host(device: &Device) -> bool {
@@ -35,7 +74,7 @@ const A3: f32 = 1.421_413_7;
 const A4: f32 = -1.453_152;
 const A5: f32 = 1.061_405_4;
 
-#[inline]
+#[inline(always)]
 fn gelu_f32(x: f32) -> f32 {
     let z = x.abs() * std::f32::consts::FRAC_1_SQRT_2;
     let t = 1.0 / (1.0 + P * z);
@@ -48,17 +87,23 @@ fn gelu_f32(x: f32) -> f32 {
 /// `e^(−y)` for `y ≥ 0` (0 beyond f32's range), branch-free: `−y = n·ln 2 + r` with `n` an
 /// integer and `|r| ≤ ln 2 / 2` (ln 2 split in two parts so `r` is exact), `e^r` by its degree-7
 /// Taylor polynomial (truncation below 6e-9), and `2^n` put straight into the exponent bits.
-#[inline]
+/// `n` is rounded by adding and subtracting 1.5·2²³ (exact for |n| < 2²²; `round` would be a
+/// libm call that keeps the loop from vectorising on baseline x86-64), and `n ≥ −126` here.
+#[inline(always)]
 fn exp_neg(y: f32) -> f32 {
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
+    const ROUND: f32 = 12_582_912.0;
     let x = (-y).max(-87.0);
-    let n = (x * std::f32::consts::LOG2_E).round();
+    // `shifted` = 1.5·2²³ + n exactly, so its bits are ROUND's plus n.
+    let shifted = x * std::f32::consts::LOG2_E + ROUND;
+    let n = shifted - ROUND;
     let r = (x - n * LN2_HI) - n * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r / 5040.0))))));
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2^n from n's integer bits (integer lanes: an `as i32` conversion would not vectorise).
+    let scale = f32::from_bits(shifted.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
     p * scale
 }
 
@@ -102,6 +147,36 @@ mod tests {
         assert_eq!(gelu_f32(0.0), 0.0);
         assert!(gelu_f32(-100.0).abs() < 1e-30);
         assert_eq!(gelu_f32(100.0), 100.0);
+    }
+
+    #[test]
+    fn in_place_gelu_leaves_shared_tensors_and_views_right() {
+        let device = Device::flex();
+        let data: Vec<f32> = (0..48).map(|i| (i as f32 - 24.0) * 0.3).collect();
+        let x = Tensor::<2>::from_data(TensorData::new(data.clone(), [6, 8]), &device);
+        let kept = x.clone();
+        // A transposed, narrowed view of a shared buffer.
+        let view = x.swap_dims(0, 1).narrow(0, 2, 5);
+        let want: Vec<f32> =
+            (2..7).flat_map(|c| (0..6).map(move |r| (r, c))).map(|(r, c)| gelu_f32(data[r * 8 + c])).collect();
+        assert_eq!(gelu(view).into_data().try_into_vec::<f32>().unwrap(), want);
+        assert_eq!(kept.into_data().try_into_vec::<f32>().unwrap(), data, "the shared input was changed");
+    }
+
+    #[test]
+    fn vector_paths_give_the_scalar_bits() {
+        let xs: Vec<f32> = (0..40_001).map(|i| (i as f32 - 20_000.0) * 6e-4).chain([-100.0, 100.0, -0.0]).collect();
+        let scalar: Vec<u32> = xs.iter().map(|&x| gelu_f32(x).to_bits()).collect();
+        let mut v = xs.clone();
+        gelu_slice(&mut v);
+        assert_eq!(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), scalar);
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            let mut v = xs.clone();
+            // SAFETY: AVX2 checked above.
+            unsafe { gelu_avx2(&mut v) };
+            assert_eq!(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), scalar);
+        }
     }
 
     #[test]
