@@ -37,6 +37,16 @@ fn loads(ext: &str) -> bool {
     matches!(ext, "txt" | "json" | "cls" | "caption")
 }
 
+/// A member name's sample key — its path up to the first `.` of the file name — and the rest
+/// of the file name after that `.` (the extension, `""` if none), as webdataset defines them:
+/// `a/b/0001.seg.json` is key `a/b/0001`, extension `seg.json`.
+pub fn member_key(name: &str) -> (String, &str) {
+    let (dir, base) = name.rsplit_once('/').map_or(("", name), |(d, b)| (d, b));
+    let (stem, ext) = base.split_once('.').unwrap_or((base, ""));
+    let key = if dir.is_empty() { stem.to_owned() } else { format!("{dir}/{stem}") };
+    (key, ext)
+}
+
 /// Reads the samples of one shard, image bytes skipped.
 pub fn read_samples(path: &Path) -> Result<Vec<Sample>> {
     let file = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
@@ -49,9 +59,7 @@ pub fn read_samples(path: &Path) -> Result<Vec<Sample>> {
             continue;
         }
         let name = entry.path().map_err(|e| Error::io("bad member name in", path, e))?.to_string_lossy().into_owned();
-        let (dir, base) = name.rsplit_once('/').map_or(("", name.as_str()), |(d, b)| (d, b));
-        let (stem, ext) = base.split_once('.').unwrap_or((base, ""));
-        let key = if dir.is_empty() { stem.to_owned() } else { format!("{dir}/{stem}") };
+        let (key, ext) = member_key(&name);
         let ext = ext.to_ascii_lowercase();
         let data = if loads(&ext) {
             let mut buf = Vec::new();
@@ -71,6 +79,13 @@ pub fn read_samples(path: &Path) -> Result<Vec<Sample>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn member_keys_follow_webdataset() {
+        assert_eq!(member_key("0001.jpg"), ("0001".to_owned(), "jpg"));
+        assert_eq!(member_key("a/b.c/0001.seg.json"), ("a/b.c/0001".to_owned(), "seg.json"));
+        assert_eq!(member_key("dir/README"), ("dir/README".to_owned(), ""));
+    }
 
     #[test]
     fn groups_members_by_key() {

@@ -180,10 +180,7 @@ fn read_tar_images(path: &Path, keys: &[&str]) -> Result<HashMap<String, Vec<u8>
             continue;
         }
         let name = entry.path().map_err(|e| Error::io("bad member name in", path, e))?.to_string_lossy().into_owned();
-        // The key is the member path up to the first `.` of its file name (webdataset).
-        let (dir, base) = name.rsplit_once('/').map_or(("", name.as_str()), |(d, b)| (d, b));
-        let (stem, ext) = base.split_once('.').unwrap_or((base, ""));
-        let key = if dir.is_empty() { stem.to_owned() } else { format!("{dir}/{stem}") };
+        let (key, ext) = crate::io::tar_shards::member_key(&name);
         if !TAR_IMAGE_EXTENSIONS.contains(&ext.to_ascii_lowercase().as_str())
             || !wanted.contains(key.as_str())
             || out.contains_key(&key)
