@@ -14,6 +14,9 @@
 //! total, so the top-k of a union is the top-k of the per-part top-k lists. Hence the result is
 //! bit-identical for any thread count and any way of splitting the queries into calls, on a
 //! given machine (gemm picks its kernels and depth blocking from the CPU it runs on).
+//!
+//! [`device_top_k`] is the same search on a burn device (a GPU with `--features cuda`): products
+//! and per-block top-k there, lists merged here in the same order.
 
 use std::cmp::Ordering;
 use std::ops::Range;
@@ -155,6 +158,82 @@ pub fn exact_top_k_with(queries: &[f32], pool: &[f32], dim: usize, k: usize, blo
             debug_assert_eq!(best.len(), k);
             ids.extend(best.iter().map(|c| c.id));
             scores.extend(best.iter().map(|c| c.score));
+        }
+    }
+    TopK { k, ids, scores }
+}
+
+/// Pool rows per product in [`device_top_k`].
+const DEVICE_POOL_BLOCK: usize = 65_536;
+/// Queries per product in [`device_top_k`]: with [`DEVICE_POOL_BLOCK`], a 1 GiB score block.
+const DEVICE_QUERY_BLOCK: usize = 4_096;
+
+/// [`exact_top_k`] on a burn device (a GPU with `--features cuda`): the pool goes to the device
+/// once, in blocks; each query block's product with each pool block is reduced to its top `k` on
+/// the device (`topk_with_indices`), and the blocks' lists are merged here in [`exact_top_k`]'s
+/// order. Still exhaustive, no index; but the device's matrix product rounds differently from the
+/// CPU kernel, and its top-k breaks exact ties its own way within a block, so rows whose scores
+/// tie or nearly tie at the k-th place may differ from [`exact_top_k`]'s.
+///
+/// # Shapes
+/// As [`exact_top_k`].
+///
+/// # Panics
+/// As [`exact_top_k`].
+pub fn device_top_k(queries: &[f32], pool: &[f32], dim: usize, k: usize, device: &burn::tensor::Device) -> TopK {
+    device_top_k_with(queries, pool, dim, k, device, [DEVICE_QUERY_BLOCK, DEVICE_POOL_BLOCK])
+}
+
+/// [`device_top_k`] with `[queries, pool rows]` per product.
+fn device_top_k_with(
+    queries: &[f32],
+    pool: &[f32],
+    dim: usize,
+    k: usize,
+    device: &burn::tensor::Device,
+    [query_block, pool_block]: [usize; 2],
+) -> TopK {
+    use burn::tensor::{Tensor, TensorData};
+    assert!(dim > 0, "knn: dim must be positive");
+    assert_eq!(queries.len() % dim, 0, "knn: queries length is not a multiple of dim");
+    assert_eq!(pool.len() % dim, 0, "knn: pool length is not a multiple of dim");
+    let (nq, np) = (queries.len() / dim, pool.len() / dim);
+    assert!(np <= u32::MAX as usize, "knn: pool rows must fit in u32");
+    let k = k.min(np);
+    if k == 0 || nq == 0 {
+        return TopK { k, ids: Vec::new(), scores: Vec::new() };
+    }
+    // `[dim, rows]` per block, so each product is a plain `[q, dim] x [dim, rows]`.
+    let blocks: Vec<(usize, Tensor<2>)> = (0..np)
+        .step_by(pool_block)
+        .map(|start| {
+            let end = (start + pool_block).min(np);
+            let data = TensorData::new(pool[start * dim..end * dim].to_vec(), [end - start, dim]);
+            (start, Tensor::<2>::from_data(data, device).transpose())
+        })
+        .collect();
+    let mut ids = Vec::with_capacity(nq * k);
+    let mut scores = Vec::with_capacity(nq * k);
+    for q0 in (0..nq).step_by(query_block) {
+        let q1 = (q0 + query_block).min(nq);
+        let q = Tensor::<2>::from_data(TensorData::new(queries[q0 * dim..q1 * dim].to_vec(), [q1 - q0, dim]), device);
+        let mut best: Vec<Vec<Candidate>> = vec![Vec::with_capacity(2 * k); q1 - q0];
+        for (start, block) in &blocks {
+            let kk = k.min(block.dims()[1]);
+            let (values, index) = q.clone().matmul(block.clone()).topk_with_indices(kk, 1);
+            let values = values.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32 scores");
+            let index = index.into_data().convert::<i64>().try_to_vec::<i64>().expect("integer indices");
+            for (r, list) in best.iter_mut().enumerate() {
+                for j in r * kk..(r + 1) * kk {
+                    list.push(Candidate { score: values[j], id: (start + index[j] as usize) as u32 });
+                }
+                list.sort_unstable_by(order);
+                list.truncate(k);
+            }
+        }
+        for list in best {
+            ids.extend(list.iter().map(|c| c.id));
+            scores.extend(list.iter().map(|c| c.score));
         }
     }
     TopK { k, ids, scores }
@@ -434,6 +513,23 @@ mod tests {
             let p = uniform(np * dim, 2 * i as u64 + 1);
             check_against_reference(&q, &p, dim, k, &exact_top_k(&q, &p, dim, k));
         }
+    }
+
+    #[test]
+    fn device_path_matches_brute_force_across_blocks() {
+        // On the CPU device: the same search through burn's matmul and top-k, in blocks small
+        // enough that every query's list is merged from several pool blocks and query blocks.
+        let device = burn::tensor::Device::flex();
+        for (nq, np, dim, k, blocks) in
+            [(13, 200, 24, 5, [4, 37]), (7, 50, 3, 10, [7, 64]), (3, 9, 8, 20, [2, 4]), (20, 300, 64, 1, [16, 1000])]
+        {
+            let queries = uniform(nq * dim, 7 + nq as u64);
+            let pool = uniform(np * dim, 11 + np as u64);
+            let got = device_top_k_with(&queries, &pool, dim, k, &device, blocks);
+            check_against_reference(&queries, &pool, dim, k, &got);
+            assert_eq!(got.ids, exact_top_k(&queries, &pool, dim, k).ids, "{nq}x{np}x{dim} k={k}");
+        }
+        assert_eq!(device_top_k(&[], &uniform(8, 1), 4, 3, &device).ids.len(), 0);
     }
 
     #[test]

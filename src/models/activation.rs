@@ -56,7 +56,8 @@ unsafe fn gelu_avx2(values: &mut [f32]) {
     values.iter_mut().for_each(|v| *v = gelu_f32(*v));
 }
 
-fn is_host(device: &Device) -> bool {
+/// Whether `device` computes on this machine's CPU (flex, or ndarray when compiled in).
+pub fn is_host(device: &Device) -> bool {
     #[cfg(feature = "ndarray")]
     #[allow(deprecated)]
     if *device == Device::ndarray() {

@@ -518,9 +518,14 @@ impl Transform for MinePseudoBow {
         }
         let embed_seconds = embed_started.elapsed().as_secs_f64();
 
-        // 2. Each crop's k nearest aligned captions, exactly.
+        // 2. Each crop's k nearest aligned captions, exhaustively: the CPU kernel on the host,
+        // products and top-k on the run's device otherwise (a GPU).
         let search_started = Instant::now();
-        let top = crate::knn::exact_top_k(&queries, &pool.embeddings, dim, c.neighbors);
+        let top = if crate::models::activation::is_host(self.run.device()) {
+            crate::knn::exact_top_k(&queries, &pool.embeddings, dim, c.neighbors)
+        } else {
+            crate::knn::device_top_k(&queries, &pool.embeddings, dim, c.neighbors, self.run.device())
+        };
         let search_seconds = search_started.elapsed().as_secs_f64();
         let per_image = c.crops * top.k;
 

@@ -65,6 +65,11 @@ impl TrainedRun {
     }
 
     /// Side of the square images the image tower takes.
+    /// The device the model runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     pub fn image_size(&self) -> usize {
         self.config.model.image_size_px
     }
