@@ -760,7 +760,11 @@ mod tests {
     }
 
     fn fitted(band_limit: Option<u64>, b: &RecordBatch) -> Bow {
-        let config: BowConfig = toml::from_str("rm_top_freq = 3").unwrap();
+        fitted_with("rm_top_freq = 3", band_limit, b)
+    }
+
+    fn fitted_with(config: &str, band_limit: Option<u64>, b: &RecordBatch) -> Bow {
+        let config: BowConfig = toml::from_str(config).unwrap();
         let mut bow = config.build(5, &mut Problems::default()).unwrap();
         if let Some(l) = band_limit {
             bow.band_limit = l;
@@ -799,6 +803,24 @@ mod tests {
         let slow: Vec<Option<u32>> = Tokenizer::default().words(&caption).iter().map(|w| t.get(w)).collect();
         assert_eq!(fast, slow);
         assert_eq!(fast.iter().flatten().count(), 21);
+    }
+
+    #[test]
+    fn stemmed_statistics_agree_between_band_and_second_pass() {
+        // With a stemmer the base surface words are collected too (in parallel from the band).
+        let b = batch(5000);
+        let config = "rm_top_freq = 3\nstemmer = \"english\"";
+        let (cached, reread) = (fitted_with(config, None, &b), fitted_with(config, Some(0), &b));
+        assert_eq!((&cached.top, &cached.vocab), (&reread.top, &reread.vocab));
+        // The word tables (sorted surface words, each with the filters' verdict) agree.
+        assert_eq!(cached.table.keep, reread.table.keep);
+        // Stems in the vocabulary, surface words in the table: `runs` is matched as `run`.
+        assert!(cached.vocab.contains("run") && !cached.vocab.contains("runs"));
+        assert_eq!(cached.table.get("runs").map(|i| cached.table.keep[i as usize]), Some(true));
+        let chunk = |bow: &Bow| {
+            bow.apply(Chunk { batch: b.clone(), rejects: vec![], skipped: Default::default() }, 0).unwrap().batch
+        };
+        assert_eq!(chunk(&cached), chunk(&reread));
     }
 
     #[test]
