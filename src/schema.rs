@@ -143,7 +143,7 @@ pub struct Reject {
     /// Machine-readable reason (`wrong_field_count`, `invalid_utf8`, `empty_caption`, ...).
     pub reason: &'static str,
     /// Human-readable detail, e.g. `3 fields, expected 2`.
-    pub detail: String,
+    pub detail: std::borrow::Cow<'static, str>,
     /// The raw input bytes (the line, or the caption for stage rejects), kept verbatim.
     pub raw: Vec<u8>,
 }

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::time::Instant;
 
+use arrow_array::RecordBatch;
 use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::json;
@@ -193,12 +194,13 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
 
     let streamed = std::thread::scope(|s| -> Result<(u64, WriterOutcome)> {
         let rx = spawn_reader(s, reader, cached)?;
-        let (wtx, wrx) = sync_channel::<Chunk>(GROUP);
+        // Each chunk travels with its rejects already in columns (built on the worker threads).
+        let (wtx, wrx) = sync_channel::<(Chunk, Option<RecordBatch>)>(GROUP);
         let spawn_writer = std::thread::Builder::new().name("curate-write".into());
         let writer = spawn_writer
             .spawn_scoped(s, move || -> Result<WriterOutcome> {
                 let mut o = WriterOutcome::default();
-                for chunk in wrx {
+                for (chunk, rejects_batch) in wrx {
                     let batch = match &columns {
                         Some(idx) => chunk.batch.project(idx)?,
                         None => chunk.batch,
@@ -209,14 +211,16 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
                         for r in &chunk.rejects {
                             *o.rejects.entry(format!("{}/{}", r.stage, r.reason)).or_insert(0) += 1;
                         }
-                        rejects.write(&schema::rejects_batch(&chunk.rejects))?;
+                        rejects.write(&rejects_batch.unwrap_or_else(|| schema::rejects_batch(&chunk.rejects)))?;
                     }
                     for (k, v) in chunk.skipped {
                         *o.skipped.entry(k.to_owned()).or_insert(0) += v;
                     }
                 }
-                o.data_shards = data.finish()?;
-                o.reject_shards = rejects.finish()?;
+                // The last row groups of both outputs, encoded side by side.
+                let (d, r) = rayon::join(|| data.finish(), || rejects.finish());
+                o.data_shards = d?;
+                o.reject_shards = r?;
                 Ok(o)
             })
             .map_err(|e| Error::io("cannot start a thread", "curate-write", e))?;
@@ -328,12 +332,13 @@ fn remove_stale(dir: &Path, keep: &[ShardInfo]) -> Result<()> {
 }
 
 /// Reads chunks from `rx` in groups, runs every transform on a group in parallel (order kept),
-/// and hands results to `sink` in input order. Returns the number of input rows.
+/// puts each chunk's rejects into columns, and hands results to `sink` in input order. Returns
+/// the number of input rows.
 fn transform_stream(
     rx: Receiver<Result<Chunk>>,
     transforms: &[(String, Box<dyn Transform>)],
     bar: &super::progress::PassBar,
-    mut sink: impl FnMut(Chunk) -> Result<()>,
+    mut sink: impl FnMut((Chunk, Option<RecordBatch>)) -> Result<()>,
 ) -> Result<u64> {
     let mut offsets = vec![0u64; transforms.len()];
     let mut rows = 0u64;
@@ -366,7 +371,14 @@ fn transform_stream(
                 .map(|(c, start)| t.apply(c, start))
                 .collect::<Result<Vec<Chunk>>>()?;
         }
-        for c in chunks {
+        let with_rejects: Vec<(Chunk, Option<RecordBatch>)> = chunks
+            .into_par_iter()
+            .map(|c| {
+                let rejects = (!c.rejects.is_empty()).then(|| schema::rejects_batch(&c.rejects));
+                (c, rejects)
+            })
+            .collect();
+        for c in with_rejects {
             sink(c)?;
         }
         bar.inc(read);

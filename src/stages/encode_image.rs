@@ -151,7 +151,7 @@ impl Transform for EncodeImage {
                         row: first_row + r as u64,
                         sample_id: Some(ids.value(r).to_owned()),
                         reason,
-                        detail,
+                        detail: detail.into(),
                         raw: Vec::new(),
                     }),
                 }

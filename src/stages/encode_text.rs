@@ -125,7 +125,7 @@ impl Transform for EncodeText {
                     row: first_row + r as u64,
                     sample_id: Some(ids.value(r).to_owned()),
                     reason: "no_caption",
-                    detail: format!("`{}` is null", self.config.column),
+                    detail: format!("`{}` is null", self.config.column).into(),
                     raw: Vec::new(),
                 });
                 continue;

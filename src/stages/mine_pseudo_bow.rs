@@ -504,7 +504,7 @@ impl Transform for MinePseudoBow {
                         row: first_row + r as u64,
                         sample_id: Some(ids.value(r).to_owned()),
                         reason,
-                        detail,
+                        detail: detail.into(),
                         raw: Vec::new(),
                     }),
                 }
@@ -595,7 +595,8 @@ impl Transform for MinePseudoBow {
                         "the {} retrieved captions have no word left under `{}`",
                         m.neighbors.len(),
                         c.strategy.name()
-                    ),
+                    )
+                    .into(),
                     raw: Vec::new(),
                 });
             } else {

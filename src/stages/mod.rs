@@ -81,7 +81,7 @@ pub type Skipped = BTreeMap<&'static str, u64>;
 /// Per-line parsing outcome for line-oriented readers.
 pub enum LineOutcome {
     Row,
-    Reject { reason: &'static str, detail: String },
+    Reject { reason: &'static str, detail: std::borrow::Cow<'static, str> },
     Skip(&'static str),
 }
 

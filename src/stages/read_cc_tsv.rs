@@ -59,7 +59,10 @@ impl Reader for ReadCcTsv {
             let fields = split_tabs(line);
             let n = fields.count;
             if n != 2 {
-                return LineOutcome::Reject { reason: "wrong_field_count", detail: format!("{n} fields, expected 2") };
+                return LineOutcome::Reject {
+                    reason: "wrong_field_count",
+                    detail: format!("{n} fields, expected 2").into(),
+                };
             }
             let (Ok(caption), Ok(url)) = (std::str::from_utf8(fields[ci]), std::str::from_utf8(fields[ui])) else {
                 return LineOutcome::Reject { reason: "invalid_utf8", detail: "line is not valid UTF-8".into() };

@@ -144,7 +144,7 @@ impl Reader for ReadImagenet21k {
                         row: index,
                         sample_id: Some(id.clone()),
                         reason: "unsupported_extension",
-                        detail: format!("`.{ext}` is not one of {:?}", self.extensions),
+                        detail: format!("`.{ext}` is not one of {:?}", self.extensions).into(),
                         raw: id.into_bytes(),
                     });
                 } else {

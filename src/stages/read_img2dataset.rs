@@ -118,7 +118,7 @@ fn read_metadata(path: &Path, source: &str) -> Result<Chunk> {
                 row: row + i as u64,
                 sample_id: keys[i].map(str::to_owned),
                 reason,
-                detail,
+                detail: detail.into(),
                 raw: row_json(&keys, &caps, &urls, &status, i).into_bytes(),
             };
             let Some(key) = keys[i] else {
@@ -174,7 +174,7 @@ fn read_tar(path: &Path, source: &str) -> Result<Chunk> {
             row: s.member_index,
             sample_id: Some(s.key.clone()),
             reason,
-            detail: detail.to_owned(),
+            detail: detail.to_owned().into(),
             raw,
         };
         let has_image = s.members.iter().any(|m| IMAGE_EXTS.contains(&m.ext.as_str()));

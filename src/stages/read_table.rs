@@ -304,13 +304,13 @@ impl Reader for ReadTable {
                         if need > super::MAX_FIELDS {
                             return LineOutcome::Reject {
                                 reason: "wrong_field_count",
-                                detail: format!("column index beyond {}", super::MAX_FIELDS),
+                                detail: format!("column index beyond {}", super::MAX_FIELDS).into(),
                             };
                         }
                         if n < need {
                             return LineOutcome::Reject {
                                 reason: "wrong_field_count",
-                                detail: format!("{n} fields, need at least {need}"),
+                                detail: format!("{n} fields, need at least {need}").into(),
                             };
                         }
                         let values = self
@@ -319,7 +319,7 @@ impl Reader for ReadTable {
                         let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
                         match maker.emit(&by_name[name], no, values, out) {
                             Ok(()) => LineOutcome::Row,
-                            Err((reason, detail)) => LineOutcome::Reject { reason, detail },
+                            Err((reason, detail)) => LineOutcome::Reject { reason, detail: detail.into() },
                         }
                     },
                 )))
@@ -335,7 +335,7 @@ impl Reader for ReadTable {
 
 impl ReadTable {
     fn reject(&self, file: &Path, row: u64, reason: &'static str, detail: String, raw: Vec<u8>) -> Reject {
-        Reject { stage: TYPE, source_file: file_name(file), row, sample_id: None, reason, detail, raw }
+        Reject { stage: TYPE, source_file: file_name(file), row, sample_id: None, reason, detail: detail.into(), raw }
     }
 
     fn read_csv(&self, path: &Path) -> Result<Vec<Chunk>> {

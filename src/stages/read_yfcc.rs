@@ -152,7 +152,7 @@ impl Reader for ReadYfcc {
                     n => {
                         return LineOutcome::Reject {
                             reason: "wrong_field_count",
-                            detail: format!("{n} fields, expected 25 or 23"),
+                            detail: format!("{n} fields, expected 25 or 23").into(),
                         }
                     }
                 };
@@ -162,7 +162,7 @@ impl Reader for ReadYfcc {
                 let Ok(num) = id.trim().parse::<u64>() else {
                     return LineOutcome::Reject {
                         reason: "bad_id",
-                        detail: format!("photo id `{id}` is not a number"),
+                        detail: format!("photo id `{id}` is not a number").into(),
                     };
                 };
                 if fields[layout.marker] == b"1" {
