@@ -108,12 +108,7 @@ pub fn exact_top_k(queries: &[f32], pool: &[f32], dim: usize, k: usize) -> TopK 
 pub fn exact_top_k_with(queries: &[f32], pool: &[f32], dim: usize, k: usize, blocking: Blocking) -> TopK {
     let query_block = blocking.queries.max(1);
     let pool_block = blocking.pool.max(MIN_POOL_BLOCK);
-    assert!(dim > 0, "knn: dim must be positive");
-    assert_eq!(queries.len() % dim, 0, "knn: queries length is not a multiple of dim");
-    assert_eq!(pool.len() % dim, 0, "knn: pool length is not a multiple of dim");
-    let (nq, np) = (queries.len() / dim, pool.len() / dim);
-    assert!(np <= u32::MAX as usize, "knn: pool rows must fit in u32");
-    let k = k.min(np);
+    let (nq, np, k) = shapes(queries, pool, dim, k);
     if k == 0 || nq == 0 {
         return TopK { k, ids: Vec::new(), scores: Vec::new() };
     }
@@ -163,6 +158,17 @@ pub fn exact_top_k_with(queries: &[f32], pool: &[f32], dim: usize, k: usize, blo
     TopK { k, ids, scores }
 }
 
+/// Query rows, pool rows and the `k` a search returns (at most the pool size), after the shape
+/// checks both searches document under "Panics".
+fn shapes(queries: &[f32], pool: &[f32], dim: usize, k: usize) -> (usize, usize, usize) {
+    assert!(dim > 0, "knn: dim must be positive");
+    assert_eq!(queries.len() % dim, 0, "knn: queries length is not a multiple of dim");
+    assert_eq!(pool.len() % dim, 0, "knn: pool length is not a multiple of dim");
+    let (nq, np) = (queries.len() / dim, pool.len() / dim);
+    assert!(np <= u32::MAX as usize, "knn: pool rows must fit in u32");
+    (nq, np, k.min(np))
+}
+
 /// Pool rows per product in [`device_top_k`].
 const DEVICE_POOL_BLOCK: usize = 65_536;
 /// Queries per product in [`device_top_k`]: with [`DEVICE_POOL_BLOCK`], a 1 GiB score block.
@@ -194,12 +200,7 @@ fn device_top_k_with(
     [query_block, pool_block]: [usize; 2],
 ) -> TopK {
     use burn::tensor::{Tensor, TensorData};
-    assert!(dim > 0, "knn: dim must be positive");
-    assert_eq!(queries.len() % dim, 0, "knn: queries length is not a multiple of dim");
-    assert_eq!(pool.len() % dim, 0, "knn: pool length is not a multiple of dim");
-    let (nq, np) = (queries.len() / dim, pool.len() / dim);
-    assert!(np <= u32::MAX as usize, "knn: pool rows must fit in u32");
-    let k = k.min(np);
+    let (nq, np, k) = shapes(queries, pool, dim, k);
     if k == 0 || nq == 0 {
         return TopK { k, ids: Vec::new(), scores: Vec::new() };
     }
