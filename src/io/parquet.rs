@@ -286,6 +286,64 @@ mod tests {
     }
 
     #[test]
+    fn row_groups_encoded_together_keep_order_sizes_and_bytes() {
+        // Enough rows for several rounds of ROW_GROUPS_AT_ONCE row groups, with a shard closing
+        // on an odd number of full row groups plus a partial one.
+        use arrow_array::{Int64Array, StringArray};
+        use std::sync::Arc;
+        let schema = Arc::new(Schema::new(vec![
+            arrow_schema::Field::new("sample_id", arrow_schema::DataType::Utf8, false),
+            arrow_schema::Field::new("n", arrow_schema::DataType::Int64, false),
+        ]));
+        let rows = 5 * ROW_GROUP_ROWS + 17;
+        let per_shard = 3 * ROW_GROUP_ROWS + 5;
+        let ids: Vec<String> = (0..rows).map(|i| format!("s{i}")).collect();
+        let write = |dir: &Path, threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| {
+                let mut w = ShardedWriter::new(dir, "part", schema.clone(), per_shard, &[]).unwrap();
+                // Batches of an awkward size, so row groups are assembled from slices.
+                for start in (0..rows).step_by(50_000) {
+                    let end = (start + 50_000).min(rows);
+                    let cols: Vec<arrow_array::ArrayRef> = vec![
+                        Arc::new(StringArray::from_iter_values(ids[start..end].iter())),
+                        Arc::new(Int64Array::from_iter_values(start as i64..end as i64)),
+                    ];
+                    w.write(&RecordBatch::try_new(schema.clone(), cols).unwrap()).unwrap();
+                }
+                w.finish().unwrap()
+            })
+        };
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let shards = write(a.path(), 1);
+        assert_eq!(shards.iter().map(|s| s.rows as usize).collect::<Vec<_>>(), [per_shard, rows - per_shard]);
+        assert_eq!(write(b.path(), 3), shards);
+        let mut next = 0i64;
+        for s in &shards {
+            let path = a.path().join(&s.file);
+            assert_eq!(std::fs::read(&path).unwrap(), std::fs::read(b.path().join(&s.file)).unwrap());
+            let reader = parquet::file::reader::SerializedFileReader::new(File::open(&path).unwrap()).unwrap();
+            let sizes: Vec<i64> = parquet::file::reader::FileReader::metadata(&reader)
+                .row_groups()
+                .iter()
+                .map(|g| g.num_rows())
+                .collect();
+            let full = ROW_GROUP_ROWS as i64;
+            let want = if next == 0 { vec![full, full, full, 5] } else { vec![full, full, 12] };
+            assert_eq!(sizes, want);
+            for batch in read_file(&path).unwrap() {
+                let n = batch.column(1).as_any().downcast_ref::<Int64Array>().unwrap();
+                let id = batch.column(0).as_any().downcast_ref::<StringArray>().unwrap();
+                for r in 0..batch.num_rows() {
+                    assert_eq!((n.value(r), id.value(r)), (next, ids[next as usize].as_str()));
+                    next += 1;
+                }
+            }
+        }
+        assert_eq!(next as usize, rows);
+    }
+
+    #[test]
     fn empty_output_still_has_a_schema_file() {
         let dir = tempfile::tempdir().unwrap();
         let w = ShardedWriter::new(dir.path(), "part", pairs(), 10, &[]).unwrap();
