@@ -1074,26 +1074,41 @@ mod tests {
     fn counting_kernels_equal_plain_comparisons() {
         // Lengths around the 16-lane blocks, scores on a coarse grid (ties), thresholds among
         // them, above all of them (+inf padding) and NaN (never higher, never equal).
+        // Also thresholds above most scores, all-NaN thresholds, and rows holding NaN scores.
         let mut rng = Rng(7);
         for len in [0, 1, 15, 16, 17, 40, 333] {
-            let row: Vec<f32> = (0..len).map(|_| rng.below(9) as f32 / 4.0 - 1.0).collect();
-            let v = [0.0f32, -1.0, 1.0, 0.25, f32::INFINITY, f32::NAN, -0.0, 0.5];
-            let c = count_row::<8>(&row, &v);
-            for (k, &x) in v.iter().enumerate() {
-                let want =
-                    [row.iter().filter(|&&y| y > x).count() as u32, row.iter().filter(|&&y| y == x).count() as u32];
-                assert_eq!([c[0][k], c[1][k]], want, "length {len}, threshold {x}");
-            }
-            assert_eq!(count_row::<1>(&row, &[0.25]), [[c[0][3]], [c[1][3]]]);
-            let rows = len / W;
-            let lanes = Lanes { data: &row, stride: W, offset: 0 };
-            let v: [[f32; W]; 2] = std::array::from_fn(|k| std::array::from_fn(|l| (l + k) as f32 / 4.0 - 1.5));
-            let c = count_lanes::<2>(lanes, 0..rows, &v);
-            for k in 0..2 {
-                for l in 0..W {
-                    let col = (0..rows).map(|r| row[r * W + l]);
-                    assert_eq!(c[0][k][l], col.clone().filter(|&y| y > v[k][l]).count() as u32);
-                    assert_eq!(c[1][k][l], col.filter(|&y| y == v[k][l]).count() as u32);
+            for with_nan in [false, true] {
+                let row: Vec<f32> = (0..len)
+                    .map(|i| if with_nan && i % 5 == 3 { f32::NAN } else { rng.below(9) as f32 / 4.0 - 1.0 })
+                    .collect();
+                for v in [
+                    [0.0f32, -1.0, 1.0, 0.25, f32::INFINITY, f32::NAN, -0.0, 0.5],
+                    [0.75, 1.0, f32::INFINITY, f32::NAN, 0.75, 1.0, 0.75, 1.0],
+                    [f32::NAN; 8],
+                ] {
+                    let c = count_row::<8>(&row, &v);
+                    for (k, &x) in v.iter().enumerate() {
+                        let want = [
+                            row.iter().filter(|&&y| y > x).count() as u32,
+                            row.iter().filter(|&&y| y == x).count() as u32,
+                        ];
+                        assert_eq!([c[0][k], c[1][k]], want, "length {len}, threshold {x}");
+                    }
+                    assert_eq!(count_row::<1>(&row, &[v[3]]), [[c[0][3]], [c[1][3]]]);
+                }
+                let rows = len / W;
+                let lanes = Lanes { data: &row, stride: W, offset: 0 };
+                for shift in [-1.5f32, 0.5] {
+                    let v: [[f32; W]; 2] =
+                        std::array::from_fn(|k| std::array::from_fn(|l| (l + k) as f32 / 4.0 + shift));
+                    let c = count_lanes::<2>(lanes, 0..rows, &v);
+                    for k in 0..2 {
+                        for l in 0..W {
+                            let col = (0..rows).map(|r| row[r * W + l]);
+                            assert_eq!(c[0][k][l], col.clone().filter(|&y| y > v[k][l]).count() as u32);
+                            assert_eq!(c[1][k][l], col.filter(|&y| y == v[k][l]).count() as u32);
+                        }
+                    }
                 }
             }
         }
