@@ -1,6 +1,9 @@
 //! `curate train` on the bundled sample (`data/train_sample`, made by `data/gen_train_sample.py`)
 //! with tiny sizes: 16-px crops, batches of 8, a few steps — seconds in a debug build.
 
+#[macro_use]
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -17,29 +20,16 @@ use curate::train::zeroshot::{class_prompt, hit_at_k, parse_classes};
 use curate::train::{train, TrainConfig, TrainOptions};
 use curate::Error;
 
-const BASE: &str = r#"
+const BASE: &str = concat!(
+    r#"
 seed = 3
 steps = 6
 batch_size = 8
 log_every = 1
 checkpoint_every = 3
-
-[model]
-embed_dim = 16
-image_size_px = 16
-
-[model.image]
-preset = "tiny"
-
-[model.text]
-dir = "data/train_sample/text_model"
-pretrained = false
-max_tokens = 16
-
-[data]
-tables = ["data/train_sample/train.parquet"]
-crop_scale = [0.5, 1.0]
-teacher_image = "data/train_sample/teacher_image.parquet"
+"#,
+    tiny_model_and_data!(),
+    r#"teacher_image = "data/train_sample/teacher_image.parquet"
 teacher_text = "data/train_sample/teacher_text.parquet"
 
 [loss]
@@ -48,7 +38,8 @@ type = "infonce"
 [optim]
 optimizer = "adamw"
 lr = 1e-3
-"#;
+"#
+);
 
 /// The base config written into `dir`, with `--set` overrides; output under `dir/out`.
 fn config(dir: &Path, sets: &[&str]) -> TrainConfig {

@@ -101,15 +101,13 @@ pub fn write_broken_model_folder(src: &Path, dst: &Path, missing: &str, misshape
     safetensors::serialize_to_file(views, None, &dst.join("model.safetensors")).unwrap();
 }
 
-/// A tiny run on the bundled sample (tiny ResNet, 2-layer BERT, 16-px images, 4 steps): enough
-/// for tests that need a finished `curate train` run, not for learning.
-pub const TINY_RUN: &str = r#"
-seed = 1
-steps = 4
-batch_size = 16
-log_every = 1
-checkpoint_every = 0
-
+/// The model and data part of the tiny training configs (tiny ResNet, the bundled 2-layer BERT,
+/// 16-px images, the bundled sample table). It ends inside `[data]`, so a config can add data
+/// keys after it.
+#[macro_export]
+macro_rules! tiny_model_and_data {
+    () => {
+        r#"
 [model]
 embed_dim = 16
 image_size_px = 16
@@ -125,14 +123,30 @@ max_tokens = 16
 [data]
 tables = ["data/train_sample/train.parquet"]
 crop_scale = [0.5, 1.0]
+"#
+    };
+}
 
+/// A tiny run on the bundled sample (4 steps of 16): enough for tests that need a finished
+/// `curate train` run, not for learning.
+pub const TINY_RUN: &str = concat!(
+    r#"
+seed = 1
+steps = 4
+batch_size = 16
+log_every = 1
+checkpoint_every = 0
+"#,
+    tiny_model_and_data!(),
+    r#"
 [loss]
 type = "infonce"
 
 [optim]
 optimizer = "adamw"
 lr = 1e-3
-"#;
+"#
+);
 
 /// Trains the training file `toml` into `dir/run` (config in `dir/train.toml`); returns the run.
 pub fn train_run(dir: &Path, toml: &str) -> PathBuf {
