@@ -14,7 +14,7 @@
 use std::ops::Range;
 
 use super::embeddings::{Captions, Images};
-use super::{recall, Direction, Index, Pair, KS};
+use super::{recall, Direction, Index, Pair, COCO_NEED, KS};
 
 /// The COCO 1K folds of the image table's rows.
 #[derive(Debug, Clone, Default)]
@@ -75,8 +75,8 @@ pub fn plan(images: &Images, captions: &Captions, index: &Index, i2t: &mut Direc
         let i = index.image_row[im];
         captions_of[i as usize].push(c as u32);
         image_of.push(i);
-        i2t.want(i, c as u32);
-        t2i.want(c as u32, i);
+        i2t.want(i, c as u32, COCO_NEED);
+        t2i.want(c as u32, i, COCO_NEED);
     }
     CocoPlan { captions_of, image_of }
 }

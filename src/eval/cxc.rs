@@ -3,7 +3,7 @@
 //! queries) and `cxc_caption_to_image.json` (24,972 caption queries). A query hits at K when any
 //! of its positives ranks below K in the full ranking; the query set is the file's keys.
 
-use super::{recall, resolve, Direction, Index, Pair, PositivePairs, Query, KS};
+use super::{recall, resolve, Direction, Index, Pair, PositivePairs, Query, CXC_NEED, KS};
 use crate::error::Result;
 
 /// The CxC queries of both directions, resolved to gallery rows.
@@ -22,8 +22,10 @@ pub fn plan(
     i2t: &mut Direction,
     t2i: &mut Direction,
 ) -> Result<CxcPlan> {
-    let (qi, ai) = resolve(i2t_pairs, "cxc_image_to_caption.json", &index.image_row, &index.caption_row, i2t)?;
-    let (qt, at) = resolve(t2i_pairs, "cxc_caption_to_image.json", &index.caption_row, &index.image_row, t2i)?;
+    let (qi, ai) =
+        resolve(i2t_pairs, "cxc_image_to_caption.json", &index.image_row, &index.caption_row, i2t, |_| CXC_NEED)?;
+    let (qt, at) =
+        resolve(t2i_pairs, "cxc_caption_to_image.json", &index.caption_row, &index.image_row, t2i, |_| CXC_NEED)?;
     Ok(CxcPlan { i2t: qi, t2i: qt, absent: ai + at })
 }
 

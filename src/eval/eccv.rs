@@ -11,7 +11,7 @@
 //! `R@K = [ρ_1 < K]`. Each is averaged over the file's queries. Where `R > n` the package
 //! indexes past its list and fails; the formulas above extend it.
 
-use super::{resolve, Direction, Index, Pair, PositivePairs, Query};
+use super::{eccv_need, resolve, Direction, Index, Pair, PositivePairs, Query};
 use crate::error::{Error, Result};
 
 /// The ECCV Caption queries of both directions, resolved to gallery rows.
@@ -30,8 +30,10 @@ pub fn plan(
     i2t: &mut Direction,
     t2i: &mut Direction,
 ) -> Result<EccvPlan> {
-    let (qi, ai) = resolve(i2t_pairs, "eccv_image_to_caption.json", &index.image_row, &index.caption_row, i2t)?;
-    let (qt, at) = resolve(t2i_pairs, "eccv_caption_to_image.json", &index.caption_row, &index.image_row, t2i)?;
+    let (qi, ai) =
+        resolve(i2t_pairs, "eccv_image_to_caption.json", &index.image_row, &index.caption_row, i2t, eccv_need)?;
+    let (qt, at) =
+        resolve(t2i_pairs, "eccv_caption_to_image.json", &index.caption_row, &index.image_row, t2i, eccv_need)?;
     for (name, qs) in [("eccv_image_to_caption.json", &qi), ("eccv_caption_to_image.json", &qt)] {
         if let Some(q) = qs.iter().find(|q| q.n_positives == 0) {
             // R = 0 leaves mAP@R and R-Precision undefined (the package divides by zero).

@@ -19,8 +19,10 @@ pub mod cxc;
 pub mod eccv;
 pub mod embeddings;
 pub mod product;
+pub mod quantized;
 pub mod ranking;
 pub mod report;
+pub mod screen;
 pub mod trained;
 
 use std::path::{Path, PathBuf};
@@ -31,7 +33,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use embeddings::{Captions, Images, Matrix};
-use ranking::{Ranks, Request};
+use ranking::{Need, Ranks, Request};
 
 /// How an image and a caption embedding are scored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum, Default)]
@@ -160,11 +162,16 @@ impl Direction {
         Direction { requests: vec![Request::default(); queries], ranks: Vec::new(), gallery }
     }
 
-    /// Asks for the rank of gallery item `t` for query `q` (once, however many protocols ask).
-    fn want(&mut self, q: u32, t: u32) {
+    /// Asks for the rank of gallery item `t` for query `q` (once, however many protocols ask),
+    /// saying which of its ranks the protocol reads.
+    fn want(&mut self, q: u32, t: u32, need: Need) {
         let r = &mut self.requests[q as usize];
-        if !r.targets.contains(&t) {
-            r.targets.push(t);
+        match r.targets.iter().position(|&x| x == t) {
+            Some(k) => r.need[k] = r.need[k].merge(need),
+            None => {
+                r.targets.push(t);
+                r.need.push(need);
+            }
         }
     }
 
@@ -238,7 +245,8 @@ pub struct Counts {
     pub eccv_queries: [usize; 2],
     /// CxC / ECCV positives absent from the gallery (never retrieved, still counted).
     pub positives_absent: [usize; 2],
-    /// Requested (query, positive) pairs tied exactly with another gallery item, i2t and t2i.
+    /// Requested (query, positive) pairs tied exactly with another gallery item, i2t and t2i,
+    /// among the ranks computed exactly (all of them, or with the screen those a metric reads).
     pub tied_pairs: [u64; 2],
 }
 
@@ -327,15 +335,27 @@ pub struct Query {
     pub n_positives: usize,
 }
 
+/// What each protocol reads of its positives' ranks ([`Need`]): COCO and CxC their best
+/// (recall@K and the recall curve; COCO also within the 1K fold), ECCV Caption the ranks below
+/// `max(R, 10)` (mAP@R and R-Precision over the top R, recall@1/5/10).
+pub const COCO_NEED: Need = Need { best_of: 1, below: 0 };
+pub const CXC_NEED: Need = Need { best_of: 2, below: 0 };
+
+pub fn eccv_need(r: usize) -> Need {
+    Need { best_of: 0, below: u32::try_from(r).unwrap_or(u32::MAX).max(KS[KS.len() - 1]) }
+}
+
 /// Resolves positive pairs to gallery rows and asks `dir` for the ranks of the present
-/// positives. Duplicate positives count once (the package takes a set); positives absent from
-/// the gallery are kept in the count only. A query absent from its gallery is an error.
+/// positives (`need(R)`: what the protocol reads of them, given the query's positive count).
+/// Duplicate positives count once (the package takes a set); positives absent from the gallery
+/// are kept in the count only. A query absent from its gallery is an error.
 pub fn resolve(
     pairs: &PositivePairs,
     name: &str,
     query_rows: &FxHashMap<i64, u32>,
     target_rows: &FxHashMap<i64, u32>,
     dir: &mut Direction,
+    need: impl Fn(usize) -> Need,
 ) -> Result<(Vec<Query>, usize)> {
     let mut out = Vec::with_capacity(pairs.0.len());
     let mut absent = 0;
@@ -353,12 +373,12 @@ pub fn resolve(
                 continue;
             }
             match target_rows.get(id) {
-                Some(&t) => {
-                    positives.push(t);
-                    dir.want(row, t);
-                }
+                Some(&t) => positives.push(t),
                 None => absent += 1,
             }
+        }
+        for &t in &positives {
+            dir.want(row, t, need(seen.len()));
         }
         out.push(Query { row, positives, n_positives: seen.len() });
     }

@@ -16,6 +16,9 @@
 //!   much time as the product itself.
 //! - [`Method::Matrix`] (elsewhere): gemm scores the whole matrix ([`scores`]), then
 //!   [`rank_rows`] (i2t) and [`rank_columns`] (t2i) count it.
+//! - [`Method::Screen`] (AVX-512 VNNI, large inputs): 16-bit integer tiles at half the cost
+//!   bound every score, and only the ranks a metric reads ([`Need`]) are resolved with exact
+//!   scores ([`super::screen`]); they equal the exact methods' ranks.
 //!
 //! The counting kernels compare 16 scores at once (one AVX-512 register; AVX2 and portable
 //! versions are picked at run time): along a row, up to 8 target scores per pass; down 16
@@ -31,13 +34,18 @@ use rayon::prelude::*;
 
 use super::embeddings::Matrix;
 use super::product::{self, Panels, RowGroups, NR};
+use super::{quantized, screen};
+
+/// Multiply-adds (images x captions x width) from which [`rank`] screens: below it, the exact
+/// tiles cost little and the screen's set-up would not pay (COCO 5K x 25K x 512 is 6.4e10).
+const SCREEN_MIN_WORK: f64 = 1e9;
 
 /// Lanes of the counting kernels: one AVX-512 register of f32 (two AVX2 ones).
-const W: usize = 16;
+pub(super) const W: usize = 16;
 
 /// Target scores compared per pass: with AVX-512, 2 x 8 counters + 8 broadcast scores + the
 /// data stay in the 32 vector registers.
-const MAX_TARGETS: usize = 8;
+pub(super) const MAX_TARGETS: usize = 8;
 
 /// Gallery rows ahead of the current one fetched in [`rank_columns`]: its column reads jump a
 /// whole score row (100 KB for 25K captions), past what the hardware prefetchers follow.
@@ -45,10 +53,10 @@ const PREFETCH_ROWS: usize = 16;
 
 /// Caption panels per unit of work of [`Method::Tiles`] (1,024 captions); units run in
 /// parallel.
-const UNIT_PANELS: usize = 16;
+pub(super) const UNIT_PANELS: usize = 16;
 
 /// Image rows per tile: 192 x 1,024 scores (768 KB) stay in L2 while they are counted.
-const TILE_ROWS: usize = 192;
+pub(super) const TILE_ROWS: usize = 192;
 
 /// What to locate in the ranking of one query.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -58,6 +66,28 @@ pub struct Request {
     /// Index into the subsets passed to [`rank`]: also rank the targets within that part of the
     /// gallery alone (the COCO 1K fold of the query).
     pub subset: Option<u32>,
+    /// Per target, which of its ranks a metric reads ([`Need`]); empty: all of them, exactly.
+    pub need: Vec<Need>,
+}
+
+/// Which ranks of a target must be exact (both the full and the subset ranking); any other
+/// rank may come back as a lower bound of the true one, which is then provably not one a
+/// metric reads. [`Method::Screen`] resolves only these; the other methods are always exact.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Need {
+    /// Groups (bits) in which the smallest rank is read (a protocol's best positive): exact
+    /// for the target holding it; the others may be any lower bound not below it.
+    pub best_of: u8,
+    /// Exact when the rank is below this (ECCV's top-R and recall@K); otherwise a lower
+    /// bound of at least this.
+    pub below: u32,
+}
+
+impl Need {
+    /// Both requirements.
+    pub fn merge(self, o: Need) -> Need {
+        Need { best_of: self.best_of | o.best_of, below: self.below.max(o.below) }
+    }
 }
 
 /// Where the targets of one query landed, in the order of [`Request::targets`].
@@ -76,6 +106,10 @@ pub struct Ranks {
 pub enum Method {
     /// Exact tiles, counted as they are made; needs [`product::available`].
     Tiles,
+    /// 16-bit integer tiles bound every score; only the ranks the [`Need`]s name are resolved
+    /// with exact scores ([`super::screen`]). Falls back to the exact methods where the screen
+    /// does not apply (non-finite or huge values).
+    Screen,
     /// The whole matrix from gemm, then counted.
     Matrix,
 }
@@ -89,7 +123,14 @@ pub fn rank(
     caption_subsets: &[Vec<u32>],
     image_subsets: &[Range<u32>],
 ) -> (Vec<Ranks>, Vec<Ranks>) {
-    let method = if product::available() { Method::Tiles } else { Method::Matrix };
+    let work = images.rows as f64 * captions.rows as f64 * images.dim as f64;
+    let method = if product::available() && quantized::available() && work >= SCREEN_MIN_WORK {
+        Method::Screen
+    } else if product::available() {
+        Method::Tiles
+    } else {
+        Method::Matrix
+    };
     rank_with(method, images, captions, i2t, t2i, caption_subsets, image_subsets)
 }
 
@@ -110,6 +151,12 @@ pub fn rank_with(
 ) -> (Vec<Ranks>, Vec<Ranks>) {
     assert_eq!((i2t.len(), t2i.len()), (images.rows, captions.rows), "one request per query");
     match method {
+        Method::Screen => {
+            screen::rank(images, captions, i2t, t2i, caption_subsets, image_subsets).unwrap_or_else(|| {
+                let exact = if product::available() { Method::Tiles } else { Method::Matrix };
+                rank_with(exact, images, captions, i2t, t2i, caption_subsets, image_subsets)
+            })
+        }
         Method::Tiles => Tiles::new(images, captions, i2t, t2i, caption_subsets, image_subsets).run(),
         Method::Matrix => {
             let s = scores(images, captions);
@@ -124,14 +171,14 @@ pub fn rank_with(
 /// equal (the target included), and equal ones ahead of it in gallery order. Its position is
 /// `higher + ahead`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Tally {
-    higher: u32,
-    equal: u32,
-    ahead: u32,
+pub(super) struct Tally {
+    pub(super) higher: u32,
+    pub(super) equal: u32,
+    pub(super) ahead: u32,
 }
 
 impl Tally {
-    fn add(&mut self, o: Tally) {
+    pub(super) fn add(&mut self, o: Tally) {
         self.higher += o.higher;
         self.equal += o.equal;
         self.ahead += o.ahead;
@@ -160,10 +207,10 @@ impl Tally {
 }
 
 /// The (query, target) pairs of one direction, flattened, with their exact scores.
-struct Pairs {
+pub(super) struct Pairs {
     /// Pairs of query `q`: `offsets[q]..offsets[q + 1]`.
-    offsets: Vec<usize>,
-    scores: Vec<f32>,
+    pub(super) offsets: Vec<usize>,
+    pub(super) scores: Vec<f32>,
 }
 
 impl Pairs {
@@ -207,24 +254,24 @@ impl Pairs {
         Pairs { offsets, scores }
     }
 
-    fn of(&self, q: usize) -> Range<usize> {
+    pub(super) fn of(&self, q: usize) -> Range<usize> {
         self.offsets[q]..self.offsets[q + 1]
     }
 
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.scores.len()
     }
 }
 
 /// Per-pair tallies of both directions: the full galleries and the queries' subsets.
 #[derive(Clone)]
-struct Tallies {
-    i2t: [Vec<Tally>; 2],
-    t2i: [Vec<Tally>; 2],
+pub(super) struct Tallies {
+    pub(super) i2t: [Vec<Tally>; 2],
+    pub(super) t2i: [Vec<Tally>; 2],
 }
 
 impl Tallies {
-    fn merge(mut self, o: Tallies) -> Tallies {
+    pub(super) fn merge(mut self, o: Tallies) -> Tallies {
         for (a, b) in self.i2t.iter_mut().chain(self.t2i.iter_mut()).zip(o.i2t.iter().chain(o.t2i.iter())) {
             for (x, y) in a.iter_mut().zip(b) {
                 x.add(*y);
@@ -232,6 +279,57 @@ impl Tallies {
         }
         self
     }
+}
+
+/// The exact scores of every requested (query, target) pair of both directions.
+pub(super) fn target_pairs(images: &Matrix, captions: &Matrix, i2t: &[Request], t2i: &[Request]) -> (Pairs, Pairs) {
+    let i2t_pairs = Pairs::new(i2t, |i, c| (images.row(i), captions.row(c)), |_, _| None);
+    // The COCO pairs (and most CxC ones) are wanted both ways: scored once.
+    let t2i_pairs = Pairs::new(
+        t2i,
+        |c, i| (images.row(i), captions.row(c)),
+        |c, i| {
+            let k = i2t[i].targets.iter().position(|&x| x as usize == c)?;
+            Some(i2t_pairs.scores[i2t_pairs.offsets[i] + k])
+        },
+    );
+    (i2t_pairs, t2i_pairs)
+}
+
+/// The image rows in tile blocks of at most [`TILE_ROWS`], cut at every subset boundary so
+/// that each block lies inside a subset or outside it.
+pub(super) fn row_blocks(m: usize, image_subsets: &[Range<u32>]) -> Vec<Range<usize>> {
+    let mut cuts = vec![0, m];
+    for s in image_subsets {
+        assert!(s.start <= s.end && s.end as usize <= m, "subset {s:?} outside {m} image rows");
+        cuts.extend([s.start as usize, s.end as usize]);
+    }
+    cuts.sort_unstable();
+    cuts.dedup();
+    cuts.windows(2).flat_map(|w| (w[0]..w[1]).step_by(TILE_ROWS).map(move |a| a..(a + TILE_ROWS).min(w[1]))).collect()
+}
+
+/// The items of subset `list` (ascending gallery indices) among the gallery items `span`, and
+/// their scores, taken from `row` (the span's scores): a slice of it when they are one range
+/// (the COCO 1K folds in the package's caption order), else gathered into `gather`. `None`
+/// when none is in the span.
+pub(super) fn subset_scores<'a, T: Copy>(
+    list: &'a [u32],
+    span: Range<usize>,
+    row: &'a [T],
+    gather: &'a mut Vec<T>,
+) -> Option<(&'a [u32], &'a [T])> {
+    let lo = list.partition_point(|&j| (j as usize) < span.start);
+    let hi = list.partition_point(|&j| (j as usize) < span.end);
+    let idx = &list[lo..hi];
+    let (&first, &last) = (idx.first()?, idx.last()?);
+    let c0 = span.start;
+    if (last - first) as usize + 1 == idx.len() {
+        return Some((idx, &row[first as usize - c0..=last as usize - c0]));
+    }
+    gather.clear();
+    gather.extend(idx.iter().map(|&j| row[j as usize - c0]));
+    Some((idx, gather))
 }
 
 /// [`Method::Tiles`]: everything the units share.
@@ -267,28 +365,8 @@ impl<'a> Tiles<'a> {
         image_subsets: &'a [Range<u32>],
     ) -> Tiles<'a> {
         assert_eq!(images.dim, captions.dim, "images and captions differ in width");
-        let m = images.rows;
-        let i2t_pairs = Pairs::new(i2t, |i, c| (images.row(i), captions.row(c)), |_, _| None);
-        // The COCO pairs (and most CxC ones) are wanted both ways: scored once.
-        let t2i_pairs = Pairs::new(
-            t2i,
-            |c, i| (images.row(i), captions.row(c)),
-            |c, i| {
-                let k = i2t[i].targets.iter().position(|&x| x as usize == c)?;
-                Some(i2t_pairs.scores[i2t_pairs.offsets[i] + k])
-            },
-        );
-        let mut cuts = vec![0, m];
-        for s in image_subsets {
-            assert!(s.start <= s.end && s.end as usize <= m, "subset {s:?} outside {m} image rows");
-            cuts.extend([s.start as usize, s.end as usize]);
-        }
-        cuts.sort_unstable();
-        cuts.dedup();
-        let blocks: Vec<Range<usize>> = cuts
-            .windows(2)
-            .flat_map(|w| (w[0]..w[1]).step_by(TILE_ROWS).map(move |a| a..(a + TILE_ROWS).min(w[1])))
-            .collect();
+        let (i2t_pairs, t2i_pairs) = target_pairs(images, captions, i2t, t2i);
+        let blocks = row_blocks(images.rows, image_subsets);
         Tiles {
             images: RowGroups::new(images, &blocks),
             captions,
@@ -368,19 +446,10 @@ impl<'a> Tiles<'a> {
                 w.tallies.i2t[0][pairs.start + k].add(tally);
             }
             let Some(s) = req.subset else { continue };
-            // The subset's items among these captions, in gallery order.
-            let list = &self.caption_subsets[s as usize];
-            let lo = list.partition_point(|&j| (j as usize) < c0);
-            let hi = list.partition_point(|&j| (j as usize) < captions.end);
-            let idx = &list[lo..hi];
-            let (Some(&first), Some(&last)) = (idx.first(), idx.last()) else { continue };
-            let sub: &[f32] = if (last - first) as usize + 1 == idx.len() {
-                // One range (the COCO 1K folds in the package's caption order): a slice.
-                &row[first as usize - c0..=last as usize - c0]
-            } else {
-                w.gather.clear();
-                w.gather.extend(idx.iter().map(|&j| row[j as usize - c0]));
-                &w.gather
+            let Some((idx, sub)) =
+                subset_scores(&self.caption_subsets[s as usize], captions.clone(), row, &mut w.gather)
+            else {
+                continue;
             };
             count_targets(sub, v, &mut w.counts);
             for (k, &t) in req.targets.iter().enumerate() {
@@ -740,7 +809,7 @@ mod x86 {
 
 /// Counts for `targets` (any number) in `MAX_TARGETS`-wide passes, narrower for the rest:
 /// `f(first, slots)` fills counts of the slots `first..first + slots`.
-fn in_passes(targets: usize, mut f: impl FnMut(usize, usize)) {
+pub(super) fn in_passes(targets: usize, mut f: impl FnMut(usize, usize)) {
     let mut k = 0;
     while k < targets {
         let n = match targets - k {
@@ -1064,8 +1133,12 @@ mod tests {
         }
         assert!(position(&row, 0).1 && position(&row, 2).1 && !position(&row, 1).1);
         // Within the subset {0, 2, 4}: [0, 2, 4]; target 3 (not in it) would come first.
-        let r =
-            rank_row(&row, &Request { targets: vec![2, 0, 4, 3], subset: Some(0) }, &[vec![0, 2, 4]], &mut Vec::new());
+        let r = rank_row(
+            &row,
+            &Request { targets: vec![2, 0, 4, 3], subset: Some(0), ..Request::default() },
+            &[vec![0, 2, 4]],
+            &mut Vec::new(),
+        );
         assert_eq!((r.full, r.subset, r.tied), (vec![3, 2, 4, 1], vec![1, 0, 2, 0], 2));
         assert_eq!(top_k(&row, 2), vec![1, 3]);
     }
@@ -1125,7 +1198,11 @@ mod tests {
         let lists = vec![(0..gn as u32).filter(|j| j % 3 == 0).collect::<Vec<u32>>(), (5..20).collect()];
         let ranges = vec![0..13, 13..40];
         let reqs: Vec<Request> = (0..qn)
-            .map(|i| Request { targets: vec![(i % gn) as u32, 0, 39], subset: (i % 3 != 2).then_some((i % 2) as u32) })
+            .map(|i| Request {
+                targets: vec![(i % gn) as u32, 0, 39],
+                subset: (i % 3 != 2).then_some((i % 2) as u32),
+                ..Request::default()
+            })
             .collect();
         let s = scores(&qm, &gm);
         let rows = rank_rows(&s, gn, &reqs, &lists);
@@ -1158,10 +1235,15 @@ mod tests {
             .map(|i| Request {
                 targets: targets(&mut rng, nc, 20),
                 subset: [Some((i / 90) as u32), Some(5), None][i % 3],
+                ..Request::default()
             })
             .collect();
         let t2i: Vec<Request> = (0..nc)
-            .map(|c| Request { targets: targets(&mut rng, mi, 12), subset: (c % 4 != 0).then_some((c % 5) as u32) })
+            .map(|c| Request {
+                targets: targets(&mut rng, mi, 12),
+                subset: (c % 4 != 0).then_some((c % 5) as u32),
+                ..Request::default()
+            })
             .collect();
         let s = scores(&im, &cap);
         let (a, b) = rank_with(Method::Matrix, &im, &cap, &i2t, &t2i, &lists, &ranges);
@@ -1187,10 +1269,12 @@ mod tests {
         let (im, cap) = (m(mi, d, &vals(mi * d)), m(nc, d, &vals(nc * d)));
         let s: Vec<f32> = (0..mi * nc).map(|x| product::chains([(im.row(x / nc), cap.row(x % nc))])[0]).collect();
         let mut rng = Rng(5);
-        let i2t: Vec<Request> =
-            (0..mi).map(|_| Request { targets: targets(&mut rng, nc, 9), subset: Some(0) }).collect();
-        let t2i: Vec<Request> =
-            (0..nc).map(|_| Request { targets: targets(&mut rng, mi, 3), subset: Some(0) }).collect();
+        let i2t: Vec<Request> = (0..mi)
+            .map(|_| Request { targets: targets(&mut rng, nc, 9), subset: Some(0), ..Request::default() })
+            .collect();
+        let t2i: Vec<Request> = (0..nc)
+            .map(|_| Request { targets: targets(&mut rng, mi, 3), subset: Some(0), ..Request::default() })
+            .collect();
         let lists = vec![(0..nc as u32).step_by(2).collect::<Vec<u32>>()];
         let ranges: Vec<Range<u32>> = std::iter::once(10..30).collect();
         let (a, b) = rank_with(Method::Tiles, &im, &cap, &i2t, &t2i, &lists, &ranges);

@@ -85,7 +85,7 @@ pub fn markdown(ev: &Evaluation) -> String {
     }
     let _ = writeln!(
         s,
-        "- exact score ties of a positive with another gallery item (broken by gallery row): i2t {}, t2i {}",
+        "- exact score ties of a positive with another gallery item, among the ranks computed exactly (broken by gallery row): i2t {}, t2i {}",
         c.tied_pairs[0], c.tied_pairs[1]
     );
     let t: Vec<String> = ev.timings_s.iter().map(|(k, v)| format!("{k} {v:.2} s")).collect();
