@@ -10,14 +10,16 @@
 //! counted.
 //!
 //! A metric rarely needs all ranks exactly ([`Need`]): recall@K and the recall curve read the
-//! best rank of each protocol's positives, ECCV's mAP@R the ranks below R. So after the tiles,
-//! each query resolves — with the exact chain scores of [`super::product::chains`], the same
-//! bits the exact method ranks — the targets whose interval could change what is read: a band
-//! under a `below` cut, and within a best-of group the targets in ascending order of their
-//! certain rank until the best exact rank found lies at or below the next certain rank. Every
-//! rank a metric reads is then exactly the exact method's, ties and their order included;
-//! the others come back as lower bounds that provably change nothing. In the benchmark the
-//! band holds ~4M (pair, item) entries and ~100K of them are resolved.
+//! best rank of each protocol's positives, ECCV's mAP@R the ranks below R. Ranks follow scores,
+//! so a group's best is its highest-scoring target (ties: the lowest gallery index), known from
+//! the exact target scores before any tile: only it is counted and resolved, and the group's
+//! other members are reported at its rank (they rank after it). A pair with a `below` cut is
+//! counted, and its band recorded while a worker's own count stays under the cut (a lower bound
+//! of the final count); it is resolved if its certain rank ends under the cut. Resolving uses
+//! the exact chain scores of [`super::product::chains`], the bits the exact methods rank, so
+//! every rank a metric reads equals theirs, ties and their order included; the others come back
+//! as lower bounds that provably change nothing. On the COCO 5K x 25K benchmark, ε is 3.3e-4,
+//! ~230K band items are recorded and ~77K resolved, for 94K requested pairs.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -68,27 +70,16 @@ fn rank_limited(
     }
     let (i2t_pairs, t2i_pairs) = target_pairs(images, captions, i2t, t2i);
     let c = qi.product_scale(&qc);
-    let thresholds = |reqs: &[Request], pairs: &Pairs, eps: &(dyn Fn(usize) -> f64 + Sync)| -> Vec<(i32, i32)> {
-        (0..reqs.len())
-            .into_par_iter()
-            .flat_map_iter(|q| {
-                let e = eps(q);
-                pairs.scores[pairs.of(q)].iter().map(move |&v| Quantized::thresholds(v, e, c))
-            })
-            .collect()
-    };
-    let i2t_band = thresholds(i2t, &i2t_pairs, &|i| qi.bound(i, &qc));
-    let t2i_band = thresholds(t2i, &t2i_pairs, &|j| qc.bound(j, &qi));
+    let i2t_counted = Counted::new(i2t, &i2t_pairs, &|i, v| Quantized::thresholds(v, qi.bound(i, &qc), c));
+    let t2i_counted = Counted::new(t2i, &t2i_pairs, &|j, v| Quantized::thresholds(v, qc.bound(j, &qi), c));
     let (i2t_keep, t2i_keep) = (Keep::new(i2t, &i2t_pairs), Keep::new(t2i, &t2i_pairs));
     let screen = Screen {
         images: RowGroups::new(&qi, &row_blocks(images.rows, image_subsets)),
         captions: &qc,
         i2t,
         t2i,
-        i2t_pairs: &i2t_pairs,
-        t2i_pairs: &t2i_pairs,
-        i2t_band,
-        t2i_band,
+        i2t_counted: &i2t_counted,
+        t2i_counted: &t2i_counted,
         i2t_keep,
         t2i_keep,
         caption_subsets,
@@ -99,10 +90,10 @@ fn rank_limited(
     };
     let (tallies, [i2t_items, t2i_items]) = screen.run(i2t_pairs.len(), t2i_pairs.len())?;
     let exact = |i: usize, c: usize| (images.row(i), captions.row(c));
-    let a = resolve(i2t, &i2t_pairs, &tallies.i2t, i2t_items, &|q, j| exact(q, j), &|s, j| {
+    let a = resolve(i2t, &i2t_pairs, &i2t_counted, &tallies.i2t, i2t_items, &|q, j| exact(q, j), &|s, j| {
         caption_subsets[s as usize].binary_search(&j).is_ok()
     });
-    let b = resolve(t2i, &t2i_pairs, &tallies.t2i, t2i_items, &|q, j| exact(j, q), &|s, j| {
+    let b = resolve(t2i, &t2i_pairs, &t2i_counted, &tallies.t2i, t2i_items, &|q, j| exact(j, q), &|s, j| {
         image_subsets[s as usize].contains(&j)
     });
     Some((a, b))
@@ -114,11 +105,8 @@ struct Screen<'a> {
     captions: &'a Quantized,
     i2t: &'a [Request],
     t2i: &'a [Request],
-    i2t_pairs: &'a Pairs,
-    t2i_pairs: &'a Pairs,
-    /// Per pair, the integer band `(lo, hi)` ([`Quantized::thresholds`]).
-    i2t_band: Vec<(i32, i32)>,
-    t2i_band: Vec<(i32, i32)>,
+    i2t_counted: &'a Counted,
+    t2i_counted: &'a Counted,
     i2t_keep: Keep,
     t2i_keep: Keep,
     caption_subsets: &'a [Vec<u32>],
@@ -127,6 +115,55 @@ struct Screen<'a> {
     recorded: AtomicUsize,
     limit: usize,
     over: AtomicBool,
+}
+
+/// The pairs counted against the tiles, per query: every pair of a request without needs, else
+/// the group bests ([`group_bests`]) and the pairs with a `below` cut. Another member of a
+/// group ranks after the group's best: its rank is never read, and is reported as the best's.
+struct Counted {
+    /// Query `q`'s counted pairs: `start[q]..start[q + 1]` of the lists below.
+    start: Vec<usize>,
+    /// The pair (index into the direction's flattened targets) and its target's position in
+    /// the request.
+    pair: Vec<(u32, u32)>,
+    /// The pair's integer band `(lo, hi)` ([`Quantized::thresholds`]).
+    band: Vec<(i32, i32)>,
+    /// Per pair of the direction: counted or not.
+    counted: Vec<bool>,
+}
+
+impl Counted {
+    /// `thresholds(q, v)`: the band of query `q`'s pair with exact score `v`.
+    fn new(reqs: &[Request], pairs: &Pairs, thresholds: &(dyn Fn(usize, f32) -> (i32, i32) + Sync)) -> Counted {
+        let mut counted = vec![false; pairs.len()];
+        for (q, r) in reqs.iter().enumerate() {
+            let p0 = pairs.of(q).start;
+            if r.need.is_empty() {
+                counted[p0..p0 + r.targets.len()].fill(true);
+                continue;
+            }
+            for (k, n) in r.need.iter().enumerate() {
+                counted[p0 + k] |= n.below > 0;
+            }
+            for (_, k) in group_bests(r, &pairs.scores[pairs.of(q)]) {
+                counted[p0 + k] = true;
+            }
+        }
+        let (mut start, mut pair) = (Vec::with_capacity(reqs.len() + 1), Vec::new());
+        start.push(0);
+        for q in 0..reqs.len() {
+            let ps = pairs.of(q);
+            pair.extend(ps.clone().filter(|&p| counted[p]).map(|p| (p as u32, (p - ps.start) as u32)));
+            start.push(pair.len());
+        }
+        let owner: Vec<usize> = (0..reqs.len()).flat_map(|q| std::iter::repeat_n(q, start[q + 1] - start[q])).collect();
+        let band = pair.par_iter().zip(&owner).map(|(&(p, _), &q)| thresholds(q, pairs.scores[p as usize])).collect();
+        Counted { start, pair, band, counted }
+    }
+
+    fn of(&self, q: usize) -> Range<usize> {
+        self.start[q]..self.start[q + 1]
+    }
 }
 
 /// Which pairs' band items are recorded: those that may be resolved. A group's best rank
@@ -255,24 +292,24 @@ impl Screen<'_> {
         let c0 = captions.start;
         for i in rows.clone() {
             let req = &self.i2t[i];
-            if req.targets.is_empty() {
+            let cs = self.i2t_counted.of(i);
+            if cs.is_empty() {
                 continue;
             }
             let at = (i - rows.start) * width;
             let row = &w.tile[at..at + captions.len()];
-            let p0 = self.i2t_pairs.of(i).start;
-            let band = &self.i2t_band[self.i2t_pairs.of(i)];
+            let (pairs, band) = (&self.i2t_counted.pair[cs.clone()], &self.i2t_counted.band[cs]);
             count_targets(row, band, &mut w.counts);
-            for (k, &t) in req.targets.iter().enumerate() {
-                let [gt, ge] = w.counts[k];
-                let p = p0 + k;
+            for (x, &(p, k)) in pairs.iter().enumerate() {
+                let [gt, ge] = w.counts[x];
+                let (p, t) = (p as usize, req.targets[k as usize]);
                 let has_t = captions.contains(&(t as usize));
                 // Recorded while it may be resolved (the count so far is before this tile's).
                 let sub = req.subset.map(|_| w.tallies.i2t[1][p].higher);
                 let keep = self.i2t_keep.record(p, w.tallies.i2t[0][p].higher, sub);
                 w.tallies.i2t[0][p].add(Tally { higher: gt, equal: ge - gt, ahead: 0 });
                 if keep && ge - gt > has_t as u32 {
-                    let (lo, hi) = band[k];
+                    let (lo, hi) = band[x];
                     band_items(row, lo, hi, |j| {
                         if c0 + j != t as usize {
                             w.band[0].push((p as u32, (c0 + j) as u32));
@@ -286,9 +323,9 @@ impl Screen<'_> {
                 continue;
             };
             count_targets(sub, band, &mut w.counts);
-            for k in 0..req.targets.len() {
-                let [gt, ge] = w.counts[k];
-                w.tallies.i2t[1][p0 + k].add(Tally { higher: gt, equal: ge - gt, ahead: 0 });
+            for (x, &(p, _)) in pairs.iter().enumerate() {
+                let [gt, ge] = w.counts[x];
+                w.tallies.i2t[1][p as usize].add(Tally { higher: gt, equal: ge - gt, ahead: 0 });
             }
         }
     }
@@ -298,16 +335,20 @@ impl Screen<'_> {
         for g in 0..captions.len().div_ceil(W) {
             let cg = captions.start + g * W;
             let reqs = &self.t2i[cg..(cg + W).min(captions.end)];
-            let slots = reqs.iter().map(|r| r.targets.len()).max().unwrap_or(0);
+            let counted = |l: usize| {
+                let cs = self.t2i_counted.of(cg + l);
+                (&self.t2i_counted.pair[cs.clone()], &self.t2i_counted.band[cs])
+            };
+            let slots = (0..reqs.len()).map(|l| counted(l).0.len()).max().unwrap_or(0);
             let lanes = Lanes { data: &w.tile, stride: width, offset: g * W };
             in_passes(slots, |k0, n| {
                 // Empty slots: a band no score reaches (|q_a·q_b| < 2^31 - 1).
                 let mut lo = [[i32::MAX; W]; MAX_TARGETS];
                 let mut hi = [[i32::MAX; W]; MAX_TARGETS];
-                for (l, r) in reqs.iter().enumerate() {
-                    let p0 = self.t2i_pairs.of(cg + l).start;
-                    for k in k0..(k0 + n).min(r.targets.len()) {
-                        (lo[k - k0][l], hi[k - k0][l]) = self.t2i_band[p0 + k];
+                for l in 0..reqs.len() {
+                    let band = counted(l).1;
+                    for x in k0..(k0 + n).min(band.len()) {
+                        (lo[x - k0][l], hi[x - k0][l]) = band[x];
                     }
                 }
                 let counts = count_lanes(lanes, 0..rows.len(), n, &lo, &hi);
@@ -315,12 +356,12 @@ impl Screen<'_> {
                 // other than the target.
                 let mut scan = [0u16; MAX_TARGETS];
                 for (l, r) in reqs.iter().enumerate() {
-                    let p0 = self.t2i_pairs.of(cg + l).start;
+                    let pairs = counted(l).0;
                     let within = r.subset.map(|s| &self.image_subsets[s as usize]);
                     let inside = within.is_some_and(|s| s.start as usize <= rows.start && rows.end <= s.end as usize);
-                    for k in k0..(k0 + n).min(r.targets.len()) {
-                        let p = p0 + k;
-                        let (gt, ge) = (counts[0][k - k0][l], counts[1][k - k0][l]);
+                    for x in k0..(k0 + n).min(pairs.len()) {
+                        let (p, k) = (pairs[x].0 as usize, pairs[x].1 as usize);
+                        let (gt, ge) = (counts[0][x - k0][l], counts[1][x - k0][l]);
                         let sub = r.subset.map(|_| w.tallies.t2i[1][p].higher);
                         let keep = self.t2i_keep.record(p, w.tallies.t2i[0][p].higher, sub);
                         let tally = Tally { higher: gt, equal: ge - gt, ahead: 0 };
@@ -329,16 +370,17 @@ impl Screen<'_> {
                             w.tallies.t2i[1][p].add(tally);
                         }
                         if keep && ge - gt > rows.contains(&(r.targets[k] as usize)) as u32 {
-                            scan[k - k0] |= 1 << l;
+                            scan[x - k0] |= 1 << l;
                         }
                     }
                 }
                 if scan.iter().any(|&m| m != 0) {
-                    let (t2i, pairs, out) = (self.t2i, self.t2i_pairs, &mut w.band[1]);
-                    band_lanes(lanes, rows.len(), &lo, &hi, &scan, |k, l, i| {
+                    let (t2i, out) = (self.t2i, &mut w.band[1]);
+                    band_lanes(lanes, rows.len(), &lo, &hi, &scan, |x, l, i| {
                         let (c, gi) = (cg + l, rows.start + i);
-                        if t2i[c].targets[k0 + k] as usize != gi {
-                            out.push(((pairs.of(c).start + k0 + k) as u32, gi as u32));
+                        let (p, k) = counted(l).0[k0 + x];
+                        if t2i[c].targets[k as usize] as usize != gi {
+                            out.push((p, gi as u32));
                         }
                     });
                 }
@@ -362,6 +404,7 @@ fn concat<T>(mut a: Vec<T>, mut b: Vec<T>) -> Vec<T> {
 fn resolve<'v>(
     reqs: &[Request],
     pairs: &Pairs,
+    counted: &Counted,
     tallies: &[Vec<Tally>; 2],
     band: Vec<(u32, u32)>,
     exact: &(dyn Fn(usize, usize) -> (&'v [f32], &'v [f32]) + Sync),
@@ -389,6 +432,7 @@ fn resolve<'v>(
                 q,
                 req: r,
                 scores: &pairs.scores[ps.clone()],
+                counted: &counted.counted[ps.clone()],
                 full: &tallies[0][ps.clone()],
                 sub: &tallies[1][ps.clone()],
                 items: &items,
@@ -406,6 +450,8 @@ struct Query<'a, 'v> {
     q: usize,
     req: &'a Request,
     scores: &'a [f32],
+    /// Per target: counted against the tiles ([`Counted`]).
+    counted: &'a [bool],
     full: &'a [Tally],
     sub: &'a [Tally],
     /// Band items of every pair; this query's target `k` has `items[start[k]..start[k + 1]]`.
@@ -432,6 +478,10 @@ impl Query<'_, '_> {
             .map(|k| {
                 let t = r.targets[k];
                 let (f, s) = (self.full[k], self.sub[k]);
+                if !self.counted[k] {
+                    // Never read: raised to its group's best below.
+                    return Slot { full: 0, subset: 0, exact: false, tied: false };
+                }
                 assert!(f.equal >= 1, "the screen bound failed: a target outside its own band");
                 let in_sub = r.subset.is_some_and(|g| (self.in_subset)(g, t));
                 let exact = f.equal == 1 && (!has_subset || s.equal == in_sub as u32);
