@@ -43,31 +43,33 @@ pub fn available() -> bool {
 }
 
 /// Captions in panels of 64 rows, each stored depth-major (`[d][64]`) so that one depth step of
-/// the kernel reads 64 contiguous floats; rows past the end are zero. A worker packs the
+/// the kernel reads 64 contiguous values; rows past the end are zero. A worker packs the
 /// captions of its current unit into its own buffer ([`Panels::pack`]): a few MB reused, where
-/// packing all 25K captions at once meant a fresh 51 MB and its page faults.
+/// packing all 25K captions at once meant a fresh 51 MB and its page faults. The values are f32
+/// here, u32 words of two 16-bit integers for [`super::quantized`].
 #[derive(Default)]
-pub struct Panels {
-    data: Vec<f32>,
+pub struct Panels<T = f32> {
+    pub(super) data: Vec<T>,
     panels: usize,
-    dim: usize,
+    /// Depth steps per row.
+    pub(super) dim: usize,
 }
 
-impl Panels {
-    /// Packs captions `rows` (at most 64 per panel, the last panel zero-padded).
+impl<T: Copy + Default> Panels<T> {
+    /// Packs `rows` of a source `depth` steps wide, `value(row, k)` (at most 64 rows per panel,
+    /// the last panel zero-padded).
     ///
     /// # Shapes
-    /// `captions`: `[n, d]` -> `ceil(rows.len() / 64)` panels of `[d, 64]`.
-    pub fn pack(&mut self, captions: &Matrix, rows: Range<usize>) {
-        let d = captions.dim;
+    /// -> `ceil(rows.len() / 64)` panels of `[depth, 64]`.
+    pub fn pack_with(&mut self, rows: Range<usize>, depth: usize, value: impl Fn(usize, usize) -> T) {
         self.panels = rows.len().div_ceil(NR);
-        self.dim = d;
+        self.dim = depth;
         self.data.clear();
-        self.data.resize(self.panels * NR * d, 0.0);
+        self.data.resize(self.panels * NR * depth, T::default());
         for (jj, j) in rows.enumerate() {
-            let panel = &mut self.data[jj / NR * NR * d..][..NR * d];
-            for (k, &x) in captions.row(j).iter().enumerate() {
-                panel[k * NR + jj % NR] = x;
+            let panel = &mut self.data[jj / NR * NR * depth..][..NR * depth];
+            for k in 0..depth {
+                panel[k * NR + jj % NR] = value(j, k);
             }
         }
     }
@@ -82,45 +84,61 @@ impl Panels {
     }
 }
 
-/// The images cut into blocks of rows (the tiles' heights), each block in groups of 6 rows
-/// stored depth-major (`[d][6]`), so that one depth step reads 6 contiguous floats; a short
-/// last group repeats its last row.
-pub struct RowGroups {
-    data: Vec<f32>,
-    /// Each block's rows and where its groups start in `data`.
-    blocks: Vec<(Range<usize>, usize)>,
-    dim: usize,
+impl Panels<f32> {
+    /// Packs captions `rows`.
+    ///
+    /// # Shapes
+    /// `captions`: `[n, d]` -> `ceil(rows.len() / 64)` panels of `[d, 64]`.
+    pub fn pack(&mut self, captions: &Matrix, rows: Range<usize>) {
+        let d = captions.dim;
+        self.pack_with(rows, d, |j, k| captions.data[j * d + k]);
+    }
 }
 
-impl RowGroups {
-    /// # Shapes
-    /// `images`: `[m, d]`; `blocks`: ranges of its rows.
-    pub fn new(images: &Matrix, blocks: &[Range<usize>]) -> RowGroups {
-        let d = images.dim;
+/// The images cut into blocks of rows (the tiles' heights), each block in groups of 6 rows
+/// stored depth-major (`[d][6]`), so that one depth step reads 6 contiguous values; a short
+/// last group repeats its last row.
+pub struct RowGroups<T = f32> {
+    pub(super) data: Vec<T>,
+    /// Each block's rows and where its groups start in `data`.
+    pub(super) blocks: Vec<(Range<usize>, usize)>,
+    /// Depth steps per row.
+    pub(super) dim: usize,
+}
+
+impl<T: Copy + Default + Send + Sync> RowGroups<T> {
+    /// `blocks`: ranges of the `rows` rows of a source `depth` steps wide, `value(row, k)`.
+    pub fn new_with(
+        rows: usize,
+        blocks: &[Range<usize>],
+        depth: usize,
+        value: impl Fn(usize, usize) -> T + Sync,
+    ) -> Self {
         let mut at = 0;
         let blocks: Vec<(Range<usize>, usize)> = blocks
             .iter()
             .map(|b| {
-                assert!(b.start <= b.end && b.end <= images.rows, "block {b:?} outside {} rows", images.rows);
+                assert!(b.start <= b.end && b.end <= rows, "block {b:?} outside {rows} rows");
                 let start = at;
-                at += b.len().div_ceil(MR) * MR * d;
+                at += b.len().div_ceil(MR) * MR * depth;
                 (b.clone(), start)
             })
             .collect();
-        let mut data = vec![0.0f32; at];
-        // One group per chunk: `[d][6]` floats.
+        let mut data = vec![T::default(); at];
+        // One group per chunk: `[depth][6]` values.
         let groups: Vec<(usize, usize)> =
             blocks.iter().flat_map(|(b, _)| (b.start..b.end).step_by(MR).map(move |i0| (i0, b.end))).collect();
-        if d > 0 {
-            data.par_chunks_mut(MR * d).zip(&groups).for_each(|(group, &(i0, end))| {
+        if depth > 0 {
+            data.par_chunks_mut(MR * depth).zip(&groups).for_each(|(group, &(i0, end))| {
                 for r in 0..MR {
-                    for (k, &x) in images.row((i0 + r).min(end - 1)).iter().enumerate() {
-                        group[k * MR + r] = x;
+                    let i = (i0 + r).min(end - 1);
+                    for k in 0..depth {
+                        group[k * MR + r] = value(i, k);
                     }
                 }
             });
         }
-        RowGroups { data, blocks, dim: d }
+        RowGroups { data, blocks, dim: depth }
     }
 
     /// The rows of block `b`.
@@ -134,6 +152,15 @@ impl RowGroups {
 
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()
+    }
+}
+
+impl RowGroups<f32> {
+    /// # Shapes
+    /// `images`: `[m, d]`; `blocks`: ranges of its rows.
+    pub fn new(images: &Matrix, blocks: &[Range<usize>]) -> RowGroups {
+        let d = images.dim;
+        RowGroups::new_with(images.rows, blocks, d, |i, k| images.data[i * d + k])
     }
 }
 

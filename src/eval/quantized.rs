@@ -20,11 +20,9 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::embeddings::Matrix;
+use super::product::{Panels, RowGroups};
 
-/// Image rows per register block.
-pub const MR: usize = 6;
-/// Captions per packed panel: four 16-lane registers.
-pub const NR: usize = 64;
+pub use super::product::{MR, NR};
 /// Depth block in pairs of dimensions: a 64 x 128-pair slice of a panel is 32 KB, within L1.
 const KP: usize = 128;
 
@@ -193,89 +191,15 @@ fn quantize_row(x: &[f32], scale: f64, q: &mut [i16]) -> f64 {
     (e2.iter().sum::<f64>().sqrt() * (1.0 + MARGIN) + 1e-9) / scale
 }
 
-/// Captions in panels of 64 rows, each stored pair-major (`[pairs][64]` words of two i16), so
-/// that one depth step of the kernel reads 64 contiguous words; rows past the end are zero.
-#[derive(Default)]
-pub struct Panels {
-    data: Vec<u32>,
-    panels: usize,
-    pairs: usize,
+/// Packs captions `rows` into panels of `[pairs][64]` words (two 16-bit integers each), so that
+/// one depth step of the kernel reads 64 contiguous words.
+pub fn pack(panels: &mut Panels<u32>, captions: &Quantized, rows: Range<usize>) {
+    panels.pack_with(rows, captions.pairs, |j, k| captions.pair(j, k));
 }
 
-impl Panels {
-    /// Packs captions `rows` (at most 64 per panel, the last panel zero-padded).
-    pub fn pack(&mut self, captions: &Quantized, rows: Range<usize>) {
-        let p = captions.pairs;
-        self.panels = rows.len().div_ceil(NR);
-        self.pairs = p;
-        self.data.clear();
-        self.data.resize(self.panels * NR * p, 0);
-        for (jj, j) in rows.enumerate() {
-            let panel = &mut self.data[jj / NR * NR * p..][..NR * p];
-            for k in 0..p {
-                panel[k * NR + jj % NR] = captions.pair(j, k);
-            }
-        }
-    }
-
-    /// Number of panels.
-    pub fn len(&self) -> usize {
-        self.panels
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.panels == 0
-    }
-}
-
-/// The images cut into blocks of rows (the tiles' heights), each block in groups of 6 rows
-/// stored pair-major (`[pairs][6]`); a short last group repeats its last row.
-pub struct RowGroups {
-    data: Vec<u32>,
-    /// Each block's rows and where its groups start in `data`.
-    blocks: Vec<(Range<usize>, usize)>,
-    pairs: usize,
-}
-
-impl RowGroups {
-    pub fn new(images: &Quantized, blocks: &[Range<usize>]) -> RowGroups {
-        let p = images.pairs;
-        let mut at = 0;
-        let blocks: Vec<(Range<usize>, usize)> = blocks
-            .iter()
-            .map(|b| {
-                assert!(b.start <= b.end && b.end <= images.rows, "block {b:?} outside {} rows", images.rows);
-                let start = at;
-                at += b.len().div_ceil(MR) * MR * p;
-                (b.clone(), start)
-            })
-            .collect();
-        let mut data = vec![0u32; at];
-        let groups: Vec<(usize, usize)> =
-            blocks.iter().flat_map(|(b, _)| (b.start..b.end).step_by(MR).map(move |i0| (i0, b.end))).collect();
-        data.par_chunks_mut(MR * p).zip(&groups).for_each(|(group, &(i0, end))| {
-            for r in 0..MR {
-                let i = (i0 + r).min(end - 1);
-                for k in 0..p {
-                    group[k * MR + r] = images.pair(i, k);
-                }
-            }
-        });
-        RowGroups { data, blocks, pairs: p }
-    }
-
-    /// The rows of block `b`.
-    pub fn rows(&self, b: usize) -> Range<usize> {
-        self.blocks[b].0.clone()
-    }
-
-    pub fn len(&self) -> usize {
-        self.blocks.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
-    }
+/// The images in blocks of rows, each in groups of 6 rows stored `[pairs][6]`.
+pub fn row_groups(images: &Quantized, blocks: &[Range<usize>]) -> RowGroups<u32> {
+    RowGroups::new_with(images.rows, blocks, images.pairs, |i, k| images.pair(i, k))
 }
 
 /// Integer products of the rows of block `block` against the packed captions, row-major with
@@ -283,21 +207,21 @@ impl RowGroups {
 ///
 /// # Shapes
 /// `out`: at least `[rows, 64 * captions.len()]` for the block's `rows`.
-pub fn tile(images: &RowGroups, block: usize, captions: &Panels, out: &mut [i32]) {
-    assert_eq!(images.pairs, captions.pairs, "images and captions differ in width");
+pub fn tile(images: &RowGroups<u32>, block: usize, captions: &Panels<u32>, out: &mut [i32]) {
+    assert_eq!(images.dim, captions.dim, "images and captions differ in width");
     let (rows, at) = images.blocks[block].clone();
     let w = captions.len() * NR;
     assert!(out.len() >= rows.len() * w, "tile buffer too small");
-    let groups = &images.data[at..at + rows.len().div_ceil(MR) * MR * images.pairs];
+    let groups = &images.data[at..at + rows.len().div_ceil(MR) * MR * images.dim];
     #[cfg(target_arch = "x86_64")]
     {
         if available() {
             // SAFETY: AVX-512F and VNNI are present; the slices hold what the kernel reads.
-            unsafe { x86::tile(groups, rows.len(), &captions.data, captions.len(), images.pairs, out) };
+            unsafe { x86::tile(groups, rows.len(), &captions.data, captions.len(), images.dim, out) };
             return;
         }
     }
-    tile_portable(groups, rows.len(), &captions.data, captions.len(), images.pairs, out);
+    tile_portable(groups, rows.len(), &captions.data, captions.len(), images.dim, out);
 }
 
 /// The kernel's arithmetic in plain Rust: per 32-bit lane, `acc += lo·lo + hi·hi`, wrapping.
@@ -404,14 +328,14 @@ mod tests {
         let (im, cap) = (random(13, 301, 1, 2.0), random(150, 301, 2, 2.0));
         let (qi, qc) = (Quantized::new(&im).unwrap(), Quantized::new(&cap).unwrap());
         let mut panels = Panels::default();
-        panels.pack(&qc, 64..150);
-        let groups = RowGroups::new(&qi, &[0..2, 2..11, 11..13]);
+        pack(&mut panels, &qc, 64..150);
+        let groups = row_groups(&qi, &[0..2, 2..11, 11..13]);
         let mut out = vec![i32::MIN; 9 * 128];
         tile(&groups, 1, &panels, &mut out);
         let mut portable = vec![0; 9 * 128];
         let b = &groups.blocks[1];
-        let g = &groups.data[b.1..b.1 + 12 * groups.pairs];
-        tile_portable(g, 9, &panels.data, 2, groups.pairs, &mut portable);
+        let g = &groups.data[b.1..b.1 + 12 * groups.dim];
+        tile_portable(g, 9, &panels.data, 2, groups.dim, &mut portable);
         for (r, i) in (2..11).enumerate() {
             for c in 0..128 {
                 let j = 64 + c;

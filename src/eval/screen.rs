@@ -28,7 +28,8 @@ use rayon::prelude::*;
 
 use super::embeddings::Matrix;
 use super::product;
-use super::quantized::{self, Panels, Quantized, RowGroups, NR};
+use super::product::{Panels, RowGroups};
+use super::quantized::{self, Quantized, NR};
 use super::ranking::{
     in_passes, row_blocks, subset_scores, target_pairs, Pairs, Ranks, Request, Tallies, Tally, MAX_TARGETS,
     UNIT_PANELS, W,
@@ -74,7 +75,7 @@ fn rank_limited(
     let t2i_counted = Counted::new(t2i, &t2i_pairs, &|j, v| Quantized::thresholds(v, qc.bound(j, &qi), c));
     let (i2t_keep, t2i_keep) = (Keep::new(i2t, &i2t_pairs), Keep::new(t2i, &t2i_pairs));
     let screen = Screen {
-        images: RowGroups::new(&qi, &row_blocks(images.rows, image_subsets)),
+        images: quantized::row_groups(&qi, &row_blocks(images.rows, image_subsets)),
         captions: &qc,
         i2t,
         t2i,
@@ -101,7 +102,7 @@ fn rank_limited(
 
 /// Everything the units share.
 struct Screen<'a> {
-    images: RowGroups,
+    images: RowGroups<u32>,
     captions: &'a Quantized,
     i2t: &'a [Request],
     t2i: &'a [Request],
@@ -229,7 +230,7 @@ struct Worker {
     tallies: Tallies,
     /// (pair, gallery item) of every band item other than the target: i2t, t2i.
     band: [Vec<(u32, u32)>; 2],
-    panels: Panels,
+    panels: Panels<u32>,
     tile: Vec<i32>,
     gather: Vec<i32>,
     counts: Vec<[u32; 2]>,
@@ -277,7 +278,7 @@ impl Screen<'_> {
     /// Captions `1024 u..`: every tile of their columns, counted both ways.
     fn unit(&self, w: &mut Worker, u: usize) {
         let captions = u * UNIT_PANELS * NR..((u + 1) * UNIT_PANELS * NR).min(self.t2i.len());
-        w.panels.pack(self.captions, captions.clone());
+        quantized::pack(&mut w.panels, self.captions, captions.clone());
         let width = w.panels.len() * NR;
         for b in 0..self.images.len() {
             let rows = self.images.rows(b);
