@@ -73,7 +73,6 @@ fn rank_limited(
     let c = qi.product_scale(&qc);
     let i2t_counted = Counted::new(i2t, &i2t_pairs, &|i, v| Quantized::thresholds(v, qi.bound(i, &qc), c));
     let t2i_counted = Counted::new(t2i, &t2i_pairs, &|j, v| Quantized::thresholds(v, qc.bound(j, &qi), c));
-    let (i2t_keep, t2i_keep) = (Keep::new(i2t, &i2t_pairs), Keep::new(t2i, &t2i_pairs));
     let screen = Screen {
         images: quantized::row_groups(&qi, &row_blocks(images.rows, image_subsets)),
         captions: &qc,
@@ -81,8 +80,6 @@ fn rank_limited(
         t2i,
         i2t_counted: &i2t_counted,
         t2i_counted: &t2i_counted,
-        i2t_keep,
-        t2i_keep,
         caption_subsets,
         image_subsets,
         recorded: AtomicUsize::new(0),
@@ -108,8 +105,6 @@ struct Screen<'a> {
     t2i: &'a [Request],
     i2t_counted: &'a Counted,
     t2i_counted: &'a Counted,
-    i2t_keep: Keep,
-    t2i_keep: Keep,
     caption_subsets: &'a [Vec<u32>],
     image_subsets: &'a [Range<u32>],
     /// Band entries recorded so far, all workers.
@@ -121,6 +116,10 @@ struct Screen<'a> {
 /// The pairs counted against the tiles, per query: every pair of a request without needs, else
 /// the group bests ([`group_bests`]) and the pairs with a `below` cut. Another member of a
 /// group ranks after the group's best: its rank is never read, and is reported as the best's.
+///
+/// Also which band items are recorded: those of pairs that may be resolved. A group's best
+/// always is; a `below` cut needs the band only while the certain rank — a worker's own count
+/// so far is a lower bound of it — stays under the cut.
 struct Counted {
     /// Query `q`'s counted pairs: `start[q]..start[q + 1]` of the lists below.
     start: Vec<usize>,
@@ -131,25 +130,31 @@ struct Counted {
     band: Vec<(i32, i32)>,
     /// Per pair of the direction: counted or not.
     counted: Vec<bool>,
+    /// Per pair: a group's best, or a request that needs every rank (always resolved).
+    always: Vec<bool>,
+    /// Per pair: its `below` cut.
+    below: Vec<u32>,
 }
 
 impl Counted {
     /// `thresholds(q, v)`: the band of query `q`'s pair with exact score `v`.
     fn new(reqs: &[Request], pairs: &Pairs, thresholds: &(dyn Fn(usize, f32) -> (i32, i32) + Sync)) -> Counted {
-        let mut counted = vec![false; pairs.len()];
+        let mut always = vec![false; pairs.len()];
+        let mut below = vec![0; pairs.len()];
         for (q, r) in reqs.iter().enumerate() {
             let p0 = pairs.of(q).start;
             if r.need.is_empty() {
-                counted[p0..p0 + r.targets.len()].fill(true);
+                always[p0..p0 + r.targets.len()].fill(true);
                 continue;
             }
             for (k, n) in r.need.iter().enumerate() {
-                counted[p0 + k] |= n.below > 0;
+                below[p0 + k] = n.below;
             }
             for (_, k) in group_bests(r, &pairs.scores[pairs.of(q)]) {
-                counted[p0 + k] = true;
+                always[p0 + k] = true;
             }
         }
+        let counted: Vec<bool> = always.iter().zip(&below).map(|(&a, &b)| a || b > 0).collect();
         let (mut start, mut pair) = (Vec::with_capacity(reqs.len() + 1), Vec::new());
         start.push(0);
         for q in 0..reqs.len() {
@@ -159,42 +164,11 @@ impl Counted {
         }
         let owner: Vec<usize> = (0..reqs.len()).flat_map(|q| std::iter::repeat_n(q, start[q + 1] - start[q])).collect();
         let band = pair.par_iter().zip(&owner).map(|(&(p, _), &q)| thresholds(q, pairs.scores[p as usize])).collect();
-        Counted { start, pair, band, counted }
+        Counted { start, pair, band, counted, always, below }
     }
 
     fn of(&self, q: usize) -> Range<usize> {
         self.start[q]..self.start[q + 1]
-    }
-}
-
-/// Which pairs' band items are recorded: those that may be resolved. A group's best rank
-/// belongs to its highest-scoring target (ties: the lowest gallery index), known from the
-/// exact target scores before any tile; a `below` cut needs the band only while the certain
-/// rank — a worker's own count so far is a lower bound of it — stays under the cut.
-struct Keep {
-    /// Per pair: a group's best, or a request that needs every rank.
-    always: Vec<bool>,
-    below: Vec<u32>,
-}
-
-impl Keep {
-    fn new(reqs: &[Request], pairs: &Pairs) -> Keep {
-        let mut always = vec![false; pairs.len()];
-        let mut below = vec![0; pairs.len()];
-        for (q, r) in reqs.iter().enumerate() {
-            let p0 = pairs.of(q).start;
-            if r.need.is_empty() {
-                always[p0..p0 + r.targets.len()].fill(true);
-                continue;
-            }
-            for k in 0..r.targets.len() {
-                below[p0 + k] = r.need[k].below;
-            }
-            for (_, k) in group_bests(r, &pairs.scores[pairs.of(q)]) {
-                always[p0 + k] = true;
-            }
-        }
-        Keep { always, below }
     }
 
     /// Whether pair `p` records its band, given the worker's certain counts so far (full
@@ -307,7 +281,7 @@ impl Screen<'_> {
                 let has_t = captions.contains(&(t as usize));
                 // Recorded while it may be resolved (the count so far is before this tile's).
                 let sub = req.subset.map(|_| w.tallies.i2t[1][p].higher);
-                let keep = self.i2t_keep.record(p, w.tallies.i2t[0][p].higher, sub);
+                let keep = self.i2t_counted.record(p, w.tallies.i2t[0][p].higher, sub);
                 w.tallies.i2t[0][p].add(Tally { higher: gt, equal: ge - gt, ahead: 0 });
                 if keep && ge - gt > has_t as u32 {
                     let (lo, hi) = band[x];
@@ -364,7 +338,7 @@ impl Screen<'_> {
                         let (p, k) = (pairs[x].0 as usize, pairs[x].1 as usize);
                         let (gt, ge) = (counts[0][x - k0][l], counts[1][x - k0][l]);
                         let sub = r.subset.map(|_| w.tallies.t2i[1][p].higher);
-                        let keep = self.t2i_keep.record(p, w.tallies.t2i[0][p].higher, sub);
+                        let keep = self.t2i_counted.record(p, w.tallies.t2i[0][p].higher, sub);
                         let tally = Tally { higher: gt, equal: ge - gt, ahead: 0 };
                         w.tallies.t2i[0][p].add(tally);
                         if inside {
