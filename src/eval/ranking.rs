@@ -1040,7 +1040,7 @@ pub fn top_k(row: &[f32], k: usize) -> Vec<u32> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn m(rows: usize, dim: usize, v: &[f32]) -> Matrix {
@@ -1073,7 +1073,7 @@ mod tests {
 
     /// The ranks by brute force: a full stable sort of each query's scores (`score(q, j)`), the
     /// position of each target, and within the subset the subset items sorted ahead of it.
-    fn sorted_ranks(
+    pub(in crate::eval) fn sorted_ranks(
         reqs: &[Request],
         gallery: usize,
         score: impl Fn(usize, usize) -> f32,
