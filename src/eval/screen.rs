@@ -618,6 +618,16 @@ fn count_lanes(
             };
         }
     }
+    count_lanes_portable(src, rows, n, lo, hi)
+}
+
+fn count_lanes_portable(
+    src: Lanes,
+    rows: Range<usize>,
+    n: usize,
+    lo: &[[i32; W]; MAX_TARGETS],
+    hi: &[[i32; W]; MAX_TARGETS],
+) -> [[[u32; W]; MAX_TARGETS]; 2] {
     let mut out = [[[0u32; W]; MAX_TARGETS]; 2];
     for r in rows {
         let x = src.at(r);
@@ -641,6 +651,11 @@ fn band_items(row: &[i32], lo: i32, hi: i32, mut f: impl FnMut(usize)) {
             j0 = unsafe { x86::band_items(row, lo, hi, &mut f) };
         }
     }
+    band_items_portable(row, j0, lo, hi, f);
+}
+
+/// [`band_items`] from index `j0` on.
+fn band_items_portable(row: &[i32], j0: usize, lo: i32, hi: i32, mut f: impl FnMut(usize)) {
     for (j, &x) in row.iter().enumerate().skip(j0) {
         if lo <= x && x <= hi {
             f(j);
@@ -666,6 +681,17 @@ fn band_lanes(
             return;
         }
     }
+    band_lanes_portable(src, rows, lo, hi, lanes, f);
+}
+
+fn band_lanes_portable(
+    src: Lanes,
+    rows: usize,
+    lo: &[[i32; W]; MAX_TARGETS],
+    hi: &[[i32; W]; MAX_TARGETS],
+    lanes: &[u16; MAX_TARGETS],
+    mut f: impl FnMut(usize, usize, usize),
+) {
     for i in 0..rows {
         let x = src.at(i);
         for k in (0..MAX_TARGETS).filter(|&k| lanes[k] != 0) {
@@ -935,6 +961,65 @@ mod tests {
                     assert!(want.0.iter().map(|r| r.tied).sum::<u32>() > 0 || !coarse, "the coarse case has ties");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn kernels_equal_plain_comparisons() {
+        // The dispatched kernels (AVX-512 here when present) against the portable loops and
+        // against plain comparisons: lengths around the 16-lane blocks, values on a coarse grid
+        // (equal to the thresholds often), empty slots (i32::MAX), empty bands (lo > hi).
+        let mut rng = Rng(11);
+        for len in [0usize, 1, 15, 16, 17, 40, 333] {
+            let row: Vec<i32> = (0..len).map(|_| rng.below(9) as i32 - 4).collect();
+            let lo: [i32; MAX_TARGETS] = [-1, 0, 3, -4, 2, 5, i32::MAX, i32::MIN];
+            let hi: [i32; MAX_TARGETS] = [1, 0, 2, 4, 2, 9, i32::MAX, -3];
+            for n in [1, 2, 4, 8] {
+                let c = count_row(&row, n, &lo, &hi);
+                assert_eq!(c, count_row_portable(&row, n, &lo, &hi));
+                for k in 0..n {
+                    assert_eq!(c[0][k], row.iter().filter(|&&x| x > hi[k]).count() as u32);
+                    assert_eq!(c[1][k], row.iter().filter(|&&x| x >= lo[k]).count() as u32);
+                }
+            }
+            for k in 0..MAX_TARGETS {
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                band_items(&row, lo[k], hi[k], |j| a.push(j));
+                band_items_portable(&row, 0, lo[k], hi[k], |j| b.push(j));
+                let want: Vec<usize> = (0..len).filter(|&j| lo[k] <= row[j] && row[j] <= hi[k]).collect();
+                assert_eq!((a, b), (want.clone(), want), "length {len}, band {}..={}", lo[k], hi[k]);
+            }
+            let rows = len / W;
+            let src = Lanes { data: &row, stride: W, offset: 0 };
+            let lo2: [[i32; W]; MAX_TARGETS] = std::array::from_fn(|k| std::array::from_fn(|l| lo[(k + l) % 8]));
+            let hi2: [[i32; W]; MAX_TARGETS] = std::array::from_fn(|k| std::array::from_fn(|l| hi[(k + l) % 8]));
+            for n in [1, 2, 4, 8] {
+                let c = count_lanes(src, 0..rows, n, &lo2, &hi2);
+                assert_eq!(c, count_lanes_portable(src, 0..rows, n, &lo2, &hi2));
+                for k in 0..n {
+                    for l in 0..W {
+                        let col = (0..rows).map(|r| row[r * W + l]);
+                        assert_eq!(c[0][k][l], col.clone().filter(|&x| x > hi2[k][l]).count() as u32);
+                        assert_eq!(c[1][k][l], col.filter(|&x| x >= lo2[k][l]).count() as u32);
+                    }
+                }
+            }
+            let lanes: [u16; MAX_TARGETS] = [0xffff, 0, 0x8001, 0x00f0, 0, 0x1234, 0xffff, 1];
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            band_lanes(src, rows, &lo2, &hi2, &lanes, |k, l, i| a.push((i, k, l)));
+            band_lanes_portable(src, rows, &lo2, &hi2, &lanes, |k, l, i| b.push((i, k, l)));
+            let mut want = Vec::new();
+            for i in 0..rows {
+                for k in 0..MAX_TARGETS {
+                    for l in 0..W {
+                        let x = row[i * W + l];
+                        if lanes[k] & (1 << l) != 0 && lo2[k][l] <= x && x <= hi2[k][l] {
+                            want.push((i, k, l));
+                        }
+                    }
+                }
+            }
+            assert_eq!((a, b), (want.clone(), want), "length {len}");
         }
     }
 
