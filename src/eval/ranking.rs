@@ -332,6 +332,37 @@ pub(super) fn subset_scores<'a, T: Copy>(
     Some((idx, gather))
 }
 
+/// Units of work: 1,024 captions (16 panels) each, every tile of their columns.
+pub(super) fn unit_captions(u: usize, captions: usize) -> Range<usize> {
+    u * UNIT_PANELS * NR..((u + 1) * UNIT_PANELS * NR).min(captions)
+}
+
+/// Runs `work(worker, u)` for the units `0..units`: one worker per thread takes the next unit
+/// until none is left (or `stop()` says so) — balanced, and one worker's state per thread,
+/// returned for the caller to merge.
+pub(super) fn in_units<W: Send>(
+    units: usize,
+    worker: impl Fn() -> W + Sync,
+    work: impl Fn(&mut W, usize) + Sync,
+    stop: impl Fn() -> bool + Sync,
+) -> std::vec::IntoIter<W> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers: Vec<W> = (0..rayon::current_num_threads().min(units))
+        .into_par_iter()
+        .map(|_| {
+            let mut w = worker();
+            loop {
+                let u = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if u >= units || stop() {
+                    break w;
+                }
+                work(&mut w, u);
+            }
+        })
+        .collect();
+    workers.into_iter()
+}
+
 /// [`Method::Tiles`]: everything the units share.
 struct Tiles<'a> {
     /// The images in row blocks, cut at every subset boundary.
@@ -392,29 +423,16 @@ impl<'a> Tiles<'a> {
 
     fn run(self) -> (Vec<Ranks>, Vec<Ranks>) {
         let units = self.t2i.len().div_ceil(UNIT_PANELS * NR);
-        // One worker per thread takes the next unit until none is left: balanced, and one set of
-        // tallies per thread, summed at the end.
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let tallies = (0..rayon::current_num_threads().min(units))
-            .into_par_iter()
-            .map(|_| {
-                let mut w = self.worker();
-                loop {
-                    let u = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if u >= units {
-                        break w.tallies;
-                    }
-                    self.unit(&mut w, u);
-                }
-            })
-            .reduce_with(Tallies::merge)
+        let tallies = in_units(units, || self.worker(), |w, u| self.unit(w, u), || false)
+            .map(|w| w.tallies)
+            .reduce(Tallies::merge)
             .unwrap_or_else(|| self.worker().tallies);
         (finish(self.i2t, &self.i2t_pairs, &tallies.i2t), finish(self.t2i, &self.t2i_pairs, &tallies.t2i))
     }
 
     /// Captions `1024 u..`: every tile of their columns, counted both ways.
     fn unit(&self, w: &mut Worker, u: usize) {
-        let captions = u * UNIT_PANELS * NR..((u + 1) * UNIT_PANELS * NR).min(self.t2i.len());
+        let captions = unit_captions(u, self.t2i.len());
         w.panels.pack(self.captions, captions.clone());
         let width = w.panels.len() * NR;
         for b in 0..self.images.len() {

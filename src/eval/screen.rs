@@ -31,8 +31,8 @@ use super::product;
 use super::product::{Panels, RowGroups};
 use super::quantized::{self, Quantized, NR};
 use super::ranking::{
-    in_passes, row_blocks, subset_scores, target_pairs, Pairs, Ranks, Request, Tallies, Tally, MAX_TARGETS,
-    UNIT_PANELS, W,
+    in_passes, in_units, row_blocks, subset_scores, target_pairs, unit_captions, Pairs, Ranks, Request, Tallies, Tally,
+    MAX_TARGETS, UNIT_PANELS, W,
 };
 
 /// Band entries (pair, gallery item) recorded before the screen gives up for the exact method
@@ -227,31 +227,25 @@ impl Screen<'_> {
     #[allow(clippy::type_complexity)]
     fn run(self, i2t_pairs: usize, t2i_pairs: usize) -> Option<(Tallies, [Vec<(u32, u32)>; 2])> {
         let units = self.t2i.len().div_ceil(UNIT_PANELS * NR);
-        let next = AtomicUsize::new(0);
-        let done = (0..rayon::current_num_threads().min(units).max(1))
-            .into_par_iter()
-            .map(|_| {
-                let mut w = self.worker(i2t_pairs, t2i_pairs);
-                loop {
-                    let u = next.fetch_add(1, Ordering::Relaxed);
-                    if u >= units || self.over.load(Ordering::Relaxed) {
-                        break (w.tallies, w.band);
-                    }
-                    let before = w.band[0].len() + w.band[1].len();
-                    self.unit(&mut w, u);
-                    let added = w.band[0].len() + w.band[1].len() - before;
-                    if self.recorded.fetch_add(added, Ordering::Relaxed) + added > self.limit {
-                        self.over.store(true, Ordering::Relaxed);
-                    }
-                }
-            })
-            .reduce_with(|(ta, [a0, a1]), (tb, [b0, b1])| (ta.merge(tb), [concat(a0, b0), concat(a1, b1)]))?;
+        let work = |w: &mut Worker, u: usize| {
+            let before = w.band[0].len() + w.band[1].len();
+            self.unit(w, u);
+            let added = w.band[0].len() + w.band[1].len() - before;
+            if self.recorded.fetch_add(added, Ordering::Relaxed) + added > self.limit {
+                self.over.store(true, Ordering::Relaxed);
+            }
+        };
+        let stop = || self.over.load(Ordering::Relaxed);
+        let done = in_units(units, || self.worker(i2t_pairs, t2i_pairs), work, stop)
+            .map(|w| (w.tallies, w.band))
+            .reduce(|(ta, [a0, a1]), (tb, [b0, b1])| (ta.merge(tb), [concat(a0, b0), concat(a1, b1)]))
+            .unwrap_or_else(|| (self.worker(i2t_pairs, t2i_pairs).tallies, [Vec::new(), Vec::new()]));
         (!self.over.load(Ordering::Relaxed)).then_some(done)
     }
 
     /// Captions `1024 u..`: every tile of their columns, counted both ways.
     fn unit(&self, w: &mut Worker, u: usize) {
-        let captions = u * UNIT_PANELS * NR..((u + 1) * UNIT_PANELS * NR).min(self.t2i.len());
+        let captions = unit_captions(u, self.t2i.len());
         quantized::pack(&mut w.panels, self.captions, captions.clone());
         let width = w.panels.len() * NR;
         for b in 0..self.images.len() {
