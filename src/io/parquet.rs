@@ -7,6 +7,7 @@
 //! appended in order, so the file's bytes do not depend on the thread count.
 
 use std::fs::File;
+use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
 use arrow_array::RecordBatch;
@@ -23,6 +24,9 @@ use serde::Serialize;
 
 use super::tmp_path;
 use crate::error::{Error, Result};
+
+/// Bytes gathered before each write to an output file.
+const WRITE_BUFFER_BYTES: usize = 4 << 20;
 
 /// Rows per row group: small enough to bound the writer's memory, large enough for good scans.
 const ROW_GROUP_ROWS: usize = 128 * 1024;
@@ -63,7 +67,7 @@ pub struct ShardInfo {
 const ROW_GROUPS_AT_ONCE: usize = 2;
 
 struct Open {
-    file: SerializedFileWriter<File>,
+    file: SerializedFileWriter<BufWriter<File>>,
     factory: ArrowRowGroupWriterFactory,
     /// Rows of the row group being filled.
     pending: Vec<RecordBatch>,
@@ -167,6 +171,9 @@ impl ShardedWriter {
         let path = self.dir.join(&name);
         let tmp = tmp_path(&path);
         let file = File::create(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
+        // The Parquet writer copies column chunks out in 8 KiB writes; gathered into large ones,
+        // the kernel fills whole pages of the file instead of zeroing each new one first.
+        let file = BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
         // The Arrow writer sets up the Parquet schema and the embedded Arrow schema; its
         // lower-level parts let row groups be encoded column-parallel.
         let (file, factory) =

@@ -8,7 +8,6 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use std::time::Instant;
 
 use arrow_array::RecordBatch;
-use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::json;
 use std::path::Path;
@@ -193,7 +192,6 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     let transforms: &[(String, Box<dyn Transform>)] = &plan.transforms;
 
     let streamed = std::thread::scope(|s| -> Result<(u64, WriterOutcome)> {
-        let rx = spawn_reader(s, reader, cached)?;
         // Each chunk travels with its rejects already in columns (built on the worker threads).
         let (wtx, wrx) = sync_channel::<(Chunk, Option<RecordBatch>)>(GROUP);
         let spawn_writer = std::thread::Builder::new().name("curate-write".into());
@@ -224,8 +222,9 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
                 Ok(o)
             })
             .map_err(|e| Error::io("cannot start a thread", "curate-write", e))?;
-        let read =
-            transform_stream(rx, transforms, &bar, |c| wtx.send(c).map_err(|_| Error::data("the writer stopped")));
+        let read = transform_stream(s, reader, cached, transforms, &bar, |c| {
+            wtx.send(c).map_err(|_| Error::data("the writer stopped"))
+        });
         drop(wtx);
         let written = writer.join().expect("writer thread does not panic");
         // A reader or transform error explains a writer that stopped early: report it first.
@@ -287,6 +286,18 @@ fn spawn_reader<'s>(
     cached: Option<Vec<Chunk>>,
 ) -> Result<Receiver<Result<Chunk>>> {
     let (tx, rx) = sync_channel::<Result<Chunk>>(GROUP);
+    read_on_thread(s, reader, cached, move |c| c.is_some_and(|c| tx.send(c).is_ok()))?;
+    Ok(rx)
+}
+
+/// Runs `cached` chunks, or else the reader's, through `send` on a thread of its own, then
+/// `send(None)`; an error ends the stream, as does `send` returning `false`.
+fn read_on_thread<'s>(
+    s: &'s std::thread::Scope<'s, '_>,
+    reader: &'s dyn Reader,
+    cached: Option<Vec<Chunk>>,
+    mut send: impl FnMut(Option<Result<Chunk>>) -> bool + Send + 's,
+) -> Result<()> {
     std::thread::Builder::new()
         .name("curate-read".into())
         .spawn_scoped(s, move || {
@@ -295,18 +306,19 @@ fn spawn_reader<'s>(
             match source {
                 Ok(chunks) => {
                     for c in chunks {
-                        if tx.send(c).is_err() {
-                            break;
+                        if !send(Some(c)) {
+                            return;
                         }
                     }
+                    send(None);
                 }
                 Err(e) => {
-                    let _ = tx.send(Err(e));
+                    send(Some(Err(e)));
                 }
             }
         })
         .map_err(|e| Error::io("cannot start a thread", "curate-read", e))?;
-    Ok(rx)
+    Ok(())
 }
 
 #[derive(Default)]
@@ -331,57 +343,128 @@ fn remove_stale(dir: &Path, keep: &[ShardInfo]) -> Result<()> {
     Ok(())
 }
 
-/// Reads chunks from `rx` in groups, runs every transform on a group in parallel (order kept),
-/// puts each chunk's rejects into columns, and hands results to `sink` in input order. Returns
-/// the number of input rows.
-fn transform_stream(
-    rx: Receiver<Result<Chunk>>,
+/// The next message on `inbox`. On a thread of a rayon pool (a caller inside `install`), the
+/// jobs this thread spawned may be queued on it: it runs pool work while it waits instead of
+/// blocking, which with one thread would wait forever.
+fn next_event<T>(inbox: &Receiver<T>) -> T {
+    use std::sync::mpsc::RecvTimeoutError;
+    const NAP: std::time::Duration = std::time::Duration::from_micros(200);
+    if rayon::current_thread_index().is_none() {
+        return inbox.recv().expect("the caller holds a sender");
+    }
+    loop {
+        if let Ok(t) = inbox.try_recv() {
+            return t;
+        }
+        if rayon::yield_now() != Some(rayon::Yield::Executed) {
+            match inbox.recv_timeout(NAP) {
+                Ok(t) => return t,
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => unreachable!("the caller holds a sender"),
+            }
+        }
+    }
+}
+
+/// Runs every transform on the chunks from the reader and hands each chunk, with its rejects
+/// already in columns, to `sink` in input order. Returns the number of input rows.
+///
+/// Each (chunk, transform) is one rayon job, started as soon as the chunk has come out of the
+/// transform before and the chunks ahead of it have been through this one (which fixes its
+/// first row index), so a slow chunk never holds the others back. At most [`GROUP`] chunks are
+/// between the reader and `sink` at once: the reader waits for a credit before each chunk.
+fn transform_stream<'s>(
+    s: &'s std::thread::Scope<'s, '_>,
+    reader: &'s dyn Reader,
+    cached: Option<Vec<Chunk>>,
     transforms: &[(String, Box<dyn Transform>)],
     bar: &super::progress::PassBar,
     mut sink: impl FnMut((Chunk, Option<RecordBatch>)) -> Result<()>,
 ) -> Result<u64> {
-    let mut offsets = vec![0u64; transforms.len()];
-    let mut rows = 0u64;
-    let mut group: Vec<Chunk> = Vec::with_capacity(GROUP);
-    let mut done = false;
-    while !done {
-        group.clear();
-        while group.len() < GROUP {
-            match rx.recv() {
-                Ok(c) => group.push(c?),
-                Err(_) => {
-                    done = true;
-                    break;
+    enum Event {
+        Input(Result<Chunk>),
+        InputEnd,
+        /// Chunk `idx` went through transform `stage - 1` (with its rejects in columns once
+        /// `stage` is the last).
+        Done {
+            stage: usize,
+            idx: usize,
+            result: Result<(Chunk, Option<RecordBatch>)>,
+        },
+    }
+    let (events, inbox) = std::sync::mpsc::channel::<Event>();
+    let (credit, credits) = sync_channel::<()>(GROUP);
+    for _ in 0..GROUP {
+        credit.send(()).expect("room for every credit");
+    }
+    let input = events.clone();
+    read_on_thread(s, reader, cached, move |c| {
+        // No credit: the stream stopped.
+        credits.recv().is_ok() && input.send(c.map_or(Event::InputEnd, Event::Input)).is_ok()
+    })?;
+
+    // With no transform there is still one step: the rejects into columns.
+    let steps = transforms.len().max(1);
+    // `ready[j]`: chunks waiting for step `j`, by index; `next[j]`: the next index it takes.
+    let mut ready: Vec<BTreeMap<usize, Chunk>> = (0..steps).map(|_| BTreeMap::new()).collect();
+    let mut finished: BTreeMap<usize, (Chunk, Option<RecordBatch>)> = BTreeMap::new();
+    let mut next = vec![0usize; steps];
+    let mut offsets = vec![0u64; steps];
+    // Input rows of each chunk not yet handed to `sink`, in order.
+    let mut pending_rows = std::collections::VecDeque::new();
+    let (mut read, mut sunk, mut rows, mut input_done) = (0usize, 0usize, 0u64, false);
+    rayon::in_place_scope(|scope| -> Result<u64> {
+        let start_ready =
+            |j: usize, ready: &mut Vec<BTreeMap<usize, Chunk>>, next: &mut Vec<usize>, offsets: &mut Vec<u64>| {
+                while let Some(chunk) = ready[j].remove(&next[j]) {
+                    let (idx, first_row) = (next[j], offsets[j]);
+                    next[j] += 1;
+                    offsets[j] += chunk.batch.num_rows() as u64;
+                    let done = events.clone();
+                    scope.spawn(move |_| {
+                        let result = match transforms.get(j) {
+                            Some((_, t)) => t.apply(chunk, first_row),
+                            None => Ok(chunk),
+                        }
+                        .map(|c| {
+                            let rejects =
+                                (j + 1 == steps && !c.rejects.is_empty()).then(|| schema::rejects_batch(&c.rejects));
+                            (c, rejects)
+                        });
+                        let _ = done.send(Event::Done { stage: j + 1, idx, result });
+                    });
+                }
+            };
+        while !(input_done && sunk == read) {
+            match next_event(&inbox) {
+                Event::Input(chunk) => {
+                    let chunk = chunk?;
+                    let n = (chunk.batch.num_rows() + chunk.rejects.len()) as u64 + chunk.skipped.values().sum::<u64>();
+                    rows += n;
+                    pending_rows.push_back(n);
+                    ready[0].insert(read, chunk);
+                    read += 1;
+                    start_ready(0, &mut ready, &mut next, &mut offsets);
+                }
+                Event::InputEnd => input_done = true,
+                Event::Done { stage, idx, result } => {
+                    let (chunk, rejects) = result?;
+                    if stage < steps {
+                        ready[stage].insert(idx, chunk);
+                        start_ready(stage, &mut ready, &mut next, &mut offsets);
+                    } else {
+                        finished.insert(idx, (chunk, rejects));
+                        while let Some(done) = finished.remove(&sunk) {
+                            sink(done)?;
+                            sunk += 1;
+                            bar.inc(pending_rows.pop_front().expect("one per chunk read"));
+                            // The reader may be gone already (end of input).
+                            let _ = credit.try_send(());
+                        }
+                    }
                 }
             }
         }
-        let read: u64 =
-            group.iter().map(|c| (c.batch.num_rows() + c.rejects.len()) as u64 + c.skipped.values().sum::<u64>()).sum();
-        rows += read;
-        let mut chunks = std::mem::take(&mut group);
-        for (j, (_, t)) in transforms.iter().enumerate() {
-            let mut starts = Vec::with_capacity(chunks.len());
-            for c in &chunks {
-                starts.push(offsets[j]);
-                offsets[j] += c.batch.num_rows() as u64;
-            }
-            chunks = chunks
-                .into_par_iter()
-                .zip(starts)
-                .map(|(c, start)| t.apply(c, start))
-                .collect::<Result<Vec<Chunk>>>()?;
-        }
-        let with_rejects: Vec<(Chunk, Option<RecordBatch>)> = chunks
-            .into_par_iter()
-            .map(|c| {
-                let rejects = (!c.rejects.is_empty()).then(|| schema::rejects_batch(&c.rejects));
-                (c, rejects)
-            })
-            .collect();
-        for c in with_rejects {
-            sink(c)?;
-        }
-        bar.inc(read);
-    }
-    Ok(rows)
+        Ok(rows)
+    })
 }

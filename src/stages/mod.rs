@@ -92,10 +92,47 @@ pub const BLOCK_BYTES: usize = 8 << 20;
 /// Blocks parsed at once, in parallel.
 const BLOCKS_AT_ONCE: usize = 4;
 
+/// One line of a text input, as [`LineChunks`] hands it to a parser.
+pub struct Line<'a> {
+    /// File name (without its folder).
+    pub file: &'a str,
+    /// 1-based line number.
+    pub no: u64,
+    /// The line's bytes, without the line end.
+    pub bytes: &'a [u8],
+    /// The whole block the line came from is valid UTF-8 (checked once per block: several
+    /// times faster than checking each short field).
+    utf8: bool,
+}
+
+impl<'a> Line<'a> {
+    /// `piece` (a part of [`Line::bytes`], e.g. a field from [`split_tabs`]) as text, or
+    /// `None` if it is not valid UTF-8.
+    pub fn text(&self, piece: &'a [u8]) -> Option<&'a str> {
+        if self.utf8 {
+            let start = (piece.as_ptr() as usize).wrapping_sub(self.bytes.as_ptr() as usize);
+            let end = start.wrapping_add(piece.len());
+            let boundary = |i: usize| i == self.bytes.len() || (self.bytes[i] as i8) >= -0x40;
+            if start <= end && end <= self.bytes.len() && boundary(start) && boundary(end) {
+                // SAFETY: `bytes` is valid UTF-8 (cut from a valid block at ASCII line ends),
+                // `piece` lies inside it and both its ends are character boundaries (neither
+                // is a continuation byte), so it is valid UTF-8 too.
+                return Some(unsafe { std::str::from_utf8_unchecked(piece) });
+            }
+        }
+        std::str::from_utf8(piece).ok()
+    }
+
+    /// The whole line as text, or `None` if it is not valid UTF-8.
+    pub fn as_text(&self) -> Option<&'a str> {
+        self.text(self.bytes)
+    }
+}
+
 /// Streams chunks out of text files: the file is cut into blocks of about [`BLOCK_BYTES`] at
-/// line ends, blocks are parsed in parallel (rayon) and yielded in order. `parse` turns one
-/// line (file name, 1-based line number, bytes without the line end, a reusable scratch
-/// string) into a row pushed on the builder, a reject, or a skip. Shared by the TSV readers.
+/// line ends, blocks are parsed in parallel (rayon; each one as soon as it is read) and yielded
+/// in order. `parse` turns one [`Line`] (with a reusable scratch string) into a row pushed on the
+/// builder, a reject, or a skip. Shared by the TSV readers.
 pub struct LineChunks<F> {
     files: Vec<PathBuf>,
     next_file: usize,
@@ -105,6 +142,15 @@ pub struct LineChunks<F> {
     parse: F,
     skip_lines: u64,
     ready: std::collections::VecDeque<Chunk>,
+    /// Block buffers already parsed, for the next reads (no new memory to fault in and zero).
+    spare: Vec<Vec<u8>>,
+}
+
+/// One block of whole lines: `buf[..len]`, starting at line `first`.
+struct Block {
+    buf: Vec<u8>,
+    len: usize,
+    first: u64,
 }
 
 /// One open file being cut into blocks.
@@ -120,46 +166,56 @@ struct BlockReader {
 }
 
 impl BlockReader {
-    /// The next block (whole lines) and its first line number, or `None` at the end.
-    fn next_block(&mut self) -> Result<Option<(Vec<u8>, u64)>> {
+    /// The next block (whole lines), read into `buf` (its old bytes are overwritten; its length
+    /// only grows), or `None` at the end.
+    fn next_block(&mut self, mut buf: Vec<u8>) -> Result<Option<Block>> {
         use std::io::Read;
         if self.eof && self.carry.is_empty() {
             return Ok(None);
         }
-        let mut buf = std::mem::take(&mut self.carry);
-        let start = buf.len();
-        buf.resize(start + BLOCK_BYTES, 0);
+        let start = self.carry.len();
+        // Exactly this much is read, whatever the buffer's size: blocks depend on the file only.
+        let want = start + BLOCK_BYTES;
+        if buf.len() < want {
+            buf.resize(want, 0);
+        }
+        buf[..start].copy_from_slice(&self.carry);
+        self.carry.clear();
         let mut filled = start;
-        while filled < buf.len() && !self.eof {
-            let n = self.file.read(&mut buf[filled..]).map_err(|e| Error::io("cannot read", &self.path, e))?;
+        while filled < want && !self.eof {
+            let n = self.file.read(&mut buf[filled..want]).map_err(|e| Error::io("cannot read", &self.path, e))?;
             if n == 0 {
                 self.eof = true;
             }
             filled += n;
         }
-        buf.truncate(filled);
+        let mut len = filled;
         if !self.eof {
-            match memchr::memrchr(b'\n', &buf) {
-                Some(last) => self.carry = buf.split_off(last + 1),
+            match memchr::memrchr(b'\n', &buf[..filled]) {
+                Some(last) => {
+                    self.carry.extend_from_slice(&buf[last + 1..filled]);
+                    len = last + 1;
+                }
                 // A single line longer than a block: keep reading until it ends.
                 None => {
-                    self.carry = buf;
-                    return self.next_block();
+                    self.carry = buf[..filled].to_vec();
+                    return self.next_block(buf);
                 }
             }
         }
-        if buf.is_empty() {
+        if len == 0 {
             return Ok(None);
         }
+        let block = &buf[..len];
         let first = self.next_line;
-        self.next_line += memchr::memchr_iter(b'\n', &buf).count() as u64 + u64::from(!buf.ends_with(b"\n"));
-        Ok(Some((buf, first)))
+        self.next_line += memchr::memchr_iter(b'\n', block).count() as u64 + u64::from(!block.ends_with(b"\n"));
+        Ok(Some(Block { buf, len, first }))
     }
 }
 
 impl<F> LineChunks<F>
 where
-    F: Fn(&str, u64, &[u8], &mut PairsBuilder, &mut String) -> LineOutcome + Send + Sync,
+    F: Fn(&Line<'_>, &mut PairsBuilder, &mut String) -> LineOutcome + Send + Sync,
 {
     /// `skip_lines` leading lines of every file are not data (a header).
     pub fn new(files: Vec<PathBuf>, source: &str, stage: &'static str, skip_lines: u64, parse: F) -> Self {
@@ -172,11 +228,13 @@ where
             parse,
             skip_lines,
             ready: Default::default(),
+            spare: Vec::new(),
         }
     }
 
     /// Parses one block into a chunk.
     fn parse_block(&self, name: &str, block: &[u8], first_line: u64) -> Chunk {
+        let utf8 = std::str::from_utf8(block).is_ok();
         let lines = memchr::memchr_iter(b'\n', block).count() + 1;
         let mut builder = PairsBuilder::with_capacity(&self.source, lines, block.len() / 2);
         let mut rejects = Vec::new();
@@ -186,13 +244,13 @@ where
         let mut no = first_line;
         while start < block.len() {
             let end = memchr::memchr(b'\n', &block[start..]).map_or(block.len(), |i| start + i);
-            let mut line = &block[start..end];
-            if line.last() == Some(&b'\r') {
-                line = &line[..line.len() - 1];
+            let mut bytes = &block[start..end];
+            if bytes.last() == Some(&b'\r') {
+                bytes = &bytes[..bytes.len() - 1];
             }
             start = end + 1;
             if no > self.skip_lines {
-                match (self.parse)(name, no, line, &mut builder, &mut scratch) {
+                match (self.parse)(&Line { file: name, no, bytes, utf8 }, &mut builder, &mut scratch) {
                     LineOutcome::Row => {}
                     LineOutcome::Reject { reason, detail } => rejects.push(Reject {
                         stage: self.stage,
@@ -201,7 +259,7 @@ where
                         sample_id: None,
                         reason,
                         detail,
-                        raw: line.to_vec(),
+                        raw: bytes.to_vec(),
                     }),
                     LineOutcome::Skip(why) => *skipped.entry(why).or_insert(0) += 1,
                 }
@@ -211,36 +269,64 @@ where
         Chunk { batch: builder.finish(), rejects, skipped }
     }
 
+    /// Reads up to [`BLOCKS_AT_ONCE`] blocks, each parsed on the pool while the next is read.
     fn fill(&mut self) -> Result<()> {
-        use rayon::prelude::*;
-        let mut blocks = Vec::with_capacity(BLOCKS_AT_ONCE);
-        while blocks.len() < BLOCKS_AT_ONCE {
-            if self.current.is_none() {
-                let Some(path) = self.files.get(self.next_file) else { break };
-                self.next_file += 1;
-                let file = std::fs::File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
-                let name = crate::io::file_name(path);
-                self.current =
-                    Some(BlockReader { file, path: path.clone(), name, carry: Vec::new(), next_line: 1, eof: false });
+        let (done, results) = std::sync::mpsc::channel::<(usize, Chunk, Vec<u8>)>();
+        let mut read = 0;
+        let mut current = self.current.take();
+        let mut next_file = self.next_file;
+        let mut spare = std::mem::take(&mut self.spare);
+        let this: &Self = &*self;
+        let outcome = rayon::in_place_scope(|s| -> Result<()> {
+            while read < BLOCKS_AT_ONCE {
+                if current.is_none() {
+                    let Some(path) = this.files.get(next_file) else { break };
+                    next_file += 1;
+                    let file = std::fs::File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
+                    let name = crate::io::file_name(path);
+                    current = Some(BlockReader {
+                        file,
+                        path: path.clone(),
+                        name,
+                        carry: Vec::new(),
+                        next_line: 1,
+                        eof: false,
+                    });
+                }
+                let reader = current.as_mut().expect("opened above");
+                match reader.next_block(spare.pop().unwrap_or_default())? {
+                    Some(block) => {
+                        let (name, k, done) = (reader.name.clone(), read, done.clone());
+                        s.spawn(move |_| {
+                            let chunk = this.parse_block(&name, &block.buf[..block.len], block.first);
+                            let _ = done.send((k, chunk, block.buf));
+                        });
+                        read += 1;
+                    }
+                    None => current = None,
+                }
             }
-            let reader = self.current.as_mut().expect("opened above");
-            match reader.next_block()? {
-                Some((block, first)) => blocks.push((reader.name.clone(), block, first)),
-                None => self.current = None,
+            Ok(())
+        });
+        drop(done);
+        let mut chunks: Vec<(usize, Chunk, Vec<u8>)> = results.iter().collect();
+        chunks.sort_unstable_by_key(|c| c.0);
+        self.current = current;
+        self.next_file = next_file;
+        self.spare = spare;
+        for (_, chunk, buf) in chunks {
+            self.spare.push(buf);
+            if chunk.batch.num_rows() > 0 || !chunk.rejects.is_empty() || !chunk.skipped.is_empty() {
+                self.ready.push_back(chunk);
             }
         }
-        let chunks: Vec<Chunk> =
-            blocks.par_iter().map(|(name, block, first)| self.parse_block(name, block, *first)).collect();
-        self.ready.extend(
-            chunks.into_iter().filter(|c| c.batch.num_rows() > 0 || !c.rejects.is_empty() || !c.skipped.is_empty()),
-        );
-        Ok(())
+        outcome
     }
 }
 
 impl<F> Iterator for LineChunks<F>
 where
-    F: Fn(&str, u64, &[u8], &mut PairsBuilder, &mut String) -> LineOutcome + Send + Sync,
+    F: Fn(&Line<'_>, &mut PairsBuilder, &mut String) -> LineOutcome + Send + Sync,
 {
     type Item = Result<Chunk>;
     fn next(&mut self) -> Option<Result<Chunk>> {
@@ -364,6 +450,71 @@ mod tests {
         assert_eq!(widest_of_first_lines(&p, b'\t', 100).unwrap(), 3);
         std::fs::write(&p, "").unwrap();
         assert!(widest_of_first_lines(&p, b'\t', 100).unwrap_err().contains("is empty"));
+    }
+
+    /// All blocks of `path`, each read into the buffer `buffer(i)` gives for block `i`.
+    fn blocks(path: &Path, mut buffer: impl FnMut(usize) -> Vec<u8>) -> Vec<(Vec<u8>, u64)> {
+        let file = std::fs::File::open(path).unwrap();
+        let mut r =
+            BlockReader { file, path: path.into(), name: "t".into(), carry: Vec::new(), next_line: 1, eof: false };
+        let mut out = Vec::new();
+        while let Some(b) = r.next_block(buffer(out.len())).unwrap() {
+            out.push((b.buf[..b.len].to_vec(), b.first));
+        }
+        out
+    }
+
+    #[test]
+    fn blocks_depend_on_the_file_only_not_on_the_buffers_they_are_read_into() {
+        // Lines of many lengths, one longer than a block, and no line end at the very end.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.tsv");
+        let mut text = Vec::new();
+        let mut n = 0u64;
+        while text.len() < 2 * BLOCK_BYTES {
+            text.extend(std::iter::repeat_n(b'a' + (n % 26) as u8, (n * 7919 % 300) as usize));
+            text.push(b'\n');
+            n += 1;
+        }
+        text.extend(std::iter::repeat_n(b'x', BLOCK_BYTES + 10));
+        text.extend_from_slice(b"\nlast line");
+        std::fs::write(&p, &text).unwrap();
+
+        let fresh = blocks(&p, |_| Vec::new());
+        // Recycled buffers: dirty, and larger than a block (as after a long line's carry).
+        let recycled = blocks(&p, |i| vec![0xff; BLOCK_BYTES + 4096 * (i + 1)]);
+        assert_eq!(fresh, recycled);
+        assert!(fresh.len() >= 3);
+        assert_eq!(
+            fresh.iter().flat_map(|b| b.0.clone()).collect::<Vec<u8>>(),
+            text,
+            "the blocks are the file, in order"
+        );
+        let mut line = 1;
+        for (i, (b, first)) in fresh.iter().enumerate() {
+            assert_eq!(*first, line, "block {i} starts at the right line");
+            line += b.iter().filter(|&&c| c == b'\n').count() as u64;
+            if i + 1 < fresh.len() {
+                assert_eq!(b.last(), Some(&b'\n'), "block {i} ends at a line end");
+            }
+        }
+    }
+
+    #[test]
+    fn line_text_is_checked_unless_the_piece_is_whole_characters_of_a_checked_line() {
+        let bytes = "café\tnaïve".as_bytes();
+        let line = Line { file: "t", no: 1, bytes, utf8: true };
+        let f = split_tabs(bytes);
+        assert_eq!((line.text(f[0]), line.text(f[1])), (Some("café"), Some("naïve")));
+        assert_eq!(line.as_text(), Some("café\tnaïve"));
+        // Cut inside `é` (two bytes): not text, although the line is.
+        assert_eq!(line.text(&bytes[..4]), None);
+        assert_eq!(line.text(&bytes[4..]), None);
+        // A piece from elsewhere is checked in full.
+        assert_eq!(line.text("ok".as_bytes()), Some("ok"));
+        let bad = Line { file: "t", no: 1, bytes: b"a\xff\tb", utf8: false };
+        let f = split_tabs(bad.bytes);
+        assert_eq!((bad.text(f[0]), bad.text(f[1]), bad.as_text()), (None, Some("b"), None));
     }
 
     #[test]

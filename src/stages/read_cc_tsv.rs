@@ -55,8 +55,8 @@ impl Reader for ReadCcTsv {
 
     fn open(&self) -> Result<ChunkIter<'_>> {
         let (ci, ui) = if self.url_first { (1, 0) } else { (0, 1) };
-        Ok(Box::new(LineChunks::new(self.files.clone(), &self.source, TYPE, 0, move |file, no, line, out, id| {
-            let fields = split_tabs(line);
+        Ok(Box::new(LineChunks::new(self.files.clone(), &self.source, TYPE, 0, move |line, out, id| {
+            let fields = split_tabs(line.bytes);
             let n = fields.count;
             if n != 2 {
                 return LineOutcome::Reject {
@@ -64,7 +64,7 @@ impl Reader for ReadCcTsv {
                     detail: format!("{n} fields, expected 2").into(),
                 };
             }
-            let (Ok(caption), Ok(url)) = (std::str::from_utf8(fields[ci]), std::str::from_utf8(fields[ui])) else {
+            let (Some(caption), Some(url)) = (line.text(fields[ci]), line.text(fields[ui])) else {
                 return LineOutcome::Reject { reason: "invalid_utf8", detail: "line is not valid UTF-8".into() };
             };
             if !has_words(caption) {
@@ -74,9 +74,9 @@ impl Reader for ReadCcTsv {
                 return LineOutcome::Reject { reason: "missing_url", detail: "url field is empty".into() };
             }
             id.clear();
-            id.push_str(file);
+            id.push_str(line.file);
             id.push('#');
-            id.push_str(itoa::Buffer::new().format(no));
+            id.push_str(itoa::Buffer::new().format(line.no));
             out.push(PairRow { sample_id: id, caption: Some(caption), url: Some(url), ..Default::default() });
             LineOutcome::Row
         })))

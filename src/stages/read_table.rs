@@ -291,14 +291,14 @@ impl Reader for ReadTable {
                     &self.source,
                     TYPE,
                     skip,
-                    move |name, no, line, out, _scratch| {
-                        if std::str::from_utf8(line).is_err() {
+                    move |line, out, _scratch| {
+                        if line.as_text().is_none() {
                             return LineOutcome::Reject {
                                 reason: "invalid_utf8",
                                 detail: "line is not valid UTF-8".into(),
                             };
                         }
-                        let fields = split_tabs(line);
+                        let fields = split_tabs(line.bytes);
                         let n = fields.count;
                         let need = self.indexes.iter().flatten().max().map_or(0, |m| m + 1);
                         if need > super::MAX_FIELDS {
@@ -313,11 +313,10 @@ impl Reader for ReadTable {
                                 detail: format!("{n} fields, need at least {need}").into(),
                             };
                         }
-                        let values = self
-                            .indexes
-                            .map(|i| i.map(|i| std::str::from_utf8(fields[i]).expect("line checked as UTF-8")));
+                        let values =
+                            self.indexes.map(|i| i.map(|i| line.text(fields[i]).expect("line checked as UTF-8")));
                         let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
-                        match maker.emit(&by_name[name], no, values, out) {
+                        match maker.emit(&by_name[line.file], line.no, values, out) {
                             Ok(()) => LineOutcome::Row,
                             Err((reason, detail)) => LineOutcome::Reject { reason, detail: detail.into() },
                         }
