@@ -203,17 +203,13 @@ struct Stats {
     words_deformed_after: u64,
     len_before: Vec<u64>,
     len_after: Vec<u64>,
-    before_ids: Vec<u64>,
-    after_ids: Vec<u64>,
+    /// Occurrences (before, after) by table id.
+    ids: Vec<[u64; 2]>,
     before_other: Counts,
     after_other: Counts,
 }
 
 impl Stats {
-    fn new(table_len: usize) -> Self {
-        Stats { before_ids: vec![0; table_len], after_ids: vec![0; table_len], ..Default::default() }
-    }
-
     fn merge(&mut self, o: Stats) {
         self.rows_in += o.rows_in;
         self.no_caption += o.no_caption;
@@ -226,22 +222,37 @@ impl Stats {
         self.words_deformed_after += o.words_deformed_after;
         add_hist(&mut self.len_before, &o.len_before);
         add_hist(&mut self.len_after, &o.len_after);
-        add_hist(&mut self.before_ids, &o.before_ids);
-        add_hist(&mut self.after_ids, &o.after_ids);
         self.before_other.merge(o.before_other);
         self.after_other.merge(o.after_other);
     }
 
-    fn count(ids: &mut [u64], other: &mut Counts, word: &str, id: Option<u32>) {
-        match id {
-            Some(i) => ids[i as usize] += 1,
+    /// Adds a chunk's counts by table id.
+    fn add_counts(&mut self, counts: &[[u32; 2]]) {
+        if self.ids.len() < counts.len() {
+            self.ids.resize(counts.len(), [0; 2]);
+        }
+        for (a, b) in self.ids.iter_mut().zip(counts) {
+            a[0] += u64::from(b[0]);
+            a[1] += u64::from(b[1]);
+        }
+    }
+
+    /// Adds one occurrence of `word` to a chunk's counts, `AFTER` or not: by id when the table
+    /// has it, else by string.
+    #[inline]
+    fn count<const AFTER: bool>(ids: &mut [[u32; 2]], other: &mut Counts, word: &str, e: Option<Entry>) {
+        match e {
+            Some(e) => ids[e.id()][usize::from(AFTER)] += 1,
             None => other.add_occurrences([word]),
         }
     }
 
-    /// Occurrences per distinct word, largest first, and the number of distinct words.
-    fn ranked(ids: &[u64], other: &Counts) -> (Vec<u64>, usize) {
-        let mut v: Vec<u64> = ids.iter().copied().filter(|&c| c > 0).chain(other.iter().map(|(_, c)| c)).collect();
+    /// Occurrences per distinct word (before, or `after`), largest first, and the number of
+    /// distinct words.
+    fn ranked(&self, after: bool) -> (Vec<u64>, usize) {
+        let other = if after { &self.after_other } else { &self.before_other };
+        let by_id = self.ids.iter().map(|c| c[usize::from(after)]);
+        let mut v: Vec<u64> = by_id.filter(|&c| c > 0).chain(other.iter().map(|(_, c)| c)).collect();
         v.sort_unstable_by(|a, b| b.cmp(a));
         let n = v.len();
         (v, n)
@@ -269,42 +280,87 @@ fn bump_hist(h: &mut Vec<u64>, len: usize) {
 /// costs one hash lookup (ids also index the statistics). Words outside the table are judged
 /// directly. Empty in "only" mode.
 ///
-/// Words of at most 15 bytes (nearly all) are keyed by their bytes packed into a `u128` with
-/// the length in the top byte, so a lookup hashes two words and compares one integer instead
-/// of following a pointer to compare strings.
+/// Words of at most 15 bytes (nearly all) are keyed by their bytes packed into an integer with
+/// the length in the top byte, so a lookup hashes one or two words and compares one integer
+/// instead of following a pointer to compare strings. Words of at most 7 bytes (most words of
+/// a caption) have a table of their own with 8-byte keys, half the size of the other, so more of
+/// it stays in cache. Ids follow base document frequency, most frequent first, so the counters
+/// the common words bump share a few cache lines.
 #[derive(Debug, Default)]
 struct WordTable {
-    short: HashMap<u128, u32, BuildHasherDefault<PackedHasher>>,
-    long: FxHashMap<Box<str>, u32>,
-    keep: Vec<bool>,
+    tiny: HashMap<u64, Entry, BuildHasherDefault<PackedHasher>>,
+    short: HashMap<u128, Entry, BuildHasherDefault<PackedHasher>>,
+    long: FxHashMap<Box<str>, Entry>,
+    len: usize,
+}
+
+/// A word's id in its [`WordTable`] and whether the filters keep it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry(u32);
+
+impl Entry {
+    const KEEP: u32 = 1 << 31;
+
+    fn id(self) -> usize {
+        (self.0 & !Self::KEEP) as usize
+    }
+
+    fn keep(self) -> bool {
+        self.0 & Self::KEEP != 0
+    }
 }
 
 impl WordTable {
-    /// `words[i]` gets id `i`.
+    /// `words[i]` gets id `i`, kept by the filters iff `keep[i]`.
     fn new(words: Vec<Box<str>>, keep: Vec<bool>) -> Self {
-        let mut t = WordTable { keep, ..Default::default() };
-        for (i, w) in words.into_iter().enumerate() {
+        assert!(words.len() < Entry::KEEP as usize, "ids fit below the keep bit");
+        let mut t = WordTable { len: words.len(), ..Default::default() };
+        for (i, (w, k)) in words.into_iter().zip(keep).enumerate() {
+            let e = Entry(i as u32 | if k { Entry::KEEP } else { 0 });
             match pack_word(&w) {
-                Some(k) => t.short.insert(k, i as u32),
-                None => t.long.insert(w, i as u32),
+                Some(Packed::Tiny(key)) => t.tiny.insert(key, e),
+                Some(Packed::Short(key)) => t.short.insert(key, e),
+                None => t.long.insert(w, e),
             };
         }
         t
     }
 
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Every (key, entry), by id.
+    #[cfg(test)]
+    fn entries(&self) -> Vec<(String, Entry)> {
+        let mut v: Vec<(String, Entry)> = (self.tiny.iter().map(|(k, e)| (format!("{k:x}"), *e)))
+            .chain(self.short.iter().map(|(k, e)| (format!("{k:x}"), *e)))
+            .chain(self.long.iter().map(|(k, e)| (k.to_string(), *e)))
+            .collect();
+        v.sort_by_key(|x| x.1.id());
+        v
+    }
+
     #[inline]
-    fn get(&self, word: &str) -> Option<u32> {
+    fn get(&self, word: &str) -> Option<Entry> {
         match pack_word(word) {
-            Some(k) => self.short.get(&k).copied(),
+            Some(Packed::Tiny(key)) => self.tiny.get(&key).copied(),
+            Some(Packed::Short(key)) => self.short.get(&key).copied(),
             None => self.long.get(word).copied(),
         }
     }
 
     /// [`WordTable::get`] for the word `padded[s..e]` of an [`ascii_word_spans`] buffer: the
-    /// key comes from one 16-byte load, masked to the word (the padding keeps it in bounds).
+    /// key comes from one 8- or 16-byte load, masked to the word (the padding keeps it in
+    /// bounds).
     #[inline]
-    fn get_padded(&self, padded: &[u8], s: usize, e: usize) -> Option<u32> {
+    fn get_padded(&self, padded: &[u8], s: usize, e: usize) -> Option<Entry> {
         let len = e - s;
+        if len <= 7 {
+            let bytes: [u8; 8] = padded[s..s + 8].try_into().expect("8 bytes");
+            let key = (u64::from_le_bytes(bytes) & ((1u64 << (8 * len)) - 1)) | ((len as u64) << 56);
+            return self.tiny.get(&key).copied();
+        }
         if len > 15 {
             // SAFETY: `ascii_word_spans` buffers are ASCII.
             return self.long.get(unsafe { std::str::from_utf8_unchecked(&padded[s..e]) }).copied();
@@ -320,36 +376,58 @@ impl WordTable {
 #[derive(Default)]
 struct PackedHasher(u64);
 
+impl PackedHasher {
+    #[inline]
+    fn mix(mut x: u64) -> u64 {
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        x ^ (x >> 33)
+    }
+}
+
 impl std::hash::Hasher for PackedHasher {
     fn finish(&self) -> u64 {
         self.0
     }
     fn write(&mut self, _: &[u8]) {
-        unreachable!("only u128 keys are hashed")
+        unreachable!("only integer keys are hashed")
+    }
+    #[inline]
+    fn write_u64(&mut self, v: u64) {
+        self.0 = Self::mix(v);
     }
     #[inline]
     fn write_u128(&mut self, v: u128) {
-        let mut x = (v as u64) ^ ((v >> 64) as u64).rotate_left(29).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        x ^= x >> 33;
-        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        x ^= x >> 33;
-        x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        self.0 = x ^ (x >> 33);
+        self.0 = Self::mix((v as u64) ^ ((v >> 64) as u64).rotate_left(29).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     }
 }
 
 /// A word of at most 15 bytes as one integer: the bytes, zero-padded, and the length in the
-/// last byte (so `a` and `a\0` differ).
+/// last byte (so `a` and `a\0` differ); 8 bytes wide for words of at most 7.
+#[derive(Debug, PartialEq, Eq)]
+enum Packed {
+    Tiny(u64),
+    Short(u128),
+}
+
 #[inline]
-fn pack_word(word: &str) -> Option<u128> {
+fn pack_word(word: &str) -> Option<Packed> {
     let b = word.as_bytes();
+    if b.len() <= 7 {
+        let mut key = [0u8; 8];
+        key[..b.len()].copy_from_slice(b);
+        key[7] = b.len() as u8;
+        return Some(Packed::Tiny(u64::from_le_bytes(key)));
+    }
     if b.len() > 15 {
         return None;
     }
     let mut key = [0u8; 16];
     key[..b.len()].copy_from_slice(b);
     key[15] = b.len() as u8;
-    Some(u128::from_le_bytes(key))
+    Some(Packed::Short(u128::from_le_bytes(key)))
 }
 
 /// Base statistics of some captions, merged by summing (so chunks can be counted in parallel).
@@ -460,12 +538,16 @@ impl Bow {
         self.vocab = self.base_df.iter().map(|(w, _)| w.into()).collect();
         self.top = self.base_df.top(self.config.rm_top_freq, self.config.frequency_candidates);
         self.top_set = self.top.iter().map(|(w, _)| w.as_str().into()).collect();
-        let mut surface: Vec<Box<str>> = if self.stemmer.is_some() {
+        let surface: Vec<Box<str>> = if self.stemmer.is_some() {
             std::mem::take(&mut self.base_surface).into_iter().collect()
         } else {
             self.vocab.iter().cloned().collect()
         };
-        surface.sort_unstable();
+        // Most frequent first (see `WordTable`); the order changes no output.
+        let mut by_df: Vec<(u64, Box<str>)> =
+            surface.into_iter().map(|w| (self.base_df.get(&self.match_form(&w)), w)).collect();
+        by_df.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        let surface: Vec<Box<str>> = by_df.into_iter().map(|(_, w)| w).collect();
         let keep = surface.iter().map(|w| self.keeps(w)).collect();
         self.table = WordTable::new(surface, keep);
         self.stats_done = true;
@@ -567,10 +649,12 @@ impl Transform for Bow {
         let mut out = StringBuilder::with_capacity(n, n * 24);
         let mut split = StringBuilder::with_capacity(n, n * 8);
         let mut keep = Vec::with_capacity(n);
-        let mut st = Stats::new(self.table.keep.len());
-        // (word, table id) of the current caption, and of the survivors.
-        let mut buf: Vec<(&'static str, Option<u32>)> = Vec::with_capacity(32);
-        let mut kept_buf: Vec<(&'static str, Option<u32>)> = Vec::with_capacity(32);
+        let mut st = Stats::default();
+        // Occurrences (before, after) by table id: 32 bits are enough within a chunk.
+        let mut counts = vec![[0u32; 2]; self.table.len()];
+        // (word, table entry) of the current caption, and of the survivors.
+        let mut buf: Vec<(&'static str, Option<Entry>)> = Vec::with_capacity(32);
+        let mut kept_buf: Vec<(&'static str, Option<Entry>)> = Vec::with_capacity(32);
         let mut joined = String::new();
         let mut tokens: Vec<&str> = Vec::with_capacity(32);
         // The lower-cased caption of the fast path and its word ranges.
@@ -621,15 +705,15 @@ impl Transform for Bow {
             }
             st.words_before += words.len() as u64;
             bump_hist(&mut st.len_before, words.len());
-            for &(w, wid) in &words {
-                Stats::count(&mut st.before_ids, &mut st.before_other, w, wid);
+            for &(w, e) in &words {
+                Stats::count::<false>(&mut counts, &mut st.before_other, w, e);
             }
             if self.mostly() && self.is_base(first_row + r as u64) {
                 st.base += 1;
                 st.words_after += words.len() as u64;
                 bump_hist(&mut st.len_after, words.len());
-                for &(w, wid) in &words {
-                    Stats::count(&mut st.after_ids, &mut st.after_other, w, wid);
+                for &(w, e) in &words {
+                    Stats::count::<true>(&mut counts, &mut st.after_other, w, e);
                 }
                 out.append_value(caption.expect("has words"));
                 split.append_value("base");
@@ -643,13 +727,13 @@ impl Transform for Bow {
                 RowRng::new(self.seed, "bow.shuffle", id).shuffle(&mut words);
             }
             let mut kept = recycle(std::mem::take(&mut kept_buf));
-            for &(w, wid) in &words {
-                let ok = match wid {
-                    Some(i) => self.table.keep[i as usize],
+            for &(w, e) in &words {
+                let ok = match e {
+                    Some(e) => e.keep(),
                     None => self.keeps(w),
                 };
                 if ok && !(c.dedup && kept.iter().any(|k| k.0 == w)) {
-                    kept.push((w, wid));
+                    kept.push((w, e));
                 }
             }
             if c.keep_words > 0 {
@@ -675,8 +759,8 @@ impl Transform for Bow {
                 st.words_deformed_after += kept.len() as u64;
                 bump_hist(&mut st.len_after, kept.len());
                 joined.clear();
-                for (i, &(w, wid)) in kept.iter().enumerate() {
-                    Stats::count(&mut st.after_ids, &mut st.after_other, w, wid);
+                for (i, &(w, e)) in kept.iter().enumerate() {
+                    Stats::count::<true>(&mut counts, &mut st.after_other, w, e);
                     if i > 0 {
                         joined.push(' ');
                     }
@@ -702,7 +786,9 @@ impl Transform for Bow {
         let mask = BooleanArray::from(keep);
         let full = RecordBatch::try_new(self.schema.clone(), columns)?;
         let batch = arrow_select::filter::filter_record_batch(&full, &mask)?;
-        self.stats.lock().expect("stats lock").merge(st);
+        let mut all = self.stats.lock().expect("stats lock");
+        all.add_counts(&counts);
+        all.merge(st);
         Ok(Chunk { batch, rejects, skipped })
     }
 
@@ -714,8 +800,8 @@ impl Transform for Bow {
         let st = self.stats.lock().expect("stats lock");
         let n_in = st.base + st.deformed_in;
         let n_out = st.base + st.deformed_out;
-        let (ranked_before, vocab_before) = Stats::ranked(&st.before_ids, &st.before_other);
-        let (ranked_after, vocab_after) = Stats::ranked(&st.after_ids, &st.after_other);
+        let (ranked_before, vocab_before) = st.ranked(false);
+        let (ranked_after, vocab_after) = st.ranked(true);
         let mean = |words: u64, n: u64| if n == 0 { 0.0 } else { words as f64 / n as f64 };
         json!({
             "mode": self.config.mode,
@@ -784,11 +870,25 @@ mod tests {
         assert_ne!(pack_word("a"), pack_word("a\0"));
         assert_ne!(pack_word(""), pack_word("\0"));
         assert!(pack_word("fifteen-bytes!!").is_some() && pack_word("sixteen-bytes!!!").is_none());
-        let words: Vec<Box<str>> = ["a", "a\0", "dog", "a-very-long-compound-word"].map(Into::into).into();
-        let t = WordTable::new(words, vec![true, false, true, false]);
+        // The 7/8-byte boundary between the two integer widths.
+        assert!(matches!(pack_word("seven!!"), Some(Packed::Tiny(_))));
+        assert!(matches!(pack_word("eight!!!"), Some(Packed::Short(_))));
+        let words: Vec<Box<str>> =
+            ["a", "a\0", "dog", "a-very-long-compound-word", "seven!!", "seven!!\0"].map(Into::into).into();
+        let t = WordTable::new(words, vec![true, false, true, false, false, true]);
         assert_eq!(
-            ["a", "a\0", "dog", "a-very-long-compound-word", "cat", "a-very-long-compound-wore"].map(|w| t.get(w)),
-            [Some(0), Some(1), Some(2), Some(3), None, None]
+            ["a", "a\0", "dog", "a-very-long-compound-word", "seven!!", "seven!!\0", "cat", "a-very-long-compound-wore"]
+                .map(|w| t.get(w).map(|e| (e.id(), e.keep()))),
+            [
+                Some((0, true)),
+                Some((1, false)),
+                Some((2, true)),
+                Some((3, false)),
+                Some((4, false)),
+                Some((5, true)),
+                None,
+                None
+            ]
         );
         // The fast path's keys (one masked 16-byte load from the padded caption) are the same,
         // for words of every length up to past 15 bytes and at any position.
@@ -798,9 +898,9 @@ mod tests {
         let caption = format!("{} Dog zebra {}", words.join(" "), words[14].to_uppercase());
         let (mut padded, mut spans) = (Vec::new(), Vec::new());
         assert!(ascii_word_spans(&caption, &mut padded, &mut spans));
-        let fast: Vec<Option<u32>> =
+        let fast: Vec<Option<Entry>> =
             spans.iter().map(|&(s, e)| t.get_padded(&padded, s as usize, e as usize)).collect();
-        let slow: Vec<Option<u32>> = Tokenizer::default().words(&caption).iter().map(|w| t.get(w)).collect();
+        let slow: Vec<Option<Entry>> = Tokenizer::default().words(&caption).iter().map(|w| t.get(w)).collect();
         assert_eq!(fast, slow);
         assert_eq!(fast.iter().flatten().count(), 21);
     }
@@ -812,11 +912,11 @@ mod tests {
         let config = "rm_top_freq = 3\nstemmer = \"english\"";
         let (cached, reread) = (fitted_with(config, None, &b), fitted_with(config, Some(0), &b));
         assert_eq!((&cached.top, &cached.vocab), (&reread.top, &reread.vocab));
-        // The word tables (sorted surface words, each with the filters' verdict) agree.
-        assert_eq!(cached.table.keep, reread.table.keep);
+        // The word tables (surface words, each with its id and the filters' verdict) agree.
+        assert_eq!(cached.table.entries(), reread.table.entries());
         // Stems in the vocabulary, surface words in the table: `runs` is matched as `run`.
         assert!(cached.vocab.contains("run") && !cached.vocab.contains("runs"));
-        assert_eq!(cached.table.get("runs").map(|i| cached.table.keep[i as usize]), Some(true));
+        assert_eq!(cached.table.get("runs").map(Entry::keep), Some(true));
         let chunk = |bow: &Bow| {
             bow.apply(Chunk { batch: b.clone(), rejects: vec![], skipped: Default::default() }, 0).unwrap().batch
         };
