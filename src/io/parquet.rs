@@ -204,7 +204,9 @@ impl ShardedWriter {
             let (tmp, path) = (open.tmp, open.path.clone());
             let rename = std::thread::Builder::new()
                 .name("curate-rename".into())
-                .spawn(move || std::fs::rename(&tmp, &path).map_err(|e| Error::io("cannot rename into place", &path, e)))
+                .spawn(move || {
+                    std::fs::rename(&tmp, &path).map_err(|e| Error::io("cannot rename into place", &path, e))
+                })
                 .map_err(|e| Error::io("cannot start a thread", "curate-rename", e))?;
             self.renames.push(rename);
             self.shards.push(ShardInfo { file: super::file_name(&open.path), rows: open.rows as u64 });

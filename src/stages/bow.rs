@@ -22,7 +22,7 @@ use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex};
 
 use arrow_array::builder::StringBuilder;
-use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch};
+use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use rayon::prelude::*;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -697,7 +697,8 @@ impl Transform for Bow {
                     detail: "the BoW stage needs a caption".into(),
                     raw: caption.unwrap_or("").as_bytes().to_vec(),
                 });
-                out.append_null();
+                // Dropped below; a value (not a null) keeps the column on the run-copy path.
+                out.append_value("");
                 split.append_value("");
                 keep.push(false);
                 buf = recycle(words);
@@ -750,7 +751,8 @@ impl Transform for Bow {
                     detail: "no word survived the BoW operators".into(),
                     raw: caption.expect("has words").as_bytes().to_vec(),
                 });
-                out.append_null();
+                // Dropped below; a value (not a null) keeps the column on the run-copy path.
+                out.append_value("");
                 split.append_value("");
                 keep.push(false);
             } else {
@@ -783,9 +785,8 @@ impl Transform for Bow {
                 columns.push(col.clone());
             }
         }
-        let mask = BooleanArray::from(keep);
         let full = RecordBatch::try_new(self.schema.clone(), columns)?;
-        let batch = arrow_select::filter::filter_record_batch(&full, &mask)?;
+        let batch = schema::keep_rows(&full, &keep)?;
         let mut all = self.stats.lock().expect("stats lock");
         all.add_counts(&counts);
         all.merge(st);
@@ -877,8 +878,17 @@ mod tests {
             ["a", "a\0", "dog", "a-very-long-compound-word", "seven!!", "seven!!\0"].map(Into::into).into();
         let t = WordTable::new(words, vec![true, false, true, false, false, true]);
         assert_eq!(
-            ["a", "a\0", "dog", "a-very-long-compound-word", "seven!!", "seven!!\0", "cat", "a-very-long-compound-wore"]
-                .map(|w| t.get(w).map(|e| (e.id(), e.keep()))),
+            [
+                "a",
+                "a\0",
+                "dog",
+                "a-very-long-compound-word",
+                "seven!!",
+                "seven!!\0",
+                "cat",
+                "a-very-long-compound-wore"
+            ]
+            .map(|w| t.get(w).map(|e| (e.id(), e.keep()))),
             [
                 Some((0, true)),
                 Some((1, false)),
