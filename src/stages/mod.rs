@@ -146,11 +146,12 @@ pub struct LineChunks<F> {
     spare: Vec<Vec<u8>>,
 }
 
-/// One block of whole lines: `buf[..len]`, starting at line `first`.
+/// One block of whole lines: `buf[..len]`, `lines` lines starting at line `first`.
 struct Block {
     buf: Vec<u8>,
     len: usize,
     first: u64,
+    lines: u64,
 }
 
 /// One open file being cut into blocks.
@@ -207,9 +208,10 @@ impl BlockReader {
             return Ok(None);
         }
         let block = &buf[..len];
-        let first = self.next_line;
-        self.next_line += memchr::memchr_iter(b'\n', block).count() as u64 + u64::from(!block.ends_with(b"\n"));
-        Ok(Some(Block { buf, len, first }))
+        let (first, lines) =
+            (self.next_line, memchr::memchr_iter(b'\n', block).count() as u64 + u64::from(!block.ends_with(b"\n")));
+        self.next_line += lines;
+        Ok(Some(Block { buf, len, first, lines }))
     }
 }
 
@@ -232,11 +234,10 @@ where
         }
     }
 
-    /// Parses one block into a chunk.
-    fn parse_block(&self, name: &str, block: &[u8], first_line: u64) -> Chunk {
+    /// Parses one block of `lines` lines into a chunk.
+    fn parse_block(&self, name: &str, block: &[u8], first_line: u64, lines: u64) -> Chunk {
         let utf8 = std::str::from_utf8(block).is_ok();
-        let lines = memchr::memchr_iter(b'\n', block).count() + 1;
-        let mut builder = PairsBuilder::with_capacity(&self.source, lines, block.len() / 2);
+        let mut builder = PairsBuilder::with_capacity(&self.source, lines as usize, block.len() / 2);
         let mut rejects = Vec::new();
         let mut skipped = Skipped::new();
         let mut scratch = String::new();
@@ -298,7 +299,7 @@ where
                     Some(block) => {
                         let (name, k, done) = (reader.name.clone(), read, done.clone());
                         s.spawn(move |_| {
-                            let chunk = this.parse_block(&name, &block.buf[..block.len], block.first);
+                            let chunk = this.parse_block(&name, &block.buf[..block.len], block.first, block.lines);
                             let _ = done.send((k, chunk, block.buf));
                         });
                         read += 1;
@@ -459,6 +460,9 @@ mod tests {
             BlockReader { file, path: path.into(), name: "t".into(), carry: Vec::new(), next_line: 1, eof: false };
         let mut out = Vec::new();
         while let Some(b) = r.next_block(buffer(out.len())).unwrap() {
+            let bytes = &b.buf[..b.len];
+            let pieces = bytes.split(|&c| c == b'\n').count() - usize::from(bytes.ends_with(b"\n"));
+            assert_eq!(b.lines as usize, pieces, "line count of block {}", out.len());
             out.push((b.buf[..b.len].to_vec(), b.first));
         }
         out
