@@ -21,8 +21,9 @@ use crate::report;
 use crate::schema::{self, Chunk};
 use crate::stages::{ChunkIter, Reader, Transform};
 
-/// Chunks transformed together; a multiple of any core count we run on, fixed so memory use
-/// does not grow with the machine.
+/// Chunks in flight between the reader and the writer (being transformed, or waiting for an
+/// earlier one), and the reader's lead in the fit passes: enough to keep every core of the
+/// machines we run on busy, fixed so memory use does not grow with the machine.
 const GROUP: usize = 8;
 
 /// Default for [`RunOptions::cache_bytes`]: 1 GiB keeps a CC3M-sized run (2.9M pairs, about

@@ -365,10 +365,18 @@ impl WordTable {
             // SAFETY: `ascii_word_spans` buffers are ASCII.
             return self.long.get(unsafe { std::str::from_utf8_unchecked(&padded[s..e]) }).copied();
         }
-        let bytes: [u8; 16] = padded[s..s + 16].try_into().expect("16 bytes");
-        let key = (u128::from_le_bytes(bytes) & ((1u128 << (8 * len)) - 1)) | ((len as u128) << 120);
-        self.short.get(&key).copied()
+        self.short.get(&padded_key(padded, s, e)).copied()
     }
+}
+
+/// The 16-byte [`pack_word`] key of the word `padded[s..e]` (at most 15 bytes) of an
+/// [`ascii_word_spans`] buffer, from one masked load (the padding keeps it in bounds).
+#[inline]
+fn padded_key(padded: &[u8], s: usize, e: usize) -> u128 {
+    let len = e - s;
+    debug_assert!(len <= 15);
+    let bytes: [u8; 16] = padded[s..s + 16].try_into().expect("16 bytes");
+    (u128::from_le_bytes(bytes) & ((1u128 << (8 * len)) - 1)) | ((len as u128) << 120)
 }
 
 /// Hashes a [`pack_word`] key with a full avalanche (murmur3's finaliser): Fx would leave the
@@ -484,10 +492,44 @@ impl Bow {
 
     /// Document frequencies of some base captions (of their match forms) and, with a stemmer,
     /// their surface words.
+    ///
+    /// Without a stemmer or punctuation splitting, the words of ASCII captions (nearly all) of
+    /// at most 15 bytes are counted by their [`pack_word`] integer, sorted and de-duplicated as
+    /// integers, and turned back into strings once at the end: no string is hashed, compared
+    /// or allocated per word.
     fn count_base_captions<'a>(&self, captions: impl Iterator<Item = &'a str>) -> BaseCounts {
         let mut counts = BaseCounts::default();
         let mut buf: Vec<&str> = Vec::new();
+        let fast = self.stemmer.is_none() && !self.tokenizer.split_punct;
+        let mut packed: FxHashMap<u128, u64> = FxHashMap::default();
+        let (mut scratch, mut spans, mut keys) = (Vec::new(), Vec::new(), Vec::new());
         for caption in captions {
+            spans.clear();
+            if fast && ascii_word_spans(caption, &mut scratch, &mut spans) {
+                keys.clear();
+                let mut long: Vec<&str> = Vec::new();
+                for &(s, e) in &spans {
+                    let (s, e) = (s as usize, e as usize);
+                    if e - s <= 15 {
+                        keys.push(padded_key(&scratch, s, e));
+                    } else {
+                        // SAFETY: `ascii_word_spans` buffers are ASCII.
+                        long.push(unsafe { std::str::from_utf8_unchecked(&scratch[s..e]) });
+                    }
+                }
+                keys.sort_unstable();
+                keys.dedup();
+                for &k in &keys {
+                    *packed.entry(k).or_insert(0) += 1;
+                }
+                long.sort_unstable();
+                long.dedup();
+                for w in long {
+                    counts.df.add(w, 1);
+                }
+                counts.df.docs += 1;
+                continue;
+            }
             let lowered = lowercase(caption);
             let mut words = recycle_str(std::mem::take(&mut buf));
             self.tokenizer.split_into(&lowered, &mut words);
@@ -504,6 +546,11 @@ impl Bow {
                 counts.df.add_document(&words);
             }
             buf = recycle_str(words);
+        }
+        for (k, n) in packed {
+            let bytes = k.to_le_bytes();
+            let word = std::str::from_utf8(&bytes[..bytes[15] as usize]).expect("packed from ASCII");
+            counts.df.add(word, n);
         }
         counts
     }
@@ -863,6 +910,39 @@ mod tests {
             }
         }
         bow
+    }
+
+    #[test]
+    fn base_document_frequencies_by_packed_words_equal_the_string_count() {
+        let captions = [
+            "A dog and a DOG and a dog .",
+            "fifteen-bytes!! sixteen-bytes!!! sixteen-bytes!!! a",
+            "Café au lait , café",
+            "tab\tseparated words and\u{1f} a unit separator",
+            "  leading and trailing spaces  ",
+            "an-extraordinarily-long-compound-word and an-extraordinarily-long-compound-word",
+            "a\0 a",
+        ];
+        for config in ["", "split_punct = true", "stemmer = \"english\""] {
+            let bow = fitted_with(config, None, &batch(10));
+            let got = bow.count_base_captions(captions.iter().copied());
+            let mut want = Counts::default();
+            for c in captions {
+                let lowered = lowercase(c);
+                let mut words = Vec::new();
+                bow.tokenizer.split_into(&lowered, &mut words);
+                let forms: Vec<String> = words.iter().map(|w| bow.match_form(w).into_owned()).collect();
+                want.add_document(&forms.iter().map(String::as_str).collect::<Vec<_>>());
+            }
+            let sorted = |c: &Counts| {
+                let mut v: Vec<(String, u64)> = c.iter().map(|(w, n)| (w.to_owned(), n)).collect();
+                v.sort();
+                v
+            };
+            assert_eq!(sorted(&got.df), sorted(&want), "{config}");
+            assert_eq!(got.df.docs, want.docs);
+            assert_eq!(got.df.get("dog"), 1, "one document, whatever the repeats");
+        }
     }
 
     #[test]

@@ -58,6 +58,11 @@ impl Counts {
         }
     }
 
+    /// Adds `by` to `word`'s count (documents are counted by the caller).
+    pub fn add(&mut self, word: &str, by: u64) {
+        self.bump(word, by);
+    }
+
     fn bump(&mut self, word: &str, by: u64) {
         if let Some(c) = self.map.get_mut(word) {
             *c += by;
