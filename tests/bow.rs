@@ -21,7 +21,7 @@ type Row = (String, String, String, String);
 fn run_bow(toml: &str, captions: &[String], chunk: usize) -> (Vec<Row>, Vec<String>, serde_json::Value) {
     let config: BowConfig = toml::from_str(toml).unwrap();
     let mut problems = Problems::default();
-    let mut bow = config.build(7, &mut problems).unwrap_or_else(|| panic!("{problems:?}"));
+    let mut bow = config.build(7, &curate::schema::pairs(), &mut problems).unwrap_or_else(|| panic!("{problems:?}"));
     let ids: Vec<String> = (0..captions.len()).map(|i| format!("r{i}")).collect();
     let batches: Vec<RecordBatch> = captions
         .chunks(chunk.max(1))

@@ -60,6 +60,11 @@ fn only_mode_refuses_base_filters() {
 }
 
 #[test]
+fn bow_stage_takes_pairs_rows_from_the_reader() {
+    insta::assert_snapshot!(validate("bow_twice.toml", &[]));
+}
+
+#[test]
 fn toml_syntax_error() {
     insta::assert_snapshot!(validate("syntax_error.toml", &[]));
 }

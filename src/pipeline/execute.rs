@@ -469,3 +469,98 @@ fn transform_stream<'s>(
         Ok(rows)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::UInt64Type;
+    use arrow_array::{BooleanArray, UInt64Array};
+    use arrow_schema::{DataType, Field, Schema, SchemaRef};
+
+    use super::*;
+    use crate::stages::ChunkIter;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![Field::new("i", DataType::UInt64, false)]))
+    }
+
+    /// Chunks of the numbers `0..n`, of uneven sizes.
+    struct Numbers(Vec<usize>);
+
+    impl Reader for Numbers {
+        fn inputs(&self) -> Vec<std::path::PathBuf> {
+            Vec::new()
+        }
+        fn open(&self) -> Result<ChunkIter<'_>> {
+            let mut start = 0u64;
+            let chunks: Vec<Result<Chunk>> = self
+                .0
+                .iter()
+                .map(|&len| {
+                    let col = UInt64Array::from_iter_values(start..start + len as u64);
+                    start += len as u64;
+                    let batch = RecordBatch::try_new(schema(), vec![Arc::new(col)]).unwrap();
+                    Ok(Chunk { batch, rejects: Vec::new(), skipped: Default::default() })
+                })
+                .collect();
+            Ok(Box::new(chunks.into_iter()))
+        }
+    }
+
+    /// Drops the rows whose index in this stage's input stream is a multiple of `k`, so it is
+    /// only right if `first_row` is; some chunks are slow, so chunks finish out of order.
+    struct DropEvery(u64);
+
+    impl Transform for DropEvery {
+        fn apply(&self, chunk: Chunk, first_row: u64) -> Result<Chunk> {
+            let n = chunk.batch.num_rows() as u64;
+            if (first_row / 7).is_multiple_of(3) {
+                std::thread::sleep(std::time::Duration::from_millis(3));
+            }
+            let keep: BooleanArray = (first_row..first_row + n).map(|i| Some(i % self.0 != 0)).collect();
+            let batch = arrow_select::filter::filter_record_batch(&chunk.batch, &keep)?;
+            Ok(Chunk { batch, ..chunk })
+        }
+        fn output_schema(&self) -> SchemaRef {
+            schema()
+        }
+        fn report(&self) -> serde_json::Value {
+            serde_json::Value::Null
+        }
+    }
+
+    fn stream(sizes: &[usize], transforms: &[(String, Box<dyn Transform>)]) -> (u64, Vec<u64>) {
+        let reader = Numbers(sizes.to_vec());
+        let bar = super::super::progress::Progress::new(false, 1).pass(1, "test", None);
+        let mut out = Vec::new();
+        let rows = std::thread::scope(|s| {
+            transform_stream(s, &reader, None, transforms, &bar, |(c, _)| {
+                out.extend(c.batch.column(0).as_primitive::<UInt64Type>().values().iter().copied());
+                Ok(())
+            })
+        })
+        .unwrap();
+        (rows, out)
+    }
+
+    #[test]
+    fn chunks_go_through_every_transform_with_their_row_offsets_and_come_out_in_order() {
+        let sizes: Vec<usize> = (0..40).map(|i| 1 + (i * 37) % 23).collect();
+        let total: usize = sizes.iter().sum();
+        // Sequentially: drop every 3rd row, then every 2nd of what is left.
+        let first: Vec<u64> = (0..total as u64).filter(|i| i % 3 != 0).collect();
+        let want: Vec<u64> = first.iter().enumerate().filter(|(j, _)| j % 2 != 0).map(|(_, &v)| v).collect();
+        let transforms: Vec<(String, Box<dyn Transform>)> =
+            vec![("a".into(), Box::new(DropEvery(3))), ("b".into(), Box::new(DropEvery(2)))];
+        for threads in [1, 4] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            // Inside the pool (as the tests' thread-count runs do) and from outside it.
+            assert_eq!(pool.install(|| stream(&sizes, &transforms)), (total as u64, want.clone()), "{threads}");
+        }
+        assert_eq!(stream(&sizes, &transforms), (total as u64, want));
+        // No transform: the chunks pass through.
+        assert_eq!(stream(&sizes, &[]).1, (0..total as u64).collect::<Vec<_>>());
+    }
+}

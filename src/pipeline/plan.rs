@@ -206,7 +206,7 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
                 c.build(&mut problems).map(|r| Built::Reader(Box::new(r)))
             }),
             bow::TYPE => build(doc, &at, &body, &mut diags, |c: &BowConfig| {
-                c.build(seed, &mut problems).map(|t| Built::Transform(Box::new(t)))
+                c.build(seed, &schema, &mut problems).map(|t| Built::Transform(Box::new(t)))
             }),
             encode_text::TYPE => build(doc, &at, &body, &mut diags, |c: &EncodeTextConfig| {
                 c.build(&schema, device, &mut problems).map(|t| Built::Transform(Box::new(t)))

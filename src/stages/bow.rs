@@ -123,7 +123,25 @@ fn default_stemmer() -> StemmerChoice {
 }
 
 impl BowConfig {
-    pub fn build(&self, pipeline_seed: u64, problems: &mut Problems) -> Option<Bow> {
+    /// `input`: the schema of the rows coming in, which must be `pairs` as a reader writes them:
+    /// the stage adds `original_caption` and `split`, so it runs once, right after the reader.
+    pub fn build(&self, pipeline_seed: u64, input: &Schema, problems: &mut Problems) -> Option<Bow> {
+        if input.fields() != schema::pairs().fields() {
+            let extra: Vec<&str> = input
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .filter(|n| schema::pairs().field_with_name(n).is_err())
+                .collect();
+            problems.push(
+                "type",
+                format!(
+                    "the `bow` stage takes the `pairs` rows of the read stage, and these rows also have {}",
+                    extra.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+                ),
+                Some("put the `bow` stage right after the read stage, once per pipeline".into()),
+            );
+        }
         let only = self.mode == Mode::Only;
         if only && self.limit_to_base_vocab {
             problems.push(
@@ -899,7 +917,7 @@ mod tests {
 
     fn fitted_with(config: &str, band_limit: Option<u64>, b: &RecordBatch) -> Bow {
         let config: BowConfig = toml::from_str(config).unwrap();
-        let mut bow = config.build(5, &mut Problems::default()).unwrap();
+        let mut bow = config.build(5, &schema::pairs(), &mut Problems::default()).unwrap();
         if let Some(l) = band_limit {
             bow.band_limit = l;
         }
