@@ -1,5 +1,5 @@
 //! Files: input path patterns, line-oriented text inputs, Parquet output shards, tar shards,
-//! atomic writes and input fingerprints. Stages use these; nothing here knows about stages.
+//! atomic writes, input fingerprints, and waiting on the rayon pool from inside it. Stages use these; nothing here knows about stages.
 
 pub mod lines;
 pub mod parquet;
@@ -95,6 +95,31 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 pub fn tmp_path(path: &Path) -> PathBuf {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     path.with_file_name(format!(".{name}.tmp"))
+}
+
+/// The next message on `rx`, or `None` once every sender is gone. On a thread of a rayon pool
+/// (inside `install`, or a job), jobs this thread is waiting for may be queued behind it: it
+/// runs pool work while it waits instead of blocking, which with one thread would wait forever.
+pub fn recv_in_pool<T>(rx: &std::sync::mpsc::Receiver<T>) -> Option<T> {
+    use std::sync::mpsc::{RecvTimeoutError, TryRecvError};
+    const NAP: std::time::Duration = std::time::Duration::from_micros(200);
+    if rayon::current_thread_index().is_none() {
+        return rx.recv().ok();
+    }
+    loop {
+        match rx.try_recv() {
+            Ok(t) => return Some(t),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) => {}
+        }
+        if rayon::yield_now() != Some(rayon::Yield::Executed) {
+            match rx.recv_timeout(NAP) {
+                Ok(t) => return Some(t),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+    }
 }
 
 /// Content fingerprint of input files: xxh3-128 over (name, length, bytes) of each file.

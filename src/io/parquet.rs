@@ -2,18 +2,21 @@
 //! written to a temporary name and renamed into place when complete, with key-value metadata
 //! (curate version, config hash) in the file footer. LZ4_RAW compression: on the BoW benchmark it
 //! wrote 13% faster than Snappy for a 2% larger file, and pyarrow, polars, DuckDB and Spark
-//! (3.3+) read it. Rows are gathered into row groups of [`ROW_GROUP_ROWS`]; the columns of
-//! [`ROW_GROUPS_AT_ONCE`] row groups are encoded and compressed in parallel (rayon), then
-//! appended in order, so the file's bytes do not depend on the thread count.
+//! (3.3+) read it. Rows are gathered into row groups of [`ROW_GROUP_ROWS`]; each full row group's
+//! columns are encoded and compressed as rayon jobs while the writer goes on (up to
+//! [`ENCODING_AT_MOST`] row groups at once), then appended in order, so the file's bytes do not
+//! depend on the thread count.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver, TryRecvError};
 
 use arrow_array::RecordBatch;
 use arrow_schema::{Schema, SchemaRef};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::arrow::arrow_writer::{compute_leaves, ArrowLeafColumn, ArrowRowGroupWriterFactory};
+use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnChunk, ArrowLeafColumn, ArrowRowGroupWriterFactory};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::metadata::KeyValue;
@@ -62,9 +65,13 @@ pub struct ShardInfo {
     pub rows: u64,
 }
 
-/// Full row groups encoded together: every column of each in one parallel batch of work, so
-/// a large column of one row group (URLs) runs beside those of the next instead of alone.
-const ROW_GROUPS_AT_ONCE: usize = 2;
+/// Row groups of one file being encoded at once, at most. Each full row group goes to the pool
+/// and the writer goes on; it waits only past this many, so encoding runs beside the
+/// transforms and the appends instead of between them.
+const ENCODING_AT_MOST: usize = 4;
+
+/// One row group's column chunks, in schema order.
+type Encoded = parquet::errors::Result<Vec<ArrowColumnChunk>>;
 
 struct Open {
     file: SerializedFileWriter<BufWriter<File>>,
@@ -72,8 +79,9 @@ struct Open {
     /// Rows of the row group being filled.
     pending: Vec<RecordBatch>,
     pending_rows: usize,
-    /// Row groups filled and not yet encoded.
-    full: Vec<Vec<RecordBatch>>,
+    /// Row groups handed to the pool, oldest first: appended to the file in this order.
+    encoding: VecDeque<Receiver<Encoded>>,
+    /// Row groups handed to the pool so far (the next one's index in the file).
     row_groups: usize,
     tmp: PathBuf,
     path: PathBuf,
@@ -81,56 +89,67 @@ struct Open {
 }
 
 impl Open {
-    /// Closes the row group being filled; encodes the full ones once there are enough of them
-    /// (or always, with `all`).
-    fn end_row_group(&mut self, schema: &Schema, all: bool) -> Result<()> {
-        if self.pending_rows > 0 {
-            self.full.push(std::mem::take(&mut self.pending));
-            self.pending_rows = 0;
+    /// Closes the row group being filled and hands it to the pool: each column is encoded and
+    /// compressed as a job of its own.
+    fn end_row_group(&mut self, schema: &Schema) -> Result<()> {
+        if self.pending_rows == 0 {
+            return Ok(());
         }
-        if self.full.len() >= ROW_GROUPS_AT_ONCE || (all && !self.full.is_empty()) {
-            self.encode_full(schema)?;
-        }
-        Ok(())
-    }
-
-    /// Encodes the full row groups, all their columns in parallel, and appends them in order.
-    fn encode_full(&mut self, schema: &Schema) -> Result<()> {
-        let mut jobs = Vec::new();
-        for (g, batches) in self.full.iter().enumerate() {
-            let writers = self.factory.create_column_writers(self.row_groups + g)?;
-            let mut leaves: Vec<Vec<ArrowLeafColumn>> = (0..writers.len()).map(|_| Vec::new()).collect();
-            for batch in batches {
-                let mut k = 0;
-                for (field, column) in schema.fields().iter().zip(batch.columns()) {
-                    for leaf in compute_leaves(field, column)? {
-                        leaves[k].push(leaf);
-                        k += 1;
-                    }
+        let batches = std::mem::take(&mut self.pending);
+        self.pending_rows = 0;
+        let writers = self.factory.create_column_writers(self.row_groups)?;
+        self.row_groups += 1;
+        let mut leaves: Vec<Vec<ArrowLeafColumn>> = (0..writers.len()).map(|_| Vec::new()).collect();
+        for batch in &batches {
+            let mut k = 0;
+            for (field, column) in schema.fields().iter().zip(batch.columns()) {
+                for leaf in compute_leaves(field, column)? {
+                    leaves[k].push(leaf);
+                    k += 1;
                 }
             }
-            jobs.extend(writers.into_iter().zip(leaves).map(|(w, l)| (g, w, l)));
         }
-        let chunks = jobs
-            .into_par_iter()
-            .map(|(g, mut w, leaves)| {
-                for leaf in &leaves {
-                    w.write(leaf)?;
+        let (tx, rx) = sync_channel::<Encoded>(1);
+        rayon::spawn(move || {
+            // `collect` keeps the columns in schema order.
+            let chunks = writers
+                .into_par_iter()
+                .zip(leaves)
+                .map(|(mut w, leaves)| {
+                    for leaf in &leaves {
+                        w.write(leaf)?;
+                    }
+                    w.close()
+                })
+                .collect();
+            // The receiver is gone only if the writer stopped on an error.
+            let _ = tx.send(chunks);
+        });
+        self.encoding.push_back(rx);
+        self.append_encoded(ENCODING_AT_MOST)
+    }
+
+    /// Appends encoded row groups to the file in order: those already done, and more, waiting,
+    /// until at most `keep` are left in the pool.
+    fn append_encoded(&mut self, keep: usize) -> Result<()> {
+        while let Some(front) = self.encoding.front() {
+            let chunks = if self.encoding.len() > keep {
+                super::recv_in_pool(front)
+            } else {
+                match front.try_recv() {
+                    Ok(c) => Some(c),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => None,
                 }
-                w.close().map(|c| (g, c))
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        // `collect` keeps the order: row group by row group, columns in schema order.
-        let mut chunks = chunks.into_iter().peekable();
-        for g in 0..self.full.len() {
+            };
+            let chunks = chunks.ok_or_else(|| Error::data("a Parquet encoding job stopped"))??;
+            self.encoding.pop_front();
             let mut rg = self.file.next_row_group()?;
-            while let Some((_, chunk)) = chunks.next_if(|(cg, _)| *cg == g) {
+            for chunk in chunks {
                 chunk.append_to_row_group(&mut rg)?;
             }
             rg.close()?;
         }
-        self.row_groups += self.full.len();
-        self.full.clear();
         Ok(())
     }
 }
@@ -186,7 +205,7 @@ impl ShardedWriter {
             factory,
             pending: Vec::new(),
             pending_rows: 0,
-            full: Vec::new(),
+            encoding: VecDeque::new(),
             row_groups: 0,
             tmp,
             path,
@@ -197,7 +216,8 @@ impl ShardedWriter {
 
     fn close_current(&mut self) -> Result<()> {
         if let Some(mut open) = self.current.take() {
-            open.end_row_group(&self.schema, true)?;
+            open.end_row_group(&self.schema)?;
+            open.append_encoded(0)?;
             open.file.close()?;
             // Renaming over an earlier run's shard frees that file's cached pages, ~0.1 s for
             // 100 MB, which would stall the stream: it runs beside the next shard instead.
@@ -232,7 +252,7 @@ impl ShardedWriter {
             open.rows += take;
             offset += take;
             if open.pending_rows == ROW_GROUP_ROWS {
-                open.end_row_group(&self.schema, false)?;
+                open.end_row_group(&self.schema)?;
             }
         }
         Ok(())
@@ -308,17 +328,18 @@ mod tests {
     }
 
     #[test]
-    fn row_groups_encoded_together_keep_order_sizes_and_bytes() {
-        // Enough rows for several rounds of ROW_GROUPS_AT_ONCE row groups, with a shard closing
-        // on an odd number of full row groups plus a partial one.
+    fn row_groups_encoded_in_the_pool_keep_order_sizes_and_bytes() {
+        // Enough rows for more than ENCODING_AT_MOST row groups in flight, with a shard closing
+        // on full row groups plus a partial one. In the one-thread pool the writer runs on the
+        // pool's only thread: it must run the encoding jobs itself while it waits.
         use arrow_array::{Int64Array, StringArray};
         use std::sync::Arc;
         let schema = Arc::new(Schema::new(vec![
             arrow_schema::Field::new("sample_id", arrow_schema::DataType::Utf8, false),
             arrow_schema::Field::new("n", arrow_schema::DataType::Int64, false),
         ]));
-        let rows = 5 * ROW_GROUP_ROWS + 17;
-        let per_shard = 3 * ROW_GROUP_ROWS + 5;
+        let rows = 8 * ROW_GROUP_ROWS + 17;
+        let per_shard = 6 * ROW_GROUP_ROWS + 5;
         let ids: Vec<String> = (0..rows).map(|i| format!("s{i}")).collect();
         let write = |dir: &Path, threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
@@ -351,7 +372,7 @@ mod tests {
                 .map(|g| g.num_rows())
                 .collect();
             let full = ROW_GROUP_ROWS as i64;
-            let want = if next == 0 { vec![full, full, full, 5] } else { vec![full, full, 12] };
+            let want = if next == 0 { vec![full, full, full, full, full, full, 5] } else { vec![full, full, 12] };
             assert_eq!(sizes, want);
             for batch in read_file(&path).unwrap() {
                 let n = batch.column(1).as_any().downcast_ref::<Int64Array>().unwrap();

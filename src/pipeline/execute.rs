@@ -105,10 +105,19 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     let config_hash = format!("xxh3-64:{:016x}", xxhash_rust::xxh3::xxh3_64(hashed.to_string().as_bytes()));
 
     let mut timings = BTreeMap::new();
-    let t = Instant::now();
     let inputs = plan.reader.inputs();
-    let input_fingerprint = fingerprint(&inputs)?;
-    timings.insert("fingerprint".to_owned(), t.elapsed().as_secs_f64());
+    // The fingerprint reads every input byte once more: on a thread of its own, beside the
+    // passes, so it costs no wall time while a core is free.
+    let fingerprinting = {
+        let inputs = inputs.clone();
+        std::thread::Builder::new()
+            .name("curate-fingerprint".into())
+            .spawn(move || {
+                let t = Instant::now();
+                fingerprint(&inputs).map(|f| (f, t.elapsed().as_secs_f64()))
+            })
+            .map_err(|e| Error::io("cannot start a thread", "curate-fingerprint", e))?
+    };
 
     let total_passes = plan.transforms.iter().map(|(_, t)| t.fit_passes()).sum::<usize>() + 1;
     let progress = Progress::new(opts.progress, total_passes);
@@ -208,7 +217,7 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
                     data.write(&batch)?;
                     if !chunk.rejects.is_empty() {
                         for r in &chunk.rejects {
-                            *o.rejects.entry(format!("{}/{}", r.stage, r.reason)).or_insert(0) += 1;
+                            *o.rejects.entry((r.stage, r.reason)).or_insert(0) += 1;
                         }
                         rejects.write(&rejects_batch.unwrap_or_else(|| schema::rejects_batch(&chunk.rejects)))?;
                     }
@@ -216,10 +225,8 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
                         *o.skipped.entry(k.to_owned()).or_insert(0) += v;
                     }
                 }
-                // The last row groups of both outputs, encoded side by side.
-                let (d, r) = rayon::join(|| data.finish(), || rejects.finish());
-                o.data_shards = d?;
-                o.reject_shards = r?;
+                o.data_shards = data.finish()?;
+                o.reject_shards = rejects.finish()?;
                 Ok(o)
             })
             .map_err(|e| Error::io("cannot start a thread", "curate-write", e))?;
@@ -238,13 +245,16 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     remove_stale(&rejects_dir, &w.reject_shards)?;
     timings.insert("transform_write".to_owned(), t.elapsed().as_secs_f64());
 
+    let (input_fingerprint, secs) = fingerprinting.join().expect("fingerprint thread does not panic")?;
+    timings.insert("fingerprint".to_owned(), secs);
+
     let t = Instant::now();
     let stage_reports: Vec<(String, serde_json::Value)> =
         plan.transforms.iter().map(|(name, t)| (name.clone(), t.report())).collect();
     let summary = RunSummary {
         rows_read,
         rows_written: w.written,
-        rejects: w.rejects,
+        rejects: w.rejects.iter().map(|((stage, reason), n)| (format!("{stage}/{reason}"), *n)).collect(),
         skipped: w.skipped,
         data_shards: w.data_shards,
         timings_s: BTreeMap::new(),
@@ -325,7 +335,8 @@ fn read_on_thread<'s>(
 #[derive(Default)]
 struct WriterOutcome {
     written: u64,
-    rejects: BTreeMap<String, u64>,
+    /// By (stage, reason): no string is made per reject.
+    rejects: BTreeMap<(&'static str, &'static str), u64>,
     skipped: BTreeMap<String, u64>,
     data_shards: Vec<ShardInfo>,
     reject_shards: Vec<ShardInfo>,
@@ -342,29 +353,6 @@ fn remove_stale(dir: &Path, keep: &[ShardInfo]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The next message on `inbox`. On a thread of a rayon pool (a caller inside `install`), the
-/// jobs this thread spawned may be queued on it: it runs pool work while it waits instead of
-/// blocking, which with one thread would wait forever.
-fn next_event<T>(inbox: &Receiver<T>) -> T {
-    use std::sync::mpsc::RecvTimeoutError;
-    const NAP: std::time::Duration = std::time::Duration::from_micros(200);
-    if rayon::current_thread_index().is_none() {
-        return inbox.recv().expect("the caller holds a sender");
-    }
-    loop {
-        if let Ok(t) = inbox.try_recv() {
-            return t;
-        }
-        if rayon::yield_now() != Some(rayon::Yield::Executed) {
-            match inbox.recv_timeout(NAP) {
-                Ok(t) => return t,
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => unreachable!("the caller holds a sender"),
-            }
-        }
-    }
 }
 
 /// Runs every transform on the chunks from the reader and hands each chunk, with its rejects
@@ -437,7 +425,7 @@ fn transform_stream<'s>(
                 }
             };
         while !(input_done && sunk == read) {
-            match next_event(&inbox) {
+            match crate::io::recv_in_pool(&inbox).expect("the caller holds a sender") {
                 Event::Input(chunk) => {
                     let chunk = chunk?;
                     let n = (chunk.batch.num_rows() + chunk.rejects.len()) as u64 + chunk.skipped.values().sum::<u64>();

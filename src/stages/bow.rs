@@ -175,6 +175,7 @@ impl BowConfig {
             stemmer: (self.stemmer == StemmerChoice::English).then(Stemmer::english),
             split_keys: Vec::new(),
             band: Vec::new(),
+            band_text: String::new(),
             // Expected base quantile plus 10% and 0.005 of margin: ~11% of rows cached.
             band_limit: ((self.base_fraction * 1.1 + 0.005).min(1.0) * u64::MAX as f64) as u64,
             stats_done: false,
@@ -470,8 +471,11 @@ pub struct Bow {
     stemmer: Option<Stemmer>,
     /// Pass 0: `(split key, row index)` of every captioned row.
     split_keys: Vec<(u64, u64)>,
-    /// Pass 0: captions of rows whose split key is below `band_limit` (base candidates).
-    band: Vec<(u64, Box<str>)>,
+    /// Pass 0: rows whose split key is below `band_limit` (base candidates), with where each
+    /// one's caption ends in `band_text` (it starts where the one before ends).
+    band: Vec<(u64, usize)>,
+    /// Pass 0: the captions of the `band` rows, one after another.
+    band_text: String,
     band_limit: u64,
     /// The base statistics are complete (from the band or from pass 1).
     stats_done: bool,
@@ -655,7 +659,8 @@ impl Transform for Bow {
                     let key = row_key(self.seed, "bow.split", ids.value(r));
                     self.split_keys.push((key, row));
                     if key < self.band_limit {
-                        self.band.push((row, caps.value(r).into()));
+                        self.band_text.push_str(caps.value(r));
+                        self.band.push((row, self.band_text.len()));
                     }
                 }
             }
@@ -684,12 +689,19 @@ impl Transform for Bow {
             }
             self.split_keys = Vec::new();
             let band = std::mem::take(&mut self.band);
+            let text = std::mem::take(&mut self.band_text);
             if band_covers {
                 // Counted in parallel; the merge is a sum, so the result is the same.
-                let counts = band
-                    .par_chunks(4096)
-                    .map(|part| {
-                        self.count_base_captions(part.iter().filter(|(row, _)| self.is_base(*row)).map(|(_, c)| &**c))
+                let counts = (0..band.len())
+                    .into_par_iter()
+                    .step_by(4096)
+                    .map(|first| {
+                        let part = first..(first + 4096).min(band.len());
+                        let base = part.filter(|&i| self.is_base(band[i].0)).map(|i| {
+                            let start = if i == 0 { 0 } else { band[i - 1].1 };
+                            &text[start..band[i].1]
+                        });
+                        self.count_base_captions(base)
                     })
                     .reduce(BaseCounts::default, |mut a, b| {
                         a.df.merge(b.df);
