@@ -166,13 +166,16 @@ pub fn rejects() -> SchemaRef {
 }
 
 pub fn rejects_batch(rows: &[Reject]) -> RecordBatch {
-    let mut stage = StringBuilder::new();
-    let mut file = StringBuilder::new();
-    let mut row = UInt64Builder::new();
-    let mut id = StringBuilder::new();
-    let mut reason = StringBuilder::new();
-    let mut detail = StringBuilder::new();
-    let mut raw = BinaryBuilder::new();
+    // Sized up front: a BoW stage sets aside hundreds of thousands of rows per run.
+    let n = rows.len();
+    let bytes = |f: fn(&Reject) -> usize| rows.iter().map(f).sum::<usize>();
+    let mut stage = StringBuilder::with_capacity(n, bytes(|r| r.stage.len()));
+    let mut file = StringBuilder::with_capacity(n, bytes(|r| r.source_file.len()));
+    let mut row = UInt64Builder::with_capacity(n);
+    let mut id = StringBuilder::with_capacity(n, bytes(|r| r.sample_id.as_ref().map_or(0, String::len)));
+    let mut reason = StringBuilder::with_capacity(n, bytes(|r| r.reason.len()));
+    let mut detail = StringBuilder::with_capacity(n, bytes(|r| r.detail.len()));
+    let mut raw = BinaryBuilder::with_capacity(n, bytes(|r| r.raw.len()));
     for r in rows {
         stage.append_value(r.stage);
         file.append_value(&r.source_file);
