@@ -47,7 +47,9 @@ fn run_bow(toml: &str, captions: &[String], chunk: usize) -> (Vec<Row>, Vec<Stri
     let mut first = 0;
     for b in &batches {
         let n = b.num_rows() as u64;
-        let out = bow.apply(Chunk { batch: b.clone(), rejects: vec![], skipped: Default::default() }, first).unwrap();
+        let out = bow
+            .apply(Chunk { batch: b.clone(), rejects: Default::default(), skipped: Default::default() }, first)
+            .unwrap();
         first += n;
         let cols: Vec<Vec<String>> = [schema::SAMPLE_ID, schema::CAPTION, schema::ORIGINAL_CAPTION, schema::SPLIT]
             .iter()
@@ -57,7 +59,7 @@ fn run_bow(toml: &str, captions: &[String], chunk: usize) -> (Vec<Row>, Vec<Stri
         for (((id, cap), orig), split) in ids.into_iter().zip(caps).zip(origs).zip(splits) {
             rows.push((id, cap, orig, split));
         }
-        rejected.extend(out.rejects.iter().map(|r| r.sample_id.clone().unwrap()));
+        rejected.extend(out.rejects.iter().map(|r| r.sample_id.unwrap().to_owned()));
     }
     (rows, rejected, bow.report())
 }

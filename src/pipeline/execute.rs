@@ -61,8 +61,7 @@ impl PassCache {
     /// gives up caching for this run.
     fn keep(&mut self, chunk: &Chunk) {
         if let Some(v) = &mut self.chunks {
-            self.bytes +=
-                chunk.batch.get_array_memory_size() + chunk.rejects.iter().map(|r| r.raw.len()).sum::<usize>();
+            self.bytes += chunk.batch.get_array_memory_size() + chunk.rejects.bytes();
             if self.bytes > self.budget {
                 self.chunks = None;
             } else {
@@ -216,10 +215,10 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
                     o.written += batch.num_rows() as u64;
                     data.write(&batch)?;
                     if !chunk.rejects.is_empty() {
-                        for r in &chunk.rejects {
-                            *o.rejects.entry((r.stage, r.reason)).or_insert(0) += 1;
+                        for key in chunk.rejects.reasons() {
+                            *o.rejects.entry(key).or_insert(0) += 1;
                         }
-                        rejects.write(&rejects_batch.unwrap_or_else(|| schema::rejects_batch(&chunk.rejects)))?;
+                        rejects.write(&rejects_batch.unwrap_or_else(|| chunk.rejects.to_batch()))?;
                     }
                     for (k, v) in chunk.skipped {
                         *o.skipped.entry(k.to_owned()).or_insert(0) += v;
@@ -416,8 +415,7 @@ fn transform_stream<'s>(
                             None => Ok(chunk),
                         }
                         .map(|c| {
-                            let rejects =
-                                (j + 1 == steps && !c.rejects.is_empty()).then(|| schema::rejects_batch(&c.rejects));
+                            let rejects = (j + 1 == steps && !c.rejects.is_empty()).then(|| c.rejects.to_batch());
                             (c, rejects)
                         });
                         let _ = done.send(Event::Done { stage: j + 1, idx, result });
@@ -490,7 +488,7 @@ mod tests {
                     let col = UInt64Array::from_iter_values(start..start + len as u64);
                     start += len as u64;
                     let batch = RecordBatch::try_new(schema(), vec![Arc::new(col)]).unwrap();
-                    Ok(Chunk { batch, rejects: Vec::new(), skipped: Default::default() })
+                    Ok(Chunk { batch, rejects: Default::default(), skipped: Default::default() })
                 })
                 .collect();
             Ok(Box::new(chunks.into_iter()))

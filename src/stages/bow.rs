@@ -32,7 +32,7 @@ use serde_json::json;
 use super::{Problems, Transform};
 use crate::error::Result;
 use crate::rng::{row_key, RowRng};
-use crate::schema::{self, str_col, Chunk, Reject};
+use crate::schema::{self, str_col, Chunk};
 use crate::text::vocab::{Candidates, Counts};
 use crate::text::{ascii_word_spans, is_content_word, lowercase, Stemmer, Tokenizer};
 
@@ -765,15 +765,15 @@ impl Transform for Bow {
             }
             if words.is_empty() {
                 st.no_caption += 1;
-                rejects.push(Reject {
-                    stage: TYPE,
-                    source_file: String::new(),
-                    row: first_row + r as u64,
-                    sample_id: Some(id.to_owned()),
-                    reason: if caption.is_none() { "no_caption" } else { "empty_caption" },
-                    detail: "the BoW stage needs a caption".into(),
-                    raw: caption.unwrap_or("").as_bytes().to_vec(),
-                });
+                rejects.push_row(
+                    TYPE,
+                    String::new(),
+                    first_row + r as u64,
+                    Some(id),
+                    if caption.is_none() { "no_caption" } else { "empty_caption" },
+                    "the BoW stage needs a caption".into(),
+                    caption.unwrap_or("").as_bytes(),
+                );
                 // Dropped below; a value (not a null) keeps the column on the run-copy path.
                 out.append_value("");
                 split.append_value("");
@@ -819,15 +819,15 @@ impl Transform for Bow {
             }
             if kept.is_empty() {
                 st.emptied += 1;
-                rejects.push(Reject {
-                    stage: TYPE,
-                    source_file: String::new(),
-                    row: first_row + r as u64,
-                    sample_id: Some(id.to_owned()),
-                    reason: "empty_after_bow",
-                    detail: "no word survived the BoW operators".into(),
-                    raw: caption.expect("has words").as_bytes().to_vec(),
-                });
+                rejects.push_row(
+                    TYPE,
+                    String::new(),
+                    first_row + r as u64,
+                    Some(id),
+                    "empty_after_bow",
+                    "no word survived the BoW operators".into(),
+                    caption.expect("has words").as_bytes(),
+                );
                 // Dropped below; a value (not a null) keeps the column on the run-copy path.
                 out.append_value("");
                 split.append_value("");
@@ -1038,7 +1038,9 @@ mod tests {
         assert!(cached.vocab.contains("run") && !cached.vocab.contains("runs"));
         assert_eq!(cached.table.get("runs").map(Entry::keep), Some(true));
         let chunk = |bow: &Bow| {
-            bow.apply(Chunk { batch: b.clone(), rejects: vec![], skipped: Default::default() }, 0).unwrap().batch
+            bow.apply(Chunk { batch: b.clone(), rejects: Default::default(), skipped: Default::default() }, 0)
+                .unwrap()
+                .batch
         };
         assert_eq!(chunk(&cached), chunk(&reread));
     }
@@ -1054,7 +1056,9 @@ mod tests {
         assert_eq!(cached.vocab, reread.vocab);
         assert_eq!(cached.base.iter().map(|w| w.count_ones()).sum::<u32>(), 500);
         let chunk = |bow: &Bow| {
-            bow.apply(Chunk { batch: b.clone(), rejects: vec![], skipped: Default::default() }, 0).unwrap().batch
+            bow.apply(Chunk { batch: b.clone(), rejects: Default::default(), skipped: Default::default() }, 0)
+                .unwrap()
+                .batch
         };
         assert_eq!(chunk(&cached), chunk(&reread));
     }

@@ -27,7 +27,7 @@ use arrow_schema::SchemaRef;
 
 use crate::error::{Error, Result};
 use crate::io::lines::Lines;
-use crate::schema::{Chunk, PairsBuilder, Reject};
+use crate::schema::{Chunk, PairsBuilder, Reject, Rejects};
 
 /// Rows per chunk. Fixed (not derived from the thread count) so chunking, and with it every
 /// output, is the same on every machine.
@@ -238,7 +238,7 @@ where
     fn parse_block(&self, name: &str, block: &[u8], first_line: u64, lines: u64) -> Chunk {
         let utf8 = std::str::from_utf8(block).is_ok();
         let mut builder = PairsBuilder::with_capacity(&self.source, lines as usize, block.len() / 2);
-        let mut rejects = Vec::new();
+        let mut rejects = Rejects::default();
         let mut skipped = Skipped::new();
         let mut scratch = String::new();
         let mut start = 0;
@@ -382,7 +382,7 @@ pub fn has_words(text: &str) -> bool {
 
 /// A finished stream chunk made of rows held in memory (readers that load a shard at once).
 pub fn chunk_of(batch: RecordBatch, rejects: Vec<Reject>) -> Chunk {
-    Chunk { batch, rejects, skipped: Skipped::new() }
+    Chunk { batch, rejects: rejects.into(), skipped: Skipped::new() }
 }
 
 /// Shared reader configuration check: the patterns expand to files.
