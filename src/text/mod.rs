@@ -122,10 +122,111 @@ pub const SPAN_PADDING: usize = 64;
 /// leaving `spans` untouched, when the caption does not qualify; the words are then those of
 /// the general path.
 pub fn ascii_word_spans(caption: &str, scratch: &mut Vec<u8>, spans: &mut Vec<(u32, u32)>) -> bool {
-    let b = caption.as_bytes();
-    if b.len() >= u32::MAX as usize {
+    if caption.len() >= u32::MAX as usize {
         return false;
     }
+    #[cfg(target_arch = "x86_64")]
+    {
+        ascii_word_spans_sse2(caption.as_bytes(), scratch, spans)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        ascii_word_spans_portable(caption.as_bytes(), scratch, spans)
+    }
+}
+
+/// [`ascii_word_spans`] 16 bytes at a time: each piece of the caption is loaded once, and its
+/// lower-cased copy, its control/non-ASCII bytes and its spaces all come from that load (the
+/// portable version reads the spaces back from `scratch` right after writing it, and the CPU
+/// stalls on loads of bytes it has just stored).
+#[cfg(target_arch = "x86_64")]
+fn ascii_word_spans_sse2(b: &[u8], scratch: &mut Vec<u8>, spans: &mut Vec<(u32, u32)>) -> bool {
+    use std::arch::x86_64::*;
+    let n = b.len();
+    let before = spans.len();
+    // 16 bytes more than needed: the last piece's store may end past the padding's start.
+    scratch.clear();
+    scratch.resize(n + SPAN_PADDING + 16, 0);
+    let out = scratch.as_mut_ptr();
+    let (mut carry, mut start, mut w) = (0u64, 0u32, 0usize);
+    // Windows of 64 bytes; the scan covers position `n`, so every word closes inside it.
+    while w <= n {
+        let (mut ws, mut bad) = (0u64, 0u32);
+        for q in 0..4 {
+            let at = w + 16 * q;
+            if at >= n {
+                break;
+            }
+            let left = n - at;
+            // The last piece, shorter than 16 bytes, is read as the 16 bytes that end the
+            // caption (it re-reads bytes already seen, with the same results); only a caption
+            // shorter than 16 bytes goes through a zero-padded copy.
+            let (from, shift) = if left >= 16 || n < 16 { (at, 0) } else { (n - 16, 16 - left) };
+            // SAFETY: SSE2 is part of x86_64. The load reads 16 bytes of `b` at `from` (or of
+            // `short`, a copy of a caption under 16 bytes); the store writes 16 bytes at
+            // `from < n` of `scratch`, which holds `n + SPAN_PADDING + 16` bytes.
+            let (space, low_or_high) = unsafe {
+                let v = if n >= 16 {
+                    _mm_loadu_si128(b.as_ptr().add(from).cast())
+                } else {
+                    let mut short = [0u8; 16];
+                    short[..n].copy_from_slice(b);
+                    _mm_loadu_si128(short.as_ptr().cast())
+                };
+                let upper = _mm_and_si128(
+                    _mm_cmpgt_epi8(v, _mm_set1_epi8(b'A' as i8 - 1)),
+                    _mm_cmplt_epi8(v, _mm_set1_epi8(b'Z' as i8 + 1)),
+                );
+                _mm_storeu_si128(out.add(from).cast(), _mm_or_si128(v, _mm_and_si128(upper, _mm_set1_epi8(0x20))));
+                // Signed: bytes >= 0x80 are negative, so this also flags non-ASCII.
+                let low_or_high = _mm_movemask_epi8(_mm_cmplt_epi8(v, _mm_set1_epi8(0x20))) as u32;
+                (_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(b' ' as i8))) as u32, low_or_high)
+            };
+            // Only a short caption's copy holds bytes past the end (zeros, which would count).
+            let valid = if n < 16 { (1u32 << n) - 1 } else { 0xffff };
+            bad |= low_or_high & valid;
+            // Bit `i` of `space` is byte `from + i`; bytes before the window drop out.
+            ws |= (u64::from(space) << (16 * q)) >> shift;
+        }
+        if bad != 0 {
+            spans.truncate(before);
+            return false;
+        }
+        if n - w < 64 {
+            ws |= !0u64 << (n - w);
+        }
+        push_spans(ws, w as u32, &mut carry, &mut start, spans);
+        w += 64;
+    }
+    scratch.truncate(n + SPAN_PADDING);
+    true
+}
+
+/// The word starts and ends of one 64-byte window of [`ascii_word_spans`] (`ws`: bit `i` set
+/// when byte `w + i` is whitespace), given whether the byte before the window was in a word.
+#[inline]
+fn push_spans(ws: u64, w: u32, carry: &mut u64, start: &mut u32, spans: &mut Vec<(u32, u32)>) {
+    let word = !ws;
+    let prev = (word << 1) | *carry;
+    let mut starts = word & !prev;
+    let mut ends = ws & prev;
+    // Starts and ends alternate; take whichever comes first.
+    while starts | ends != 0 {
+        let (s, e) = (starts.trailing_zeros(), ends.trailing_zeros());
+        if s < e {
+            *start = w + s;
+            starts &= starts - 1;
+        } else {
+            spans.push((*start, w + e));
+            ends &= ends - 1;
+        }
+    }
+    *carry = word >> 63;
+}
+
+/// [`ascii_word_spans`] a byte at a time (other targets, and the reference in tests).
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+fn ascii_word_spans_portable(b: &[u8], scratch: &mut Vec<u8>, spans: &mut Vec<(u32, u32)>) -> bool {
     scratch.clear();
     let mut bad = 0u8;
     scratch.extend(b.iter().map(|&c| {
@@ -139,55 +240,15 @@ pub fn ascii_word_spans(caption: &str, scratch: &mut Vec<u8>, spans: &mut Vec<(u
     // Positions from the end on count as whitespace, and the scan covers position `n`, so
     // every word closes inside it.
     let n = b.len();
-    let mut carry = 0u64;
-    let mut start = 0u32;
+    let (mut carry, mut start) = (0u64, 0u32);
     for w in (0..=n).step_by(64) {
-        let mut ws = space_mask(&scratch[w..w + 64]);
+        let mut ws = scratch[w..w + 64].iter().enumerate().fold(0u64, |m, (i, &c)| m | (u64::from(c == b' ') << i));
         if n - w < 64 {
             ws |= !0u64 << (n - w);
         }
-        let word = !ws;
-        let prev = (word << 1) | carry;
-        let mut starts = word & !prev;
-        let mut ends = ws & prev;
-        // Starts and ends alternate; take whichever comes first.
-        while starts | ends != 0 {
-            let (s, e) = (starts.trailing_zeros(), ends.trailing_zeros());
-            if s < e {
-                start = (w as u32) + s;
-                starts &= starts - 1;
-            } else {
-                spans.push((start, (w as u32) + e));
-                ends &= ends - 1;
-            }
-        }
-        carry = word >> 63;
+        push_spans(ws, w as u32, &mut carry, &mut start, spans);
     }
     true
-}
-
-/// Bit `i` set when `block[i]` is a space (`block` holds 64 bytes).
-#[inline]
-fn space_mask(block: &[u8]) -> u64 {
-    debug_assert!(block.len() >= 64);
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_set1_epi8};
-        let mut m = 0u64;
-        for q in 0..4 {
-            // SAFETY: SSE2 is part of x86_64; the 16 bytes read lie inside `block` (64 bytes).
-            let bits = unsafe {
-                let v = _mm_loadu_si128(block.as_ptr().add(16 * q).cast());
-                _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(b' ' as i8)))
-            };
-            m |= u64::from(bits as u16) << (16 * q);
-        }
-        m
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        block[..64].iter().enumerate().fold(0u64, |m, (i, &c)| m | (u64::from(c == b' ') << i))
-    }
 }
 
 fn split_punct<'a>(piece: &'a str, out: &mut Vec<&'a str>) {
@@ -278,6 +339,38 @@ mod tests {
         // Tabs, other control bytes and non-ASCII text take the general path.
         for c in ["a\tb", "a\u{1c}b", "café", "a\u{0}b"] {
             assert!(!ascii_word_spans(c, &mut Vec::new(), &mut Vec::new()), "{c:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// The 16-byte path equals the byte-at-a-time one on any text: lengths around the
+        /// 16- and 64-byte pieces, upper case, runs of spaces, and bytes that disqualify
+        /// (tabs, other control bytes, non-ASCII) anywhere, including in the last piece.
+        #[test]
+        fn ascii_spans_fast_path_equals_the_portable_one(
+            chars in proptest::collection::vec(proptest::sample::select(
+                vec!['a', 'b', 'Z', 'Q', ' ', ' ', ' ', '.', '3', '@', '[', '`', '{', '\t', '\u{1f}', '\u{7f}', 'é']
+            ), 0..300),
+            clean in proptest::bool::weighted(0.7),
+        ) {
+            let text: String = if clean {
+                chars.iter().map(|&c| if c.is_ascii() && !c.is_ascii_control() { c } else { ' ' }).collect()
+            } else {
+                chars.iter().collect()
+            };
+            let (mut s1, mut s2) = (vec![7u8; 3], vec![9u8; 500]);
+            let (mut p1, mut p2) = (vec![(1, 2)], vec![(1, 2)]);
+            let ok = ascii_word_spans(&text, &mut s1, &mut p1);
+            proptest::prop_assert_eq!(ok, ascii_word_spans_portable(text.as_bytes(), &mut s2, &mut p2));
+            proptest::prop_assert_eq!(&p1, &p2);
+            if ok {
+                proptest::prop_assert_eq!(&s1, &s2);
+            } else {
+                proptest::prop_assert_eq!(&p1, &vec![(1, 2)]);
+            }
+            if clean {
+                proptest::prop_assert!(ok);
+            }
         }
     }
 
