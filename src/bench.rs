@@ -1,8 +1,9 @@
 //! Benchmarks (`curate bench ...`): they print figures and assert nothing. `bench bow` times
 //! the default BoW cascade (`curate run`) against the I/O floor — reading the same TSV and
 //! writing its caption column to Parquet — each in a child process, alternating, so both see the
-//! same machine state, and each starting with the input in the page cache; it reports captions/s, the ratio and the children's peak RSS. `bench knn`
-//! times exact top-k search (`knn::exact_top_k`) on matrices from files, for
+//! same machine state, and each starting with the input in the page cache; it reports
+//! captions/s, CPU seconds, the ratio and the children's peak RSS. `bench knn` times exact
+//! top-k search (`knn::exact_top_k`) on matrices from files, for
 //! `benches/knn_bench.py` to compare with faiss.
 
 use std::path::{Path, PathBuf};
