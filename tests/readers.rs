@@ -36,6 +36,33 @@ fn conceptual_captions_tsv() {
 }
 
 #[test]
+fn manifest_fingerprints_the_input_bytes() {
+    // The fingerprint (taken on a thread of its own, beside the passes) is that of the input
+    // file, and changes with one byte of it; the rows counted match the file.
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("cc.tsv");
+    std::fs::copy(fixture("readers/cc/cc_train.tsv"), &input).unwrap();
+    let run = || {
+        let (d, _, _) =
+            run_pipeline(&read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", input.to_string_lossy())));
+        let m: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(d.path().join("out/manifest.json")).unwrap()).unwrap();
+        (m["input_fingerprint"].as_str().unwrap().to_owned(), m["rows"]["read"].as_u64().unwrap(), m)
+    };
+    let (first, rows, m) = run();
+    assert_eq!(first, curate::io::fingerprint(std::slice::from_ref(&input)).unwrap());
+    assert!(first.starts_with("xxh3-128:") && first.len() == "xxh3-128:".len() + 32, "{first}");
+    assert_eq!(rows, 18);
+    assert!(m["timings_s"]["fingerprint"].as_f64().unwrap() >= 0.0);
+    let mut bytes = std::fs::read(&input).unwrap();
+    bytes[0] ^= 0x20;
+    std::fs::write(&input, bytes).unwrap();
+    let (second, _, _) = run();
+    assert_ne!(first, second);
+    assert_eq!(second, curate::io::fingerprint(std::slice::from_ref(&input)).unwrap());
+}
+
+#[test]
 fn img2dataset_parquet_metadata() {
     let (_d, data, rejects) = run_pipeline(&read_only(&format!(
         "type = \"read_img2dataset\"\npath = \"{}\"",
