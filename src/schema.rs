@@ -255,9 +255,12 @@ impl Rejects {
         self.stage.iter().copied().zip(self.reason.iter().copied())
     }
 
-    /// Bytes held (for memory budgets).
+    /// Bytes held (for memory budgets): the text and raw bytes, and each row's entries.
     pub fn bytes(&self) -> usize {
-        self.raw.len() + self.ids.len() + self.len() * std::mem::size_of::<RejectRef<'_>>()
+        let per_row = std::mem::size_of::<(&str, String, u64, usize, bool, &str, std::borrow::Cow<str>, usize)>();
+        let owned: usize = self.source_file.iter().map(String::len).sum::<usize>()
+            + self.detail.iter().map(|d| if let std::borrow::Cow::Owned(d) = d { d.len() } else { 0 }).sum::<usize>();
+        self.raw.len() + self.ids.len() + owned + self.len() * per_row
     }
 
     /// The rows as a batch of the [`rejects`] schema.
@@ -270,20 +273,13 @@ impl Rejects {
         let mut reason = StringBuilder::with_capacity(n, text_bytes(&self.reason));
         let mut detail = StringBuilder::with_capacity(n, self.detail.iter().map(|d| d.len()).sum());
         let mut raw = BinaryBuilder::with_capacity(n, self.raw.len());
-        let (mut id_start, mut raw_start) = (0, 0);
-        for i in 0..n {
-            stage.append_value(self.stage[i]);
-            file.append_value(&self.source_file[i]);
-            if self.has_id[i] {
-                id.append_value(&self.ids[id_start..self.id_ends[i]]);
-            } else {
-                id.append_null();
-            }
-            id_start = self.id_ends[i];
-            reason.append_value(self.reason[i]);
-            detail.append_value(&self.detail[i]);
-            raw.append_value(&self.raw[raw_start..self.raw_ends[i]]);
-            raw_start = self.raw_ends[i];
+        for r in self.iter() {
+            stage.append_value(r.stage);
+            file.append_value(r.source_file);
+            id.append_option(r.sample_id);
+            reason.append_value(r.reason);
+            detail.append_value(r.detail);
+            raw.append_value(r.raw);
         }
         let cols: Vec<ArrayRef> = vec![
             Arc::new(stage.finish()),
