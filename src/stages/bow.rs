@@ -55,7 +55,8 @@ pub enum Mode {
 #[serde(rename_all = "snake_case")]
 pub enum StemmerChoice {
     None,
-    /// Snowball English, used only to match words against `V_base` and `Top_t`.
+    /// Snowball English, used only to match words against `V_base` and `Top_t`. Whether a word
+    /// is a frequency candidate is decided on the word, not its stem.
     English,
 }
 
@@ -181,6 +182,7 @@ impl BowConfig {
             stats_done: false,
             base: Vec::new(),
             base_df: Counts::default(),
+            candidate_df: Counts::default(),
             base_surface: FxHashSet::default(),
             vocab: FxHashSet::default(),
             table: WordTable::default(),
@@ -461,6 +463,9 @@ fn pack_word(word: &str) -> Option<Packed> {
 #[derive(Default)]
 struct BaseCounts {
     df: Counts,
+    /// With a stemmer: document frequencies of the stems of candidate surface words only (see
+    /// [`Bow::candidate_df`]).
+    candidate_df: Counts,
     surface: FxHashSet<Box<str>>,
 }
 
@@ -483,6 +488,11 @@ pub struct Bow {
     base: Vec<u64>,
     /// Document frequencies over the base captions (of stems, with a stemmer).
     base_df: Counts,
+    /// With a stemmer, the counts `Top_t` is ranked by: a caption counts for a stem when one of
+    /// its words with that stem is a frequency candidate. The candidate test is on the word, not
+    /// the stem: stopwords stem to non-stopwords (`during` -> `dure`) and content words to
+    /// stopwords (`others` -> `other`). Without a stemmer, `base_df` serves.
+    candidate_df: Counts,
     /// Surface words of the base captions (kept apart only when stemming).
     base_surface: FxHashSet<Box<str>>,
     /// `V_base` and `Top_t`, in match form (stems with a stemmer).
@@ -559,6 +569,10 @@ impl Bow {
                 let forms: Vec<String> = words.iter().map(|w| self.match_form(w).into_owned()).collect();
                 let refs: Vec<&str> = forms.iter().map(String::as_str).collect();
                 counts.df.add_document(&refs);
+                let candidates = self.config.frequency_candidates;
+                let admitted: Vec<&str> =
+                    words.iter().zip(&refs).filter(|(w, _)| candidates.admits(w)).map(|(_, f)| *f).collect();
+                counts.candidate_df.add_document(&admitted);
                 for w in &words {
                     if !counts.surface.contains(*w) {
                         counts.surface.insert((*w).into());
@@ -579,6 +593,7 @@ impl Bow {
 
     fn add_base_counts(&mut self, counts: BaseCounts) {
         self.base_df.merge(counts.df);
+        self.candidate_df.merge(counts.candidate_df);
         self.base_surface.extend(counts.surface);
     }
 
@@ -595,7 +610,9 @@ impl Bow {
             if limit && !self.vocab.contains(form.as_ref()) {
                 return false;
             }
-            if top && self.top_set.contains(form.as_ref()) {
+            // Only candidates are removed: with a stemmer a stopword can share a top word's stem
+            // (`other`, `others`).
+            if top && c.frequency_candidates.admits(word) && self.top_set.contains(form.as_ref()) {
                 return false;
             }
         }
@@ -605,7 +622,11 @@ impl Bow {
     /// Fixes `V_base`, `Top_t` and the word table once the base statistics are complete.
     fn finish_statistics(&mut self) {
         self.vocab = self.base_df.iter().map(|(w, _)| w.into()).collect();
-        self.top = self.base_df.top(self.config.rm_top_freq, self.config.frequency_candidates);
+        self.top = match self.stemmer {
+            // Already candidates only (their stems): nothing more to filter.
+            Some(_) => self.candidate_df.top(self.config.rm_top_freq, Candidates::Raw),
+            None => self.base_df.top(self.config.rm_top_freq, self.config.frequency_candidates),
+        };
         self.top_set = self.top.iter().map(|(w, _)| w.as_str().into()).collect();
         let surface: Vec<Box<str>> = if self.stemmer.is_some() {
             std::mem::take(&mut self.base_surface).into_iter().collect()
@@ -705,6 +726,7 @@ impl Transform for Bow {
                     })
                     .reduce(BaseCounts::default, |mut a, b| {
                         a.df.merge(b.df);
+                        a.candidate_df.merge(b.candidate_df);
                         a.surface.extend(b.surface);
                         a
                     });
@@ -1043,6 +1065,39 @@ mod tests {
                 .batch
         };
         assert_eq!(chunk(&cached), chunk(&reread));
+    }
+
+    #[test]
+    fn stemmed_top_words_are_ranked_among_content_words_by_their_surface_form() {
+        // `during` stems to `dure` and `does` to `doe` (not stopwords), `others` to `other` (a
+        // stopword): the candidate test is on the caption's word, the count on its stem.
+        let caption = |i: usize| {
+            if i % 10 == 9 {
+                "does it snow"
+            } else {
+                ["others watch during rain", "others play during day"][i % 2]
+            }
+        };
+        let mut b = PairsBuilder::new("t");
+        for i in 0..200 {
+            b.push(PairRow { sample_id: &format!("s{i}"), caption: Some(caption(i)), ..Default::default() });
+        }
+        let b = b.finish();
+        let config = "stemmer = \"english\"\nrm_top_freq = 1\nbase_fraction = 0.5\nshuffle = false";
+        let bow = fitted_with(config, None, &b);
+        // Base captions with `others` (and `during`).
+        let n = (0..200).filter(|&i| bow.is_base(i as u64) && i % 10 != 9).count() as u64;
+        assert!(n > 50);
+        assert_eq!(bow.top, vec![("other".to_owned(), n)]);
+        // With every filter but RmTopFreq off, the stopword `other` stays: it is no candidate.
+        let config = format!("{config}\nrm_stop_nalpha = false\nlimit_to_base_vocab = false");
+        let bow = fitted_with(&config, None, &b);
+        assert_eq!(bow.top, vec![("other".to_owned(), n)]);
+        assert!(!bow.keeps("others") && bow.keeps("other") && bow.keeps("during"));
+        // Raw candidates: every word counts, stopwords' stems included (`dure` ties with
+        // `other` and comes first in byte order).
+        let bow = fitted_with(&format!("{config}\nfrequency_candidates = \"raw\""), None, &b);
+        assert_eq!(bow.top, vec![("dure".to_owned(), n)]);
     }
 
     #[test]
