@@ -75,6 +75,16 @@ fn stage_order_and_unknown_top_level_key() {
 }
 
 #[test]
+fn output_places_and_input_files() {
+    insta::assert_snapshot!(validate("output_places.toml", &[]));
+}
+
+#[test]
+fn broken_stage_and_two_readers() {
+    insta::assert_snapshot!(validate("broken_stage_and_two_readers.toml", &[]));
+}
+
+#[test]
 fn overrides_are_checked_like_the_file() {
     insta::assert_snapshot!(validate(
         "only_mode_needs_no_base.toml",

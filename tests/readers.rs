@@ -63,6 +63,67 @@ fn manifest_fingerprints_the_input_bytes() {
 }
 
 #[test]
+fn a_run_clears_what_an_earlier_run_left() {
+    // An earlier, larger run stopped part-way: its manifest, report, plots, shards and an
+    // unfinished temporary shard are still there, beside a file of the user's own.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let stale = [
+        "manifest.json",
+        "report.md",
+        "report.json",
+        "plots/bow_word_rank.svg",
+        "data/part-00007.parquet",
+        "data/.part-00008.parquet.tmp",
+        "rejects/part-00003.parquet",
+    ];
+    for f in stale.iter().chain(&["data/notes.txt"]) {
+        let p = out.join(f);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, b"from an earlier run").unwrap();
+    }
+    let toml = format!(
+        "output_dir = {:?}\n[[stage]]\ntype = \"read_cc_tsv\"\npath = {:?}\n[[stage]]\ntype = \"write_parquet\"\n",
+        out.to_string_lossy(),
+        fixture("readers/cc/cc_train.tsv")
+    );
+    let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
+    let plan = curate::pipeline::plan::compile_doc(&doc).unwrap();
+    curate::pipeline::run(plan, &curate::pipeline::RunOptions::default()).unwrap();
+    let mut left: Vec<String> =
+        walk(&out).into_iter().map(|p| p.strip_prefix(&out).unwrap().to_string_lossy().into_owned()).collect();
+    left.sort();
+    // This run's files (no BoW stage, so no plots), and the user's file.
+    assert_eq!(
+        left,
+        [
+            "config.json",
+            "data/notes.txt",
+            "data/part-00000.parquet",
+            "manifest.json",
+            "rejects/part-00000.parquet",
+            "report.json",
+            "report.md"
+        ]
+    );
+    assert_eq!(std::fs::read(out.join("data/notes.txt")).unwrap(), b"from an earlier run");
+    assert_ne!(std::fs::read(out.join("manifest.json")).unwrap(), b"from an earlier run");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
 fn img2dataset_parquet_metadata() {
     let (_d, data, rejects) = run_pipeline(&read_only(&format!(
         "type = \"read_img2dataset\"\npath = \"{}\"",

@@ -280,12 +280,57 @@ fn explain_serde_error(message: &str, path: &str) -> (String, Option<String>) {
         return (format!("`{shown}`: unknown value `{given}`"), hint);
     }
     if let Some(field) = message.strip_prefix("missing field ") {
-        return (format!("`{shown}`: missing required key {field}"), Some(format!("add {field} = ... to this stage")));
+        let key = field.trim_matches('`');
+        return if shown.is_empty() {
+            (format!("missing required key `{key}`"), Some(format!("add `{key} = ...` at the top of the file")))
+        } else {
+            (format!("`{shown}`: missing required key `{key}`"), Some(format!("add `{key} = ...` to this stage")))
+        };
     }
     if message.starts_with("invalid type") || message.starts_with("invalid value") {
-        return (format!("`{shown}`: wrong type: {message}"), None);
+        let message = plain_type_names(message);
+        // `keep_words = "4"`: a number or a boolean written as a string.
+        let given = message.strip_prefix("invalid type: string \"").and_then(|m| m.split('"').next());
+        let key = shown.rsplit('.').next().unwrap_or(shown);
+        let hint = match given {
+            Some(v) if v.parse::<f64>().is_ok() || v == "true" || v == "false" => {
+                Some(format!("TOML numbers and booleans are written without quotes: `{key} = {v}`"))
+            }
+            Some(_) if message.ends_with("expected a boolean") => {
+                Some(format!("write `{key} = true` or `{key} = false`"))
+            }
+            _ => None,
+        };
+        return (format!("`{shown}`: wrong type: {message}"), hint);
     }
     (format!("`{shown}`: {message}"), None)
+}
+
+/// serde's Rust type names (`expected usize`) in the words of a config file.
+fn plain_type_names(message: &str) -> String {
+    let names = [
+        ("usize", "a non-negative integer"),
+        ("u64", "a non-negative integer"),
+        ("u32", "a non-negative integer"),
+        ("u16", "a non-negative integer"),
+        ("u8", "a non-negative integer"),
+        ("i64", "an integer"),
+        ("i32", "an integer"),
+        ("f64", "a number"),
+        ("f32", "a number"),
+    ];
+    let mut out = message.to_owned();
+    for (rust, words) in names {
+        // Whole words only: `expected u64`, `expected u64 at ...`.
+        let pattern = format!("expected {rust}");
+        if let Some(at) = out.find(&pattern) {
+            let end = at + pattern.len();
+            if out[end..].chars().next().is_none_or(|c| !c.is_alphanumeric()) {
+                out.replace_range(at..end, &format!("expected {words}"));
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -351,6 +396,26 @@ mod tests {
         assert_eq!(diags.len(), 2, "{diags:?}");
         assert!(diags[0].message.contains("stage[0].a"));
         assert!(diags[1].message.contains("stage[0].b"));
+    }
+
+    #[test]
+    fn type_errors_use_the_words_of_a_config_file() {
+        let (msg, hint) = explain_serde_error("invalid type: string \"four\", expected usize", "stage[1].keep_words");
+        assert_eq!(
+            msg,
+            "`stage[1].keep_words`: wrong type: invalid type: string \"four\", expected a non-negative integer"
+        );
+        assert_eq!(hint, None);
+        let (_, hint) = explain_serde_error("invalid type: string \"4\", expected usize", "stage[1].keep_words");
+        assert_eq!(hint.as_deref(), Some("TOML numbers and booleans are written without quotes: `keep_words = 4`"));
+        let (_, hint) = explain_serde_error("invalid type: string \"yes\", expected a boolean", "stage[1].shuffle");
+        assert_eq!(hint.as_deref(), Some("write `shuffle = true` or `shuffle = false`"));
+        let (msg, hint) = explain_serde_error("invalid type: integer `3`, expected a boolean", "stage[0].b");
+        assert!(msg.ends_with("expected a boolean") && hint.is_none(), "{msg}");
+        assert_eq!(plain_type_names("expected f64s"), "expected f64s", "whole words only");
+        let (msg, hint) = explain_serde_error("missing field `output_dir`", "");
+        assert_eq!(msg, "missing required key `output_dir`");
+        assert_eq!(hint.as_deref(), Some("add `output_dir = ...` at the top of the file"));
     }
 
     #[test]

@@ -93,6 +93,11 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     let started = Instant::now();
     let out = plan.output_dir.clone();
     std::fs::create_dir_all(&out).map_err(|e| Error::io("cannot create output folder", &out, e))?;
+    let data_dir = out.join(&plan.write.dir);
+    let rejects_dir = out.join("rejects");
+    // Nothing of an earlier run stays beside this one's files; the manifest, written last,
+    // marks a finished run.
+    let clearing = clear_previous_run(&out, &[&data_dir, &rejects_dir])?;
     let config_json = serde_json::to_string_pretty(&plan.resolved).expect("JSON value serializes");
     write_atomic(&out.join("config.json"), config_json.as_bytes())?;
     // The hash names what made the data, so it leaves out where the data was written: the same
@@ -131,6 +136,7 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
         for pass in 0..stage.fit_passes() {
             pass_no += 1;
             if !stage.wants_pass(pass) {
+                progress.skipped(pass_no, &format!("{name}: fit pass {}", pass + 1), "learned in an earlier pass");
                 timings.insert(format!("{name}.fit_pass_{}", pass + 1), 0.0);
                 continue;
             }
@@ -179,8 +185,6 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     pass_no += 1;
     let t = Instant::now();
     let bar = progress.pass(pass_no, "transform + write", total_rows);
-    let data_dir = out.join(&plan.write.dir);
-    let rejects_dir = out.join("rejects");
     let mut metadata = vec![
         ("curate.version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
         ("curate.config_hash".to_owned(), config_hash.clone()),
@@ -240,8 +244,7 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     });
     let (rows_read, w) = streamed?;
     bar.finish();
-    remove_stale(&data_dir, &w.data_shards)?;
-    remove_stale(&rejects_dir, &w.reject_shards)?;
+    clearing.join().expect("clearing thread does not panic")?;
     timings.insert("transform_write".to_owned(), t.elapsed().as_secs_f64());
 
     let (input_fingerprint, secs) = fingerprinting.join().expect("fingerprint thread does not panic")?;
@@ -343,15 +346,52 @@ struct WriterOutcome {
 
 /// Deletes `part-*.parquet` files in `dir` that this run did not write (left by an earlier run
 /// with more shards), so the folder holds exactly one run's output.
-fn remove_stale(dir: &Path, keep: &[ShardInfo]) -> Result<()> {
-    let entries = std::fs::read_dir(dir).map_err(|e| Error::io("cannot list", dir, e))?;
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with("part-") && name.ends_with(".parquet") && !keep.iter().any(|k| k.file == name) {
-            std::fs::remove_file(e.path()).map_err(|err| Error::io("cannot remove stale shard", e.path(), err))?;
+/// Moves what an earlier run left in `out` out of the way before this run writes anything: its
+/// manifest and report (so a folder whose run stopped part-way has no manifest), its plots, and
+/// its shards and unfinished temporary shards in `shard_dirs` (other files there stay). The
+/// shards go to a folder that a thread deletes beside the run: deleting a large file frees its
+/// cached pages, which takes time better spent while the first pass reads.
+fn clear_previous_run(out: &Path, shard_dirs: &[&Path]) -> Result<std::thread::JoinHandle<Result<()>>> {
+    let remove = |p: &Path| match std::fs::remove_file(p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io("cannot remove", p, e)),
+        _ => Ok(()),
+    };
+    for name in ["manifest.json", "report.json", "report.md"] {
+        remove(&out.join(name))?;
+    }
+    let list = |dir: &Path| -> Result<Vec<(String, std::path::PathBuf)>> {
+        match std::fs::read_dir(dir) {
+            Ok(entries) => {
+                Ok(entries.flatten().map(|e| (e.file_name().to_string_lossy().into_owned(), e.path())).collect())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(Error::io("cannot list", dir, e)),
+        }
+    };
+    for (name, path) in list(&out.join("plots"))? {
+        if name.ends_with(".svg") {
+            remove(&path)?;
         }
     }
-    Ok(())
+    let trash = out.join(".curate-stale");
+    for (i, dir) in shard_dirs.iter().enumerate() {
+        for (name, path) in list(dir)? {
+            let shard = name.starts_with("part-") && name.ends_with(".parquet");
+            let unfinished = name.starts_with(".part-") && name.ends_with(".parquet.tmp");
+            if shard || unfinished {
+                std::fs::create_dir_all(&trash).map_err(|e| Error::io("cannot create folder", &trash, e))?;
+                let to = trash.join(format!("{i}-{name}"));
+                std::fs::rename(&path, &to).map_err(|e| Error::io("cannot move aside", &path, e))?;
+            }
+        }
+    }
+    std::thread::Builder::new()
+        .name("curate-clear".into())
+        .spawn(move || match std::fs::remove_dir_all(&trash) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io("cannot remove", &trash, e)),
+            _ => Ok(()),
+        })
+        .map_err(|e| Error::io("cannot start a thread", "curate-clear", e))
 }
 
 /// Runs every transform on the chunks from the reader and hands each chunk, with its rejects

@@ -87,6 +87,18 @@ pub struct Plan {
     pub resolved: serde_json::Value,
 }
 
+/// One stage of the file, compiled.
+struct Compiled {
+    name: String,
+    kind: Kind,
+    /// `None` if its config had problems.
+    stage: Option<Built>,
+    /// Its config with every default filled in.
+    resolved: serde_json::Value,
+    /// Its position in the file (`stage[index]`).
+    index: usize,
+}
+
 enum Built {
     Reader(Box<dyn Reader>),
     Transform(Box<dyn Transform>),
@@ -131,29 +143,44 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
                 .hint("add `[[stage]]` tables: a read stage, transforms, then `write_parquet`"),
         );
     }
+    if let Some(t) = &top {
+        if t.output_dir.trim().is_empty() {
+            diags.push(
+                Diagnostic::new("`output_dir` is empty")
+                    .at(doc.location("output_dir"))
+                    .hint("name the folder for this run's outputs, e.g. `output_dir = \"out/bow\"`"),
+            );
+        }
+    }
     let seed = top.as_ref().map_or(0, |t| t.seed);
 
     let types = stage_types();
-    let mut built: Vec<(String, &'static str, Kind, Option<Built>, serde_json::Value)> = Vec::new();
+    let mut built: Vec<Compiled> = Vec::new();
+    // Whether every stage so far built, so `schema` is what really reaches the next stage (after
+    // a broken stage, column checks would report columns it might have produced).
+    let mut schema_known = true;
     let mut names: Vec<String> = Vec::new();
     // The schema flowing into the next stage, so each transform is checked against its input.
     let mut schema = schema::pairs();
     for (i, table) in doc.stages().into_iter().enumerate() {
         let at = format!("stage[{i}]");
         let Some(ty) = table.get("type") else {
+            schema_known = false;
             diags.push(
-                Diagnostic::new(format!("stage {} has no `type`", i + 1))
+                Diagnostic::new(format!("`{at}` has no `type`"))
                     .at(doc.location(&at))
                     .hint(format!("stage types: {}", list(&types.iter().map(|t| t.0).collect::<Vec<_>>()))),
             );
             continue;
         };
         let Some(ty) = ty.as_str() else {
+            schema_known = false;
             diags
                 .push(Diagnostic::new(format!("`{at}.type` must be a string")).at(doc.location(&format!("{at}.type"))));
             continue;
         };
         let Some(&(ty, kind, keys)) = types.iter().find(|t| t.0 == ty) else {
+            schema_known = false;
             let hint = did_you_mean(ty, types.iter().map(|t| t.0))
                 .or_else(|| Some(format!("stage types: {}", list(&types.iter().map(|t| t.0).collect::<Vec<_>>()))));
             diags.push(
@@ -220,9 +247,11 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
             write_parquet::TYPE => build(doc, &at, &body, &mut diags, |c: &WriteParquetConfig| {
                 if c.rows_per_shard == 0 {
                     problems.push("rows_per_shard", "rows_per_shard must be at least 1", None);
-                    return None;
                 }
-                Some(Built::Write(c.clone()))
+                if let Some(p) = c.dir_problem() {
+                    problems.push("dir", p, Some("the default is `data`".into()));
+                }
+                problems.is_empty().then(|| Built::Write(c.clone()))
             }),
             _ => unreachable!("every registered type is handled"),
         };
@@ -232,36 +261,47 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
         }
         let mut resolved = resolved;
         if let serde_json::Value::Object(m) = &mut resolved {
+            // A stage seed left out is the pipeline's: resolved, every value is written out.
+            if m.get("seed").is_some_and(serde_json::Value::is_null) {
+                m.insert("seed".into(), json!(seed));
+            }
             let mut with_type = serde_json::Map::new();
             with_type.insert("type".into(), json!(ty));
             with_type.insert("name".into(), json!(name));
             with_type.extend(std::mem::take(m));
             *m = with_type;
         }
-        if let Some(Built::Transform(t)) = &stage {
-            schema = t.output_schema();
+        match &stage {
+            Some(Built::Transform(t)) => schema = t.output_schema(),
+            None if kind == Kind::Transform => schema_known = false,
+            _ => {}
         }
-        built.push((name, ty, kind, stage, resolved));
+        built.push(Compiled { name, kind, stage, resolved, index: i });
     }
 
     // Order: one reader first, transforms, one writer last.
-    let kinds: Vec<Kind> = built.iter().map(|b| b.2).collect();
+    let kinds: Vec<Kind> = built.iter().map(|b| b.kind).collect();
     if !kinds.is_empty() {
         if kinds[0] != Kind::Read || kinds.iter().filter(|k| **k == Kind::Read).count() != 1 {
+            // Point at the first read stage out of place (or at the first stage, if none reads).
+            let at = match kinds.iter().position(|k| *k == Kind::Read) {
+                Some(0) => built.iter().filter(|b| b.kind == Kind::Read).nth(1).map_or(0, |b| b.index),
+                _ => built[0].index,
+            };
             diags.push(
-                Diagnostic::new("a pipeline starts with exactly one read stage").at(doc.location("stage[0]")).hint(
-                    format!(
+                Diagnostic::new("a pipeline starts with exactly one read stage")
+                    .at(doc.location(&format!("stage[{at}]")))
+                    .hint(format!(
                         "read stages: {}",
                         list(&types.iter().filter(|t| t.1 == Kind::Read).map(|t| t.0).collect::<Vec<_>>())
-                    ),
-                ),
+                    )),
             );
         }
         if *kinds.last().expect("non-empty") != Kind::Write || kinds.iter().filter(|k| **k == Kind::Write).count() != 1
         {
             diags.push(
                 Diagnostic::new("a pipeline ends with exactly one `write_parquet` stage")
-                    .at(doc.location(&format!("stage[{}]", kinds.len() - 1)))
+                    .at(doc.location(&format!("stage[{}]", built.last().expect("non-empty").index)))
                     .hint("end the file with a `[[stage]]` of `type = \"write_parquet\"`"),
             );
         }
@@ -269,9 +309,10 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
 
     // Column check for the writer's selection, against the schema the stages produce.
     let mut output_schema = schema.clone();
-    let writer_index = built.iter().position(|b| b.2 == Kind::Write);
-    if let Some(wi) = writer_index {
-        if let Some(Built::Write(w)) = &built[wi].3 {
+    let writer_index = built.iter().position(|b| b.kind == Kind::Write);
+    if let Some(wi) = writer_index.filter(|_| schema_known) {
+        let wi_file = built[wi].index;
+        if let Some(Built::Write(w)) = &built[wi].stage {
             if let Some(cols) = &w.columns {
                 let available: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
                 let mut picked = Vec::new();
@@ -280,7 +321,7 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
                         Ok(f) => picked.push(f.clone()),
                         Err(_) => diags.push(
                             Diagnostic::new(format!("missing column `{c}`: no earlier stage produces it"))
-                                .at(doc.location(&format!("stage[{wi}].columns[{j}]")))
+                                .at(doc.location(&format!("stage[{wi_file}].columns[{j}]")))
                                 .maybe_hint(
                                     did_you_mean(c, available.iter().copied())
                                         .or_else(|| Some(format!("columns here: {}", list(&available)))),
@@ -301,7 +342,7 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
     let mut transforms = Vec::new();
     let mut write = None;
     let mut stages_json = Vec::new();
-    for (name, _, _, stage, resolved) in built {
+    for Compiled { name, stage, resolved, .. } in built {
         stages_json.push(resolved);
         match stage.expect("no diagnostics, so every stage built") {
             Built::Reader(r) => reader = Some(r),

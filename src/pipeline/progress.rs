@@ -1,56 +1,137 @@
 //! Progress on stderr: one bar per pass over the input, with rows, rows/s and ETA (a spinner
-//! while the row count is still unknown). Hidden unless enabled (`--progress`), so logs and
-//! pipes stay clean.
+//! while the row count is still unknown). Off unless enabled (`--progress`), so logs and pipes
+//! stay clean; enabled where stderr is not a terminal (a log file, a Slurm job), it writes a
+//! plain line every [`LOG_EVERY`] and one when each pass ends.
 
-use indicatif::{HumanCount, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use indicatif::{HumanCount, ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
+
+/// Time between two lines of progress in a log.
+pub const LOG_EVERY: Duration = Duration::from_secs(10);
 
 pub struct Progress {
     enabled: bool,
+    terminal: bool,
     total_passes: usize,
 }
 
 /// The bar of one pass (a no-op when progress is off).
-pub struct PassBar(Option<ProgressBar>);
+pub struct PassBar(Option<Shown>);
+
+enum Shown {
+    Bar(ProgressBar),
+    Log(LogLines),
+}
+
+/// Progress of one pass as lines of text.
+struct LogLines {
+    prefix: String,
+    label: String,
+    total: Option<u64>,
+    rows: AtomicU64,
+    started: Instant,
+    last: Mutex<Instant>,
+}
+
+impl LogLines {
+    fn line(&self, done: bool) -> String {
+        let rows = self.rows.load(Ordering::Relaxed);
+        let secs = self.started.elapsed().as_secs_f64();
+        let rate = HumanCount((rows as f64 / secs.max(1e-9)) as u64);
+        let of = self.total.map(|t| format!("/{}", HumanCount(t))).unwrap_or_default();
+        let state = if done { "done" } else { "at" };
+        format!("{} {}: {state} {}{of} rows, {rate} rows/s, {secs:.1} s", self.prefix, self.label, HumanCount(rows))
+    }
+}
+
+/// `{rate}`: rows per second, whole.
+fn rate(state: &ProgressState, w: &mut dyn std::fmt::Write) {
+    let _ = write!(w, "{} rows/s", HumanCount(state.per_sec() as u64));
+}
 
 impl Progress {
     pub fn new(enabled: bool, total_passes: usize) -> Self {
-        Progress { enabled, total_passes }
+        Progress { enabled, terminal: std::io::IsTerminal::is_terminal(&std::io::stderr()), total_passes }
     }
 
     pub fn pass(&self, no: usize, label: &str, total_rows: Option<u64>) -> PassBar {
         if !self.enabled {
             return PassBar(None);
         }
-        let bar = match total_rows {
-            Some(n) => ProgressBar::with_draw_target(Some(n), ProgressDrawTarget::stderr()).with_style(
-                ProgressStyle::with_template(
-                    "{prefix} {msg} [{bar:30}] {human_pos}/{human_len} rows, {per_sec}, eta {eta}",
-                )
-                .expect("valid template")
-                .progress_chars("=> "),
-            ),
-            None => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()).with_style(
-                ProgressStyle::with_template("{prefix} {msg} {spinner} {human_pos} rows, {per_sec}, {elapsed}")
-                    .expect("valid template"),
-            ),
+        let prefix = format!("[{no}/{}]", self.total_passes);
+        if !self.terminal {
+            let now = Instant::now();
+            return PassBar(Some(Shown::Log(LogLines {
+                prefix,
+                label: label.to_owned(),
+                total: total_rows,
+                rows: AtomicU64::new(0),
+                started: now,
+                last: Mutex::new(now),
+            })));
+        }
+        let template = match total_rows {
+            Some(_) => "{prefix} {msg} [{bar:30}] {human_pos}/{human_len} rows, {rate}, eta {eta}",
+            None => "{prefix} {msg} {spinner} {human_pos} rows, {rate}, {elapsed}",
         };
-        bar.set_prefix(format!("[{no}/{}]", self.total_passes));
+        let style = ProgressStyle::with_template(template)
+            .expect("valid template")
+            .with_key("rate", rate)
+            .progress_chars("=> ");
+        // Everything is set before the bar is first drawn.
+        let bar = ProgressBar::hidden();
+        bar.set_length(total_rows.unwrap_or(0));
+        if total_rows.is_none() {
+            bar.unset_length();
+        }
+        bar.set_style(style);
+        bar.set_prefix(prefix);
         bar.set_message(label.to_owned());
-        PassBar(Some(bar))
+        bar.set_draw_target(ProgressDrawTarget::stderr());
+        PassBar(Some(Shown::Bar(bar)))
+    }
+
+    /// A pass that turned out not to be needed: said so, in its place in the count.
+    pub fn skipped(&self, no: usize, label: &str, why: &str) {
+        if self.enabled {
+            eprintln!("[{no}/{}] {label}: not needed ({why})", self.total_passes);
+        }
     }
 }
 
 impl PassBar {
     pub fn inc(&self, n: u64) {
-        if let Some(b) = &self.0 {
-            b.inc(n);
+        match &self.0 {
+            Some(Shown::Bar(b)) => b.inc(n),
+            Some(Shown::Log(l)) => {
+                l.rows.fetch_add(n, Ordering::Relaxed);
+                let mut last = l.last.lock().expect("progress lock");
+                if last.elapsed() >= LOG_EVERY {
+                    *last = Instant::now();
+                    eprintln!("{}", l.line(false));
+                }
+            }
+            None => {}
         }
     }
 
     pub fn finish(&self) {
-        if let Some(b) = &self.0 {
-            let rate = b.per_sec();
-            b.finish_with_message(format!("{} done ({} rows/s)", b.message(), HumanCount(rate as u64)));
+        match &self.0 {
+            Some(Shown::Bar(b)) => {
+                let secs = b.elapsed().as_secs_f64();
+                let line = format!(
+                    "{} rows in {secs:.1} s ({} rows/s)",
+                    HumanCount(b.position()),
+                    HumanCount((b.position() as f64 / secs.max(1e-9)) as u64)
+                );
+                b.set_style(ProgressStyle::with_template("{prefix} {msg}").expect("valid template"));
+                b.finish_with_message(format!("{}: {line}", b.message()));
+            }
+            Some(Shown::Log(l)) => eprintln!("{}", l.line(true)),
+            None => {}
         }
     }
 }

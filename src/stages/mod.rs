@@ -385,14 +385,46 @@ pub fn chunk_of(batch: RecordBatch, rejects: Vec<Reject>) -> Chunk {
     Chunk { batch, rejects: rejects.into(), skipped: Skipped::new() }
 }
 
-/// Shared reader configuration check: the patterns expand to files.
+/// Shared reader configuration check: the patterns expand to files (not folders), and no two
+/// share a file name — rows are known by `<file name>#<row>` (`sample_id`, rejects'
+/// `source_file`), so two `part.tsv` in different folders would give the same ids.
 pub fn expand_inputs(patterns: &crate::io::PathPatterns, problems: &mut Problems, key: &'static str) -> Vec<PathBuf> {
-    match patterns.expand() {
+    let files = match patterns.expand() {
         Ok(files) => files,
         Err(e) => {
             problems.push(key, format!("input {e}"), Some("paths are relative to the directory curate runs in".into()));
-            Vec::new()
+            return Vec::new();
         }
+    };
+    let mut ok = true;
+    for f in files.iter().filter(|f| f.is_dir()) {
+        ok = false;
+        problems.push(
+            key,
+            format!("input `{}` is a folder", f.display()),
+            Some(format!("name the files in it, e.g. `{}`", f.join("*.tsv").display())),
+        );
+    }
+    let mut seen: BTreeMap<String, &Path> = BTreeMap::new();
+    for f in &files {
+        let name = crate::io::file_name(f);
+        if let Some(first) = seen.insert(name.clone(), f) {
+            ok = false;
+            let (message, hint) = if first == f.as_path() {
+                (format!("input `{}` is given twice", f.display()), "list each file once".to_owned())
+            } else {
+                (
+                    format!("inputs `{}` and `{}` have the same file name", first.display(), f.display()),
+                    format!("rows are known by file name and row (`{name}#1`): rename one, or run each folder as its own pipeline"),
+                )
+            };
+            problems.push(key, message, Some(hint));
+        }
+    }
+    if ok {
+        files
+    } else {
+        Vec::new()
     }
 }
 

@@ -1,5 +1,5 @@
 //! `write_parquet`: the pipeline's output table, as Parquet shards under
-//! `<output_dir>/<dir>/part-NNNNN.parquet`, plus `<output_dir>/rejects.parquet`. Every file is
+//! `<output_dir>/<dir>/part-NNNNN.parquet`, plus `<output_dir>/rejects/part-NNNNN.parquet`. Every file is
 //! written to a temporary name and renamed when complete; shards left from an earlier, larger
 //! run are removed so the folder holds exactly this run's output.
 
@@ -10,7 +10,8 @@ pub const TYPE: &str = "write_parquet";
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WriteParquetConfig {
-    /// Folder for the data shards, relative to `output_dir`.
+    /// Folder for the data shards, relative to `output_dir` (not `rejects` or `plots`, which the
+    /// run writes itself).
     #[serde(default = "default_dir")]
     pub dir: String,
     /// Rows per shard file.
@@ -26,4 +27,24 @@ fn default_dir() -> String {
 }
 fn default_rows_per_shard() -> usize {
     1_000_000
+}
+
+/// Folders of `output_dir` the run fills itself: the data cannot go there.
+pub const RESERVED_DIRS: [&str; 2] = ["rejects", "plots"];
+
+impl WriteParquetConfig {
+    /// Why `dir` cannot hold the data shards, if it cannot: it must be a plain relative folder
+    /// inside `output_dir`, apart from the folders the run writes itself.
+    pub fn dir_problem(&self) -> Option<String> {
+        let path = std::path::Path::new(&self.dir);
+        let plain = path.components().all(|c| matches!(c, std::path::Component::Normal(_)));
+        if self.dir.trim().is_empty() || !plain {
+            return Some(format!("`dir` must be a folder inside `output_dir` (like `data`), got {:?}", self.dir));
+        }
+        let first = path.components().next().map(|c| c.as_os_str().to_string_lossy().into_owned());
+        RESERVED_DIRS
+            .iter()
+            .find(|r| first.as_deref() == Some(**r))
+            .map(|r| format!("`dir` cannot be `{r}`: the run writes its {r} there"))
+    }
 }
