@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::os::unix::ffi::OsStrExt;
+
 use common::*;
 
 #[test]
@@ -282,4 +284,114 @@ fn parquet_table_with_integer_ids_and_nulls() {
     assert_eq!(strs(&data, "caption")[1], "café au lait in a tall glass");
     let r: Vec<String> = reasons(&rejects).into_iter().map(|x| x.0).collect();
     assert_eq!(r, ["missing_caption", "missing_file", "empty_caption"]);
+}
+
+#[test]
+fn tables_map_columns_by_each_files_own_header() {
+    // CSV: a quoted column name with a comma, a byte-order mark, CRLF ends, a blank line, a
+    // quoted multi-line caption and a short record; the second file orders its columns the
+    // other way round.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("h1.csv"),
+        b"\xEF\xBB\xBFcaption,\"image, path\"\r\na dog,a.jpg\r\n\r\n\"two\r\nlines\",b.jpg\r\nshort\r\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("h2.csv"), b"\"image, path\",caption\nc.jpg,a cat\n").unwrap();
+    let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}/h*.csv\"\ncolumns = {{ caption = \"caption\", path = \"image, path\" }}\ncheck_files = false",
+        dir.path().display()
+    )));
+    // Ids: the line each record starts on.
+    assert_eq!(strs(&data, "sample_id"), ["h1.csv#2", "h1.csv#4", "h2.csv#2"]);
+    assert_eq!(strs(&data, "caption"), ["a dog", "two\r\nlines", "a cat"]);
+    let files: Vec<String> = strs(&data, "path").iter().map(|p| p.rsplit('/').next().unwrap().to_owned()).collect();
+    assert_eq!(files, ["a.jpg", "b.jpg", "c.jpg"]);
+    assert_eq!(reasons(&rejects), [("wrong_field_count".into(), 6)]);
+    let raw = arrow_array::cast::AsArray::as_binary::<i32>(rejects[0].column_by_name("raw").unwrap());
+    assert_eq!(raw.value(0), b"short", "the record's bytes, without its line end");
+
+    // Parquet: `id, text` in one file, `text, id` in the next.
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let write = |name: &str, cols: &[(&str, &str)]| {
+        let batch = RecordBatch::try_from_iter(
+            cols.iter().map(|(n, v)| (*n, std::sync::Arc::new(StringArray::from(vec![*v])) as ArrayRef)),
+        )
+        .unwrap();
+        let f = std::fs::File::create(dir.path().join(name)).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(f, batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    };
+    write("p1.parquet", &[("id", "a"), ("text", "one dog")]);
+    write("p2.parquet", &[("text", "two cats"), ("id", "b")]);
+    let stage = |glob: &str| {
+        format!(
+            "type = \"read_table\"\npath = \"{}/{glob}\"\ncolumns = {{ sample_id = \"id\", caption = \"text\" }}",
+            dir.path().display()
+        )
+    };
+    let (_d, data, _) = run_pipeline(&read_only(&stage("p[12].parquet")));
+    assert_eq!(strs(&data, "sample_id"), ["a", "b"]);
+    assert_eq!(strs(&data, "caption"), ["one dog", "two cats"]);
+    // A later file without a mapped column is a configuration error, found before any data.
+    write("p3.parquet", &[("text", "three")]);
+    let text = read_only(&stage("p*.parquet")).replace("{out}", &dir.path().join("out").to_string_lossy());
+    let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), text, &[]).unwrap();
+    let err = curate::pipeline::plan::compile_doc(&doc).err().expect("p3.parquet has no `id`").to_string();
+    assert!(err.contains("missing column `id` in `p3.parquet`"), "{err}");
+}
+
+#[test]
+fn imagenet21k_entries_that_are_not_image_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let synset = dir.path().join("n00000001");
+    std::fs::create_dir_all(synset.join("sub.jpg")).unwrap();
+    std::fs::write(synset.join("a.jpg"), b"\xff\xd8").unwrap();
+    std::os::unix::fs::symlink("/nonexistent/x.jpg", synset.join("broken.jpg")).unwrap();
+    let bad = std::ffi::OsStr::from_bytes(b"bad\xffname.jpg");
+    std::fs::write(synset.join(bad), b"\xff\xd8").unwrap();
+    let (d, data, rejects) =
+        run_pipeline(&read_only(&format!("type = \"read_imagenet21k\"\nroot = \"{}\"", dir.path().display())));
+    assert_eq!(strs(&data, "sample_id"), ["n00000001/a.jpg"]);
+    // In name order: a.jpg, bad\xffname.jpg, broken.jpg, sub.jpg.
+    assert_eq!(reasons(&rejects), [("invalid_utf8".into(), 1), ("not_a_file".into(), 2), ("not_a_file".into(), 3)]);
+    let raw = arrow_array::cast::AsArray::as_binary::<i32>(rejects[0].column_by_name("raw").unwrap());
+    assert_eq!(raw.value(0), b"n00000001/bad\xffname.jpg");
+    // The images are not read for the fingerprint (nor is the broken link followed).
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path().join("out/manifest.json")).unwrap()).unwrap();
+    assert!(m["input_fingerprint"].as_str().unwrap().starts_with("listing-xxh3-128:"), "{m}");
+}
+
+#[test]
+fn a_byte_order_mark_is_not_part_of_the_first_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let tsv = dir.path().join("cc.tsv");
+    std::fs::write(&tsv, b"\xEF\xBB\xBFa dog on a beach\thttp://x/1.jpg\nsecond\thttp://x/2.jpg\n").unwrap();
+    let (_d, data, _) = run_pipeline(&read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", tsv.display())));
+    assert_eq!(strs(&data, "caption"), ["a dog on a beach", "second"]);
+}
+
+#[test]
+fn yfcc_urls_stay_as_they_are_and_ids_are_digits() {
+    // 23-field lines: id 0, title 6, description 7, download URL 14, photo/video marker 22.
+    let line = |id: &str, title: &str, url: &str| {
+        let mut f = vec![""; 23];
+        (f[0], f[6], f[14], f[22]) = (id, title, url, "0");
+        f.join("\t")
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let tsv = dir.path().join("yfcc.tsv");
+    let text =
+        [line("114", "I+%3C3+NY+%3Cb%3Etoday%3C%2Fb%3E", "http://farm/a+b.jpg"), line("+5", "x", "http://farm/5.jpg")];
+    std::fs::write(&tsv, text.join("\n")).unwrap();
+    let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_yfcc\"\npath = \"{}\"\ncaption = \"title\"\nstrip_html = true",
+        tsv.display()
+    )));
+    assert_eq!(strs(&data, "sample_id"), ["114"]);
+    assert_eq!(strs(&data, "caption"), ["I <3 NY today"], "a `<` that opens no tag stays");
+    assert_eq!(strs(&data, "url"), ["http://farm/a+b.jpg"], "not form-decoded");
+    assert_eq!(reasons(&rejects), [("bad_id".into(), 2)]);
 }

@@ -19,7 +19,12 @@ pub struct Lines {
 impl Lines {
     pub fn open(path: &Path) -> Result<Lines> {
         let f = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
-        Ok(Lines { reader: BufReader::with_capacity(1 << 20, f), buf: Vec::new(), line: 0, path: path.to_owned() })
+        let mut reader = BufReader::with_capacity(1 << 20, f);
+        // A UTF-8 byte-order mark is not part of the first line.
+        if reader.fill_buf().map_err(|e| Error::io("cannot read", path, e))?.starts_with(crate::stages::BOM) {
+            reader.consume(crate::stages::BOM.len());
+        }
+        Ok(Lines { reader, buf: Vec::new(), line: 0, path: path.to_owned() })
     }
 
     /// The next line and its 1-based number, or `None` at the end of the file.
@@ -56,5 +61,8 @@ mod tests {
             got.push((n, line.to_vec()));
         }
         assert_eq!(got, vec![(1, b"a\tb".to_vec()), (2, b"c".to_vec()), (3, b"".to_vec()), (4, b"last".to_vec())]);
+        // A byte-order mark is not part of the first line.
+        std::fs::write(&p, b"\xEF\xBB\xBFid\tx\n").unwrap();
+        assert_eq!(Lines::open(&p).unwrap().next_line().unwrap(), Some((1, &b"id\tx"[..])));
     }
 }

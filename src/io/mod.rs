@@ -131,20 +131,48 @@ pub fn fingerprint(paths: &[PathBuf]) -> Result<String> {
         let mut files = Vec::new();
         collect_files(p, &mut files)?;
         for f in files {
-            h.update(f.to_string_lossy().as_bytes());
-            let mut file = File::open(&f).map_err(|e| Error::io("cannot open", &f, e))?;
-            let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-            h.update(&len.to_le_bytes());
-            loop {
-                let n = file.read(&mut buf).map_err(|e| Error::io("cannot read", &f, e))?;
-                if n == 0 {
-                    break;
-                }
-                h.update(&buf[..n]);
-            }
+            hash_file(&mut h, &f, &mut buf)?;
         }
     }
     Ok(format!("xxh3-128:{:032x}", h.digest128()))
+}
+
+/// [`fingerprint`] for inputs whose bytes the run does not read (image folders): the folders
+/// in `paths` count by their listing — (path, size) of every file under them — and files given
+/// directly (a words list) by their bytes. `listing-` in front says so.
+pub fn fingerprint_listing(paths: &[PathBuf]) -> Result<String> {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for p in paths {
+        if !p.is_dir() {
+            hash_file(&mut h, p, &mut buf)?;
+            continue;
+        }
+        let mut files = Vec::new();
+        collect_files(p, &mut files)?;
+        for f in files {
+            h.update(f.to_string_lossy().as_bytes());
+            // A broken link has no size: 0, and it is still listed.
+            let len = std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0);
+            h.update(&len.to_le_bytes());
+        }
+    }
+    Ok(format!("listing-xxh3-128:{:032x}", h.digest128()))
+}
+
+/// Adds `f`'s name, length and bytes to `h`.
+fn hash_file(h: &mut xxhash_rust::xxh3::Xxh3, f: &Path, buf: &mut [u8]) -> Result<()> {
+    h.update(f.to_string_lossy().as_bytes());
+    let mut file = File::open(f).map_err(|e| Error::io("cannot open", f, e))?;
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    h.update(&len.to_le_bytes());
+    loop {
+        let n = file.read(buf).map_err(|e| Error::io("cannot read", f, e))?;
+        if n == 0 {
+            return Ok(());
+        }
+        h.update(&buf[..n]);
+    }
 }
 
 /// Files under `p` (itself if a file), sorted, recursively.

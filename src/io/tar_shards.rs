@@ -47,14 +47,40 @@ pub fn member_key(name: &str) -> (String, &str) {
     (key, ext)
 }
 
-/// Reads the samples of one shard, image bytes skipped.
-pub fn read_samples(path: &Path) -> Result<Vec<Sample>> {
+/// Where a shard that was cut short (a copy or download that stopped) ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Truncated {
+    /// 0-based index of the member cut short, or of the first missing one.
+    pub member_index: u64,
+    pub detail: String,
+}
+
+/// Reads the samples of one shard, image bytes skipped. A shard cut short keeps the samples
+/// before the cut; the sample the cut falls in is left out, and the cut is returned.
+pub fn read_samples(path: &Path) -> Result<(Vec<Sample>, Option<Truncated>)> {
     let file = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
+    let file_len = file.metadata().map_err(|e| Error::io("cannot read", path, e))?.len();
     let mut archive = tar::Archive::new(file);
     let entries = archive.entries_with_seek().map_err(|e| Error::io("cannot read tar", path, e))?;
     let mut out: Vec<Sample> = Vec::new();
+    // Where the last member's data (padded to 512-byte blocks) ends.
+    let mut end = 0u64;
+    let mut members = 0u64;
     for (i, entry) in entries.enumerate() {
         let mut entry = entry.map_err(|e| Error::io("corrupt tar member in", path, e))?;
+        members = i as u64 + 1;
+        let data_end = entry.raw_file_position() + entry.size();
+        if data_end > file_len {
+            let name = entry.path().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+            let (key, _) = member_key(&name);
+            // The sample the cut member belongs to is incomplete.
+            if out.last().is_some_and(|s| s.key == key) {
+                out.pop();
+            }
+            let detail = format!("the file ends inside member {i} (`{name}`): {file_len} of {data_end} bytes");
+            return Ok((out, Some(Truncated { member_index: i as u64, detail })));
+        }
+        end = data_end.div_ceil(512) * 512;
         if !entry.header().entry_type().is_file() {
             continue;
         }
@@ -73,7 +99,19 @@ pub fn read_samples(path: &Path) -> Result<Vec<Sample>> {
             _ => out.push(Sample { key, member_index: i as u64, members: vec![Member { ext, data }] }),
         }
     }
-    Ok(out)
+    // A whole archive ends with two zero blocks; without them, members may be missing.
+    let mut tail = [0u8; 1024];
+    let complete = {
+        use std::io::{Seek, SeekFrom};
+        let mut f = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
+        f.seek(SeekFrom::Start(end)).is_ok() && f.read_exact(&mut tail).is_ok() && tail.iter().all(|&b| b == 0)
+    };
+    if !complete {
+        let detail =
+            format!("no end-of-archive blocks after member {}: the file may have been cut short", members.max(1) - 1);
+        return Ok((out, Some(Truncated { member_index: members, detail })));
+    }
+    Ok((out, None))
 }
 
 #[cfg(test)]
@@ -101,10 +139,23 @@ mod tests {
         }
         b.finish().unwrap();
         drop(b);
-        let s = read_samples(&p).unwrap();
+        let (s, cut) = read_samples(&p).unwrap();
+        assert_eq!(cut, None);
         assert_eq!(s.len(), 2);
         assert_eq!((s[0].key.as_str(), s[0].members.len(), s[1].member_index), ("a", 3, 3));
         assert_eq!(s[0].member("txt").unwrap().data.as_deref(), Some(&b"a dog"[..]));
         assert_eq!(s[0].member("jpg").unwrap().data, None);
+        // Cut inside `b.txt`'s data: `a` is whole; `b` is left out and the cut reported.
+        let bytes = std::fs::read(&p).unwrap();
+        let cut_at = 3 * 1024 + 512; // each member here is a header block and a data block
+        std::fs::write(&p, &bytes[..cut_at]).unwrap();
+        let (s, cut) = read_samples(&p).unwrap();
+        assert_eq!((s.len(), s[0].key.as_str()), (1, "a"));
+        assert_eq!(cut.map(|c| c.member_index), Some(3));
+        // Cut where a header would start: nothing is half-read, but the end blocks are missing.
+        std::fs::write(&p, &bytes[..3 * 1024]).unwrap();
+        let (s, cut) = read_samples(&p).unwrap();
+        assert_eq!(s.len(), 1);
+        assert!(cut.is_some_and(|c| c.detail.contains("cut short")));
     }
 }

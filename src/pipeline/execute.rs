@@ -16,7 +16,7 @@ use super::plan::Plan;
 use super::progress::Progress;
 use crate::error::{Error, Result};
 use crate::io::parquet::{ShardInfo, ShardedWriter};
-use crate::io::{fingerprint, write_atomic};
+use crate::io::{fingerprint, fingerprint_listing, write_atomic};
 use crate::report;
 use crate::schema::{self, Chunk};
 use crate::stages::{ChunkIter, Reader, Transform};
@@ -114,11 +114,13 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     // passes, so it costs no wall time while a core is free.
     let fingerprinting = {
         let inputs = inputs.clone();
+        let listing_only = plan.reader.fingerprint_listing_only();
         std::thread::Builder::new()
             .name("curate-fingerprint".into())
             .spawn(move || {
                 let t = Instant::now();
-                fingerprint(&inputs).map(|f| (f, t.elapsed().as_secs_f64()))
+                let f = if listing_only { fingerprint_listing(&inputs) } else { fingerprint(&inputs) };
+                f.map(|f| (f, t.elapsed().as_secs_f64()))
             })
             .map_err(|e| Error::io("cannot start a thread", "curate-fingerprint", e))?
     };
@@ -314,20 +316,33 @@ fn read_on_thread<'s>(
     std::thread::Builder::new()
         .name("curate-read".into())
         .spawn_scoped(s, move || {
-            let source: Result<ChunkIter<'_>> =
-                cached.map_or_else(|| reader.open(), |c| Ok(Box::new(c.into_iter().map(Ok))));
-            match source {
-                Ok(chunks) => {
-                    for c in chunks {
-                        if !send(Some(c)) {
-                            return;
+            let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let source: Result<ChunkIter<'_>> =
+                    cached.map_or_else(|| reader.open(), |c| Ok(Box::new(c.into_iter().map(Ok))));
+                match source {
+                    Ok(chunks) => {
+                        for c in chunks {
+                            if !send(Some(c)) {
+                                return;
+                            }
                         }
+                        send(None);
                     }
-                    send(None);
+                    Err(e) => {
+                        send(Some(Err(e)));
+                    }
                 }
-                Err(e) => {
-                    send(Some(Err(e)));
-                }
+            }));
+            // A reader that panicked sent no end: the run would wait for it forever.
+            if let Err(panic) = read {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                send(Some(Err(Error::data(format!(
+                    "the reader stopped on an internal error (a bug in curate): {what}"
+                )))));
             }
         })
         .map_err(|e| Error::io("cannot start a thread", "curate-read", e))?;
@@ -344,8 +359,6 @@ struct WriterOutcome {
     reject_shards: Vec<ShardInfo>,
 }
 
-/// Deletes `part-*.parquet` files in `dir` that this run did not write (left by an earlier run
-/// with more shards), so the folder holds exactly one run's output.
 /// Moves what an earlier run left in `out` out of the way before this run writes anything: its
 /// manifest and report (so a folder whose run stopped part-way has no manifest), its plots, and
 /// its shards and unfinished temporary shards in `shard_dirs` (other files there stay). The

@@ -5,7 +5,13 @@
 //!
 //! `sample_id` is the path below the root (`n01440764/n01440764_10026.JPEG`); `path` is the
 //! file's path as reachable from where curate runs. Files are listed in sorted order. A file
-//! that is not an image (by extension) is an `unsupported_extension` reject.
+//! that is not an image (by extension) is an `unsupported_extension` reject; a folder or a
+//! broken link where an image should be is `not_a_file`; a name that is not UTF-8 is
+//! `invalid_utf8` (raw: the name's bytes).
+//!
+//! The manifest's fingerprint of this input is of its listing (each file's path below the root
+//! and size) and the words file, not of every image's bytes: the reader never reads them, and
+//! ImageNet-21k is over a terabyte.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -97,23 +103,56 @@ pub struct ReadImagenet21k {
     source: String,
 }
 
+/// One entry of a synset folder.
+#[derive(Debug, Clone)]
+enum Listed {
+    File(String),
+    /// A folder, or a link to nothing.
+    NotAFile(String),
+    /// A name that is not UTF-8: its bytes.
+    BadName(Vec<u8>),
+}
+
+impl Listed {
+    fn sort_key(&self) -> &[u8] {
+        match self {
+            Listed::File(n) | Listed::NotAFile(n) => n.as_bytes(),
+            Listed::BadName(b) => b,
+        }
+    }
+}
+
 impl ReadImagenet21k {
-    /// `(synset, file name)` of every file, sorted.
-    fn listing(&self) -> Result<Vec<(String, String)>> {
-        let read = |p: &PathBuf| -> Result<Vec<String>> {
-            let mut v: Vec<String> = std::fs::read_dir(p)
-                .map_err(|e| Error::io("cannot list", p, e))?
-                .filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect();
-            v.sort();
-            Ok(v)
+    /// `(synset, entry)` of every entry of every synset folder, sorted by bytes of the name.
+    fn listing(&self) -> Result<Vec<(String, Listed)>> {
+        let entries = |p: &PathBuf| -> Result<Vec<std::fs::DirEntry>> {
+            Ok(std::fs::read_dir(p).map_err(|e| Error::io("cannot list", p, e))?.filter_map(|e| e.ok()).collect())
         };
+        let mut synsets: Vec<String> = entries(&self.root)?
+            .into_iter()
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .filter(|s| is_synset(s) && self.root.join(s).is_dir())
+            .collect();
+        synsets.sort();
         let mut out = Vec::new();
-        for synset in read(&self.root)?.into_iter().filter(|s| is_synset(s) && self.root.join(s).is_dir()) {
-            for file in read(&self.root.join(&synset))? {
-                out.push((synset.clone(), file));
-            }
+        for synset in synsets {
+            let mut files: Vec<Listed> = entries(&self.root.join(&synset))?
+                .into_iter()
+                .map(|e| {
+                    let name = e.file_name();
+                    let Some(name) = name.to_str().map(str::to_owned) else {
+                        return Listed::BadName(name.as_encoded_bytes().to_vec());
+                    };
+                    // `file_type` comes with the listing; only a link needs a look at its target.
+                    match e.file_type() {
+                        Ok(t) if t.is_file() => Listed::File(name),
+                        Ok(t) if t.is_symlink() && e.path().is_file() => Listed::File(name),
+                        _ => Listed::NotAFile(name),
+                    }
+                })
+                .collect();
+            files.sort_by(|a, b| a.sort_key().cmp(b.sort_key()));
+            out.extend(files.into_iter().map(|f| (synset.clone(), f)));
         }
         Ok(out)
     }
@@ -126,15 +165,45 @@ impl Reader for ReadImagenet21k {
         v
     }
 
+    fn fingerprint_listing_only(&self) -> bool {
+        true
+    }
+
     fn open(&self) -> Result<ChunkIter<'_>> {
         let listing = self.listing()?;
         let root_name = crate::io::file_name(&self.root);
-        let chunks: Vec<Vec<(String, String)>> = listing.chunks(CHUNK_ROWS).map(<[_]>::to_vec).collect();
+        let chunks: Vec<Vec<(String, Listed)>> = listing.chunks(CHUNK_ROWS).map(<[_]>::to_vec).collect();
         let mut index = 0u64;
         Ok(Box::new(chunks.into_iter().map(move |files| {
             let mut out = PairsBuilder::new(&self.source);
             let mut rejects = Vec::new();
-            for (synset, file) in files {
+            for (synset, entry) in files {
+                let reject = |id: Option<String>, reason, detail: String, raw: Vec<u8>| Reject {
+                    stage: TYPE,
+                    source_file: root_name.clone(),
+                    row: index,
+                    sample_id: id,
+                    reason,
+                    detail: detail.into(),
+                    raw,
+                };
+                let file = match entry {
+                    Listed::File(f) => f,
+                    Listed::NotAFile(f) => {
+                        let id = format!("{synset}/{f}");
+                        let detail = "a folder or a broken link, not an image file".to_owned();
+                        rejects.push(reject(Some(id.clone()), "not_a_file", detail, id.into_bytes()));
+                        index += 1;
+                        continue;
+                    }
+                    Listed::BadName(raw) => {
+                        let mut bytes = format!("{synset}/").into_bytes();
+                        bytes.extend(raw);
+                        rejects.push(reject(None, "invalid_utf8", "the file name is not UTF-8".into(), bytes));
+                        index += 1;
+                        continue;
+                    }
+                };
                 let id = format!("{synset}/{file}");
                 let ext = file.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).unwrap_or_default();
                 if !self.extensions.contains(&ext) {

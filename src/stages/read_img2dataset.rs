@@ -167,7 +167,19 @@ fn read_tar(path: &Path, source: &str) -> Result<Chunk> {
     let name = file_name(path);
     let mut out = PairsBuilder::new(source);
     let mut rejects = Vec::new();
-    for s in tar_shards::read_samples(path)? {
+    let (samples, cut) = tar_shards::read_samples(path)?;
+    if let Some(cut) = cut {
+        rejects.push(Reject {
+            stage: TYPE,
+            source_file: name.clone(),
+            row: cut.member_index,
+            sample_id: None,
+            reason: "truncated_tar",
+            detail: cut.detail.into(),
+            raw: name.clone().into_bytes(),
+        });
+    }
+    for s in samples {
         let reject = |reason: &'static str, detail: &str, raw: Vec<u8>| Reject {
             stage: TYPE,
             source_file: name.clone(),

@@ -129,95 +129,167 @@ impl ReadTableConfig {
                 Some("e.g. `columns = { caption = \"text\", path = \"image\" }`".into()),
             );
         }
-        // Resolve names to indexes against the first file's header or schema.
-        let mut indexes = [None; 6];
-        if let Some(first) = files.first() {
-            let names: std::result::Result<Vec<String>, String> = match format {
-                Format::Parquet => parquet::read_schema(first)
-                    .map(|s| s.fields().iter().map(|f| f.name().clone()).collect())
-                    .map_err(|e| e.to_string()),
-                Format::Tsv if !header => {
-                    widest_of_first_lines(first, b'\t', 100).map(|n| (0..n).map(|i| format!("#{i}")).collect())
-                }
-                Format::Csv if !header => {
-                    widest_of_first_lines(first, b',', 100).map(|n| (0..n).map(|i| format!("#{i}")).collect())
-                }
-                Format::Tsv => header_fields(first, b'\t'),
-                Format::Csv => header_fields(first, b','),
-            };
-            match names {
-                Err(e) => problems.push("path", e, None),
-                Ok(names) => {
-                    let named = header || format == Format::Parquet;
-                    for (slot, (key, col)) in self.columns.entries().into_iter().enumerate() {
-                        let Some(col) = col else { continue };
-                        let found = match col {
-                            ColumnRef::Index(i) if *i < names.len() => Some(*i),
-                            ColumnRef::Index(_) => None,
-                            ColumnRef::Name(n) if named => names.iter().position(|h| h == n),
-                            ColumnRef::Name(_) => {
-                                problems.push(
-                                    format!("columns.{key}"),
-                                    format!("column {col} named, but the table has no header"),
-                                    Some("use a 0-based index, or set `header = true`".into()),
-                                );
-                                continue;
-                            }
-                        };
-                        match found {
-                            Some(i) => indexes[slot] = Some(i),
-                            None => {
-                                let hint = match col {
-                                    ColumnRef::Name(n) => did_you_mean(n, names.iter().map(String::as_str)),
-                                    ColumnRef::Index(_) => None,
-                                }
-                                .or_else(|| {
-                                    Some(if named {
-                                        format!(
-                                            "`{}` has {} columns: {}",
-                                            file_name(first),
-                                            names.len(),
-                                            names.join(", ")
-                                        )
-                                    } else {
-                                        format!(
-                                            "the first lines of `{}` have at most {} fields",
-                                            file_name(first),
-                                            names.len()
-                                        )
-                                    })
-                                });
-                                problems.push(
-                                    format!("columns.{key}"),
-                                    format!("missing column {col} in `{}`", file_name(first)),
-                                    hint,
-                                );
-                            }
-                        }
-                    }
-                }
-            }
+        if self.path_cut_at.as_deref() == Some("") {
+            problems.push(
+                "path_cut_at",
+                "`path_cut_at` is empty",
+                Some("leave it out to keep the whole value, or give the marker (`#` for Flickr8k)".into()),
+            );
         }
+        // Names resolve to indexes against each file's own header or schema: files may order
+        // their columns differently.
+        let indexes: Vec<[Option<usize>; 6]> =
+            files.iter().filter_map(|f| self.resolve(f, format, header, problems)).collect();
         let image_root = self.image_root.as_ref().map(PathBuf::from);
         problems.is_empty().then(|| ReadTable {
             files,
             format,
             header,
             indexes,
+            caption_mapped: self.columns.caption.is_some(),
             path_cut_at: self.path_cut_at.clone(),
             image_root,
             check_files: self.check_files,
             source: self.source.clone(),
         })
     }
+
+    /// The input column of each mapped `pairs` column in `file`, or `None` after reporting
+    /// what is missing.
+    fn resolve(
+        &self,
+        file: &Path,
+        format: Format,
+        header: bool,
+        problems: &mut Problems,
+    ) -> Option<[Option<usize>; 6]> {
+        let names: std::result::Result<Vec<String>, String> = match format {
+            Format::Parquet => parquet::read_schema(file).map_err(|e| e.to_string()).and_then(|schema| {
+                // Every mapped column must read as text.
+                for (key, col) in self.columns.entries() {
+                    let field = match col {
+                        Some(ColumnRef::Name(n)) => schema.field_with_name(n).ok(),
+                        Some(ColumnRef::Index(i)) => schema.fields().get(*i).map(|f| f.as_ref()),
+                        None => None,
+                    };
+                    if let Some(f) = field {
+                        if !arrow_cast::can_cast_types(f.data_type(), &DataType::Utf8) || f.data_type().is_nested() {
+                            return Err(format!(
+                                "`{}`: column `{}` (for {key}) is {}, which does not read as text",
+                                file_name(file),
+                                f.name(),
+                                f.data_type()
+                            ));
+                        }
+                    }
+                }
+                Ok(schema.fields().iter().map(|f| f.name().clone()).collect())
+            }),
+            Format::Tsv if !header => {
+                widest_of_first_lines(file, b'\t', 100).map(|n| (0..n).map(|i| format!("#{i}")).collect())
+            }
+            Format::Csv if !header => {
+                widest_of_first_lines(file, b',', 100).map(|n| (0..n).map(|i| format!("#{i}")).collect())
+            }
+            Format::Tsv => header_fields(file, b'\t'),
+            Format::Csv => csv_header(file),
+        };
+        let names = match names {
+            Ok(n) => n,
+            Err(e) => {
+                problems.push("path", e, None);
+                return None;
+            }
+        };
+        let named = header || format == Format::Parquet;
+        let mut indexes = [None; 6];
+        let mut ok = true;
+        for (slot, (key, col)) in self.columns.entries().into_iter().enumerate() {
+            let Some(col) = col else { continue };
+            let found = match col {
+                ColumnRef::Index(i) if *i < names.len() => Some(*i),
+                ColumnRef::Index(_) => None,
+                ColumnRef::Name(n) if named => names.iter().position(|h| h == n),
+                ColumnRef::Name(_) => {
+                    problems.push(
+                        format!("columns.{key}"),
+                        format!("column {col} named, but the table has no header"),
+                        Some("use a 0-based index, or set `header = true`".into()),
+                    );
+                    ok = false;
+                    continue;
+                }
+            };
+            match found {
+                Some(i) if format == Format::Tsv && i >= super::MAX_FIELDS => {
+                    problems.push(
+                        format!("columns.{key}"),
+                        match col {
+                            ColumnRef::Name(_) => format!(
+                                "column {col} is column #{i} of `{}`; TSV tables are read up to column #{}",
+                                file_name(file),
+                                super::MAX_FIELDS - 1
+                            ),
+                            ColumnRef::Index(_) => {
+                                format!("column {col}: TSV tables are read up to column #{}", super::MAX_FIELDS - 1)
+                            }
+                        },
+                        Some("cut the table to the columns you need, or convert it to Parquet".into()),
+                    );
+                    ok = false;
+                }
+                Some(i) => indexes[slot] = Some(i),
+                None => {
+                    let hint = match col {
+                        ColumnRef::Name(n) => did_you_mean(n, names.iter().map(String::as_str)),
+                        ColumnRef::Index(_) => None,
+                    }
+                    .or_else(|| {
+                        Some(if named {
+                            format!("`{}` has {} columns: {}", file_name(file), names.len(), names.join(", "))
+                        } else {
+                            format!("the first lines of `{}` have at most {} fields", file_name(file), names.len())
+                        })
+                    });
+                    problems.push(
+                        format!("columns.{key}"),
+                        format!("missing column {col} in `{}`", file_name(file)),
+                        hint,
+                    );
+                    ok = false;
+                }
+            }
+        }
+        ok.then_some(indexes)
+    }
+}
+
+/// The column names on a CSV file's first line (quoted names may hold commas; a leading
+/// byte-order mark is not part of the first name).
+fn csv_header(path: &Path) -> std::result::Result<Vec<String>, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+    let mut rdr = csv::ReaderBuilder::new().has_headers(true).flexible(true).from_reader(std::io::BufReader::new(file));
+    let headers = rdr.byte_headers().map_err(|e| format!("`{}`: {e}", path.display()))?;
+    if headers.is_empty() {
+        return Err(format!("`{}` is empty", path.display()));
+    }
+    Ok(headers
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let h = if i == 0 { h.strip_prefix(super::BOM).unwrap_or(h) } else { h };
+            String::from_utf8_lossy(h).into_owned()
+        })
+        .collect())
 }
 
 pub struct ReadTable {
     files: Vec<PathBuf>,
     format: Format,
     header: bool,
-    /// Input column index for sample_id, caption, url, path, label, label_text.
-    indexes: [Option<usize>; 6],
+    /// For each file: its column index for sample_id, caption, url, path, label, label_text.
+    indexes: Vec<[Option<usize>; 6]>,
+    caption_mapped: bool,
     path_cut_at: Option<String>,
     image_root: Option<PathBuf>,
     check_files: bool,
@@ -241,7 +313,7 @@ impl RowMaker<'_> {
         out: &mut PairsBuilder,
     ) -> std::result::Result<(), (&'static str, String)> {
         let [id, caption, url, path, label, label_text] = values;
-        if self.t.indexes[1].is_some() {
+        if self.t.caption_mapped {
             match caption {
                 None => return Err(("missing_caption", "caption is null".into())),
                 Some(c) if !has_words(c) => return Err(("empty_caption", "caption has no words".into())),
@@ -283,8 +355,9 @@ impl Reader for ReadTable {
     fn open(&self) -> Result<ChunkIter<'_>> {
         match self.format {
             Format::Tsv => {
-                let by_name: std::collections::HashMap<String, PathBuf> =
-                    self.files.iter().map(|f| (file_name(f), f.clone())).collect();
+                // Input names are distinct (checked at plan time).
+                let by_name: std::collections::HashMap<String, usize> =
+                    self.files.iter().enumerate().map(|(i, f)| (file_name(f), i)).collect();
                 let skip = u64::from(self.header);
                 Ok(Box::new(LineChunks::new(
                     self.files.clone(),
@@ -298,36 +371,36 @@ impl Reader for ReadTable {
                                 detail: "line is not valid UTF-8".into(),
                             };
                         }
+                        let k = by_name[line.file];
+                        let indexes = &self.indexes[k];
                         let fields = split_tabs(line.bytes);
                         let n = fields.count;
-                        let need = self.indexes.iter().flatten().max().map_or(0, |m| m + 1);
-                        if need > super::MAX_FIELDS {
-                            return LineOutcome::Reject {
-                                reason: "wrong_field_count",
-                                detail: format!("column index beyond {}", super::MAX_FIELDS).into(),
-                            };
-                        }
+                        // Below `MAX_FIELDS`: checked at plan time.
+                        let need = indexes.iter().flatten().max().map_or(0, |m| m + 1);
                         if n < need {
                             return LineOutcome::Reject {
                                 reason: "wrong_field_count",
                                 detail: format!("{n} fields, need at least {need}").into(),
                             };
                         }
-                        let values =
-                            self.indexes.map(|i| i.map(|i| line.text(fields[i]).expect("line checked as UTF-8")));
+                        let values = indexes.map(|i| i.map(|i| line.text(fields[i]).expect("line checked as UTF-8")));
                         let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
-                        match maker.emit(&by_name[line.file], line.no, values, out) {
+                        match maker.emit(&self.files[k], line.no, values, out) {
                             Ok(()) => LineOutcome::Row,
                             Err((reason, detail)) => LineOutcome::Reject { reason, detail: detail.into() },
                         }
                     },
                 )))
             }
-            Format::Csv => Ok(Box::new(self.files.iter().flat_map(move |f| match self.read_csv(f) {
-                Ok(chunks) => chunks.into_iter().map(Ok).collect::<Vec<_>>(),
-                Err(e) => vec![Err(e)],
-            }))),
-            Format::Parquet => Ok(Box::new(self.files.iter().map(move |f| self.read_parquet(f)))),
+            Format::Csv => {
+                Ok(Box::new(self.files.iter().zip(&self.indexes).flat_map(move |(f, ix)| match self.read_csv(f, ix) {
+                    Ok(chunks) => chunks.into_iter().map(Ok).collect::<Vec<_>>(),
+                    Err(e) => vec![Err(e)],
+                })))
+            }
+            Format::Parquet => {
+                Ok(Box::new(self.files.iter().zip(&self.indexes).map(move |(f, ix)| self.read_parquet(f, ix))))
+            }
         }
     }
 }
@@ -337,28 +410,48 @@ impl ReadTable {
         Reject { stage: TYPE, source_file: file_name(file), row, sample_id: None, reason, detail: detail.into(), raw }
     }
 
-    fn read_csv(&self, path: &Path) -> Result<Vec<Chunk>> {
-        let mut rdr = csv::ReaderBuilder::new()
-            .has_headers(self.header)
-            .flexible(true)
-            .from_path(path)
-            .map_err(|e| Error::data(format!("cannot read `{}`: {e}", path.display())))?;
+    /// A CSV file, parsed from memory so each record's line (where it starts, counting blank
+    /// lines and CRLF ends) and raw bytes are known exactly.
+    fn read_csv(&self, path: &Path, indexes: &[Option<usize>; 6]) -> Result<Vec<Chunk>> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io("cannot read", path, e))?;
+        let body = bytes.strip_prefix(super::BOM).unwrap_or(&bytes);
+        let mut rdr = csv::ReaderBuilder::new().has_headers(self.header).flexible(true).from_reader(body);
         let expected = rdr.byte_headers().map(|h| h.len()).unwrap_or(0);
+        let need = indexes.iter().flatten().max().map_or(0, |m| m + 1);
         let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
         let mut out = PairsBuilder::new(&self.source);
         let mut rejects = Vec::new();
         let mut chunks = Vec::new();
         let mut record = csv::ByteRecord::new();
+        // Line of byte `counted` of `body`.
+        let (mut counted, mut line) = (0usize, 1u64);
         loop {
             match rdr.read_byte_record(&mut record) {
                 Ok(false) => break,
                 Ok(true) => {}
                 Err(e) => return Err(Error::data(format!("`{}`: {e}", path.display()))),
             }
-            let line = record.position().map_or(0, |p| p.line());
-            let raw = record.iter().collect::<Vec<_>>().join(&b","[..]);
+            let end = (rdr.position().byte() as usize).min(body.len());
+            // A record's position can be that of the line ends (blank lines, the `\n` of a CRLF)
+            // before it.
+            let mut start = record.position().map_or(0, |p| p.byte() as usize).min(end);
+            while start < end && matches!(body[start], b'\r' | b'\n') {
+                start += 1;
+            }
+            line += memchr::memchr_iter(b'\n', &body[counted..start]).count() as u64;
+            counted = start;
+            let mut raw = &body[start..end];
+            while let Some(r) = raw.strip_suffix(b"\n").or_else(|| raw.strip_suffix(b"\r")) {
+                raw = r;
+            }
+            let raw = raw.to_vec();
             if self.header && record.len() != expected {
                 let d = format!("{} fields, expected {expected}", record.len());
+                rejects.push(self.reject(path, line, "wrong_field_count", d, raw));
+                continue;
+            }
+            if record.len() < need {
+                let d = format!("{} fields, need at least {need}", record.len());
                 rejects.push(self.reject(path, line, "wrong_field_count", d, raw));
                 continue;
             }
@@ -367,7 +460,7 @@ impl ReadTable {
                 rejects.push(self.reject(path, line, "invalid_utf8", "record is not valid UTF-8".into(), raw));
                 continue;
             };
-            let values = self.indexes.map(|i| i.and_then(|i| fields.get(i).copied()));
+            let values = indexes.map(|i| i.and_then(|i| fields.get(i).copied()));
             if let Err((reason, detail)) = maker.emit(path, line, values, &mut out) {
                 rejects.push(self.reject(path, line, reason, detail, raw));
             }
@@ -379,14 +472,13 @@ impl ReadTable {
         Ok(chunks)
     }
 
-    fn read_parquet(&self, path: &Path) -> Result<Chunk> {
+    fn read_parquet(&self, path: &Path, indexes: &[Option<usize>; 6]) -> Result<Chunk> {
         let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
         let mut out = PairsBuilder::new(&self.source);
         let mut rejects = Vec::new();
         let mut row = 0u64;
         for batch in parquet::read_file(path)? {
-            let cols: Vec<Option<arrow_array::ArrayRef>> = self
-                .indexes
+            let cols: Vec<Option<arrow_array::ArrayRef>> = indexes
                 .iter()
                 .map(|i| i.map(|i| arrow_cast::cast(batch.column(i), &DataType::Utf8)).transpose())
                 .collect::<std::result::Result<_, _>>()?;

@@ -154,7 +154,8 @@ impl Reader for ReadYfcc {
             let Some(id) = line.text(fields[layout.id]) else {
                 return LineOutcome::Reject { reason: "invalid_utf8", detail: "photo id is not UTF-8".into() };
             };
-            let Ok(num) = id.trim().parse::<u64>() else {
+            let digits = !id.trim().is_empty() && id.trim().bytes().all(|b| b.is_ascii_digit());
+            let (true, Ok(num)) = (digits, id.trim().parse::<u64>()) else {
                 return LineOutcome::Reject {
                     reason: "bad_id",
                     detail: format!("photo id `{id}` is not a number").into(),
@@ -170,9 +171,9 @@ impl Reader for ReadYfcc {
                 let text = String::from_utf8(url_decode(fields[i])).map_err(|_| ())?;
                 Ok(clean(&text, strip))
             };
-            let (Ok(title), Ok(desc), Ok(url)) =
-                (decode(layout.title), decode(layout.description), decode(layout.download_url))
-            else {
+            // The download URL is a URL as it stands: not form-decoded (`+` stays `+`).
+            let url = line.text(fields[layout.download_url]).map(|u| u.trim().to_owned()).ok_or(());
+            let (Ok(title), Ok(desc), Ok(url)) = (decode(layout.title), decode(layout.description), url) else {
                 return LineOutcome::Reject {
                     reason: "invalid_utf8",
                     detail: "a decoded text field is not UTF-8".into(),
@@ -221,22 +222,27 @@ pub fn url_decode(s: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Strips HTML tags (optional) and collapses whitespace runs to one space.
+/// Strips HTML tags (optional) and collapses whitespace runs to one space. A tag is `<`, then
+/// anything but `<` and `>`, then `>`; a `<` that opens no tag is text (`I <3 NY`).
 pub fn clean(text: &str, strip_html: bool) -> String {
     let mut no_tags = String::with_capacity(text.len());
     if strip_html {
-        let mut in_tag = false;
-        for c in text.chars() {
-            match c {
-                '<' => in_tag = true,
-                '>' if in_tag => {
-                    in_tag = false;
+        let mut rest = text;
+        while let Some(open) = rest.find('<') {
+            let after = &rest[open + 1..];
+            match after.find(['<', '>']) {
+                Some(close) if after.as_bytes()[close] == b'>' => {
+                    no_tags.push_str(&rest[..open]);
                     no_tags.push(' ');
+                    rest = &after[close + 1..];
                 }
-                _ if !in_tag => no_tags.push(c),
-                _ => {}
+                _ => {
+                    no_tags.push_str(&rest[..=open]);
+                    rest = after;
+                }
             }
         }
+        no_tags.push_str(rest);
     } else {
         no_tags.push_str(text);
     }
@@ -259,5 +265,9 @@ mod tests {
     fn cleaning_strips_tags_and_collapses_space() {
         assert_eq!(clean("<b>bold</b>\nand  <a href=\"x\">link</a> ", true), "bold and link");
         assert_eq!(clean("a <b>", false), "a <b>");
+        // A `<` that opens no tag stays.
+        assert_eq!(clean("I <3 NY", true), "I <3 NY");
+        assert_eq!(clean("I <3 <b>NY</b> <not closed", true), "I <3 NY <not closed");
+        assert_eq!(clean("a<<b>>c", true), "a< >c");
     }
 }
