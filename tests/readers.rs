@@ -395,3 +395,35 @@ fn yfcc_urls_stay_as_they_are_and_ids_are_digits() {
     assert_eq!(strs(&data, "url"), ["http://farm/a+b.jpg"], "not form-decoded");
     assert_eq!(reasons(&rejects), [("bad_id".into(), 2)]);
 }
+
+#[test]
+fn webdataset_keys_seen_twice_and_shards_cut_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = |name: &str, members: &[(&str, &[u8])]| {
+        let p = dir.path().join(name);
+        let mut b = tar::Builder::new(std::fs::File::create(&p).unwrap());
+        for (member, data) in members {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, member, *data).unwrap();
+        }
+        b.finish().unwrap();
+        p
+    };
+    let img: &[u8] = b"\xff\xd8";
+    shard("00000.tar", &[("0.jpg", img), ("0.txt", b"a dog"), ("1.jpg", img), ("1.txt", b"a cat")]);
+    // Key `1` again, then a shard whose last sample is cut inside its caption.
+    shard("00001.tar", &[("1.jpg", img), ("1.txt", b"a cat again"), ("2.jpg", img), ("2.txt", b"a bird")]);
+    let third = shard("00002.tar", &[("3.jpg", img), ("3.txt", b"a fish"), ("4.jpg", img), ("4.txt", b"a horse")]);
+    let bytes = std::fs::read(&third).unwrap();
+    // Members are a header block and a data block each: cut inside `4.txt`'s data block.
+    std::fs::write(&third, &bytes[..3 * 1024 + 512 + 3]).unwrap();
+    let (_d, data, rejects) =
+        run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}/*.tar\"", dir.path().display())));
+    assert_eq!(strs(&data, "sample_id"), ["0", "1", "2", "3"]);
+    let r: Vec<(String, String)> =
+        col(&rejects, "source_file").into_iter().flatten().zip(strs(&rejects, "reason")).collect();
+    assert_eq!(r, [("00001.tar".into(), "duplicate_key".into()), ("00002.tar".into(), "truncated_tar".into())]);
+}

@@ -293,6 +293,10 @@ fn explain_serde_error(message: &str, path: &str) -> (String, Option<String>) {
         let given = message.strip_prefix("invalid type: string \"").and_then(|m| m.split('"').next());
         let key = shown.rsplit('.').next().unwrap_or(shown);
         let hint = match given {
+            // Too large for TOML, so `--set` kept it as a string.
+            Some(v) if v.bytes().all(|b| b.is_ascii_digit()) && !v.is_empty() && v.parse::<i64>().is_err() => {
+                Some(format!("TOML integers go up to {}", i64::MAX))
+            }
             Some(v) if v.parse::<f64>().is_ok() || v == "true" || v == "false" => {
                 Some(format!("TOML numbers and booleans are written without quotes: `{key} = {v}`"))
             }
@@ -408,6 +412,8 @@ mod tests {
         assert_eq!(hint, None);
         let (_, hint) = explain_serde_error("invalid type: string \"4\", expected usize", "stage[1].keep_words");
         assert_eq!(hint.as_deref(), Some("TOML numbers and booleans are written without quotes: `keep_words = 4`"));
+        let (_, hint) = explain_serde_error("invalid type: string \"18446744073709551615\", expected u64", "seed");
+        assert_eq!(hint.as_deref(), Some("TOML integers go up to 9223372036854775807"));
         let (_, hint) = explain_serde_error("invalid type: string \"yes\", expected a boolean", "stage[1].shuffle");
         assert_eq!(hint.as_deref(), Some("write `shuffle = true` or `shuffle = false`"));
         let (msg, hint) = explain_serde_error("invalid type: integer `3`, expected a boolean", "stage[0].b");

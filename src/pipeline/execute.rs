@@ -335,18 +335,18 @@ fn read_on_thread<'s>(
             }));
             // A reader that panicked sent no end: the run would wait for it forever.
             if let Err(panic) = read {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                send(Some(Err(Error::data(format!(
-                    "the reader stopped on an internal error (a bug in curate): {what}"
-                )))));
+                send(Some(Err(internal_error("the reader", panic.as_ref()))));
             }
         })
         .map_err(|e| Error::io("cannot start a thread", "curate-read", e))?;
     Ok(())
+}
+
+/// The error for a panic in `what` (a bug in curate; the panic message was printed already).
+fn internal_error(what: &str, panic: &(dyn std::any::Any + Send)) -> Error {
+    let message =
+        panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+    Error::data(format!("{what} stopped on an internal error (a bug in curate): {}", message.unwrap_or_default()))
 }
 
 #[derive(Default)]
@@ -463,13 +463,20 @@ fn transform_stream<'s>(
                     offsets[j] += chunk.batch.num_rows() as u64;
                     let done = events.clone();
                     scope.spawn(move |_| {
-                        let result = match transforms.get(j) {
-                            Some((_, t)) => t.apply(chunk, first_row),
-                            None => Ok(chunk),
-                        }
-                        .map(|c| {
-                            let rejects = (j + 1 == steps && !c.rejects.is_empty()).then(|| c.rejects.to_batch());
-                            (c, rejects)
+                        // A panic would leave the loop below waiting for this chunk forever.
+                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            match transforms.get(j) {
+                                Some((_, t)) => t.apply(chunk, first_row),
+                                None => Ok(chunk),
+                            }
+                            .map(|c| {
+                                let rejects = (j + 1 == steps && !c.rejects.is_empty()).then(|| c.rejects.to_batch());
+                                (c, rejects)
+                            })
+                        }))
+                        .unwrap_or_else(|p| {
+                            let stage = transforms.get(j).map_or("writing", |(name, _)| name.as_str());
+                            Err(internal_error(&format!("stage `{stage}`"), p.as_ref()))
                         });
                         let _ = done.send(Event::Done { stage: j + 1, idx, result });
                     });
@@ -601,5 +608,51 @@ mod tests {
         assert_eq!(stream(&sizes, &transforms), (total as u64, want));
         // No transform: the chunks pass through.
         assert_eq!(stream(&sizes, &[]).1, (0..total as u64).collect::<Vec<_>>());
+    }
+
+    /// A stage that panics on its third chunk, and a reader that panics after two chunks.
+    struct PanicsAt(u64);
+
+    impl Transform for PanicsAt {
+        fn apply(&self, chunk: Chunk, first_row: u64) -> Result<Chunk> {
+            assert!(first_row < self.0, "stage bug");
+            Ok(chunk)
+        }
+        fn output_schema(&self) -> SchemaRef {
+            schema()
+        }
+        fn report(&self) -> serde_json::Value {
+            serde_json::Value::Null
+        }
+    }
+
+    struct PanickyReader;
+
+    impl Reader for PanickyReader {
+        fn inputs(&self) -> Vec<std::path::PathBuf> {
+            Vec::new()
+        }
+        fn open(&self) -> Result<ChunkIter<'_>> {
+            let chunks: Vec<Result<Chunk>> = Numbers(vec![5, 5]).open()?.collect();
+            Ok(Box::new(chunks.into_iter().chain(std::iter::from_fn(|| panic!("reader bug")))))
+        }
+    }
+
+    #[test]
+    fn a_panic_in_a_stage_or_the_reader_ends_the_stream_with_an_error() {
+        let bar = super::super::progress::Progress::new(false, 1).pass(1, "test", None);
+        let transforms: Vec<(String, Box<dyn Transform>)> = vec![("p".into(), Box::new(PanicsAt(10)))];
+        let run = |reader: &dyn Reader, transforms: &[(String, Box<dyn Transform>)]| {
+            std::thread::scope(|s| transform_stream(s, reader, None, transforms, &bar, |_| Ok(())))
+                .expect_err("the panic is an error")
+                .to_string()
+        };
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let e = pool.install(|| run(&Numbers(vec![5; 6]), &transforms));
+            assert!(e.contains("stage `p` stopped on an internal error") && e.contains("stage bug"), "{e}");
+            let e = pool.install(|| run(&PanickyReader, &[]));
+            assert!(e.contains("the reader stopped on an internal error") && e.contains("reader bug"), "{e}");
+        }
     }
 }

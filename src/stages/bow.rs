@@ -697,6 +697,13 @@ impl Transform for Bow {
         if pass == 0 {
             let n = self.split_keys.len();
             let k = ((self.config.base_fraction * n as f64).round() as usize).min(n);
+            if k == 0 && n > 0 && self.config.limit_to_base_vocab {
+                return Err(crate::error::Error::data(format!(
+                    "bow: base_fraction {} of {n} captions is 0 base captions, so LimitToBaseVocab would empty \
+                     every caption; raise `base_fraction` (or set `limit_to_base_vocab = false`)",
+                    self.config.base_fraction
+                )));
+            }
             let keys = &mut self.split_keys;
             if k > 0 && k < n {
                 keys.select_nth_unstable(k);
@@ -1098,6 +1105,20 @@ mod tests {
         // `other` and comes first in byte order).
         let bow = fitted_with(&format!("{config}\nfrequency_candidates = \"raw\""), None, &b);
         assert_eq!(bow.top, vec![("dure".to_owned(), n)]);
+    }
+
+    #[test]
+    fn no_base_caption_with_limit_to_base_vocab_is_an_error() {
+        let config: BowConfig = toml::from_str("base_fraction = 0.001").unwrap();
+        let mut bow = config.build(5, &schema::pairs(), &mut Problems::default()).unwrap();
+        bow.fit(0, &batch(100), 0).unwrap();
+        let e = bow.end_pass(0).unwrap_err().to_string();
+        assert!(e.contains("0 base captions") && e.contains("raise `base_fraction`"), "{e}");
+        // Without LimitToBaseVocab, no base caption is allowed.
+        let config: BowConfig = toml::from_str("base_fraction = 0.001\nlimit_to_base_vocab = false").unwrap();
+        let mut bow = config.build(5, &schema::pairs(), &mut Problems::default()).unwrap();
+        bow.fit(0, &batch(100), 0).unwrap();
+        bow.end_pass(0).unwrap();
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! whose `status` is not `success` are `download_failed` rejects; a tar sample lacking its
 //! caption, image, or valid JSON is a reject with that reason.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use arrow_array::cast::AsArray;
@@ -86,12 +87,14 @@ impl Reader for ReadImg2dataset {
     }
 
     fn open(&self) -> Result<ChunkIter<'_>> {
-        // One chunk per shard: img2dataset shards hold ~10k samples.
+        // One chunk per shard: img2dataset shards hold ~10k samples. Keys are the ids, so a key
+        // seen before (a corrupt or twice-written shard) is a `duplicate_key` reject.
+        let mut seen: HashSet<String> = HashSet::new();
         Ok(Box::new(self.files.iter().map(move |f| {
             if f.extension().is_some_and(|e| e == "tar") {
-                read_tar(f, &self.source)
+                read_tar(f, &self.source, &mut seen)
             } else {
-                read_metadata(f, &self.source)
+                read_metadata(f, &self.source, &mut seen)
             }
         })))
     }
@@ -101,7 +104,9 @@ fn stem(p: &Path) -> String {
     p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
-fn read_metadata(path: &Path, source: &str) -> Result<Chunk> {
+const DUPLICATE: &str = "the key was already read (here or in an earlier shard)";
+
+fn read_metadata(path: &Path, source: &str, seen: &mut HashSet<String>) -> Result<Chunk> {
     let shard = stem(path);
     let name = file_name(path);
     let mut out = PairsBuilder::new(source);
@@ -133,6 +138,7 @@ fn read_metadata(path: &Path, source: &str) -> Result<Chunk> {
             match caps[i] {
                 None => rejects.push(reject("missing_caption", "caption is null".into())),
                 Some(c) if !has_words(c) => rejects.push(reject("empty_caption", "caption has no words".into())),
+                Some(_) if !seen.insert(key.to_owned()) => rejects.push(reject("duplicate_key", DUPLICATE.into())),
                 Some(c) => out.push(PairRow {
                     sample_id: key,
                     caption: Some(c),
@@ -162,7 +168,7 @@ fn row_json(k: &[Option<&str>], c: &[Option<&str>], u: &[Option<&str>], s: &[Opt
     serde_json::json!({"key": k[i], "caption": c[i], "url": u[i], "status": s[i]}).to_string()
 }
 
-fn read_tar(path: &Path, source: &str) -> Result<Chunk> {
+fn read_tar(path: &Path, source: &str, seen: &mut HashSet<String>) -> Result<Chunk> {
     let shard = stem(path);
     let name = file_name(path);
     let mut out = PairsBuilder::new(source);
@@ -214,6 +220,10 @@ fn read_tar(path: &Path, source: &str) -> Result<Chunk> {
         };
         if !has_words(text) {
             rejects.push(reject("empty_caption", "caption has no words", caption.clone()));
+            continue;
+        }
+        if !seen.insert(s.key.clone()) {
+            rejects.push(reject("duplicate_key", DUPLICATE, caption.clone()));
             continue;
         }
         out.push(PairRow {
