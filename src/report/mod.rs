@@ -182,6 +182,9 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
     let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
     let u = |k: &str| r[k].as_u64().unwrap_or(0);
     let _ = writeln!(md, "## Stage `{name}` (Bag-of-Words, mode `{}`)\n", r["mode"].as_str().unwrap_or(""));
+    for w in r["warnings"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+        let _ = writeln!(md, "**Warning:** {w}\n");
+    }
     let _ = writeln!(md, "| | before | after |\n| --- | ---: | ---: |");
     let _ = writeln!(md, "| captions | {} | {} |", u("captions_in"), u("captions_out"));
     let _ = writeln!(md, "| mean words per caption | {:.2} | {:.2} |", f("mean_words_before"), f("mean_words_after"));

@@ -190,6 +190,7 @@ impl BowConfig {
             top_set: FxHashSet::default(),
             stats: Mutex::new(Stats::default()),
             schema: output_schema(),
+            warnings: Vec::new(),
         })
     }
 }
@@ -502,6 +503,8 @@ pub struct Bow {
     table: WordTable,
     stats: Mutex<Stats>,
     schema: SchemaRef,
+    /// Things the report should point out (a setting that empties the output).
+    warnings: Vec<String>,
 }
 
 impl Bow {
@@ -698,11 +701,15 @@ impl Transform for Bow {
             let n = self.split_keys.len();
             let k = ((self.config.base_fraction * n as f64).round() as usize).min(n);
             if k == 0 && n > 0 && self.config.limit_to_base_vocab {
-                return Err(crate::error::Error::data(format!(
-                    "bow: base_fraction {} of {n} captions is 0 base captions, so LimitToBaseVocab would empty \
-                     every caption; raise `base_fraction` (or set `limit_to_base_vocab = false`)",
+                // As the spec defines it, but surely not what was meant: said on stderr and in
+                // the report.
+                let w = format!(
+                    "base_fraction {} of {n} captions is 0 base captions, so LimitToBaseVocab empties every \
+                     caption; raise `base_fraction` (or set `limit_to_base_vocab = false`)",
                     self.config.base_fraction
-                )));
+                );
+                eprintln!("warning: stage `bow`: {w}");
+                self.warnings.push(w);
             }
             let keys = &mut self.split_keys;
             if k > 0 && k < n {
@@ -913,6 +920,7 @@ impl Transform for Bow {
         json!({
             "mode": self.config.mode,
             "seed": self.seed,
+            "warnings": self.warnings,
             "rows_in": st.rows_in,
             "rows_without_caption": st.no_caption,
             "captions_in": n_in,
@@ -1108,17 +1116,21 @@ mod tests {
     }
 
     #[test]
-    fn no_base_caption_with_limit_to_base_vocab_is_an_error() {
+    fn no_base_caption_with_limit_to_base_vocab_is_reported() {
         let config: BowConfig = toml::from_str("base_fraction = 0.001").unwrap();
         let mut bow = config.build(5, &schema::pairs(), &mut Problems::default()).unwrap();
         bow.fit(0, &batch(100), 0).unwrap();
-        let e = bow.end_pass(0).unwrap_err().to_string();
-        assert!(e.contains("0 base captions") && e.contains("raise `base_fraction`"), "{e}");
-        // Without LimitToBaseVocab, no base caption is allowed.
-        let config: BowConfig = toml::from_str("base_fraction = 0.001\nlimit_to_base_vocab = false").unwrap();
-        let mut bow = config.build(5, &schema::pairs(), &mut Problems::default()).unwrap();
-        bow.fit(0, &batch(100), 0).unwrap();
         bow.end_pass(0).unwrap();
+        let w = bow.report()["warnings"][0].as_str().unwrap().to_owned();
+        assert!(w.contains("0 base captions") && w.contains("raise `base_fraction`"), "{w}");
+        // Without LimitToBaseVocab, no base caption is no problem; with 10%, no warning.
+        for config in ["base_fraction = 0.001\nlimit_to_base_vocab = false", ""] {
+            let config: BowConfig = toml::from_str(config).unwrap();
+            let mut bow = config.build(5, &schema::pairs(), &mut Problems::default()).unwrap();
+            bow.fit(0, &batch(100), 0).unwrap();
+            bow.end_pass(0).unwrap();
+            assert_eq!(bow.report()["warnings"], json!([]));
+        }
     }
 
     #[test]
