@@ -427,3 +427,24 @@ fn webdataset_keys_seen_twice_and_shards_cut_short() {
         col(&rejects, "source_file").into_iter().flatten().zip(strs(&rejects, "reason")).collect();
     assert_eq!(r, [("00001.tar".into(), "duplicate_key".into()), ("00002.tar".into(), "truncated_tar".into())]);
 }
+
+#[test]
+fn parquet_binary_captions_that_are_not_utf8() {
+    use arrow_array::{ArrayRef, BinaryArray, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let ids: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["b1", "b2"]));
+    let text: ArrayRef = std::sync::Arc::new(BinaryArray::from(vec![&b"a dog"[..], &b"caf\xe9"[..]]));
+    let batch = RecordBatch::try_from_iter([("id", ids), ("text", text)]).unwrap();
+    let f = std::fs::File::create(dir.path().join("bin.parquet")).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(f, batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}/bin.parquet\"\ncolumns = {{ sample_id = \"id\", caption = \"text\" }}",
+        dir.path().display()
+    )));
+    assert_eq!(strs(&data, "caption"), ["a dog"]);
+    assert_eq!(reasons(&rejects), [("invalid_utf8".into(), 1)]);
+    let raw = arrow_array::cast::AsArray::as_binary::<i32>(rejects[0].column_by_name("raw").unwrap());
+    assert_eq!(raw.value(0), b"caf\xe9", "the value's bytes as they were");
+}

@@ -483,6 +483,30 @@ impl ReadTable {
                 .map(|i| i.map(|i| arrow_cast::cast(batch.column(i), &DataType::Utf8)).transpose())
                 .collect::<std::result::Result<_, _>>()?;
             for r in 0..batch.num_rows() {
+                // A value the cast to text turned into a null was not text: bytes that are not
+                // UTF-8 (a binary column), kept as they were.
+                let not_text = indexes.iter().zip(&cols).find_map(|(i, c)| {
+                    let (i, c) = (i.as_ref()?, c.as_ref()?);
+                    let orig = batch.column(*i);
+                    (orig.is_valid(r) && !c.is_valid(r)).then_some(orig)
+                });
+                if let Some(orig) = not_text {
+                    let raw = match orig.data_type() {
+                        DataType::Binary => orig.as_binary::<i32>().value(r).to_vec(),
+                        DataType::LargeBinary => orig.as_binary::<i64>().value(r).to_vec(),
+                        DataType::BinaryView => orig.as_binary_view().value(r).to_vec(),
+                        _ => Vec::new(),
+                    };
+                    rejects.push(self.reject(
+                        path,
+                        row,
+                        "invalid_utf8",
+                        "a mapped value is not UTF-8 text".into(),
+                        raw,
+                    ));
+                    row += 1;
+                    continue;
+                }
                 let values: [Option<&str>; 6] = std::array::from_fn(|k| {
                     cols[k].as_ref().and_then(|c| {
                         let s = c.as_string::<i32>();
