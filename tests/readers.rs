@@ -30,6 +30,8 @@ fn conceptual_captions_tsv() {
             ("invalid_utf8".into(), 12)
         ]
     );
+    // A rejected line's id is known all the same (`file#line`).
+    assert_eq!(col(&rejects, "sample_id")[0].as_deref(), Some("cc_train.tsv#3"));
     // The raw line is kept byte for byte, invalid UTF-8 included.
     let raw = rejects[0].column_by_name("raw").unwrap();
     let raw = arrow_array::cast::AsArray::as_binary::<i32>(raw);
@@ -310,6 +312,7 @@ fn tables_map_columns_by_each_files_own_header() {
     assert_eq!(reasons(&rejects), [("wrong_field_count".into(), 6)]);
     let raw = arrow_array::cast::AsArray::as_binary::<i32>(rejects[0].column_by_name("raw").unwrap());
     assert_eq!(raw.value(0), b"short", "the record's bytes, without its line end");
+    assert_eq!(col(&rejects, "sample_id"), [Some("h1.csv#6".to_owned())]);
 
     // Parquet: `id, text` in one file, `text, id` in the next.
     use arrow_array::{ArrayRef, RecordBatch, StringArray};

@@ -146,6 +146,8 @@ pub struct LineChunks<F> {
     stage: &'static str,
     parse: F,
     skip_lines: u64,
+    /// Rows are known by `file#line`, so a rejected line's `sample_id` is known too.
+    line_ids: bool,
     ready: std::collections::VecDeque<Chunk>,
     /// Block buffers already parsed, for the next reads (no new memory to fault in and zero).
     spare: Vec<Vec<u8>>,
@@ -234,9 +236,16 @@ where
             stage,
             parse,
             skip_lines,
+            line_ids: false,
             ready: Default::default(),
             spare: Vec::new(),
         }
+    }
+
+    /// The reader's ids are `file#line`: rejects carry them too.
+    pub fn with_line_ids(mut self) -> Self {
+        self.line_ids = true;
+        self
     }
 
     /// Parses one block of `lines` lines into a chunk.
@@ -262,7 +271,7 @@ where
                         stage: self.stage,
                         source_file: name.to_owned(),
                         row: no,
-                        sample_id: None,
+                        sample_id: self.line_ids.then(|| format!("{name}#{no}")),
                         reason,
                         detail,
                         raw: bytes.to_vec(),

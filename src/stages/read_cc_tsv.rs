@@ -55,7 +55,7 @@ impl Reader for ReadCcTsv {
 
     fn open(&self) -> Result<ChunkIter<'_>> {
         let (ci, ui) = if self.url_first { (1, 0) } else { (0, 1) };
-        Ok(Box::new(LineChunks::new(self.files.clone(), &self.source, TYPE, 0, move |line, out, id| {
+        let chunks = LineChunks::new(self.files.clone(), &self.source, TYPE, 0, move |line, out, id| {
             let fields = split_tabs(line.bytes);
             let n = fields.count;
             if n != 2 {
@@ -79,6 +79,7 @@ impl Reader for ReadCcTsv {
             id.push_str(itoa::Buffer::new().format(line.no));
             out.push(PairRow { sample_id: id, caption: Some(caption), url: Some(url), ..Default::default() });
             LineOutcome::Row
-        })))
+        });
+        Ok(Box::new(chunks.with_line_ids()))
     }
 }

@@ -147,6 +147,7 @@ impl ReadTableConfig {
             header,
             indexes,
             caption_mapped: self.columns.caption.is_some(),
+            id_mapped: self.columns.sample_id.is_some(),
             path_cut_at: self.path_cut_at.clone(),
             image_root,
             check_files: self.check_files,
@@ -290,6 +291,8 @@ pub struct ReadTable {
     /// For each file: its column index for sample_id, caption, url, path, label, label_text.
     indexes: Vec<[Option<usize>; 6]>,
     caption_mapped: bool,
+    /// Without a mapped id, rows (rejected ones too) are known by `file#row`.
+    id_mapped: bool,
     path_cut_at: Option<String>,
     image_root: Option<PathBuf>,
     check_files: bool,
@@ -359,12 +362,8 @@ impl Reader for ReadTable {
                 let by_name: std::collections::HashMap<String, usize> =
                     self.files.iter().enumerate().map(|(i, f)| (file_name(f), i)).collect();
                 let skip = u64::from(self.header);
-                Ok(Box::new(LineChunks::new(
-                    self.files.clone(),
-                    &self.source,
-                    TYPE,
-                    skip,
-                    move |line, out, _scratch| {
+                let chunks =
+                    LineChunks::new(self.files.clone(), &self.source, TYPE, skip, move |line, out, _scratch| {
                         if line.as_text().is_none() {
                             return LineOutcome::Reject {
                                 reason: "invalid_utf8",
@@ -389,8 +388,8 @@ impl Reader for ReadTable {
                             Ok(()) => LineOutcome::Row,
                             Err((reason, detail)) => LineOutcome::Reject { reason, detail: detail.into() },
                         }
-                    },
-                )))
+                    });
+                Ok(Box::new(if self.id_mapped { chunks } else { chunks.with_line_ids() }))
             }
             Format::Csv => {
                 Ok(Box::new(self.files.iter().zip(&self.indexes).flat_map(move |(f, ix)| match self.read_csv(f, ix) {
@@ -407,7 +406,8 @@ impl Reader for ReadTable {
 
 impl ReadTable {
     fn reject(&self, file: &Path, row: u64, reason: &'static str, detail: String, raw: Vec<u8>) -> Reject {
-        Reject { stage: TYPE, source_file: file_name(file), row, sample_id: None, reason, detail: detail.into(), raw }
+        let sample_id = (!self.id_mapped).then(|| format!("{}#{row}", file_name(file)));
+        Reject { stage: TYPE, source_file: file_name(file), row, sample_id, reason, detail: detail.into(), raw }
     }
 
     /// A CSV file, parsed from memory so each record's line (where it starts, counting blank
