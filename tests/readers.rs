@@ -352,6 +352,9 @@ fn imagenet21k_entries_that_are_not_image_files() {
     std::fs::create_dir_all(synset.join("sub.jpg")).unwrap();
     std::fs::write(synset.join("a.jpg"), b"\xff\xd8").unwrap();
     std::os::unix::fs::symlink("/nonexistent/x.jpg", synset.join("broken.jpg")).unwrap();
+    // Beside the synset folders: a stray file and a folder that is no synset (counted as skipped).
+    std::fs::write(dir.path().join("stray.jpg"), b"\xff\xd8").unwrap();
+    std::fs::create_dir(dir.path().join("extra")).unwrap();
     let bad = std::ffi::OsStr::from_bytes(b"bad\xffname.jpg");
     std::fs::write(synset.join(bad), b"\xff\xd8").unwrap();
     let (d, data, rejects) =
@@ -365,6 +368,7 @@ fn imagenet21k_entries_that_are_not_image_files() {
     let m: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(d.path().join("out/manifest.json")).unwrap()).unwrap();
     assert!(m["input_fingerprint"].as_str().unwrap().starts_with("listing-xxh3-128:"), "{m}");
+    assert_eq!(m["skipped_by_reason"], serde_json::json!({"outside_synset_folders": 2}));
 }
 
 #[test]

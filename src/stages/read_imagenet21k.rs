@@ -7,7 +7,8 @@
 //! file's path as reachable from where curate runs. Files are listed in sorted order. A file
 //! that is not an image (by extension) is an `unsupported_extension` reject; a folder or a
 //! broken link where an image should be is `not_a_file`; a name that is not UTF-8 is
-//! `invalid_utf8` (raw: the name's bytes).
+//! `invalid_utf8` (raw: the name's bytes). Entries of the root that are not synset folders (the
+//! words file aside) are counted as skipped (`outside_synset_folders`).
 //!
 //! The manifest's fingerprint of this input is of its listing (each file's path below the root
 //! and size) and the words file, not of every image's bytes: the reader never reads them, and
@@ -45,6 +46,14 @@ fn default_extensions() -> Vec<String> {
 }
 fn default_source() -> String {
     "imagenet21k".into()
+}
+
+/// Whether `a` and `b` name the same file.
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
 }
 
 fn is_synset(name: &str) -> bool {
@@ -123,16 +132,20 @@ impl Listed {
 }
 
 impl ReadImagenet21k {
-    /// `(synset, entry)` of every entry of every synset folder, sorted by bytes of the name.
-    fn listing(&self) -> Result<Vec<(String, Listed)>> {
+    /// `(synset, entry)` of every entry of every synset folder, sorted by bytes of the name,
+    /// and the number of entries of the root that are not synset folders (the words file aside).
+    fn listing(&self) -> Result<(Vec<(String, Listed)>, u64)> {
         let entries = |p: &PathBuf| -> Result<Vec<std::fs::DirEntry>> {
             Ok(std::fs::read_dir(p).map_err(|e| Error::io("cannot list", p, e))?.filter_map(|e| e.ok()).collect())
         };
-        let mut synsets: Vec<String> = entries(&self.root)?
-            .into_iter()
-            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
-            .filter(|s| is_synset(s) && self.root.join(s).is_dir())
-            .collect();
+        let (mut synsets, mut outside) = (Vec::new(), 0u64);
+        for e in entries(&self.root)? {
+            match e.file_name().to_str() {
+                Some(s) if is_synset(s) && e.path().is_dir() => synsets.push(s.to_owned()),
+                _ if self.words_file.as_ref().is_some_and(|w| same_file(w, &e.path())) => {}
+                _ => outside += 1,
+            }
+        }
         synsets.sort();
         let mut out = Vec::new();
         for synset in synsets {
@@ -154,7 +167,7 @@ impl ReadImagenet21k {
             files.sort_by(|a, b| a.sort_key().cmp(b.sort_key()));
             out.extend(files.into_iter().map(|f| (synset.clone(), f)));
         }
-        Ok(out)
+        Ok((out, outside))
     }
 }
 
@@ -170,10 +183,15 @@ impl Reader for ReadImagenet21k {
     }
 
     fn open(&self) -> Result<ChunkIter<'_>> {
-        let listing = self.listing()?;
+        let (listing, outside) = self.listing()?;
         let root_name = crate::io::file_name(&self.root);
-        let chunks: Vec<Vec<(String, Listed)>> = listing.chunks(CHUNK_ROWS).map(<[_]>::to_vec).collect();
+        let mut chunks: Vec<Vec<(String, Listed)>> = listing.chunks(CHUNK_ROWS).map(<[_]>::to_vec).collect();
+        if chunks.is_empty() {
+            chunks.push(Vec::new());
+        }
         let mut index = 0u64;
+        // Counted once, with the first chunk: not images of the data set, but not lost either.
+        let mut outside = Some(outside).filter(|&n| n > 0);
         Ok(Box::new(chunks.into_iter().map(move |files| {
             let mut out = PairsBuilder::new(&self.source);
             let mut rejects = Vec::new();
@@ -228,7 +246,11 @@ impl Reader for ReadImagenet21k {
                 }
                 index += 1;
             }
-            Ok(chunk_of(out.finish(), rejects))
+            let mut chunk = chunk_of(out.finish(), rejects);
+            if let Some(n) = outside.take() {
+                chunk.skipped.insert("outside_synset_folders", n);
+            }
+            Ok(chunk)
         })))
     }
 }
