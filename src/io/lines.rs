@@ -7,6 +7,27 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
+/// The UTF-8 byte-order mark some tools (Excel, Notepad) put at the start of a text file: not
+/// part of the first line.
+pub const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// Moves past a [`BOM`] at the start of `file`, if there is one.
+pub fn skip_bom(file: &mut File) -> std::io::Result<()> {
+    use std::io::{Read, Seek};
+    let mut head = [0u8; 3];
+    let mut n = 0;
+    while n < 3 {
+        match file.read(&mut head[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    if head[..n] != *BOM {
+        file.seek(std::io::SeekFrom::Start(0))?;
+    }
+    Ok(())
+}
+
 /// Reads `path` line by line. A line is the bytes up to `\n` (exclusive); one trailing `\r` is
 /// removed too, so CRLF files read like LF files. A last line without a newline is still a line.
 pub struct Lines {
@@ -18,13 +39,9 @@ pub struct Lines {
 
 impl Lines {
     pub fn open(path: &Path) -> Result<Lines> {
-        let f = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
-        let mut reader = BufReader::with_capacity(1 << 20, f);
-        // A UTF-8 byte-order mark is not part of the first line.
-        if reader.fill_buf().map_err(|e| Error::io("cannot read", path, e))?.starts_with(crate::stages::BOM) {
-            reader.consume(crate::stages::BOM.len());
-        }
-        Ok(Lines { reader, buf: Vec::new(), line: 0, path: path.to_owned() })
+        let mut f = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
+        skip_bom(&mut f).map_err(|e| Error::io("cannot read", path, e))?;
+        Ok(Lines { reader: BufReader::with_capacity(1 << 20, f), buf: Vec::new(), line: 0, path: path.to_owned() })
     }
 
     /// The next line and its 1-based number, or `None` at the end of the file.

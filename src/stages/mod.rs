@@ -298,7 +298,7 @@ where
                     let Some(path) = this.files.get(next_file) else { break };
                     next_file += 1;
                     let mut file = std::fs::File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
-                    skip_bom(&mut file).map_err(|e| Error::io("cannot read", path, e))?;
+                    crate::io::lines::skip_bom(&mut file).map_err(|e| Error::io("cannot read", path, e))?;
                     let name = crate::io::file_name(path);
                     current = Some(BlockReader {
                         file,
@@ -466,27 +466,6 @@ pub fn header_fields(path: &Path, delimiter: u8) -> std::result::Result<Vec<Stri
     let text = String::from_utf8_lossy(line);
     Ok(text.split(delimiter as char).map(|s| s.trim_matches('"').to_owned()).collect())
 }
-
-/// Moves past a [`BOM`] at the start of `file`, if there is one.
-fn skip_bom(file: &mut std::fs::File) -> std::io::Result<()> {
-    use std::io::{Read, Seek};
-    let mut head = [0u8; 3];
-    let mut n = 0;
-    while n < 3 {
-        match file.read(&mut head[n..])? {
-            0 => break,
-            k => n += k,
-        }
-    }
-    if head[..n] != *BOM {
-        file.seek(std::io::SeekFrom::Start(0))?;
-    }
-    Ok(())
-}
-
-/// The UTF-8 byte-order mark some tools (Excel, Notepad) put at the start of a text file: not
-/// part of the first line.
-pub const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// Field count of the widest of the first `n` lines of a headerless file (one malformed first
 /// line must not hide the file's real width).

@@ -278,7 +278,7 @@ fn csv_header(path: &Path) -> std::result::Result<Vec<String>, String> {
         .iter()
         .enumerate()
         .map(|(i, h)| {
-            let h = if i == 0 { h.strip_prefix(super::BOM).unwrap_or(h) } else { h };
+            let h = if i == 0 { h.strip_prefix(crate::io::lines::BOM).unwrap_or(h) } else { h };
             String::from_utf8_lossy(h).into_owned()
         })
         .collect())
@@ -414,7 +414,7 @@ impl ReadTable {
     /// lines and CRLF ends) and raw bytes are known exactly.
     fn read_csv(&self, path: &Path, indexes: &[Option<usize>; 6]) -> Result<Vec<Chunk>> {
         let bytes = std::fs::read(path).map_err(|e| Error::io("cannot read", path, e))?;
-        let body = bytes.strip_prefix(super::BOM).unwrap_or(&bytes);
+        let body = bytes.strip_prefix(crate::io::lines::BOM).unwrap_or(&bytes);
         let mut rdr = csv::ReaderBuilder::new().has_headers(self.header).flexible(true).from_reader(body);
         let expected = rdr.byte_headers().map(|h| h.len()).unwrap_or(0);
         let need = indexes.iter().flatten().max().map_or(0, |m| m + 1);
