@@ -263,3 +263,16 @@ fn same_output_for_any_thread_count_and_cache_budget() {
         }
     }
 }
+
+/// `config.json` has every value the run used: a stage seed left out is written as the
+/// pipeline's seed, not as `null`.
+#[test]
+fn resolved_config_writes_out_the_stage_seed() {
+    let plan = curate::pipeline::plan::compile(std::path::Path::new("pipelines/bow.toml"), &["seed=7".into()]).unwrap();
+    let bow = plan.resolved["stage"].as_array().unwrap().iter().find(|s| s["type"] == "bow").unwrap();
+    assert_eq!(bow["seed"], serde_json::json!(7));
+    let plan =
+        curate::pipeline::plan::compile(std::path::Path::new("pipelines/bow.toml"), &["bow.seed=3".into()]).unwrap();
+    let bow = plan.resolved["stage"].as_array().unwrap().iter().find(|s| s["type"] == "bow").unwrap();
+    assert_eq!(bow["seed"], serde_json::json!(3));
+}

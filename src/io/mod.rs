@@ -197,6 +197,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn listing_fingerprint_sees_names_and_sizes_in_folders_and_bytes_of_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, words) = (dir.path().join("root"), dir.path().join("words.txt"));
+        std::fs::create_dir_all(root.join("n1")).unwrap();
+        std::fs::write(root.join("n1/a.jpg"), b"abc").unwrap();
+        std::fs::write(&words, b"n1\tdog").unwrap();
+        let inputs = [root.clone(), words.clone()];
+        let first = fingerprint_listing(&inputs).unwrap();
+        assert!(first.starts_with("listing-xxh3-128:"));
+        // Same name and size in the folder: the same listing (image bytes are not read).
+        std::fs::write(root.join("n1/a.jpg"), b"xyz").unwrap();
+        assert_eq!(fingerprint_listing(&inputs).unwrap(), first);
+        // Another size, another name, or other bytes in a file given directly: another one.
+        std::fs::write(root.join("n1/a.jpg"), b"abcd").unwrap();
+        let sized = fingerprint_listing(&inputs).unwrap();
+        assert_ne!(sized, first);
+        std::fs::rename(root.join("n1/a.jpg"), root.join("n1/b.jpg")).unwrap();
+        let renamed = fingerprint_listing(&inputs).unwrap();
+        assert_ne!(renamed, sized);
+        std::fs::write(&words, b"n1\tcat").unwrap();
+        assert_ne!(fingerprint_listing(&inputs).unwrap(), renamed);
+    }
+
+    #[test]
     fn patterns_expand_sorted_and_report_misses() {
         let dir = tempfile::tempdir().unwrap();
         for n in ["b.tsv", "a.tsv", "c.txt"] {

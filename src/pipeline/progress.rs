@@ -135,3 +135,24 @@ impl PassBar {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_gets_lines_with_rows_and_a_whole_rate() {
+        let p = Progress { enabled: true, terminal: false, total_passes: 3 };
+        let bar = p.pass(2, "bow: fit pass 2", Some(1_000_000));
+        let Some(Shown::Log(log)) = &bar.0 else { panic!("a log, not a bar, where stderr is no terminal") };
+        bar.inc(123_456);
+        let line = log.line(false);
+        assert!(line.starts_with("[2/3] bow: fit pass 2: at 123,456/1,000,000 rows, "), "{line}");
+        let rate = line.split(", ").nth(1).unwrap();
+        assert!(rate.ends_with(" rows/s") && !rate.contains('.'), "whole rows/s: {line}");
+        assert!(log.line(true).contains(": done 123,456/1,000,000 rows"));
+        // Off: nothing at all.
+        let off = Progress { enabled: false, terminal: false, total_passes: 3 };
+        assert!(off.pass(1, "x", None).0.is_none());
+    }
+}

@@ -48,3 +48,23 @@ impl WriteParquetConfig {
             .map(|r| format!("`dir` cannot be `{r}`: the run writes its {r} there"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_goes_to_a_plain_folder_of_its_own() {
+        let problem =
+            |dir: &str| WriteParquetConfig { dir: dir.into(), rows_per_shard: 1, columns: None }.dir_problem();
+        for ok in ["data", "out/bow_data", "rejected"] {
+            assert_eq!(problem(ok), None, "{ok}");
+        }
+        for bad in ["", " ", "/abs/data", "../data", "a/../b", "./data"] {
+            assert!(problem(bad).is_some_and(|p| p.contains("must be a folder inside")), "{bad:?}");
+        }
+        for reserved in ["rejects", "plots", "plots/x"] {
+            assert!(problem(reserved).is_some_and(|p| p.contains("cannot be")), "{reserved}");
+        }
+    }
+}
