@@ -50,6 +50,11 @@ fn missing_columns() {
 }
 
 #[test]
+fn a_wrong_value_does_not_hide_missing_inputs() {
+    insta::assert_snapshot!(validate("wrong_type_and_missing_input.toml", &[]));
+}
+
+#[test]
 fn missing_input_file() {
     insta::assert_snapshot!(validate("missing_input.toml", &[]));
 }

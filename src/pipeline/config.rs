@@ -146,6 +146,11 @@ impl ConfigDoc {
                             .or_else(|| Some(format!("stage names here: {}", names.join(", ")))),
                     ));
                 };
+                if parts[1..] == ["type"] {
+                    // Every other key of the stage would then be checked against another type.
+                    return Err(bad(format!("`--set {key}`: a stage's `type` cannot be overridden"))
+                        .hint("edit the pipeline file (or copy it) to use another stage type"));
+                }
                 let Some(Value::Array(stages)) = self.root.get_mut("stage") else { unreachable!() };
                 let table = stages[idx].as_table_mut().expect("stages() only lists tables");
                 (table, format!("stage[{idx}]"), &parts[1..])
@@ -167,14 +172,30 @@ impl ConfigDoc {
     /// error in one key, that key is dropped and deserialization retried, so a table with three
     /// wrong values yields three diagnostics. Returns `None` if anything was wrong.
     pub fn extract<T: DeserializeOwned>(&self, path: &str, value: &Value, diags: &mut Vec<Diagnostic>) -> Option<T> {
+        match self.extract_recovering(path, value, diags) {
+            (Some(t), dropped) if dropped.is_empty() => Some(t),
+            _ => None,
+        }
+    }
+
+    /// [`ConfigDoc::extract`] that also returns what is left once the wrong keys are dropped
+    /// (their defaults in their place), with those keys' paths inside `value`: the caller can
+    /// go on checking the rest (input files, columns) so that one run of `validate` reports
+    /// everything, and leave out problems that only follow from a dropped key. The value is
+    /// `None` when a required key is wrong or missing. A non-empty list means errors were
+    /// reported.
+    pub fn extract_recovering<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        value: &Value,
+        diags: &mut Vec<Diagnostic>,
+    ) -> (Option<T>, Vec<String>) {
         let mut value = value.clone();
-        let mut ok = true;
         let mut dropped: Vec<String> = Vec::new();
         for _ in 0..64 {
             match serde_path_to_error::deserialize::<_, T>(value.clone()) {
-                Ok(t) => return ok.then_some(t),
+                Ok(t) => return (Some(t), dropped),
                 Err(e) => {
-                    ok = false;
                     let inner = e.path().to_string();
                     let full = match (path.is_empty(), inner == "." || inner.is_empty()) {
                         (_, true) => path.to_owned(),
@@ -190,20 +211,21 @@ impl ConfigDoc {
                             format!("{inner}.{field}")
                         };
                         if dropped.contains(&missing) {
-                            return None;
+                            return (None, dropped);
                         }
                     }
                     let (msg, hint) = explain_serde_error(&message, &full);
                     diags.push(Diagnostic::new(msg).at(self.location(&full)).maybe_hint(hint));
                     // Drop the offending key and retry to find further errors.
                     if inner == "." || inner.is_empty() || !remove_path(&mut value, &inner) {
-                        return None;
+                        dropped.push(inner);
+                        return (None, dropped);
                     }
                     dropped.push(inner);
                 }
             }
         }
-        None
+        (None, dropped)
     }
 }
 
@@ -383,6 +405,16 @@ mod tests {
     }
 
     #[test]
+    fn a_stage_type_is_not_overridden() {
+        let sets = ["bow.type=read_cc_tsv".to_owned(), "bow.keep_words=2".to_owned()];
+        let doc = ConfigDoc::parse(Path::new("p.toml"), "[[stage]]\ntype = \"bow\"\n".into(), &sets).unwrap();
+        assert_eq!(doc.override_errors.len(), 1, "{:?}", doc.override_errors);
+        assert!(doc.override_errors[0].message.contains("`type` cannot be overridden"));
+        assert_eq!(doc.stages()[0]["type"].as_str(), Some("bow"));
+        assert_eq!(doc.stages()[0]["keep_words"].as_integer(), Some(2));
+    }
+
+    #[test]
     fn unknown_stage_in_override_is_reported() {
         let sets = ["bwo.keep_words=2".to_owned()];
         let doc = ConfigDoc::parse(Path::new("p.toml"), "[[stage]]\ntype = \"bow\"\n".into(), &sets).unwrap();
@@ -400,6 +432,21 @@ mod tests {
         assert_eq!(diags.len(), 2, "{diags:?}");
         assert!(diags[0].message.contains("stage[0].a"));
         assert!(diags[1].message.contains("stage[0].b"));
+    }
+
+    #[test]
+    fn extract_recovering_returns_the_rest_with_defaults() {
+        let d = doc("[[stage]]\na = 1\nb = true\nc = 5\n", &[]);
+        let mut diags = Vec::new();
+        let v = Value::Table(d.stages()[0].clone());
+        let (s, dropped) = d.extract_recovering::<S>("stage[0]", &v, &mut diags);
+        assert_eq!(s, Some(S { a: 1, b: true, c: String::new() }));
+        assert_eq!(dropped, ["c"]);
+        assert_eq!(diags.len(), 1, "{diags:?}");
+        // A wrong required key leaves nothing to check.
+        let d = doc("[[stage]]\na = \"x\"\nb = true\n", &[]);
+        let (s, dropped) = d.extract_recovering::<S>("stage[0]", &Value::Table(d.stages()[0].clone()), &mut diags);
+        assert_eq!((s, dropped.len()), (None, 1));
     }
 
     #[test]

@@ -217,41 +217,45 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
         let body = Value::Table(body);
         let mut problems = Problems::default();
         let (stage, resolved) = match ty {
-            read_cc_tsv::TYPE => build(doc, &at, &body, &mut diags, |c: &ReadCcTsvConfig| {
-                c.build(&mut problems).map(|r| Built::Reader(Box::new(r)))
+            read_cc_tsv::TYPE => build(doc, &at, &body, &mut diags, &mut problems, |p, c: &ReadCcTsvConfig| {
+                c.build(p).map(|r| Built::Reader(Box::new(r)))
             }),
-            read_img2dataset::TYPE => build(doc, &at, &body, &mut diags, |c: &ReadImg2datasetConfig| {
-                c.build(&mut problems).map(|r| Built::Reader(Box::new(r)))
+            read_img2dataset::TYPE => {
+                build(doc, &at, &body, &mut diags, &mut problems, |p, c: &ReadImg2datasetConfig| {
+                    c.build(p).map(|r| Built::Reader(Box::new(r)))
+                })
+            }
+            read_yfcc::TYPE => build(doc, &at, &body, &mut diags, &mut problems, |p, c: &ReadYfccConfig| {
+                c.build(p).map(|r| Built::Reader(Box::new(r)))
             }),
-            read_yfcc::TYPE => build(doc, &at, &body, &mut diags, |c: &ReadYfccConfig| {
-                c.build(&mut problems).map(|r| Built::Reader(Box::new(r)))
+            read_imagenet21k::TYPE => {
+                build(doc, &at, &body, &mut diags, &mut problems, |p, c: &ReadImagenet21kConfig| {
+                    c.build(p).map(|r| Built::Reader(Box::new(r)))
+                })
+            }
+            read_table::TYPE => build(doc, &at, &body, &mut diags, &mut problems, |p, c: &ReadTableConfig| {
+                c.build(p).map(|r| Built::Reader(Box::new(r)))
             }),
-            read_imagenet21k::TYPE => build(doc, &at, &body, &mut diags, |c: &ReadImagenet21kConfig| {
-                c.build(&mut problems).map(|r| Built::Reader(Box::new(r)))
+            bow::TYPE => build(doc, &at, &body, &mut diags, &mut problems, |p, c: &BowConfig| {
+                c.build(seed, &schema, p).map(|t| Built::Transform(Box::new(t)))
             }),
-            read_table::TYPE => build(doc, &at, &body, &mut diags, |c: &ReadTableConfig| {
-                c.build(&mut problems).map(|r| Built::Reader(Box::new(r)))
+            encode_text::TYPE => build(doc, &at, &body, &mut diags, &mut problems, |p, c: &EncodeTextConfig| {
+                c.build(&schema, device, p).map(|t| Built::Transform(Box::new(t)))
             }),
-            bow::TYPE => build(doc, &at, &body, &mut diags, |c: &BowConfig| {
-                c.build(seed, &schema, &mut problems).map(|t| Built::Transform(Box::new(t)))
+            encode_image::TYPE => build(doc, &at, &body, &mut diags, &mut problems, |p, c: &EncodeImageConfig| {
+                c.build(&schema, device, p).map(|t| Built::Transform(Box::new(t)))
             }),
-            encode_text::TYPE => build(doc, &at, &body, &mut diags, |c: &EncodeTextConfig| {
-                c.build(&schema, device, &mut problems).map(|t| Built::Transform(Box::new(t)))
+            mine_pseudo_bow::TYPE => build(doc, &at, &body, &mut diags, &mut problems, |p, c: &MinePseudoBowConfig| {
+                c.build(seed, &schema, device, p).map(|t| Built::Transform(Box::new(t)))
             }),
-            encode_image::TYPE => build(doc, &at, &body, &mut diags, |c: &EncodeImageConfig| {
-                c.build(&schema, device, &mut problems).map(|t| Built::Transform(Box::new(t)))
-            }),
-            mine_pseudo_bow::TYPE => build(doc, &at, &body, &mut diags, |c: &MinePseudoBowConfig| {
-                c.build(seed, &schema, device, &mut problems).map(|t| Built::Transform(Box::new(t)))
-            }),
-            write_parquet::TYPE => build(doc, &at, &body, &mut diags, |c: &WriteParquetConfig| {
+            write_parquet::TYPE => build(doc, &at, &body, &mut diags, &mut problems, |p, c: &WriteParquetConfig| {
                 if c.rows_per_shard == 0 {
-                    problems.push("rows_per_shard", "rows_per_shard must be at least 1", None);
+                    p.push("rows_per_shard", "rows_per_shard must be at least 1", None);
                 }
-                if let Some(p) = c.dir_problem() {
-                    problems.push("dir", p, Some("the default is `data`".into()));
+                if let Some(problem) = c.dir_problem() {
+                    p.push("dir", problem, Some("the default is `data`".into()));
                 }
-                problems.is_empty().then(|| Built::Write(c.clone()))
+                p.is_empty().then(|| Built::Write(c.clone()))
             }),
             _ => unreachable!("every registered type is handled"),
         };
@@ -379,18 +383,29 @@ fn build<C, F>(
     at: &str,
     body: &Value,
     diags: &mut Vec<Diagnostic>,
+    problems: &mut Problems,
     f: F,
 ) -> (Option<Built>, serde_json::Value)
 where
     C: DeserializeOwned + Serialize,
-    F: FnOnce(&C) -> Option<Built>,
+    F: FnOnce(&mut Problems, &C) -> Option<Built>,
 {
-    match doc.extract::<C>(at, body, diags) {
-        Some(c) => {
+    match doc.extract_recovering::<C>(at, body, diags) {
+        (Some(c), dropped) if dropped.is_empty() => {
             let resolved = serde_json::to_value(&c).unwrap_or(serde_json::Value::Null);
-            (f(&c), resolved)
+            (f(problems, &c), resolved)
         }
-        None => (None, serde_json::Value::Null),
+        // Wrong keys were dropped (and reported): the rest is still checked, so one `validate`
+        // reports a bad value and a missing input file together, but nothing runs, and
+        // problems of the dropped keys (now at their defaults), or of the tables holding them,
+        // are left out.
+        (Some(c), dropped) => {
+            f(problems, &c);
+            let related = |a: &str, b: &str| a == b || [".", "["].iter().any(|s| a.starts_with(&format!("{b}{s}")));
+            problems.0.retain(|(key, ..)| !dropped.iter().any(|d| related(key, d) || related(d, key)));
+            (None, serde_json::Value::Null)
+        }
+        (None, _) => (None, serde_json::Value::Null),
     }
 }
 

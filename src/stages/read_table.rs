@@ -33,11 +33,39 @@ pub enum Format {
 }
 
 /// A column by header name or 0-based index.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum ColumnRef {
     Index(usize),
     Name(String),
+}
+
+/// By hand rather than `untagged`, so a wrong value is told what is expected ("a column name or
+/// a 0-based column index") instead of "did not match any variant".
+impl<'de> Deserialize<'de> for ColumnRef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = ColumnRef;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a column name or a 0-based column index")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<ColumnRef, E> {
+                usize::try_from(v)
+                    .map(ColumnRef::Index)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(v), &self))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<ColumnRef, E> {
+                u64::try_from(v)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+                    .and_then(|v| self.visit_u64(v))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<ColumnRef, E> {
+                Ok(ColumnRef::Name(v.to_owned()))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 impl std::fmt::Display for ColumnRef {
