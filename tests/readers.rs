@@ -114,6 +114,33 @@ fn a_run_clears_what_an_earlier_run_left() {
     assert_ne!(std::fs::read(out.join("manifest.json")).unwrap(), b"from an earlier run");
 }
 
+#[test]
+fn a_run_into_another_data_folder_clears_the_earlier_runs_shards() {
+    // The first run writes `data/`, the second `shards/`: what is left is the second run's,
+    // and the manifest says which folder holds the data.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let run = |data_dir: &str| {
+        let toml = format!(
+            "output_dir = {:?}\n[[stage]]\ntype = \"read_cc_tsv\"\npath = {:?}\n[[stage]]\ntype = \"write_parquet\"\ndir = {data_dir:?}\n",
+            out.to_string_lossy(),
+            fixture("readers/cc/cc_train.tsv")
+        );
+        let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
+        curate::pipeline::run(curate::pipeline::plan::compile_doc(&doc).unwrap(), &Default::default()).unwrap();
+    };
+    run("data");
+    std::fs::write(out.join("data/notes.txt"), b"mine").unwrap();
+    assert!(out.join("data/part-00000.parquet").exists());
+    run("shards");
+    assert!(!out.join("data/part-00000.parquet").exists(), "the earlier run's shard is gone");
+    assert!(out.join("data/notes.txt").exists(), "other files stay");
+    assert!(out.join("shards/part-00000.parquet").exists());
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["data_dir"], "shards");
+    assert_eq!(m["data_shards"][0]["file"], "part-00000.parquet");
+}
+
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).unwrap() {

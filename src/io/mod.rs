@@ -122,8 +122,11 @@ pub fn recv_in_pool<T>(rx: &std::sync::mpsc::Receiver<T>) -> Option<T> {
     }
 }
 
-/// Content fingerprint of input files: xxh3-128 over (name, length, bytes) of each file.
-/// Not cryptographic; it identifies which bytes a data set was built from.
+/// Content fingerprint of input files: xxh3-128 over (name, length, bytes) of each file. The
+/// name is what the data sees of it (sample ids are `file#row`): a file's own name, or a path
+/// relative to the folder given; not the path as written, so `data/x.tsv`, `./data/x.tsv` and
+/// a copy elsewhere fingerprint alike. Not cryptographic; it identifies which bytes a data set
+/// was built from.
 pub fn fingerprint(paths: &[PathBuf]) -> Result<String> {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -131,6 +134,7 @@ pub fn fingerprint(paths: &[PathBuf]) -> Result<String> {
         let mut files = Vec::new();
         collect_files(p, &mut files)?;
         for f in files {
+            h.update(input_name(p, &f).as_bytes());
             hash_file(&mut h, &f, &mut buf)?;
         }
     }
@@ -138,20 +142,21 @@ pub fn fingerprint(paths: &[PathBuf]) -> Result<String> {
 }
 
 /// [`fingerprint`] for inputs whose bytes the run does not read (image folders): the folders
-/// in `paths` count by their listing — (path, size) of every file under them — and files given
-/// directly (a words list) by their bytes. `listing-` in front says so.
+/// in `paths` count by their listing — (relative path, size) of every file under them — and
+/// files given directly (a words list) by their name and bytes. `listing-` in front says so.
 pub fn fingerprint_listing(paths: &[PathBuf]) -> Result<String> {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     let mut buf = vec![0u8; 1 << 20];
     for p in paths {
         if !p.is_dir() {
+            h.update(input_name(p, p).as_bytes());
             hash_file(&mut h, p, &mut buf)?;
             continue;
         }
         let mut files = Vec::new();
         collect_files(p, &mut files)?;
         for f in files {
-            h.update(f.to_string_lossy().as_bytes());
+            h.update(input_name(p, &f).as_bytes());
             // A broken link has no size: 0, and it is still listed.
             let len = std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0);
             h.update(&len.to_le_bytes());
@@ -160,9 +165,19 @@ pub fn fingerprint_listing(paths: &[PathBuf]) -> Result<String> {
     Ok(format!("listing-xxh3-128:{:032x}", h.digest128()))
 }
 
-/// Adds `f`'s name, length and bytes to `h`.
+/// The name a fingerprint gives file `f` of input `root`: `f`'s path under the folder `root`,
+/// or the file name of `root` itself; NUL-terminated so that names and bytes cannot run into
+/// each other.
+fn input_name(root: &Path, f: &Path) -> String {
+    let rel = match f.strip_prefix(root) {
+        Ok(r) if !r.as_os_str().is_empty() => r.to_string_lossy().into_owned(),
+        _ => f.file_name().map_or_else(|| f.to_string_lossy().into_owned(), |n| n.to_string_lossy().into_owned()),
+    };
+    rel + "\0"
+}
+
+/// Adds `f`'s length and bytes to `h`.
 fn hash_file(h: &mut xxhash_rust::xxh3::Xxh3, f: &Path, buf: &mut [u8]) -> Result<()> {
-    h.update(f.to_string_lossy().as_bytes());
     let mut file = File::open(f).map_err(|e| Error::io("cannot open", f, e))?;
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
     h.update(&len.to_le_bytes());
@@ -195,6 +210,34 @@ pub fn collect_files(p: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fingerprint_sees_names_and_bytes_not_how_the_path_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir_all(a.join("sub")).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        std::fs::write(a.join("x.tsv"), b"dog\thttp://u\n").unwrap();
+        std::fs::write(b.join("x.tsv"), b"dog\thttp://u\n").unwrap();
+        let f = |p: PathBuf| fingerprint(&[p]).unwrap();
+        let first = f(a.join("x.tsv"));
+        assert!(first.starts_with("xxh3-128:"));
+        // Another spelling of the path, or a copy in another folder: the same bytes and name.
+        assert_eq!(f(a.join("sub/../x.tsv")), first);
+        assert_eq!(f(a.join(".").join("x.tsv")), first);
+        assert_eq!(f(b.join("x.tsv")), first);
+        // Another name (the sample ids would differ) or other bytes: another fingerprint.
+        std::fs::rename(b.join("x.tsv"), b.join("y.tsv")).unwrap();
+        assert_ne!(f(b.join("y.tsv")), first);
+        std::fs::write(b.join("x.tsv"), b"cat\thttp://u\n").unwrap();
+        assert_ne!(f(b.join("x.tsv")), first);
+        // A folder input: names relative to it.
+        std::fs::write(a.join("sub/z.tsv"), b"z").unwrap();
+        std::fs::create_dir_all(b.join("c/sub")).unwrap();
+        std::fs::copy(a.join("x.tsv"), b.join("c/x.tsv")).unwrap();
+        std::fs::copy(a.join("sub/z.tsv"), b.join("c/sub/z.tsv")).unwrap();
+        assert_eq!(f(a.clone()), f(b.join("c")));
+    }
 
     #[test]
     fn listing_fingerprint_sees_names_and_sizes_in_folders_and_bytes_of_files() {

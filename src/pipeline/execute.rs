@@ -19,7 +19,7 @@ use crate::io::parquet::{ShardInfo, ShardedWriter};
 use crate::io::{fingerprint, fingerprint_listing, write_atomic};
 use crate::report;
 use crate::schema::{self, Chunk};
-use crate::stages::{ChunkIter, Reader, Transform};
+use crate::stages::{write_parquet, ChunkIter, Reader, Transform};
 
 /// Chunks in flight between the reader and the writer (being transformed, or waiting for an
 /// earlier one), and the reader's lead in the fit passes: enough to keep every core of the
@@ -97,7 +97,12 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     let rejects_dir = out.join("rejects");
     // Nothing of an earlier run stays beside this one's files; the manifest, written last,
     // marks a finished run.
-    let clearing = clear_previous_run(&out, &[&data_dir, &rejects_dir])?;
+    // An earlier run may have written its data to another folder (`write_parquet.dir`): its
+    // `config.json` (written first, so a killed run has one too) says where.
+    let earlier_dir = previous_data_dir(&out).map(|d| out.join(d)).filter(|d| *d != data_dir);
+    let mut shard_dirs = vec![data_dir.as_path(), rejects_dir.as_path()];
+    shard_dirs.extend(earlier_dir.as_deref());
+    let clearing = clear_previous_run(&out, &shard_dirs)?;
     let config_json = serde_json::to_string_pretty(&plan.resolved).expect("JSON value serializes");
     write_atomic(&out.join("config.json"), config_json.as_bytes())?;
     // The hash names what made the data, so it leaves out where the data was written: the same
@@ -284,6 +289,7 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
         },
         "rejects_by_reason": summary.rejects,
         "skipped_by_reason": summary.skipped,
+        "data_dir": plan.write.dir,
         "data_shards": summary.data_shards,
         "reject_shards": w.reject_shards,
         "timings_s": summary.timings_s,
@@ -291,6 +297,17 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     let text = serde_json::to_string_pretty(&manifest).expect("JSON value serializes");
     write_atomic(&out.join("manifest.json"), text.as_bytes())?;
     Ok(summary)
+}
+
+/// The data folder named by the `config.json` an earlier run left in `out`, if it is a folder
+/// a run may write (a hand-edited file cannot send the clearing outside `out`).
+fn previous_data_dir(out: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(out.join("config.json")).ok()?;
+    let config: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let writer = config["stage"].as_array()?.iter().find(|s| s["type"] == write_parquet::TYPE)?;
+    let dir = writer["dir"].as_str()?.to_owned();
+    let w = write_parquet::WriteParquetConfig { dir, rows_per_shard: 1, columns: None };
+    w.dir_problem().is_none().then_some(w.dir)
 }
 
 /// Streams `cached` chunks, or else the reader's, from a thread of their own, at most [`GROUP`]
