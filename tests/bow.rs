@@ -134,7 +134,8 @@ proptest! {
     }
 
     /// "mostly" mode: base ∪ deformed ∪ rejected is a partition of the input, the base set has
-    /// exactly round(0.1·N) captions kept byte-identical, and deformed words obey every filter.
+    /// exactly round(0.1·N) captions (halves to even) kept byte-identical, and deformed words
+    /// obey every filter.
     #[test]
     fn mostly_mode_partition_and_filters(caps in prop::collection::vec(caption(), 1..120), t in 0usize..4) {
         let toml = format!("rm_top_freq = {t}\n");
@@ -145,11 +146,15 @@ proptest! {
         all.sort();
         prop_assert_eq!(seen, all, "every row is output or rejected, once");
         let base: Vec<_> = rows.iter().filter(|r| r.3 == "base").collect();
-        prop_assert_eq!(base.len() as f64, (0.1 * caps.len() as f64).round());
+        // Python's `round` (the spec's pseudo-code): halves to even.
+        prop_assert_eq!(base.len() as f64, (0.1 * caps.len() as f64).round_ties_even());
         prop_assert!(base.iter().all(|r| r.1 == r.2 && caps[r.0[1..].parse::<usize>().unwrap()] == r.1));
         let vocab: std::collections::HashSet<String> = base.iter().flat_map(|r| words(&r.1)).collect();
         let top: Vec<String> = report["top_removed"].as_array().unwrap().iter().map(|w| w["word"].as_str().unwrap().to_owned()).collect();
         prop_assert_eq!(top.len(), t.min(vocab.iter().filter(|w| is_content_word(w)).count()));
+        let deformed_vocab: std::collections::HashSet<String> =
+            rows.iter().filter(|r| r.3 == "deformed").flat_map(|r| words(&r.1)).collect();
+        prop_assert_eq!(report["vocabulary_deformed_after"].as_u64(), Some(deformed_vocab.len() as u64));
         for r in rows.iter().filter(|r| r.3 == "deformed") {
             let got = words(&r.1);
             prop_assert!(got.len() <= 4 && !got.is_empty());
@@ -275,4 +280,15 @@ fn resolved_config_writes_out_the_stage_seed() {
         curate::pipeline::plan::compile(std::path::Path::new("pipelines/bow.toml"), &["bow.seed=3".into()]).unwrap();
     let bow = plan.resolved["stage"].as_array().unwrap().iter().find(|s| s["type"] == "bow").unwrap();
     assert_eq!(bow["seed"], serde_json::json!(3));
+}
+
+/// The base size is `round(base_fraction·N)` with Python's `round`, as in the spec's
+/// pseudo-code: a half goes to the even neighbour (2005 captions -> 200 base, 15 -> 2, 25 -> 2).
+#[test]
+fn base_size_rounds_halves_to_even_like_python() {
+    for (n, want) in [(2005usize, 200usize), (2015, 202), (15, 2), (25, 2), (35, 4), (2004, 200), (2006, 201)] {
+        let caps: Vec<String> = (0..n).map(|i| format!("a dog number w{i} runs")).collect();
+        let (rows, _, _) = run_bow("limit_to_base_vocab = false\n", &caps, 1000);
+        assert_eq!(rows.iter().filter(|r| r.3 == "base").count(), want, "N = {n}");
+    }
 }

@@ -185,9 +185,16 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
     for w in r["warnings"].as_array().into_iter().flatten().filter_map(Value::as_str) {
         let _ = writeln!(md, "**Warning:** {w}\n");
     }
+    // A mean over no caption is 0 in the JSON, "n/a" here.
+    let mean = |k: &str, n: &str| if u(n) == 0 { "n/a".to_owned() } else { format!("{:.2}", f(k)) };
     let _ = writeln!(md, "| | before | after |\n| --- | ---: | ---: |");
     let _ = writeln!(md, "| captions | {} | {} |", u("captions_in"), u("captions_out"));
-    let _ = writeln!(md, "| mean words per caption | {:.2} | {:.2} |", f("mean_words_before"), f("mean_words_after"));
+    let _ = writeln!(
+        md,
+        "| mean words per caption | {} | {} |",
+        mean("mean_words_before", "captions_in"),
+        mean("mean_words_after", "captions_out")
+    );
     let _ = writeln!(md, "| vocabulary (distinct words) | {} | {} |\n", u("vocabulary_before"), u("vocabulary_after"));
     let _ = writeln!(md, "- Δ dataset size: **{:+.1}%**", 100.0 * f("delta_dataset_size"));
     let _ = writeln!(
@@ -198,8 +205,18 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
         u("deformed_out"),
         u("emptied")
     );
-    let _ = writeln!(md, "- mean words per surviving deformed caption: {:.2}", f("mean_words_deformed_after"));
-    let _ = writeln!(md, "- base vocabulary: {} words", u("base_vocabulary"));
+    let _ = writeln!(
+        md,
+        "- surviving deformed captions: {} words each on average, {} distinct words",
+        mean("mean_words_deformed_after", "deformed_out"),
+        u("vocabulary_deformed_after")
+    );
+    let _ = writeln!(
+        md,
+        "- base vocabulary: {} {}",
+        u("base_vocabulary"),
+        r["base_vocabulary_unit"].as_str().unwrap_or("words")
+    );
     let top: Vec<String> = r["top_removed"]
         .as_array()
         .map(|a| a.iter().filter_map(|w| w["word"].as_str().map(str::to_owned)).collect())
@@ -211,14 +228,15 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
         } else {
             String::new()
         };
-        let _ = writeln!(md, "- removed top-{} words, most frequent first: {}{more}", top.len(), shown.join(", "));
+        let unit = r["base_vocabulary_unit"].as_str().unwrap_or("words");
+        let _ = writeln!(md, "- removed top-{} {unit}, most frequent first: {}{more}", top.len(), shown.join(", "));
     }
     let (hb, ha) = (u64s(&r["length_histogram_before"]), u64s(&r["length_histogram_after"]));
     let svg = plot::histogram(
         &format!("Caption length ({name})"),
         "words per caption",
         &[("before", &hb), ("after", &ha)],
-        &format!("{MAX_HIST_WORDS}+"),
+        Some(MAX_HIST_WORDS),
     );
     let p = plots.join(format!("{name}_caption_length.svg"));
     write_atomic(&p, svg.as_bytes())?;
@@ -228,7 +246,8 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
     write_atomic(&q, svg.as_bytes())?;
     let _ = writeln!(
         md,
-        "\n![caption length](plots/{name}_caption_length.svg)\n\n![word rank](plots/{name}_word_rank.svg)\n"
+        "\n![caption length](plots/{name}_caption_length.svg)\n\n(The last bin, {MAX_HIST_WORDS}+, counts \
+         captions of {MAX_HIST_WORDS} words or more.)\n\n![word rank](plots/{name}_word_rank.svg)\n"
     );
     for (key, counts) in [("rank_frequency_before", fb), ("rank_frequency_after", fa)] {
         let sampled: Vec<[u64; 2]> =

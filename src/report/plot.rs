@@ -73,7 +73,9 @@ fn nice_step(max: f64, n: f64) -> f64 {
 
 /// Grouped histogram of `series` (counts per bin, bin i = i words), shown as fractions of each
 /// series' total so series of different sizes compare. The last bin is labelled `last_label`.
-pub fn histogram(title: &str, xlabel: &str, series: &[(&str, &[u64])], last_label: &str) -> String {
+/// Bars of the fraction of each series' counts per bin; `open_bin` is the bin that also counts
+/// everything above it (labelled `N+`, and always labelled when drawn).
+pub fn histogram(title: &str, xlabel: &str, series: &[(&str, &[u64])], open_bin: Option<usize>) -> String {
     let mut s = header(title, xlabel, "fraction of captions");
     let bins = series.iter().map(|(_, c)| c.iter().rposition(|&v| v > 0).map_or(1, |p| p + 1)).max().unwrap_or(1);
     let fracs: Vec<Vec<f64>> = series
@@ -114,9 +116,12 @@ pub fn histogram(title: &str, xlabel: &str, series: &[(&str, &[u64])], last_labe
         }
     }
     let tick = (nice_step(bins as f64, 12.0) as usize).max(1);
-    for i in (0..bins).step_by(tick) {
+    let open = open_bin.filter(|&b| b < bins);
+    // A regular tick too close to the open bin's label would overlap it.
+    let ticks = (0..bins).step_by(tick).filter(|&i| open.is_none_or(|b| i == b || i + tick / 2 < b || tick == 1));
+    for i in ticks.chain(open.filter(|b| b % tick != 0)) {
         let x = LEFT + bw * (i as f64 + 0.5);
-        let label = if i + 1 == bins && !last_label.is_empty() { last_label.to_owned() } else { i.to_string() };
+        let label = if Some(i) == open { format!("{i}+") } else { i.to_string() };
         let _ =
             writeln!(s, r#"<text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#, H - BOTTOM + 16.0, esc(&label));
     }
@@ -249,14 +254,32 @@ mod tests {
 
     #[test]
     fn plots_are_svg_with_one_shape_per_bar_and_series() {
-        let h = histogram("t", "words", &[("before", &[0, 2, 2]), ("after", &[0, 4])], "2+");
+        let h = histogram("t", "words", &[("before", &[0, 2, 2]), ("after", &[0, 4])], Some(2));
         assert!(h.starts_with("<svg") && h.trim_end().ends_with("</svg>"));
         assert_eq!(h.matches("<rect x=").count(), 2 * 3 + 2, "3 bins x 2 series + 2 legend boxes");
+        assert!(h.contains(">2+</text>") && h.contains(">1</text>"), "{h}");
         let r = rank_frequency("t", &[("a", &[100, 10, 1])]);
         assert_eq!(r.matches("<path d=\"M").count(), 2, "one series line + the axes");
         let c = log_x_lines("t", "K", "recall", &[("a", vec![(1.0, 0.5), (100.0, 1.0)]), ("b", vec![(1.0, 0.2)])]);
         assert!(c.trim_end().ends_with("</svg>"));
         assert_eq!(c.matches("<path d=\"M").count(), 3, "two series lines + the axes");
+    }
+
+    #[test]
+    fn only_the_open_bin_is_labelled_n_plus() {
+        let label = |counts: &[u64]| {
+            let h = histogram("t", "words", &[("a", counts)], Some(64));
+            h.matches("+</text>").count()
+        };
+        // Captions of at most 30 words: no bar is the open bin.
+        let mut short = vec![1u64; 31];
+        assert_eq!(label(&short), 0);
+        // A caption of 64 words or more: the open bin is drawn and labelled `64+`, once.
+        short.resize(65, 0);
+        short[64] = 1;
+        let h = histogram("t", "words", &[("a", &short)], Some(64));
+        assert_eq!(h.matches(">64+</text>").count(), 1, "{h}");
+        assert_eq!(label(&short), 1);
     }
 
     #[test]

@@ -225,10 +225,11 @@ struct Stats {
     words_deformed_after: u64,
     len_before: Vec<u64>,
     len_after: Vec<u64>,
-    /// Occurrences (before, after) by table id.
-    ids: Vec<[u64; 2]>,
+    /// Occurrences (before, after, after in the surviving deformed captions) by table id.
+    ids: Vec<[u64; 3]>,
     before_other: Counts,
     after_other: Counts,
+    deformed_other: Counts,
 }
 
 impl Stats {
@@ -246,34 +247,36 @@ impl Stats {
         add_hist(&mut self.len_after, &o.len_after);
         self.before_other.merge(o.before_other);
         self.after_other.merge(o.after_other);
+        self.deformed_other.merge(o.deformed_other);
     }
 
     /// Adds a chunk's counts by table id.
-    fn add_counts(&mut self, counts: &[[u32; 2]]) {
+    fn add_counts(&mut self, counts: &[[u32; 3]]) {
         if self.ids.len() < counts.len() {
-            self.ids.resize(counts.len(), [0; 2]);
+            self.ids.resize(counts.len(), [0; 3]);
         }
         for (a, b) in self.ids.iter_mut().zip(counts) {
-            a[0] += u64::from(b[0]);
-            a[1] += u64::from(b[1]);
+            for (x, y) in a.iter_mut().zip(b) {
+                *x += u64::from(*y);
+            }
         }
     }
 
-    /// Adds one occurrence of `word` to a chunk's counts, `AFTER` or not: by id when the table
-    /// has it, else by string.
+    /// Adds one occurrence of `word` to a chunk's counts in `SLOT` (0 before, 1 after, 2 after
+    /// in a deformed caption): by id when the table has it, else by string.
     #[inline]
-    fn count<const AFTER: bool>(ids: &mut [[u32; 2]], other: &mut Counts, word: &str, e: Option<Entry>) {
+    fn count<const SLOT: usize>(ids: &mut [[u32; 3]], other: &mut Counts, word: &str, e: Option<Entry>) {
         match e {
-            Some(e) => ids[e.id()][usize::from(AFTER)] += 1,
+            Some(e) => ids[e.id()][SLOT] += 1,
             None => other.add_occurrences([word]),
         }
     }
 
-    /// Occurrences per distinct word (before, or `after`), largest first, and the number of
-    /// distinct words.
-    fn ranked(&self, after: bool) -> (Vec<u64>, usize) {
-        let other = if after { &self.after_other } else { &self.before_other };
-        let by_id = self.ids.iter().map(|c| c[usize::from(after)]);
+    /// Occurrences per distinct word in `SLOT` (see [`Stats::count`]), largest first, and the
+    /// number of distinct words.
+    fn ranked(&self, slot: usize) -> (Vec<u64>, usize) {
+        let other = [&self.before_other, &self.after_other, &self.deformed_other][slot];
+        let by_id = self.ids.iter().map(|c| c[slot]);
         let mut v: Vec<u64> = by_id.filter(|&c| c > 0).chain(other.iter().map(|(_, c)| c)).collect();
         v.sort_unstable_by(|a, b| b.cmp(a));
         let n = v.len();
@@ -641,8 +644,34 @@ impl Bow {
             surface.into_iter().map(|w| (self.base_df.get(&self.match_form(&w)), w)).collect();
         by_df.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
         let surface: Vec<Box<str>> = by_df.into_iter().map(|(_, w)| w).collect();
-        let keep = surface.iter().map(|w| self.keeps(w)).collect();
+        let keep: Vec<bool> = surface.iter().map(|w| self.keeps(w)).collect();
+        let none_kept = !keep.contains(&true);
         self.table = WordTable::new(surface, keep);
+        // With LimitToBaseVocab, a word outside the base vocabulary goes: if no base word
+        // survives the filters either, every deformed caption ends empty. (Not said with a
+        // stemmer, where a word outside the table may share a kept stem.)
+        if none_kept
+            && self.config.limit_to_base_vocab
+            && self.mostly()
+            && self.stemmer.is_none()
+            && !self.vocab.is_empty()
+        {
+            let candidates = self.base_df.iter().filter(|(w, _)| self.config.frequency_candidates.admits(w)).count();
+            let why = if self.top.len() == candidates && candidates > 0 {
+                format!(
+                    "rm_top_freq = {} removes all {candidates} candidate words of the base captions",
+                    self.config.rm_top_freq
+                )
+            } else {
+                "no word of the base captions passes the filters".to_owned()
+            };
+            let w = format!(
+                "{why}, so with LimitToBaseVocab every deformed caption ends empty and only the base set \
+                 is left; lower `rm_top_freq` (or set `limit_to_base_vocab = false`)"
+            );
+            eprintln!("warning: stage `bow`: {w}");
+            self.warnings.push(w);
+        }
         self.stats_done = true;
     }
 }
@@ -699,7 +728,8 @@ impl Transform for Bow {
     fn end_pass(&mut self, pass: usize) -> Result<()> {
         if pass == 0 {
             let n = self.split_keys.len();
-            let k = ((self.config.base_fraction * n as f64).round() as usize).min(n);
+            // `round` as in the spec's (Python) pseudo-code: halves to even, so 200.5 -> 200.
+            let k = ((self.config.base_fraction * n as f64).round_ties_even() as usize).min(n);
             if k == 0 && n > 0 && self.config.limit_to_base_vocab {
                 // As the spec defines it, but surely not what was meant: said on stderr and in
                 // the report.
@@ -764,7 +794,7 @@ impl Transform for Bow {
         let mut keep = Vec::with_capacity(n);
         let mut st = Stats::default();
         // Occurrences (before, after) by table id: 32 bits are enough within a chunk.
-        let mut counts = vec![[0u32; 2]; self.table.len()];
+        let mut counts = vec![[0u32; 3]; self.table.len()];
         // (word, table entry) of the current caption, and of the survivors.
         let mut buf: Vec<(&'static str, Option<Entry>)> = Vec::with_capacity(32);
         let mut kept_buf: Vec<(&'static str, Option<Entry>)> = Vec::with_capacity(32);
@@ -820,14 +850,14 @@ impl Transform for Bow {
             st.words_before += words.len() as u64;
             bump_hist(&mut st.len_before, words.len());
             for &(w, e) in &words {
-                Stats::count::<false>(&mut counts, &mut st.before_other, w, e);
+                Stats::count::<0>(&mut counts, &mut st.before_other, w, e);
             }
             if self.mostly() && self.is_base(first_row + r as u64) {
                 st.base += 1;
                 st.words_after += words.len() as u64;
                 bump_hist(&mut st.len_after, words.len());
                 for &(w, e) in &words {
-                    Stats::count::<true>(&mut counts, &mut st.after_other, w, e);
+                    Stats::count::<1>(&mut counts, &mut st.after_other, w, e);
                 }
                 out.append_value(caption.expect("has words"));
                 split.append_value("base");
@@ -875,7 +905,8 @@ impl Transform for Bow {
                 bump_hist(&mut st.len_after, kept.len());
                 joined.clear();
                 for (i, &(w, e)) in kept.iter().enumerate() {
-                    Stats::count::<true>(&mut counts, &mut st.after_other, w, e);
+                    Stats::count::<1>(&mut counts, &mut st.after_other, w, e);
+                    Stats::count::<2>(&mut counts, &mut st.deformed_other, w, e);
                     if i > 0 {
                         joined.push(' ');
                     }
@@ -914,8 +945,9 @@ impl Transform for Bow {
         let st = self.stats.lock().expect("stats lock");
         let n_in = st.base + st.deformed_in;
         let n_out = st.base + st.deformed_out;
-        let (ranked_before, vocab_before) = st.ranked(false);
-        let (ranked_after, vocab_after) = st.ranked(true);
+        let (ranked_before, vocab_before) = st.ranked(0);
+        let (ranked_after, vocab_after) = st.ranked(1);
+        let (_, vocab_deformed_after) = st.ranked(2);
         let mean = |words: u64, n: u64| if n == 0 { 0.0 } else { words as f64 / n as f64 };
         json!({
             "mode": self.config.mode,
@@ -935,8 +967,14 @@ impl Transform for Bow {
             "mean_words_deformed_after": mean(st.words_deformed_after, st.deformed_out),
             "vocabulary_before": vocab_before,
             "vocabulary_after": vocab_after,
+            "vocabulary_deformed_after": vocab_deformed_after,
             "base_vocabulary": self.vocab.len(),
+            // With a stemmer, `V_base` and `Top_t` are stems.
+            "base_vocabulary_unit": if self.stemmer.is_some() { "stems" } else { "words" },
             "top_removed": self.top.iter().map(|(w, df)| json!({"word": w, "base_df": df})).collect::<Vec<_>>(),
+            // Bin i counts captions of i words; the last possible bin, MAX_HIST_WORDS, also
+            // counts the longer ones.
+            "length_histogram_open_bin": MAX_HIST_WORDS,
             "length_histogram_before": st.len_before,
             "length_histogram_after": st.len_after,
             "rank_frequency_before": ranked_before,
@@ -1113,6 +1151,17 @@ mod tests {
         // `other` and comes first in byte order).
         let bow = fitted_with(&format!("{config}\nfrequency_candidates = \"raw\""), None, &b);
         assert_eq!(bow.top, vec![("dure".to_owned(), n)]);
+    }
+
+    #[test]
+    fn a_top_t_that_removes_every_candidate_is_reported() {
+        let b = batch(400);
+        let all = fitted_with("rm_top_freq = 100000", None, &b);
+        assert_eq!(all.warnings.len(), 1, "{:?}", all.warnings);
+        assert!(all.warnings[0].contains("removes all"), "{:?}", all.warnings);
+        // Without LimitToBaseVocab, words outside the base vocabulary survive: nothing to say.
+        assert!(fitted_with("rm_top_freq = 100000\nlimit_to_base_vocab = false", None, &b).warnings.is_empty());
+        assert!(fitted_with("rm_top_freq = 3", None, &b).warnings.is_empty());
     }
 
     #[test]
