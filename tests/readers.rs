@@ -482,3 +482,109 @@ fn parquet_binary_captions_that_are_not_utf8() {
     let raw = arrow_array::cast::AsArray::as_binary::<i32>(rejects[0].column_by_name("raw").unwrap());
     assert_eq!(raw.value(0), b"caf\xe9", "the value's bytes as they were");
 }
+
+#[test]
+fn tables_with_their_own_ids_reject_repeated_and_missing_ids() {
+    // CSV (read in order), TSV (blocks parsed in parallel, checked in order) and Parquet: the
+    // first row with an id stays, a later one is `duplicate_id`; an empty or null id is
+    // `missing_id`; rejects carry the id that was read.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("t.csv"),
+        "id,text,url\n,first caption,u1\n  ,second caption,u2\na,third,u3\nb,,u4\na,fourth,u5\nb,fifth,u6\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("t.tsv"),
+        "id\ttext\turl\n\tfirst caption\tu1\n  \tsecond caption\tu2\na\tthird\tu3\nb\t\tu4\na\tfourth\tu5\nb\tfifth\tu6\n",
+    )
+    .unwrap();
+    for (file, format) in [("t.csv", "csv"), ("t.tsv", "tsv")] {
+        let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+            "type = \"read_table\"\npath = \"{}\"\nformat = \"{format}\"\nheader = true\n\
+             columns = {{ sample_id = \"id\", caption = \"text\", url = \"url\" }}",
+            dir.path().join(file).display()
+        )));
+        assert_eq!(strs(&data, "sample_id"), ["a", "b"], "{format}");
+        assert_eq!(strs(&data, "caption"), ["third", "fifth"], "{format}");
+        let got: Vec<(String, Option<String>, String)> = strs(&rejects, "reason")
+            .into_iter()
+            .zip(col(&rejects, "sample_id"))
+            .zip(raws(&rejects))
+            .map(|((r, id), raw)| (r, id, raw))
+            .collect();
+        let sep = if format == "csv" { "," } else { "\t" };
+        let want = [
+            ("missing_id", None, format!("{sep}first caption{sep}u1")),
+            ("missing_id", None, format!("  {sep}second caption{sep}u2")),
+            ("empty_caption", Some("b"), format!("b{sep}{sep}u4")),
+            ("duplicate_id", Some("a"), format!("a{sep}fourth{sep}u5")),
+        ];
+        let want: Vec<(String, Option<String>, String)> =
+            want.into_iter().map(|(r, id, raw)| (r.to_owned(), id.map(str::to_owned), raw)).collect();
+        let mut got_sorted = got.clone();
+        got_sorted.sort_by_key(|x| x.2.clone());
+        let mut want_sorted = want.clone();
+        want_sorted.sort_by_key(|x| x.2.clone());
+        assert_eq!(got_sorted, want_sorted, "{format}");
+    }
+}
+
+#[test]
+fn parquet_tables_and_yfcc_reject_repeated_ids() {
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let ids: ArrayRef = std::sync::Arc::new(StringArray::from(vec![Some("x"), None, Some("x"), Some("y")]));
+    let text: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["a dog", "a cat", "a bird", "a fish"]));
+    let batch = RecordBatch::try_from_iter([("id", ids), ("text", text)]).unwrap();
+    let path = dir.path().join("t.parquet");
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"id\", caption = \"text\" }}",
+        path.display()
+    )));
+    assert_eq!(strs(&data, "caption"), ["a dog", "a fish"]);
+    // (reason, row): Parquet rows count from 0.
+    assert_eq!(reasons(&rejects), [("missing_id".into(), 1), ("duplicate_id".into(), 2)]);
+    assert_eq!(col(&rejects, "sample_id").into_iter().flatten().collect::<Vec<_>>(), ["x"]);
+
+    // YFCC: the same photo in two files (23 fields: id 0, title 6, marker 22).
+    let line = |id: &str, title: &str| {
+        let mut f = vec![""; 23];
+        (f[0], f[6], f[22]) = (id, title, "0");
+        f.join("\t")
+    };
+    std::fs::write(dir.path().join("a.tsv"), [line("7", "a+dog"), line("8", "")].join("\n")).unwrap();
+    std::fs::write(dir.path().join("b.tsv"), [line("7", "a+dog+again"), line("9", "a+cat")].join("\n")).unwrap();
+    let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_yfcc\"\npath = [\"{0}/a.tsv\", \"{0}/b.tsv\"]\ncaption = \"title\"",
+        dir.path().display()
+    )));
+    assert_eq!(strs(&data, "sample_id"), ["7", "9"]);
+    let r: Vec<(String, Option<String>, Option<String>)> = strs(&rejects, "reason")
+        .into_iter()
+        .zip(col(&rejects, "sample_id"))
+        .zip(col(&rejects, "source_file"))
+        .map(|((r, id), f)| (r, id, f))
+        .collect();
+    assert_eq!(
+        r,
+        [
+            ("empty_caption".into(), Some("8".into()), Some("a.tsv".into())),
+            ("duplicate_id".into(), Some("7".into()), Some("b.tsv".into()))
+        ]
+    );
+}
+
+fn raws(rejects: &[arrow_array::RecordBatch]) -> Vec<String> {
+    use arrow_array::cast::AsArray;
+    let mut out = Vec::new();
+    for b in rejects {
+        let raw = b.column_by_name("raw").unwrap().as_binary::<i32>();
+        out.extend((0..b.num_rows()).map(|i| String::from_utf8_lossy(raw.value(i)).into_owned()));
+    }
+    out
+}

@@ -86,7 +86,16 @@ pub type Skipped = BTreeMap<&'static str, u64>;
 /// Per-line parsing outcome for line-oriented readers.
 pub enum LineOutcome {
     Row,
-    Reject { reason: &'static str, detail: std::borrow::Cow<'static, str> },
+    Reject {
+        reason: &'static str,
+        detail: std::borrow::Cow<'static, str>,
+    },
+    /// A reject of a line whose `sample_id` was read before the problem showed.
+    RejectWithId {
+        reason: &'static str,
+        detail: std::borrow::Cow<'static, str>,
+        id: String,
+    },
     Skip(&'static str),
 }
 
@@ -148,6 +157,9 @@ pub struct LineChunks<F> {
     skip_lines: u64,
     /// Rows are known by `file#line`, so a rejected line's `sample_id` is known too.
     line_ids: bool,
+    /// Ids come from the data: a row whose id an earlier row had is a `duplicate_id` reject
+    /// (checked in input order, after the parallel parse).
+    unique: Option<UniqueIds>,
     ready: std::collections::VecDeque<Chunk>,
     /// Block buffers already parsed, for the next reads (no new memory to fault in and zero).
     spare: Vec<Vec<u8>>,
@@ -237,6 +249,7 @@ where
             parse,
             skip_lines,
             line_ids: false,
+            unique: None,
             ready: Default::default(),
             spare: Vec::new(),
         }
@@ -248,8 +261,16 @@ where
         self
     }
 
-    /// Parses one block of `lines` lines into a chunk.
-    fn parse_block(&self, name: &str, block: &[u8], first_line: u64, lines: u64) -> Chunk {
+    /// The reader's ids come from the data: a repeated one is rejected (see [`UniqueIds`]).
+    pub fn with_unique_ids(mut self) -> Self {
+        self.unique = Some(UniqueIds::default());
+        self
+    }
+
+    /// Parses one block of `lines` lines into a chunk, and, when ids are checked for repeats,
+    /// the (line number, byte range in `block`) of each row.
+    fn parse_block(&self, name: &str, block: &[u8], first_line: u64, lines: u64) -> (Chunk, Vec<(u64, usize, usize)>) {
+        let mut rows = Vec::new();
         let utf8 = std::str::from_utf8(block).is_ok();
         let mut builder = PairsBuilder::with_capacity(&self.source, lines as usize, block.len() / 2);
         let mut rejects = Rejects::default();
@@ -263,9 +284,11 @@ where
             if bytes.last() == Some(&b'\r') {
                 bytes = &bytes[..bytes.len() - 1];
             }
+            let line_start = start;
             start = end + 1;
             if no > self.skip_lines {
                 match (self.parse)(&Line { file: name, no, bytes, utf8 }, &mut builder, &mut scratch) {
+                    LineOutcome::Row if self.unique.is_some() => rows.push((no, line_start, line_start + bytes.len())),
                     LineOutcome::Row => {}
                     LineOutcome::Reject { reason, detail } => rejects.push(Reject {
                         stage: self.stage,
@@ -276,17 +299,27 @@ where
                         detail,
                         raw: bytes.to_vec(),
                     }),
+                    LineOutcome::RejectWithId { reason, detail, id } => rejects.push(Reject {
+                        stage: self.stage,
+                        source_file: name.to_owned(),
+                        row: no,
+                        sample_id: Some(id),
+                        reason,
+                        detail,
+                        raw: bytes.to_vec(),
+                    }),
                     LineOutcome::Skip(why) => *skipped.entry(why).or_insert(0) += 1,
                 }
             }
             no += 1;
         }
-        Chunk { batch: builder.finish(), rejects, skipped }
+        (Chunk { batch: builder.finish(), rejects, skipped }, rows)
     }
 
     /// Reads up to [`BLOCKS_AT_ONCE`] blocks, each parsed on the pool while the next is read.
     fn fill(&mut self) -> Result<()> {
-        let (done, results) = std::sync::mpsc::channel::<(usize, Chunk, Vec<u8>)>();
+        type Parsed = (usize, String, (Chunk, Vec<(u64, usize, usize)>), Vec<u8>);
+        let (done, results) = std::sync::mpsc::channel::<Parsed>();
         let mut read = 0;
         let mut current = self.current.take();
         let mut next_file = self.next_file;
@@ -314,8 +347,8 @@ where
                     Some(block) => {
                         let (name, k, done) = (reader.name.clone(), read, done.clone());
                         s.spawn(move |_| {
-                            let chunk = this.parse_block(&name, &block.buf[..block.len], block.first, block.lines);
-                            let _ = done.send((k, chunk, block.buf));
+                            let parsed = this.parse_block(&name, &block.buf[..block.len], block.first, block.lines);
+                            let _ = done.send((k, name, parsed, block.buf));
                         });
                         read += 1;
                     }
@@ -325,12 +358,24 @@ where
             Ok(())
         });
         drop(done);
-        let mut chunks: Vec<(usize, Chunk, Vec<u8>)> = results.iter().collect();
+        let mut chunks: Vec<Parsed> = results.iter().collect();
         chunks.sort_unstable_by_key(|c| c.0);
         self.current = current;
         self.next_file = next_file;
         self.spare = spare;
-        for (_, chunk, buf) in chunks {
+        for (_, name, (mut chunk, rows), buf) in chunks {
+            if let Some(unique) = &mut self.unique {
+                let stage = self.stage;
+                chunk = unique.reject_repeats(chunk, |i, id| Reject {
+                    stage,
+                    source_file: name.clone(),
+                    row: rows[i].0,
+                    sample_id: Some(id.to_owned()),
+                    reason: "duplicate_id",
+                    detail: DUPLICATE_ID.into(),
+                    raw: buf[rows[i].1..rows[i].2].to_vec(),
+                })?;
+            }
             self.spare.push(buf);
             if chunk.batch.num_rows() > 0 || !chunk.rejects.is_empty() || !chunk.skipped.is_empty() {
                 self.ready.push_back(chunk);
@@ -357,6 +402,45 @@ where
             }
         }
         self.ready.pop_front().map(Ok)
+    }
+}
+
+pub const DUPLICATE_ID: &str = "an earlier row has this sample_id (ids must be unique)";
+
+/// The ids seen so far in a reader's stream (as 128-bit hashes: 16 bytes each, whatever the
+/// id's length; a collision is as likely as two equal xxh3-128 hashes among the ids, which is
+/// never in practice). Readers whose ids come from the data use it, so that a repeated id (a
+/// file given twice, a table keyed by image with several captions) is a reject, not a row that
+/// joins wrongly later.
+#[derive(Default)]
+pub struct UniqueIds {
+    seen: rustc_hash::FxHashSet<u128>,
+}
+
+impl UniqueIds {
+    /// `true` the first time `id` is seen.
+    pub fn first_time(&mut self, id: &str) -> bool {
+        self.seen.insert(xxhash_rust::xxh3::xxh3_128(id.as_bytes()))
+    }
+
+    /// Whether `id` was seen (without adding it).
+    pub fn seen(&self, id: &str) -> bool {
+        self.seen.contains(&xxhash_rust::xxh3::xxh3_128(id.as_bytes()))
+    }
+
+    /// Drops the rows of `chunk` whose id was seen before (in this chunk or an earlier one) and
+    /// adds `reject(row index, id)` for each to its rejects.
+    pub fn reject_repeats(&mut self, mut chunk: Chunk, reject: impl Fn(usize, &str) -> Reject) -> Result<Chunk> {
+        let ids = crate::schema::str_col(&chunk.batch, crate::schema::SAMPLE_ID);
+        let keep: Vec<bool> = (0..chunk.batch.num_rows()).map(|i| self.first_time(ids.value(i))).collect();
+        if keep.iter().all(|&k| k) {
+            return Ok(chunk);
+        }
+        for i in keep.iter().enumerate().filter(|(_, k)| !**k).map(|(i, _)| i) {
+            chunk.rejects.push(reject(i, ids.value(i)));
+        }
+        chunk.batch = crate::schema::keep_rows(&chunk.batch, &keep)?;
+        Ok(chunk)
     }
 }
 

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     chunk_of, expand_inputs, has_words, header_fields, split_tabs, widest_of_first_lines, ChunkIter, LineChunks,
-    LineOutcome, Problems, Reader, CHUNK_ROWS,
+    LineOutcome, Problems, Reader, UniqueIds, CHUNK_ROWS, DUPLICATE_ID,
 };
 use crate::error::{did_you_mean, Error, Result};
 use crate::io::{file_name, parquet, PathPatterns};
@@ -353,8 +353,9 @@ impl RowMaker<'_> {
         }
         self.id.clear();
         match id {
-            Some(id) => self.id.push_str(id),
-            None => self.id.push_str(&format!("{}#{row}", file_name(table))),
+            Some(id) if !id.trim().is_empty() => self.id.push_str(id),
+            _ if self.t.id_mapped => return Err(("missing_id", "sample_id is null or empty".into())),
+            _ => self.id.push_str(&format!("{}#{row}", file_name(table))),
         }
         let path = match path {
             Some(p) => {
@@ -412,35 +413,84 @@ impl Reader for ReadTable {
                         }
                         let values = indexes.map(|i| i.map(|i| line.text(fields[i]).expect("line checked as UTF-8")));
                         let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
-                        match maker.emit(&self.files[k], line.no, values, out) {
-                            Ok(()) => LineOutcome::Row,
-                            Err((reason, detail)) => LineOutcome::Reject { reason, detail: detail.into() },
+                        match (maker.emit(&self.files[k], line.no, values, out), values[0]) {
+                            (Ok(()), _) => LineOutcome::Row,
+                            (Err((reason, detail)), Some(id)) if self.id_mapped && !id.trim().is_empty() => {
+                                LineOutcome::RejectWithId { reason, detail: detail.into(), id: id.to_owned() }
+                            }
+                            (Err((reason, detail)), _) => LineOutcome::Reject { reason, detail: detail.into() },
                         }
                     });
-                Ok(Box::new(if self.id_mapped { chunks } else { chunks.with_line_ids() }))
+                Ok(Box::new(if self.id_mapped { chunks.with_unique_ids() } else { chunks.with_line_ids() }))
             }
             Format::Csv => {
-                Ok(Box::new(self.files.iter().zip(&self.indexes).flat_map(move |(f, ix)| match self.read_csv(f, ix) {
-                    Ok(chunks) => chunks.into_iter().map(Ok).collect::<Vec<_>>(),
-                    Err(e) => vec![Err(e)],
+                let mut unique = UniqueIds::default();
+                Ok(Box::new(self.files.iter().zip(&self.indexes).flat_map(move |(f, ix)| {
+                    match self.read_csv(f, ix, &mut unique) {
+                        Ok(chunks) => chunks.into_iter().map(Ok).collect::<Vec<_>>(),
+                        Err(e) => vec![Err(e)],
+                    }
                 })))
             }
             Format::Parquet => {
-                Ok(Box::new(self.files.iter().zip(&self.indexes).map(move |(f, ix)| self.read_parquet(f, ix))))
+                let mut unique = UniqueIds::default();
+                Ok(Box::new(
+                    self.files.iter().zip(&self.indexes).map(move |(f, ix)| self.read_parquet(f, ix, &mut unique)),
+                ))
             }
         }
     }
 }
 
 impl ReadTable {
-    fn reject(&self, file: &Path, row: u64, reason: &'static str, detail: String, raw: Vec<u8>) -> Reject {
-        let sample_id = (!self.id_mapped).then(|| format!("{}#{row}", file_name(file)));
+    /// A reject of `row`; `id` is the mapped id column's value, where it was read.
+    fn reject(
+        &self,
+        file: &Path,
+        row: u64,
+        id: Option<&str>,
+        reason: &'static str,
+        detail: String,
+        raw: Vec<u8>,
+    ) -> Reject {
+        let sample_id = match self.id_mapped {
+            true => id.filter(|id| !id.trim().is_empty()).map(str::to_owned),
+            false => Some(format!("{}#{row}", file_name(file))),
+        };
         Reject { stage: TYPE, source_file: file_name(file), row, sample_id, reason, detail: detail.into(), raw }
+    }
+
+    /// [`RowMaker::emit`], unless the mapped id was seen in an earlier row (a `duplicate_id`
+    /// reject; only rows that became rows count as seen).
+    #[allow(clippy::too_many_arguments)]
+    fn emit_unique(
+        &self,
+        maker: &mut RowMaker<'_>,
+        unique: &mut UniqueIds,
+        file: &Path,
+        row: u64,
+        values: [Option<&str>; 6],
+        out: &mut PairsBuilder,
+        raw: impl FnOnce() -> Vec<u8>,
+    ) -> Option<Reject> {
+        let id = values[0].filter(|_| self.id_mapped);
+        if id.is_some_and(|id| unique.seen(id)) {
+            return Some(self.reject(file, row, id, "duplicate_id", DUPLICATE_ID.into(), raw()));
+        }
+        match maker.emit(file, row, values, out) {
+            Ok(()) => {
+                if let Some(id) = id {
+                    unique.first_time(id);
+                }
+                None
+            }
+            Err((reason, detail)) => Some(self.reject(file, row, id, reason, detail, raw())),
+        }
     }
 
     /// A CSV file, parsed from memory so each record's line (where it starts, counting blank
     /// lines and CRLF ends) and raw bytes are known exactly.
-    fn read_csv(&self, path: &Path, indexes: &[Option<usize>; 6]) -> Result<Vec<Chunk>> {
+    fn read_csv(&self, path: &Path, indexes: &[Option<usize>; 6], unique: &mut UniqueIds) -> Result<Vec<Chunk>> {
         let bytes = std::fs::read(path).map_err(|e| Error::io("cannot read", path, e))?;
         let body = bytes.strip_prefix(crate::io::lines::BOM).unwrap_or(&bytes);
         let mut rdr = csv::ReaderBuilder::new().has_headers(self.header).flexible(true).from_reader(body);
@@ -475,22 +525,22 @@ impl ReadTable {
             let raw = raw.to_vec();
             if self.header && record.len() != expected {
                 let d = format!("{} fields, expected {expected}", record.len());
-                rejects.push(self.reject(path, line, "wrong_field_count", d, raw));
+                rejects.push(self.reject(path, line, None, "wrong_field_count", d, raw));
                 continue;
             }
             if record.len() < need {
                 let d = format!("{} fields, need at least {need}", record.len());
-                rejects.push(self.reject(path, line, "wrong_field_count", d, raw));
+                rejects.push(self.reject(path, line, None, "wrong_field_count", d, raw));
                 continue;
             }
             let Ok(fields) = record.iter().map(std::str::from_utf8).collect::<std::result::Result<Vec<&str>, _>>()
             else {
-                rejects.push(self.reject(path, line, "invalid_utf8", "record is not valid UTF-8".into(), raw));
+                rejects.push(self.reject(path, line, None, "invalid_utf8", "record is not valid UTF-8".into(), raw));
                 continue;
             };
             let values = indexes.map(|i| i.and_then(|i| fields.get(i).copied()));
-            if let Err((reason, detail)) = maker.emit(path, line, values, &mut out) {
-                rejects.push(self.reject(path, line, reason, detail, raw));
+            if let Some(r) = self.emit_unique(&mut maker, unique, path, line, values, &mut out, || raw) {
+                rejects.push(r);
             }
             if out.len() >= CHUNK_ROWS {
                 chunks.push(chunk_of(out.finish(), std::mem::take(&mut rejects)));
@@ -500,7 +550,7 @@ impl ReadTable {
         Ok(chunks)
     }
 
-    fn read_parquet(&self, path: &Path, indexes: &[Option<usize>; 6]) -> Result<Chunk> {
+    fn read_parquet(&self, path: &Path, indexes: &[Option<usize>; 6], unique: &mut UniqueIds) -> Result<Chunk> {
         let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
         let mut out = PairsBuilder::new(&self.source);
         let mut rejects = Vec::new();
@@ -528,6 +578,7 @@ impl ReadTable {
                     rejects.push(self.reject(
                         path,
                         row,
+                        None,
                         "invalid_utf8",
                         "a mapped value is not UTF-8 text".into(),
                         raw,
@@ -541,9 +592,9 @@ impl ReadTable {
                         s.is_valid(r).then(|| s.value(r))
                     })
                 });
-                if let Err((reason, detail)) = maker.emit(path, row, values, &mut out) {
-                    let raw = serde_json::to_vec(&values).unwrap_or_default();
-                    rejects.push(self.reject(path, row, reason, detail, raw));
+                let raw = || serde_json::to_vec(&values).unwrap_or_default();
+                if let Some(r) = self.emit_unique(&mut maker, unique, path, row, values, &mut out, raw) {
+                    rejects.push(r);
                 }
                 row += 1;
             }

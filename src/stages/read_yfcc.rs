@@ -139,62 +139,70 @@ impl Reader for ReadYfcc {
     fn open(&self) -> Result<ChunkIter<'_>> {
         let subset = self.subset.clone();
         let (how, strip) = (self.caption, self.strip_html);
-        Ok(Box::new(LineChunks::new(self.files.clone(), &self.source, TYPE, 0, move |line, out, _scratch| {
-            let fields = split_tabs(line.bytes);
-            let layout = match fields.count {
-                25 => &LAYOUT_25,
-                23 => &LAYOUT_23,
-                n => {
-                    return LineOutcome::Reject {
-                        reason: "wrong_field_count",
-                        detail: format!("{n} fields, expected 25 or 23").into(),
+        Ok(Box::new(
+            LineChunks::new(self.files.clone(), &self.source, TYPE, 0, move |line, out, _scratch| {
+                let fields = split_tabs(line.bytes);
+                let layout = match fields.count {
+                    25 => &LAYOUT_25,
+                    23 => &LAYOUT_23,
+                    n => {
+                        return LineOutcome::Reject {
+                            reason: "wrong_field_count",
+                            detail: format!("{n} fields, expected 25 or 23").into(),
+                        }
                     }
+                };
+                let Some(id) = line.text(fields[layout.id]) else {
+                    return LineOutcome::Reject { reason: "invalid_utf8", detail: "photo id is not UTF-8".into() };
+                };
+                let digits = !id.trim().is_empty() && id.trim().bytes().all(|b| b.is_ascii_digit());
+                let (true, Ok(num)) = (digits, id.trim().parse::<u64>()) else {
+                    return LineOutcome::Reject {
+                        reason: "bad_id",
+                        detail: format!("photo id `{id}` is not a number").into(),
+                    };
+                };
+                if fields[layout.marker] == b"1" {
+                    return LineOutcome::Skip("video");
                 }
-            };
-            let Some(id) = line.text(fields[layout.id]) else {
-                return LineOutcome::Reject { reason: "invalid_utf8", detail: "photo id is not UTF-8".into() };
-            };
-            let digits = !id.trim().is_empty() && id.trim().bytes().all(|b| b.is_ascii_digit());
-            let (true, Ok(num)) = (digits, id.trim().parse::<u64>()) else {
-                return LineOutcome::Reject {
-                    reason: "bad_id",
-                    detail: format!("photo id `{id}` is not a number").into(),
+                if subset.as_ref().is_some_and(|s| !s.contains(&num)) {
+                    return LineOutcome::Skip("not_in_subset");
+                }
+                let decode = |i: usize| -> std::result::Result<String, ()> {
+                    let text = String::from_utf8(url_decode(fields[i])).map_err(|_| ())?;
+                    Ok(clean(&text, strip))
                 };
-            };
-            if fields[layout.marker] == b"1" {
-                return LineOutcome::Skip("video");
-            }
-            if subset.as_ref().is_some_and(|s| !s.contains(&num)) {
-                return LineOutcome::Skip("not_in_subset");
-            }
-            let decode = |i: usize| -> std::result::Result<String, ()> {
-                let text = String::from_utf8(url_decode(fields[i])).map_err(|_| ())?;
-                Ok(clean(&text, strip))
-            };
-            // The download URL is a URL as it stands: not form-decoded (`+` stays `+`).
-            let url = line.text(fields[layout.download_url]).map(|u| u.trim().to_owned()).ok_or(());
-            let (Ok(title), Ok(desc), Ok(url)) = (decode(layout.title), decode(layout.description), url) else {
-                return LineOutcome::Reject {
-                    reason: "invalid_utf8",
-                    detail: "a decoded text field is not UTF-8".into(),
+                // The download URL is a URL as it stands: not form-decoded (`+` stays `+`).
+                let url = line.text(fields[layout.download_url]).map(|u| u.trim().to_owned()).ok_or(());
+                let (Ok(title), Ok(desc), Ok(url)) = (decode(layout.title), decode(layout.description), url) else {
+                    return LineOutcome::Reject {
+                        reason: "invalid_utf8",
+                        detail: "a decoded text field is not UTF-8".into(),
+                    };
                 };
-            };
-            let caption = match how {
-                CaptionFrom::Title => title,
-                CaptionFrom::Description => desc,
-                CaptionFrom::TitleAndDescription => match (title.is_empty(), desc.is_empty()) {
-                    (false, false) => format!("{title}. {desc}"),
-                    (false, true) => title,
-                    _ => desc,
-                },
-            };
-            if caption.is_empty() {
-                return LineOutcome::Reject { reason: "empty_caption", detail: "no title or description".into() };
-            }
-            let url = (!url.is_empty()).then_some(url.as_str());
-            out.push(PairRow { sample_id: id.trim(), caption: Some(&caption), url, ..Default::default() });
-            LineOutcome::Row
-        })))
+                let caption = match how {
+                    CaptionFrom::Title => title,
+                    CaptionFrom::Description => desc,
+                    CaptionFrom::TitleAndDescription => match (title.is_empty(), desc.is_empty()) {
+                        (false, false) => format!("{title}. {desc}"),
+                        (false, true) => title,
+                        _ => desc,
+                    },
+                };
+                if caption.is_empty() {
+                    return LineOutcome::RejectWithId {
+                        reason: "empty_caption",
+                        detail: "no title or description".into(),
+                        id: id.trim().to_owned(),
+                    };
+                }
+                let url = (!url.is_empty()).then_some(url.as_str());
+                out.push(PairRow { sample_id: id.trim(), caption: Some(&caption), url, ..Default::default() });
+                LineOutcome::Row
+            })
+            // Photo ids are unique in YFCC100M: a repeat means an input given twice or a corrupt one.
+            .with_unique_ids(),
+        ))
     }
 }
 
