@@ -85,6 +85,11 @@ fn output_places_and_input_files() {
 }
 
 #[test]
+fn an_output_dir_that_is_a_file() {
+    insta::assert_snapshot!(validate("output_places.toml", &["output_dir=Cargo.toml"]));
+}
+
+#[test]
 fn broken_stage_and_two_readers() {
     insta::assert_snapshot!(validate("broken_stage_and_two_readers.toml", &[]));
 }
@@ -107,4 +112,12 @@ fn overrides_fix_a_file() {
 #[test]
 fn bundled_pipeline_validates() {
     insta::assert_snapshot!(format!("{:?}", curate(&["validate", "pipelines/bow.toml"])));
+}
+
+#[test]
+fn threads_beyond_a_sane_count_are_refused() {
+    let (code, stdout, stderr) = curate(&["run", "pipelines/bow.toml", "--threads", "100000"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stdout.is_empty());
+    assert!(stderr.contains("100000 threads is more than 1024"), "{stderr}");
 }

@@ -588,3 +588,38 @@ fn raws(rejects: &[arrow_array::RecordBatch]) -> Vec<String> {
     }
     out
 }
+
+#[test]
+fn a_pipeline_cannot_read_the_shards_its_run_would_clear() {
+    // Re-reading an earlier run's output in the same folder: refused, and the shard is kept.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let first = |data_dir: &str| {
+        let toml = format!(
+            "output_dir = {:?}\n[[stage]]\ntype = \"read_cc_tsv\"\npath = {:?}\n[[stage]]\ntype = \"write_parquet\"\ndir = {data_dir:?}\n",
+            out.to_string_lossy(),
+            fixture("readers/cc/cc_train.tsv")
+        );
+        let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
+        curate::pipeline::run(curate::pipeline::plan::compile_doc(&doc).unwrap(), &Default::default()).unwrap();
+    };
+    let again = |input: &str| {
+        let toml = format!(
+            "output_dir = {:?}\n[[stage]]\ntype = \"read_table\"\npath = {:?}\ncolumns = {{ sample_id = \"sample_id\", caption = \"caption\" }}\n[[stage]]\ntype = \"write_parquet\"\n",
+            out.to_string_lossy(),
+            out.join(input).to_string_lossy()
+        );
+        let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
+        curate::pipeline::plan::compile_doc(&doc).and_then(|p| curate::pipeline::run(p, &Default::default()))
+    };
+    first("data");
+    let err = again("data/part-00000.parquet").unwrap_err().to_string();
+    assert!(err.contains("a run clears it before reading"), "{err}");
+    assert!(out.join("data/part-00000.parquet").exists());
+    // The shards of the folder an earlier run wrote to are cleared too: also refused (at run time,
+    // where the earlier `config.json` is read).
+    first("d2");
+    let err = again("d2/part-00000.parquet").unwrap_err().to_string();
+    assert!(err.contains("clears first"), "{err}");
+    assert!(out.join("d2/part-00000.parquet").exists());
+}

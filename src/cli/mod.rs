@@ -71,8 +71,8 @@ pub struct EvalArgs {
     /// How an image and a caption are scored.
     #[arg(long, value_enum, default_value_t = crate::eval::Similarity::Cosine)]
     pub similarity: crate::eval::Similarity,
-    /// Worker threads (default: all cores). Does not change the output.
-    #[arg(long)]
+    /// Worker threads, 1 to 1024 (default, or 0: all cores). Does not change the output.
+    #[arg(long, value_parser = parse_threads)]
     pub threads: Option<usize>,
     /// With RUN_DIR: where the model runs, as for `curate train` (`cpu`, `ndarray`,
     /// `cuda[:N]`). Does not change the output beyond float rounding.
@@ -141,8 +141,8 @@ pub enum When {
 pub struct RunArgs {
     #[command(flatten)]
     pub pipeline: PipelineArgs,
-    /// Worker threads (default: all cores). Does not change the output.
-    #[arg(long)]
+    /// Worker threads, 1 to 1024 (default, or 0: all cores). Does not change the output.
+    #[arg(long, value_parser = parse_threads)]
     pub threads: Option<usize>,
     /// Progress bars on stderr (auto: when stderr is a terminal).
     #[arg(long, value_enum, default_value_t = When::Auto)]
@@ -205,7 +205,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Run(args) => {
             if let Some(n) = args.threads {
-                rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global()?;
+                // 0: rayon picks all cores.
+                rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;
             }
             let progress = match args.progress {
                 When::Always => true,
@@ -240,7 +241,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Eval(args) => {
             if let Some(n) = args.threads {
-                rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global()?;
+                // 0: rayon picks all cores.
+                rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;
             }
             if let Some(run_dir) = args.run {
                 let run = crate::eval::trained::RunEval {
@@ -323,3 +325,15 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
     }
 }
+
+/// `--threads`: at most [`MAX_THREADS`], so that a slip of the keyboard (`--threads 100000`)
+/// is an error instead of a machine buried under threads; 0 means all cores.
+fn parse_threads(s: &str) -> std::result::Result<usize, String> {
+    let n: usize = s.trim().parse().map_err(|_| format!("`{s}` is not a whole number"))?;
+    if n > MAX_THREADS {
+        return Err(format!("{n} threads is more than {MAX_THREADS}; use 0 (or leave it out) for all cores"));
+    }
+    Ok(n)
+}
+
+const MAX_THREADS: usize = 1024;

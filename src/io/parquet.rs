@@ -28,6 +28,9 @@ use serde::Serialize;
 use super::tmp_path;
 use crate::error::{Error, Result};
 
+/// Renames of finished shards running beside the writer, at most.
+const MAX_RENAMES_AT_ONCE: usize = 4;
+
 /// Bytes gathered before each write to an output file.
 const WRITE_BUFFER_BYTES: usize = 4 << 20;
 
@@ -222,6 +225,11 @@ impl ShardedWriter {
             // Renaming over an earlier run's shard frees that file's cached pages, ~0.1 s for
             // 100 MB, which would stall the stream: it runs beside the next shard instead.
             let (tmp, path) = (open.tmp, open.path.clone());
+            // At most a few at once: a run with tens of thousands of small shards must not
+            // pile up a thread (and its stack mapping) per shard.
+            while self.renames.len() >= MAX_RENAMES_AT_ONCE {
+                self.renames.remove(0).join().expect("rename thread does not panic")?;
+            }
             let rename = std::thread::Builder::new()
                 .name("curate-rename".into())
                 .spawn(move || {
@@ -325,6 +333,25 @@ mod tests {
         assert_eq!(shards[2].file, "part-00002.parquet");
         let back = read_file(&dir.path().join("part-00001.parquet")).unwrap();
         assert_eq!(back[0].slice(0, 2), batch.slice(2, 2));
+    }
+
+    #[test]
+    fn many_small_shards_keep_few_renames_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut b = PairsBuilder::new("test");
+        let ids: Vec<String> = (0..300).map(|i| format!("id{i}")).collect();
+        for id in &ids {
+            b.push(PairRow { sample_id: id, caption: Some("a dog"), ..Default::default() });
+        }
+        let batch = b.finish();
+        let mut w = ShardedWriter::new(dir.path(), "part", pairs(), 1, &[]).unwrap();
+        for i in 0..batch.num_rows() {
+            w.write(&batch.slice(i, 1)).unwrap();
+            assert!(w.renames.len() <= MAX_RENAMES_AT_ONCE, "{} renames in flight", w.renames.len());
+        }
+        let shards = w.finish().unwrap();
+        assert_eq!(shards.len(), 300);
+        assert!(shards.iter().all(|s| dir.path().join(&s.file).is_file() && s.rows == 1));
     }
 
     #[test]

@@ -102,6 +102,15 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     let earlier_dir = previous_data_dir(&out).map(|d| out.join(d)).filter(|d| *d != data_dir);
     let mut shard_dirs = vec![data_dir.as_path(), rejects_dir.as_path()];
     shard_dirs.extend(earlier_dir.as_deref());
+    // Re-reading an earlier run's shards in place would delete them before they are read.
+    if let Some(f) = inputs_a_run_clears(&shard_dirs, &plan.reader.inputs()).first() {
+        return Err(Error::data(format!(
+            "input `{}` is a shard in a folder this run clears first (`{}`): it would be deleted before it is \
+             read; write to another `output_dir`",
+            f.display(),
+            f.parent().unwrap_or(Path::new("")).display()
+        )));
+    }
     let clearing = clear_previous_run(&out, &shard_dirs)?;
     let config_json = serde_json::to_string_pretty(&plan.resolved).expect("JSON value serializes");
     write_atomic(&out.join("config.json"), config_json.as_bytes())?;
@@ -299,6 +308,27 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     Ok(summary)
 }
 
+/// Whether a file named `name` in a shard folder is one a run writes, finished or not (and so
+/// clears before it starts).
+fn is_run_shard(name: &str) -> bool {
+    (name.starts_with("part-") && name.ends_with(".parquet"))
+        || (name.starts_with(".part-") && name.ends_with(".parquet.tmp"))
+}
+
+/// The files among `inputs` that a run clearing `shard_dirs` would delete.
+pub fn inputs_a_run_clears(shard_dirs: &[&Path], inputs: &[std::path::PathBuf]) -> Vec<std::path::PathBuf> {
+    let dirs: Vec<std::path::PathBuf> = shard_dirs.iter().filter_map(|d| d.canonicalize().ok()).collect();
+    inputs
+        .iter()
+        .filter(|f| f.file_name().is_some_and(|n| is_run_shard(&n.to_string_lossy())))
+        .filter(|f| {
+            let parent = f.canonicalize().ok().and_then(|c| c.parent().map(Path::to_owned));
+            parent.is_some_and(|p| dirs.contains(&p))
+        })
+        .cloned()
+        .collect()
+}
+
 /// The data folder named by the `config.json` an earlier run left in `out`, if it is a folder
 /// a run may write (a hand-edited file cannot send the clearing outside `out`).
 fn previous_data_dir(out: &Path) -> Option<String> {
@@ -406,9 +436,7 @@ fn clear_previous_run(out: &Path, shard_dirs: &[&Path]) -> Result<std::thread::J
     let trash = out.join(".curate-stale");
     for (i, dir) in shard_dirs.iter().enumerate() {
         for (name, path) in list(dir)? {
-            let shard = name.starts_with("part-") && name.ends_with(".parquet");
-            let unfinished = name.starts_with(".part-") && name.ends_with(".parquet.tmp");
-            if shard || unfinished {
+            if is_run_shard(&name) {
                 std::fs::create_dir_all(&trash).map_err(|e| Error::io("cannot create folder", &trash, e))?;
                 let to = trash.join(format!("{i}-{name}"));
                 std::fs::rename(&path, &to).map_err(|e| Error::io("cannot move aside", &path, e))?;

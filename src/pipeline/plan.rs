@@ -144,6 +144,13 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
         );
     }
     if let Some(t) = &top {
+        if Path::new(&t.output_dir).is_file() {
+            diags.push(
+                Diagnostic::new(format!("`output_dir` `{}` is a file", t.output_dir))
+                    .at(doc.location("output_dir"))
+                    .hint("name a folder (it is created if it does not exist)"),
+            );
+        }
         if t.output_dir.trim().is_empty() {
             diags.push(
                 Diagnostic::new("`output_dir` is empty")
@@ -335,6 +342,30 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
                 }
                 output_schema = Arc::new(Schema::new(picked));
             }
+        }
+    }
+
+    // An input among the shards a run into `output_dir` clears first would be deleted unread.
+    let reader = built.iter().find_map(|b| match &b.stage {
+        Some(Built::Reader(r)) => Some((r, b.index)),
+        _ => None,
+    });
+    let writer = built.iter().find_map(|b| match &b.stage {
+        Some(Built::Write(w)) => Some(w),
+        _ => None,
+    });
+    if let (Some((r, ri)), Some(w), Some(t)) = (reader, writer, &top) {
+        let out = PathBuf::from(&t.output_dir);
+        let (data, rejects) = (out.join(&w.dir), out.join("rejects"));
+        for f in crate::pipeline::execute::inputs_a_run_clears(&[&data, &rejects], &r.inputs()) {
+            diags.push(
+                Diagnostic::new(format!(
+                    "input `{}` is a shard of this pipeline's own output: a run clears it before reading",
+                    f.display()
+                ))
+                .at(doc.location(&format!("stage[{ri}].path")))
+                .hint("write to another `output_dir` (e.g. `--set output_dir=...`)"),
+            );
         }
     }
 
