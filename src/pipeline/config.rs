@@ -40,6 +40,7 @@ impl ConfigDoc {
             vec![Diagnostic::new(format!("cannot read pipeline file `{}`: {e}", path.display()))
                 .hint("check the path; pipelines live in `pipelines/`")]
         })?;
+        let source = if path.extension().is_some_and(|e| e == "json") { json_as_toml(path, &source)? } else { source };
         Self::parse(path, source, overrides)
     }
 
@@ -227,6 +228,30 @@ impl ConfigDoc {
         }
         (None, dropped)
     }
+}
+
+/// A pipeline written as JSON — above all a run's own `config.json`, so that `curate run
+/// out/bow/config.json` repeats that run — as TOML text. JSON nulls (a setting left at "none")
+/// are left out, as TOML has no null. Error lines then refer to this text, not the JSON.
+fn json_as_toml(path: &Path, source: &str) -> Result<String, Vec<Diagnostic>> {
+    let bad = |e: String| {
+        vec![Diagnostic::new(format!("cannot read pipeline file `{}` as JSON: {e}", path.display()))
+            .hint("a JSON pipeline has the layout of a run's `config.json`")]
+    };
+    fn drop_nulls(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                m.retain(|_, x| !x.is_null());
+                m.values_mut().for_each(drop_nulls);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(drop_nulls),
+            _ => {}
+        }
+    }
+    let mut value: serde_json::Value = serde_json::from_str(source).map_err(|e| bad(e.to_string()))?;
+    drop_nulls(&mut value);
+    let table: Table = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
+    toml::to_string(&table).map_err(|e| bad(e.to_string()))
 }
 
 fn record_spans(origins: &mut HashMap<String, Origin>, prefix: &str, table: &DeTable<'_>) {
