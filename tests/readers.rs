@@ -86,14 +86,7 @@ fn a_run_clears_what_an_earlier_run_left() {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, b"from an earlier run").unwrap();
     }
-    let toml = format!(
-        "output_dir = {:?}\n[[stage]]\ntype = \"read_cc_tsv\"\npath = {:?}\n[[stage]]\ntype = \"write_parquet\"\n",
-        out.to_string_lossy(),
-        fixture("readers/cc/cc_train.tsv")
-    );
-    let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
-    let plan = curate::pipeline::plan::compile_doc(&doc).unwrap();
-    curate::pipeline::run(plan, &curate::pipeline::RunOptions::default()).unwrap();
+    run_toml(cc_pipeline(&out, "data", None)).unwrap();
     let mut left: Vec<String> =
         walk(&out).into_iter().map(|p| p.strip_prefix(&out).unwrap().to_string_lossy().into_owned()).collect();
     left.sort();
@@ -120,15 +113,7 @@ fn a_run_into_another_data_folder_clears_the_earlier_runs_shards() {
     // and the manifest says which folder holds the data.
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let run = |data_dir: &str| {
-        let toml = format!(
-            "output_dir = {:?}\n[[stage]]\ntype = \"read_cc_tsv\"\npath = {:?}\n[[stage]]\ntype = \"write_parquet\"\ndir = {data_dir:?}\n",
-            out.to_string_lossy(),
-            fixture("readers/cc/cc_train.tsv")
-        );
-        let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
-        curate::pipeline::run(curate::pipeline::plan::compile_doc(&doc).unwrap(), &Default::default()).unwrap();
-    };
+    let run = |data_dir: &str| run_toml(cc_pipeline(&out, data_dir, None)).unwrap();
     run("data");
     std::fs::write(out.join("data/notes.txt"), b"mine").unwrap();
     assert!(out.join("data/part-00000.parquet").exists());
@@ -139,6 +124,23 @@ fn a_run_into_another_data_folder_clears_the_earlier_runs_shards() {
     let m: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(m["data_dir"], "shards");
     assert_eq!(m["data_shards"][0]["file"], "part-00000.parquet");
+}
+
+/// Compiles and runs the pipeline `toml` (its errors, config or run, as one result).
+fn run_toml(toml: String) -> curate::error::Result<curate::pipeline::RunSummary> {
+    let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
+    curate::pipeline::plan::compile_doc(&doc).and_then(|p| curate::pipeline::run(p, &Default::default()))
+}
+
+/// The CC fixture read into `out`, data written to `data_dir`, with `bow` (TOML of the stage's
+/// keys) between them when given.
+fn cc_pipeline(out: &std::path::Path, data_dir: &str, bow: Option<&str>) -> String {
+    let bow = bow.map(|b| format!("[[stage]]\ntype = \"bow\"\n{b}\n")).unwrap_or_default();
+    format!(
+        "output_dir = {:?}\nseed = 3\n[[stage]]\ntype = \"read_cc_tsv\"\npath = {:?}\n{bow}[[stage]]\ntype = \"write_parquet\"\ndir = {data_dir:?}\n",
+        out.to_string_lossy(),
+        fixture("readers/cc/cc_train.tsv")
+    )
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
@@ -594,23 +596,13 @@ fn a_pipeline_cannot_read_the_shards_its_run_would_clear() {
     // Re-reading an earlier run's output in the same folder: refused, and the shard is kept.
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let first = |data_dir: &str| {
-        let toml = format!(
-            "output_dir = {:?}\n[[stage]]\ntype = \"read_cc_tsv\"\npath = {:?}\n[[stage]]\ntype = \"write_parquet\"\ndir = {data_dir:?}\n",
-            out.to_string_lossy(),
-            fixture("readers/cc/cc_train.tsv")
-        );
-        let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
-        curate::pipeline::run(curate::pipeline::plan::compile_doc(&doc).unwrap(), &Default::default()).unwrap();
-    };
+    let first = |data_dir: &str| run_toml(cc_pipeline(&out, data_dir, None)).unwrap();
     let again = |input: &str| {
-        let toml = format!(
+        run_toml(format!(
             "output_dir = {:?}\n[[stage]]\ntype = \"read_table\"\npath = {:?}\ncolumns = {{ sample_id = \"sample_id\", caption = \"caption\" }}\n[[stage]]\ntype = \"write_parquet\"\n",
             out.to_string_lossy(),
             out.join(input).to_string_lossy()
-        );
-        let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
-        curate::pipeline::plan::compile_doc(&doc).and_then(|p| curate::pipeline::run(p, &Default::default()))
+        ))
     };
     first("data");
     let err = again("data/part-00000.parquet").unwrap_err().to_string();
@@ -629,13 +621,7 @@ fn a_runs_config_json_runs_again_to_the_same_bytes() {
     // `curate run out/x/config.json` repeats a run: every setting is in it, resolved.
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-    let toml = format!(
-        "output_dir = {:?}\nseed = 3\n[[stage]]\ntype = \"read_cc_tsv\"\npath = {:?}\n[[stage]]\ntype = \"bow\"\nbase_fraction = 0.5\nkeep_words = 2\n[[stage]]\ntype = \"write_parquet\"\n",
-        a.to_string_lossy(),
-        fixture("readers/cc/cc_train.tsv")
-    );
-    let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
-    curate::pipeline::run(curate::pipeline::plan::compile_doc(&doc).unwrap(), &Default::default()).unwrap();
+    run_toml(cc_pipeline(&a, "data", Some("base_fraction = 0.5\nkeep_words = 2"))).unwrap();
     let set = [format!("output_dir={}", b.display())];
     let plan = curate::pipeline::compile(&a.join("config.json"), &set).unwrap();
     curate::pipeline::run(plan, &Default::default()).unwrap();
