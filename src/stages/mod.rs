@@ -287,28 +287,25 @@ where
             let line_start = start;
             start = end + 1;
             if no > self.skip_lines {
-                match (self.parse)(&Line { file: name, no, bytes, utf8 }, &mut builder, &mut scratch) {
-                    LineOutcome::Row if self.unique.is_some() => rows.push((no, line_start, line_start + bytes.len())),
-                    LineOutcome::Row => {}
-                    LineOutcome::Reject { reason, detail } => rejects.push(Reject {
-                        stage: self.stage,
-                        source_file: name.to_owned(),
-                        row: no,
-                        sample_id: self.line_ids.then(|| format!("{name}#{no}")),
-                        reason,
-                        detail,
-                        raw: bytes.to_vec(),
-                    }),
-                    LineOutcome::RejectWithId { reason, detail, id } => rejects.push(Reject {
-                        stage: self.stage,
-                        source_file: name.to_owned(),
-                        row: no,
-                        sample_id: Some(id),
-                        reason,
-                        detail,
-                        raw: bytes.to_vec(),
-                    }),
-                    LineOutcome::Skip(why) => *skipped.entry(why).or_insert(0) += 1,
+                let reject = match (self.parse)(&Line { file: name, no, bytes, utf8 }, &mut builder, &mut scratch) {
+                    LineOutcome::Row => {
+                        if self.unique.is_some() {
+                            rows.push((no, line_start, line_start + bytes.len()));
+                        }
+                        None
+                    }
+                    LineOutcome::Skip(why) => {
+                        *skipped.entry(why).or_insert(0) += 1;
+                        None
+                    }
+                    LineOutcome::Reject { reason, detail } => {
+                        Some((reason, detail, self.line_ids.then(|| format!("{name}#{no}"))))
+                    }
+                    LineOutcome::RejectWithId { reason, detail, id } => Some((reason, detail, Some(id))),
+                };
+                if let Some((reason, detail, sample_id)) = reject {
+                    let (stage, source_file, raw) = (self.stage, name.to_owned(), bytes.to_vec());
+                    rejects.push(Reject { stage, source_file, row: no, sample_id, reason, detail, raw });
                 }
             }
             no += 1;
