@@ -592,6 +592,20 @@ fn raws(rejects: &[arrow_array::RecordBatch]) -> Vec<String> {
 }
 
 #[test]
+fn a_clearing_that_fails_leaves_no_folder_of_stale_shards() {
+    // Moving an old shard aside fails (a folder of that name is in the way, left by a run
+    // that was killed while deleting): the run stops with the error and what it had already
+    // moved aside is deleted, not left in `.curate-stale/`.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    run_toml(cc_pipeline(&out, "data", None)).unwrap();
+    std::fs::create_dir_all(out.join(".curate-stale/0-part-00000.parquet/x")).unwrap();
+    let err = run_toml(cc_pipeline(&out, "data", None)).unwrap_err().to_string();
+    assert!(err.contains("cannot move aside"), "{err}");
+    assert!(!out.join(".curate-stale").exists());
+}
+
+#[test]
 fn a_pipeline_cannot_read_the_shards_its_run_would_clear() {
     // Re-reading an earlier run's output in the same folder: refused, and the shard is kept.
     let dir = tempfile::tempdir().unwrap();

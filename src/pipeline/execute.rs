@@ -439,7 +439,11 @@ fn clear_previous_run(out: &Path, shard_dirs: &[&Path]) -> Result<std::thread::J
             if is_run_shard(&name) {
                 std::fs::create_dir_all(&trash).map_err(|e| Error::io("cannot create folder", &trash, e))?;
                 let to = trash.join(format!("{i}-{name}"));
-                std::fs::rename(&path, &to).map_err(|e| Error::io("cannot move aside", &path, e))?;
+                if let Err(e) = std::fs::rename(&path, &to) {
+                    // What was moved aside is stale all the same: deleted, not left behind.
+                    let _ = std::fs::remove_dir_all(&trash);
+                    return Err(Error::io("cannot move aside", &path, e));
+                }
             }
         }
     }
