@@ -90,6 +90,12 @@ fn an_output_dir_that_is_a_file() {
 }
 
 #[test]
+fn a_json_pipeline_names_keys_not_lines() {
+    // A run's `config.json` is a pipeline too; its problems are placed by key.
+    insta::assert_snapshot!(validate("config_json_errors.json", &[]));
+}
+
+#[test]
 fn broken_stage_and_two_readers() {
     insta::assert_snapshot!(validate("broken_stage_and_two_readers.toml", &[]));
 }

@@ -30,6 +30,8 @@ pub struct ConfigDoc {
     origins: HashMap<String, Origin>,
     /// Problems with `--set` arguments; reported together with the file's own problems.
     pub override_errors: Vec<Diagnostic>,
+    /// The file is JSON, read as TOML text of our own: places are named by key, not line.
+    from_json: bool,
 }
 
 impl ConfigDoc {
@@ -40,7 +42,11 @@ impl ConfigDoc {
             vec![Diagnostic::new(format!("cannot read pipeline file `{}`: {e}", path.display()))
                 .hint("check the path; pipelines live in `pipelines/`")]
         })?;
-        let source = if path.extension().is_some_and(|e| e == "json") { json_as_toml(path, &source)? } else { source };
+        if path.extension().is_some_and(|e| e == "json") {
+            let mut doc = Self::parse(path, json_as_toml(path, &source)?, overrides)?;
+            doc.from_json = true;
+            return Ok(doc);
+        }
         Self::parse(path, source, overrides)
     }
 
@@ -51,6 +57,7 @@ impl ConfigDoc {
             root: Table::new(),
             origins: HashMap::new(),
             override_errors: Vec::new(),
+            from_json: false,
         };
         let parsed = match DeTable::parse(&doc.source) {
             Ok(t) => t,
@@ -99,6 +106,9 @@ impl ConfigDoc {
         loop {
             if let Some(o) = self.origins.get(p) {
                 return Some(match o {
+                    Origin::Span { .. } if self.from_json => {
+                        Location::Key { path: self.path.clone(), key: p.to_owned() }
+                    }
                     Origin::Span { key: k, value: v } => self.file_location(if key { k.start } else { v.start }),
                     Origin::Override(arg) => Location::Override { arg: arg.clone() },
                 });
@@ -165,6 +175,9 @@ impl ConfigDoc {
             let entry = table.entry((*part).to_owned()).or_insert_with(|| Value::Table(Table::new()));
             table = entry.as_table_mut().ok_or_else(|| bad(format!("`--set {key}`: `{part}` is not a table")))?;
         }
+        // A table set whole replaces what the file had under it: its keys come from `--set` too.
+        let under = [format!("{prefix}."), format!("{prefix}[")];
+        self.origins.retain(|k, _| !under.iter().any(|u| k.starts_with(u.as_str())));
         self.origins.insert(prefix, Origin::Override(arg.to_owned()));
         Ok(())
     }
@@ -427,6 +440,17 @@ mod tests {
         assert_eq!(st["columns"]["caption"].as_str(), Some("text"));
         assert_eq!(d.root["output_dir"].as_str(), Some("out/x"));
         assert_eq!(d.location("stage[0].keep_words"), Some(Location::Override { arg: "bow.keep_words=2".into() }));
+    }
+
+    #[test]
+    fn a_table_set_whole_is_located_at_the_override() {
+        let d = doc(
+            "[[stage]]\ntype = \"read_table\"\ncolumns = { caption = \"text\" }\n",
+            &["read_table.columns={ caption = \"txt\" }"],
+        );
+        let at = Some(Location::Override { arg: "read_table.columns={ caption = \"txt\" }".into() });
+        assert_eq!(d.location("stage[0].columns.caption"), at);
+        assert!(matches!(d.location("stage[0].type"), Some(Location::File { line: 2, .. })));
     }
 
     #[test]

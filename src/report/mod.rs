@@ -19,8 +19,8 @@ use crate::stages::bow::MAX_HIST_WORDS;
 
 /// Writes the report files into `out`.
 pub fn write(out: &Path, plan: &Plan, summary: &RunSummary, stages: &[(String, Value)]) -> Result<()> {
+    // Created by the first stage that draws (a run without a BoW stage has no plots).
     let plots = out.join("plots");
-    std::fs::create_dir_all(&plots).map_err(|e| Error::io("cannot create folder", &plots, e))?;
     let mut md = String::new();
     let _ = writeln!(md, "# curate report: `{}`\n", plan.name);
     let _ = writeln!(md, "Pipeline file `{}`; output `{}`.\n", plan.pipeline_file.display(), plan.output_dir.display());
@@ -231,6 +231,7 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
         let unit = r["base_vocabulary_unit"].as_str().unwrap_or("words");
         let _ = writeln!(md, "- removed top-{} {unit}, most frequent first: {}{more}", top.len(), shown.join(", "));
     }
+    std::fs::create_dir_all(plots).map_err(|e| Error::io("cannot create folder", plots, e))?;
     let (hb, ha) = (u64s(&r["length_histogram_before"]), u64s(&r["length_histogram_after"]));
     let svg = plot::histogram(
         &format!("Caption length ({name})"),
