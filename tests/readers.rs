@@ -649,3 +649,32 @@ fn a_runs_config_json_runs_again_to_the_same_bytes() {
     };
     assert_eq!(config(&a), config(&b));
 }
+
+#[test]
+fn the_manifest_says_whether_the_input_was_kept_between_passes() {
+    // The BoW stage's fit pass and the streaming pass: with the input in memory, or, past the
+    // cache budget, read again (same bytes either way).
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [(usize::MAX, "kept in memory"), (1, "over budget (read again)"), (0, "off (read again)")];
+    let mut outputs = Vec::new();
+    for (i, (budget, state)) in cases.into_iter().enumerate() {
+        let out = dir.path().join(format!("o{i}"));
+        let doc = curate::pipeline::config::ConfigDoc::parse(
+            std::path::Path::new("t.toml"),
+            cc_pipeline(&out, "data", Some("base_fraction = 0.5")),
+            &[],
+        )
+        .unwrap();
+        let opts = curate::pipeline::RunOptions { cache_bytes: budget, ..Default::default() };
+        curate::pipeline::run(curate::pipeline::plan::compile_doc(&doc).unwrap(), &opts).unwrap();
+        let m: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+        assert_eq!(m["input_cache"], state, "budget {budget}");
+        outputs.push(std::fs::read(out.join("data/part-00000.parquet")).unwrap());
+    }
+    assert!(outputs.windows(2).all(|w| w[0] == w[1]));
+    // Without a stage that needs a fit pass, nothing is kept.
+    let out = dir.path().join("intact");
+    run_toml(cc_pipeline(&out, "data", None)).unwrap();
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["input_cache"], "not needed");
+}

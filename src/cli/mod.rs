@@ -220,7 +220,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             )?;
             let out = plan.output_dir.clone();
             let data_dir = out.join(&plan.write.dir);
-            let s = pipeline::run(plan, &RunOptions { progress, cache_bytes: args.cache_mib << 20 })?;
+            let s = pipeline::run(plan, &RunOptions { progress, cache_bytes: args.cache_mib.saturating_mul(1 << 20) })?;
             eprintln!(
                 "wrote {} rows to `{}` ({} shard(s)); {} rejected, {} skipped; {:.2} s",
                 s.rows_written,

@@ -50,11 +50,23 @@ struct PassCache {
     budget: usize,
     bytes: usize,
     chunks: Option<Vec<Chunk>>,
+    /// The input did not fit the budget: later passes read it again.
+    over_budget: bool,
 }
 
 impl PassCache {
     fn new(budget: usize) -> Self {
-        PassCache { budget, bytes: 0, chunks: (budget > 0).then(Vec::new) }
+        PassCache { budget, bytes: 0, chunks: (budget > 0).then(Vec::new), over_budget: false }
+    }
+
+    /// What became of the parsed input between passes, for the manifest.
+    fn state(cache: &Option<PassCache>) -> &'static str {
+        match cache {
+            None => "not needed",
+            Some(c) if c.budget == 0 => "off (read again)",
+            Some(c) if c.over_budget => "over budget (read again)",
+            Some(_) => "kept in memory",
+        }
     }
 
     /// Keeps a copy of `chunk` (the batch's buffers are shared, not copied) or, past the budget,
@@ -64,6 +76,12 @@ impl PassCache {
             self.bytes += chunk.batch.get_array_memory_size() + chunk.rejects.bytes();
             if self.bytes > self.budget {
                 self.chunks = None;
+                self.over_budget = true;
+                eprintln!(
+                    "note: the parsed input is larger than --cache-mib {}: each later pass reads the input again \
+                     (a larger --cache-mib keeps it in memory)",
+                    self.budget >> 20
+                );
             } else {
                 v.push(chunk.clone());
             }
@@ -197,6 +215,8 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
         }
     }
 
+    let input_cache = PassCache::state(&cache);
+
     // The streaming pass.
     pass_no += 1;
     let t = Instant::now();
@@ -301,6 +321,7 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
         "data_dir": plan.write.dir,
         "data_shards": summary.data_shards,
         "reject_shards": w.reject_shards,
+        "input_cache": input_cache,
         "timings_s": summary.timings_s,
     });
     let text = serde_json::to_string_pretty(&manifest).expect("JSON value serializes");
