@@ -317,15 +317,19 @@ mod tests {
     use super::*;
     use crate::schema::{pairs, PairRow, PairsBuilder};
 
+    /// `pairs` rows `id0`, `id1`, … with the caption "a dog".
+    fn dogs(n: usize) -> RecordBatch {
+        let mut b = PairsBuilder::new("test");
+        for i in 0..n {
+            b.push(PairRow { sample_id: &format!("id{i}"), caption: Some("a dog"), ..Default::default() });
+        }
+        b.finish()
+    }
+
     #[test]
     fn shards_split_at_the_row_limit_and_read_back() {
         let dir = tempfile::tempdir().unwrap();
-        let mut b = PairsBuilder::new("test");
-        let ids: Vec<String> = (0..5).map(|i| format!("id{i}")).collect();
-        for id in &ids {
-            b.push(PairRow { sample_id: id, caption: Some("a dog"), ..Default::default() });
-        }
-        let batch = b.finish();
+        let batch = dogs(5);
         let mut w = ShardedWriter::new(dir.path(), "part", pairs(), 2, &[]).unwrap();
         w.write(&batch).unwrap();
         let shards = w.finish().unwrap();
@@ -338,12 +342,7 @@ mod tests {
     #[test]
     fn many_small_shards_keep_few_renames_in_flight() {
         let dir = tempfile::tempdir().unwrap();
-        let mut b = PairsBuilder::new("test");
-        let ids: Vec<String> = (0..300).map(|i| format!("id{i}")).collect();
-        for id in &ids {
-            b.push(PairRow { sample_id: id, caption: Some("a dog"), ..Default::default() });
-        }
-        let batch = b.finish();
+        let batch = dogs(300);
         let mut w = ShardedWriter::new(dir.path(), "part", pairs(), 1, &[]).unwrap();
         for i in 0..batch.num_rows() {
             w.write(&batch.slice(i, 1)).unwrap();
