@@ -117,9 +117,9 @@ pub fn histogram(title: &str, xlabel: &str, series: &[(&str, &[u64])], open_bin:
     }
     let tick = (nice_step(bins as f64, 12.0) as usize).max(1);
     let open = open_bin.filter(|&b| b < bins);
-    // A regular tick too close to the open bin's label would overlap it.
-    let ticks = (0..bins).step_by(tick).filter(|&i| open.is_none_or(|b| i == b || i + tick / 2 < b || tick == 1));
-    for i in ticks.chain(open.filter(|b| b % tick != 0)) {
+    // Regular ticks up to the open bin (one too close would overlap its label), then the open bin.
+    let ticks = (0..bins).step_by(tick).filter(|&i| open.is_none_or(|b| i + tick / 2 < b));
+    for i in ticks.chain(open) {
         let x = LEFT + bw * (i as f64 + 0.5);
         let label = if Some(i) == open { format!("{i}+") } else { i.to_string() };
         let _ =

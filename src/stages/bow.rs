@@ -272,6 +272,12 @@ impl Stats {
         }
     }
 
+    /// Distinct words counted in `slot` (see [`Stats::count`]).
+    fn distinct(&self, slot: usize) -> usize {
+        let other = [&self.before_other, &self.after_other, &self.deformed_other][slot];
+        self.ids.iter().filter(|c| c[slot] > 0).count() + other.len()
+    }
+
     /// Occurrences per distinct word in `SLOT` (see [`Stats::count`]), largest first, and the
     /// number of distinct words.
     fn ranked(&self, slot: usize) -> (Vec<u64>, usize) {
@@ -947,7 +953,7 @@ impl Transform for Bow {
         let n_out = st.base + st.deformed_out;
         let (ranked_before, vocab_before) = st.ranked(0);
         let (ranked_after, vocab_after) = st.ranked(1);
-        let (_, vocab_deformed_after) = st.ranked(2);
+        let vocab_deformed_after = st.distinct(2);
         let mean = |words: u64, n: u64| if n == 0 { 0.0 } else { words as f64 / n as f64 };
         json!({
             "mode": self.config.mode,
