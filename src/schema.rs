@@ -232,6 +232,32 @@ impl Rejects {
         self.raw_ends.push(self.raw.len());
     }
 
+    /// The rows of `self` and `other`, each already in `row` order, merged in `row` order
+    /// (`self`'s first on equal rows).
+    pub fn merged_by_row(self, other: Rejects) -> Rejects {
+        if other.is_empty() {
+            return self;
+        }
+        let mut out = Rejects::default();
+        let (mut i, mut j) = (0, 0);
+        while i < self.len() || j < other.len() {
+            if j == other.len() || (i < self.len() && self.row[i] <= other.row[j]) {
+                out.push_from(&self, i);
+                i += 1;
+            } else {
+                out.push_from(&other, j);
+                j += 1;
+            }
+        }
+        out
+    }
+
+    /// Appends row `i` of `from`.
+    fn push_from(&mut self, from: &Rejects, i: usize) {
+        let r = from.get(i);
+        self.push_row(r.stage, r.source_file.to_owned(), r.row, r.sample_id, r.reason, from.detail[i].clone(), r.raw);
+    }
+
     pub fn get(&self, i: usize) -> RejectRef<'_> {
         let start = |ends: &[usize]| if i == 0 { 0 } else { ends[i - 1] };
         let (id_start, raw_start) = (start(&self.id_ends), start(&self.raw_ends));

@@ -426,16 +426,19 @@ impl UniqueIds {
     }
 
     /// Drops the rows of `chunk` whose id was seen before (in this chunk or an earlier one) and
-    /// adds `reject(row index, id)` for each to its rejects.
+    /// adds `reject(row index, id)` for each to its rejects, which stay in line order (the
+    /// chunk's rejects and the rejects made here are each in line order already).
     pub fn reject_repeats(&mut self, mut chunk: Chunk, reject: impl Fn(usize, &str) -> Reject) -> Result<Chunk> {
         let ids = crate::schema::str_col(&chunk.batch, crate::schema::SAMPLE_ID);
         let keep: Vec<bool> = (0..chunk.batch.num_rows()).map(|i| self.first_time(ids.value(i))).collect();
         if keep.iter().all(|&k| k) {
             return Ok(chunk);
         }
+        let mut repeats = crate::schema::Rejects::default();
         for i in keep.iter().enumerate().filter(|(_, k)| !**k).map(|(i, _)| i) {
-            chunk.rejects.push(reject(i, ids.value(i)));
+            repeats.push(reject(i, ids.value(i)));
         }
+        chunk.rejects = std::mem::take(&mut chunk.rejects).merged_by_row(repeats);
         chunk.batch = crate::schema::keep_rows(&chunk.batch, &keep)?;
         Ok(chunk)
     }
