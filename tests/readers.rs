@@ -678,3 +678,81 @@ fn the_manifest_says_whether_the_input_was_kept_between_passes() {
     let m: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(m["input_cache"], "not needed");
 }
+
+#[test]
+fn parquet_inputs_in_every_common_codec_are_read() {
+    // polars writes ZSTD by default, pyarrow Snappy; GZIP and Brotli are options of both.
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};
+    let dir = tempfile::tempdir().unwrap();
+    let ids: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["p", "q"]));
+    let text: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["a red kite", "two dogs on grass"]));
+    let batch = RecordBatch::try_from_iter([("id", ids), ("text", text)]).unwrap();
+    for codec in [
+        Compression::ZSTD(ZstdLevel::default()),
+        Compression::GZIP(GzipLevel::default()),
+        Compression::BROTLI(BrotliLevel::default()),
+        Compression::SNAPPY,
+        Compression::LZ4,
+        Compression::LZ4_RAW,
+        Compression::UNCOMPRESSED,
+    ] {
+        let path = dir.path().join(format!("{codec:?}.parquet").replace(['(', ')', ' ', '{', '}', ':'], "_"));
+        let props = parquet::file::properties::WriterProperties::builder().set_compression(codec).build();
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), Some(props))
+                .unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+            "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"id\", caption = \"text\" }}",
+            path.display()
+        )));
+        assert_eq!(strs(&data, "caption"), ["a red kite", "two dogs on grass"], "{codec:?}");
+        assert!(rejects.iter().all(|b| b.num_rows() == 0), "{codec:?}");
+    }
+}
+
+#[test]
+fn a_run_that_fails_part_way_leaves_no_shards() {
+    // Two input files, the second not Parquet past its footer check: the run fails, the error
+    // names the file, and neither the first file's rows nor empty shards are left in `data/`
+    // or `rejects/` to be read by a glob as if complete (1 row per shard: the first file's
+    // rows are finished shards before the failure).
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let text: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["a red kite", "two dogs", "", "a cat"]));
+    let batch = RecordBatch::try_from_iter([("text", text)]).unwrap();
+    let good = dir.path().join("a.parquet");
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&good).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    // A valid footer over data pages that are garbage: the schema reads, the data does not.
+    let mut bytes = std::fs::read(&good).unwrap();
+    for b in &mut bytes[4..40] {
+        *b = 0xff;
+    }
+    let bad = dir.path().join("b.parquet");
+    std::fs::write(&bad, bytes).unwrap();
+    let out = dir.path().join("out");
+    let toml = format!(
+        "output_dir = \"{}\"\n[[stage]]\ntype = \"read_table\"\npath = [\"{}\", \"{}\"]\n\
+         columns = {{ caption = \"text\" }}\n[[stage]]\ntype = \"write_parquet\"\nrows_per_shard = 1\n",
+        out.display(),
+        good.display(),
+        bad.display()
+    );
+    let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
+    let plan = curate::pipeline::plan::compile_doc(&doc).unwrap_or_else(|e| panic!("{e}"));
+    let err = curate::pipeline::run(plan, &curate::pipeline::RunOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("b.parquet"), "the error names the file: {err}");
+    for sub in ["data", "rejects"] {
+        let left: Vec<String> = std::fs::read_dir(out.join(sub))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(left.is_empty(), "{sub}/ after a failed run: {left:?}");
+    }
+    assert!(!out.join("manifest.json").exists());
+}

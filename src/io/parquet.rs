@@ -266,6 +266,23 @@ impl ShardedWriter {
         Ok(())
     }
 
+    /// Gives up: the shard being written is dropped and the shards finished so far are
+    /// removed, so a run that failed leaves no complete-looking part of its output. Removal is
+    /// best effort (the run is failing already).
+    pub fn abort(mut self) {
+        if let Some(open) = self.current.take() {
+            drop(open.file);
+            // Encoding jobs still running send to receivers that are gone: they just stop.
+            let _ = std::fs::remove_file(&open.tmp);
+        }
+        for rename in self.renames.drain(..) {
+            let _ = rename.join();
+        }
+        for shard in &self.shards {
+            let _ = std::fs::remove_file(self.dir.join(&shard.file));
+        }
+    }
+
     /// Closes the last shard. An empty output still gets one (empty) shard carrying the schema.
     pub fn finish(mut self) -> Result<Vec<ShardInfo>> {
         if self.current.is_none() && self.shards.is_empty() {
@@ -299,17 +316,24 @@ pub fn write_file(
     Ok(rows)
 }
 
-/// Reads a whole Parquet file (inputs of readers, tests).
+/// A Parquet or Arrow error while reading `path`, naming the file.
+fn unreadable(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::data(format!("cannot read Parquet file `{}`: {e}", path.display()))
+}
+
+/// Reads a whole Parquet file (inputs of readers, tests). Any codec Parquet writers use by
+/// default is read: Snappy (pyarrow), ZSTD (polars), GZIP, Brotli, LZ4 and LZ4_RAW.
 pub fn read_file(path: &Path) -> Result<Vec<RecordBatch>> {
     let file = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
-    reader.map(|b| b.map_err(Error::from)).collect()
+    let reader =
+        ParquetRecordBatchReaderBuilder::try_new(file).and_then(|b| b.build()).map_err(|e| unreadable(path, e))?;
+    reader.map(|b| b.map_err(|e| unreadable(path, e))).collect()
 }
 
 /// The Arrow schema stored in a Parquet file's footer (no data is read).
 pub fn read_schema(path: &Path) -> Result<SchemaRef> {
     let file = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
-    Ok(ParquetRecordBatchReaderBuilder::try_new(file)?.schema().clone())
+    Ok(ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| unreadable(path, e))?.schema().clone())
 }
 
 #[cfg(test)]

@@ -242,27 +242,39 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
 
     let streamed = std::thread::scope(|s| -> Result<(u64, WriterOutcome)> {
         // Each chunk travels with its rejects already in columns (built on the worker threads).
-        let (wtx, wrx) = sync_channel::<(Chunk, Option<RecordBatch>)>(GROUP);
+        // `None` says the stream ended well: without it (a reader or transform failed) the
+        // writer removes what it wrote instead of finishing shards that look complete.
+        let (wtx, wrx) = sync_channel::<Option<(Chunk, Option<RecordBatch>)>>(GROUP);
         let spawn_writer = std::thread::Builder::new().name("curate-write".into());
         let writer = spawn_writer
             .spawn_scoped(s, move || -> Result<WriterOutcome> {
                 let mut o = WriterOutcome::default();
-                for (chunk, rejects_batch) in wrx {
-                    let batch = match &columns {
-                        Some(idx) => chunk.batch.project(idx)?,
-                        None => chunk.batch,
-                    };
-                    o.written += batch.num_rows() as u64;
-                    data.write(&batch)?;
-                    if !chunk.rejects.is_empty() {
-                        for key in chunk.rejects.reasons() {
-                            *o.rejects.entry(key).or_insert(0) += 1;
+                let stream = || -> Result<bool> {
+                    for message in wrx {
+                        let Some((chunk, rejects_batch)) = message else { return Ok(true) };
+                        let batch = match &columns {
+                            Some(idx) => chunk.batch.project(idx)?,
+                            None => chunk.batch,
+                        };
+                        o.written += batch.num_rows() as u64;
+                        data.write(&batch)?;
+                        if !chunk.rejects.is_empty() {
+                            for key in chunk.rejects.reasons() {
+                                *o.rejects.entry(key).or_insert(0) += 1;
+                            }
+                            rejects.write(&rejects_batch.unwrap_or_else(|| chunk.rejects.to_batch()))?;
                         }
-                        rejects.write(&rejects_batch.unwrap_or_else(|| chunk.rejects.to_batch()))?;
+                        for (k, v) in chunk.skipped {
+                            *o.skipped.entry(k.to_owned()).or_insert(0) += v;
+                        }
                     }
-                    for (k, v) in chunk.skipped {
-                        *o.skipped.entry(k.to_owned()).or_insert(0) += v;
-                    }
+                    Ok(false)
+                };
+                let ended = stream();
+                if !matches!(ended, Ok(true)) {
+                    data.abort();
+                    rejects.abort();
+                    return Err(ended.err().unwrap_or_else(|| Error::data("the run stopped before its end")));
                 }
                 o.data_shards = data.finish()?;
                 o.reject_shards = rejects.finish()?;
@@ -270,8 +282,12 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
             })
             .map_err(|e| Error::io("cannot start a thread", "curate-write", e))?;
         let read = transform_stream(s, reader, cached, transforms, &bar, |c| {
-            wtx.send(c).map_err(|_| Error::data("the writer stopped"))
+            wtx.send(Some(c)).map_err(|_| Error::data("the writer stopped"))
         });
+        if read.is_ok() {
+            // The writer may have stopped on an error of its own: it is reported below.
+            let _ = wtx.send(None);
+        }
         drop(wtx);
         let written = writer.join().expect("writer thread does not panic");
         // A reader or transform error explains a writer that stopped early: report it first.
