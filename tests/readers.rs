@@ -756,3 +756,84 @@ fn a_run_that_fails_part_way_leaves_no_shards() {
     }
     assert!(!out.join("manifest.json").exists());
 }
+
+#[test]
+fn table_rows_must_have_the_tables_width() {
+    // A tab inside a caption shifts the columns after it: with a header the header's width is
+    // the rule, without one the usual width of the first lines (here 3; one 2-field line).
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "h.tsv",
+            "tsv",
+            true,
+            "caption\turl\tlicense\na dog\thttp://h/1\tCC\ncap with\ttab\thttp://h/2\tCC\nshort\thttp://h/3\n",
+        ),
+        (
+            "n.tsv",
+            "tsv",
+            false,
+            "a dog\thttp://h/1\tCC\ncap with\ttab\thttp://h/2\tCC\nshort\thttp://h/3\nok\thttp://h/4\tCC\n",
+        ),
+        (
+            "h.csv",
+            "csv",
+            true,
+            "caption,url,license\na dog,http://h/1,CC\ncap with,comma,http://h/2,CC\nshort,http://h/3\n",
+        ),
+        (
+            "n.csv",
+            "csv",
+            false,
+            "a dog,http://h/1,CC\ncap with,comma,http://h/2,CC\nshort,http://h/3\nok,http://h/4,CC\n",
+        ),
+    ];
+    for (file, format, header, text) in cases {
+        std::fs::write(dir.path().join(file), text).unwrap();
+        let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+            "type = \"read_table\"\npath = \"{}\"\nformat = \"{format}\"\nheader = {header}\n\
+             columns = {{ caption = 0, url = 1 }}",
+            dir.path().join(file).display()
+        )));
+        let want_data: &[&str] = if header { &["a dog"] } else { &["a dog", "ok"] };
+        assert_eq!(strs(&data, "caption"), want_data, "{file}");
+        assert_eq!(strs(&data, "url")[0], "http://h/1", "{file}");
+        let first = u64::from(header) + 2;
+        assert_eq!(
+            reasons(&rejects),
+            [("wrong_field_count".into(), first), ("wrong_field_count".into(), first + 1)],
+            "{file}"
+        );
+        assert_eq!(strs(&rejects, "detail"), ["4 fields, expected 3", "2 fields, expected 3"], "{file}");
+    }
+}
+
+#[test]
+fn csv_lines_may_end_in_a_lone_cr() {
+    // Old Mac exports ("CSV (Macintosh)") end lines with CR alone: each record has its own line
+    // number, as Python's csv module counts them, so `file#line` ids stay unique.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mac.csv"), "id_col,caption,url\r1,a dog,u1\r2,a cat,u2\r\r3,a bird,u3\r").unwrap();
+    let (_d, data, _) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ caption = \"caption\", url = \"url\" }}",
+        dir.path().join("mac.csv").display()
+    )));
+    assert_eq!(strs(&data, "sample_id"), ["mac.csv#2", "mac.csv#3", "mac.csv#5"]);
+    assert_eq!(strs(&data, "caption"), ["a dog", "a cat", "a bird"]);
+}
+
+#[test]
+fn invalid_utf8_rejects_carry_an_id_that_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.csv"), b"id,text\n1,caf\xe9 au lait\n\xff,bad id\n2,fine\n").unwrap();
+    std::fs::write(dir.path().join("t.tsv"), b"id\ttext\n1\tcaf\xe9 au lait\n\xff\tbad id\n2\tfine\n").unwrap();
+    for file in ["t.csv", "t.tsv"] {
+        let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+            "type = \"read_table\"\npath = \"{}\"\nheader = true\ncolumns = {{ sample_id = \"id\", caption = \"text\" }}",
+            dir.path().join(file).display()
+        )));
+        assert_eq!(strs(&data, "sample_id"), ["2"], "{file}");
+        assert_eq!(reasons(&rejects), [("invalid_utf8".into(), 2), ("invalid_utf8".into(), 3)], "{file}");
+        assert_eq!(col(&rejects, "sample_id"), [Some("1".to_owned()), None], "{file}");
+    }
+}

@@ -568,9 +568,39 @@ pub fn widest_of_first_lines(path: &Path, delimiter: u8, n: usize) -> std::resul
     Ok(widest)
 }
 
+/// The most common field count among the first `n` lines of a headerless file (the wider on a
+/// tie): the width every row must have. A few malformed lines among the first do not change it.
+pub fn usual_width_of_first_lines(path: &Path, delimiter: u8, n: usize) -> std::result::Result<usize, String> {
+    let mut lines = Lines::open(path).map_err(|e| e.to_string())?;
+    let mut seen: std::collections::BTreeMap<usize, usize> = Default::default();
+    for _ in 0..n {
+        match lines.next_line().map_err(|e| e.to_string())? {
+            Some((_, line)) => *seen.entry(line.iter().filter(|&&b| b == delimiter).count() + 1).or_insert(0) += 1,
+            None => break,
+        }
+    }
+    seen.into_iter()
+        .max_by_key(|&(width, count)| (count, width))
+        .map(|(width, _)| width)
+        .ok_or_else(|| format!("`{}` is empty", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_headerless_file_has_the_usual_width_of_its_first_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.tsv");
+        std::fs::write(&p, "a.jpg#0 no tab here\na.jpg#1\tok\nb.jpg#0\tok\tthird\nc.jpg#0\tok\n").unwrap();
+        assert_eq!(usual_width_of_first_lines(&p, b'\t', 100).unwrap(), 2);
+        assert_eq!(usual_width_of_first_lines(&p, b'\t', 1).unwrap(), 1);
+        // A tie goes to the wider.
+        assert_eq!(usual_width_of_first_lines(&p, b'\t', 3).unwrap(), 3);
+        std::fs::write(&p, "").unwrap();
+        assert!(usual_width_of_first_lines(&p, b'\t', 100).unwrap_err().contains("is empty"));
+    }
 
     #[test]
     fn a_malformed_first_line_does_not_hide_the_width_of_a_headerless_file() {

@@ -15,8 +15,8 @@ use arrow_schema::DataType;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    chunk_of, expand_inputs, has_words, header_fields, split_tabs, widest_of_first_lines, ChunkIter, LineChunks,
-    LineOutcome, Problems, Reader, UniqueIds, CHUNK_ROWS, DUPLICATE_ID,
+    chunk_of, expand_inputs, has_words, header_fields, split_tabs, usual_width_of_first_lines, widest_of_first_lines,
+    ChunkIter, LineChunks, LineOutcome, Problems, Reader, UniqueIds, CHUNK_ROWS, DUPLICATE_ID,
 };
 use crate::error::{did_you_mean, Error, Result};
 use crate::io::{file_name, parquet, PathPatterns};
@@ -166,14 +166,15 @@ impl ReadTableConfig {
         }
         // Names resolve to indexes against each file's own header or schema: files may order
         // their columns differently.
-        let indexes: Vec<[Option<usize>; 6]> =
-            files.iter().filter_map(|f| self.resolve(f, format, header, problems)).collect();
+        let (indexes, widths): (Vec<[Option<usize>; 6]>, Vec<usize>) =
+            files.iter().filter_map(|f| self.resolve(f, format, header, problems)).unzip();
         let image_root = self.image_root.as_ref().map(PathBuf::from);
         problems.is_empty().then(|| ReadTable {
             files,
             format,
             header,
             indexes,
+            widths,
             caption_mapped: self.columns.caption.is_some(),
             id_mapped: self.columns.sample_id.is_some(),
             path_cut_at: self.path_cut_at.clone(),
@@ -183,15 +184,16 @@ impl ReadTableConfig {
         })
     }
 
-    /// The input column of each mapped `pairs` column in `file`, or `None` after reporting
-    /// what is missing.
+    /// The input column of each mapped `pairs` column in `file` and the number of fields each
+    /// TSV line must have (the header's, or the usual width of a headerless file's first
+    /// lines), or `None` after reporting what is missing.
     fn resolve(
         &self,
         file: &Path,
         format: Format,
         header: bool,
         problems: &mut Problems,
-    ) -> Option<[Option<usize>; 6]> {
+    ) -> Option<([Option<usize>; 6], usize)> {
         let names: std::result::Result<Vec<String>, String> = match format {
             Format::Parquet => parquet::read_schema(file).map_err(|e| e.to_string()).and_then(|schema| {
                 // Every mapped column must read as text.
@@ -289,8 +291,52 @@ impl ReadTableConfig {
                 }
             }
         }
-        ok.then_some(indexes)
+        let width = match format {
+            Format::Tsv if !header => match usual_width_of_first_lines(file, b'\t', 100) {
+                Ok(w) => w,
+                Err(e) => {
+                    problems.push("path", e, None);
+                    return None;
+                }
+            },
+            _ => names.len(),
+        };
+        let need = indexes.iter().flatten().max().map_or(0, |m| m + 1);
+        if ok && format == Format::Tsv && width < need {
+            problems.push(
+                "columns",
+                format!(
+                    "column #{} is mapped, but most of the first lines of `{}` have {width} field(s)",
+                    need - 1,
+                    file_name(file)
+                ),
+                Some("every line must have as many fields as the file's usual width".into()),
+            );
+            ok = false;
+        }
+        ok.then_some((indexes, width))
     }
+}
+
+/// Line ends in `bytes`: LF, CRLF (one) and a lone CR.
+fn line_ends(bytes: &[u8]) -> u64 {
+    let lf = memchr::memchr_iter(b'\n', bytes).count();
+    let lone_cr = memchr::memchr_iter(b'\r', bytes).filter(|&i| bytes.get(i + 1) != Some(&b'\n')).count();
+    (lf + lone_cr) as u64
+}
+
+/// The most common field count among the first `n` records of a headerless CSV (the wider on a
+/// tie; 0 for no record).
+fn usual_csv_width(body: &[u8], n: usize) -> usize {
+    let mut rdr = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(body);
+    let mut seen: std::collections::BTreeMap<usize, usize> = Default::default();
+    for record in rdr.byte_records().take(n) {
+        match record {
+            Ok(r) => *seen.entry(r.len()).or_insert(0) += 1,
+            Err(_) => break,
+        }
+    }
+    seen.into_iter().max_by_key(|&(width, count)| (count, width)).map_or(0, |(width, _)| width)
 }
 
 /// The column names on a CSV file's first line (quoted names may hold commas; a leading
@@ -318,6 +364,8 @@ pub struct ReadTable {
     header: bool,
     /// For each file: its column index for sample_id, caption, url, path, label, label_text.
     indexes: Vec<[Option<usize>; 6]>,
+    /// For each TSV file: the fields every line must have (see [`ReadTableConfig::resolve`]).
+    widths: Vec<usize>,
     caption_mapped: bool,
     /// Without a mapped id, rows (rejected ones too) are known by `file#row`.
     id_mapped: bool,
@@ -393,23 +441,25 @@ impl Reader for ReadTable {
                 let skip = u64::from(self.header);
                 let chunks =
                     LineChunks::new(self.files.clone(), &self.source, TYPE, skip, move |line, out, _scratch| {
-                        if line.as_text().is_none() {
-                            return LineOutcome::Reject {
-                                reason: "invalid_utf8",
-                                detail: "line is not valid UTF-8".into(),
-                            };
-                        }
                         let k = by_name[line.file];
                         let indexes = &self.indexes[k];
                         let fields = split_tabs(line.bytes);
-                        let n = fields.count;
-                        // Below `MAX_FIELDS`: checked at plan time.
-                        let need = indexes.iter().flatten().max().map_or(0, |m| m + 1);
-                        if n < need {
-                            return LineOutcome::Reject {
-                                reason: "wrong_field_count",
-                                detail: format!("{n} fields, need at least {need}").into(),
-                            };
+                        let (n, width) = (fields.count, self.widths[k]);
+                        // The mapped id, where it can be read: rejects carry it.
+                        let readable_id = || {
+                            let i = indexes[0].filter(|&i| self.id_mapped && i < n.min(super::MAX_FIELDS))?;
+                            std::str::from_utf8(fields[i]).ok().filter(|id| !id.trim().is_empty())
+                        };
+                        let reject = |reason, detail: String| match readable_id() {
+                            Some(id) => LineOutcome::RejectWithId { reason, detail: detail.into(), id: id.to_owned() },
+                            None => LineOutcome::Reject { reason, detail: detail.into() },
+                        };
+                        if line.as_text().is_none() {
+                            return reject("invalid_utf8", "line is not valid UTF-8".into());
+                        }
+                        // Every mapped index is below the width and `MAX_FIELDS` (plan time).
+                        if n != width {
+                            return reject("wrong_field_count", format!("{n} fields, expected {width}"));
                         }
                         let values = indexes.map(|i| i.map(|i| line.text(fields[i]).expect("line checked as UTF-8")));
                         let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
@@ -489,12 +539,17 @@ impl ReadTable {
     }
 
     /// A CSV file, parsed from memory so each record's line (where it starts, counting blank
-    /// lines and CRLF ends) and raw bytes are known exactly.
+    /// lines; a line ends at LF, CRLF or a lone CR, as the CSV parser's records do) and raw
+    /// bytes are known exactly. Every record must have as many fields as the header, or, without
+    /// one, as most of the first 100 records.
     fn read_csv(&self, path: &Path, indexes: &[Option<usize>; 6], unique: &mut UniqueIds) -> Result<Vec<Chunk>> {
         let bytes = std::fs::read(path).map_err(|e| Error::io("cannot read", path, e))?;
         let body = bytes.strip_prefix(crate::io::lines::BOM).unwrap_or(&bytes);
         let mut rdr = csv::ReaderBuilder::new().has_headers(self.header).flexible(true).from_reader(body);
-        let expected = rdr.byte_headers().map(|h| h.len()).unwrap_or(0);
+        let expected = match self.header {
+            true => rdr.byte_headers().map(|h| h.len()).unwrap_or(0),
+            false => usual_csv_width(body, 100),
+        };
         let need = indexes.iter().flatten().max().map_or(0, |m| m + 1);
         let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
         let mut out = PairsBuilder::new(&self.source);
@@ -516,26 +571,23 @@ impl ReadTable {
             while start < end && matches!(body[start], b'\r' | b'\n') {
                 start += 1;
             }
-            line += memchr::memchr_iter(b'\n', &body[counted..start]).count() as u64;
+            line += line_ends(&body[counted..start]);
             counted = start;
             let mut raw = &body[start..end];
             while let Some(r) = raw.strip_suffix(b"\n").or_else(|| raw.strip_suffix(b"\r")) {
                 raw = r;
             }
             let raw = raw.to_vec();
-            if self.header && record.len() != expected {
+            // The mapped id, where it can be read: rejects carry it.
+            let id = indexes[0].and_then(|i| record.get(i)).and_then(|id| std::str::from_utf8(id).ok());
+            if record.len() != expected || record.len() < need {
                 let d = format!("{} fields, expected {expected}", record.len());
-                rejects.push(self.reject(path, line, None, "wrong_field_count", d, raw));
-                continue;
-            }
-            if record.len() < need {
-                let d = format!("{} fields, need at least {need}", record.len());
-                rejects.push(self.reject(path, line, None, "wrong_field_count", d, raw));
+                rejects.push(self.reject(path, line, id, "wrong_field_count", d, raw));
                 continue;
             }
             let Ok(fields) = record.iter().map(std::str::from_utf8).collect::<std::result::Result<Vec<&str>, _>>()
             else {
-                rejects.push(self.reject(path, line, None, "invalid_utf8", "record is not valid UTF-8".into(), raw));
+                rejects.push(self.reject(path, line, id, "invalid_utf8", "record is not valid UTF-8".into(), raw));
                 continue;
             };
             let values = indexes.map(|i| i.and_then(|i| fields.get(i).copied()));
@@ -575,10 +627,12 @@ impl ReadTable {
                         DataType::BinaryView => orig.as_binary_view().value(r).to_vec(),
                         _ => Vec::new(),
                     };
+                    let id =
+                        cols[0].as_ref().map(|c| c.as_string::<i32>()).filter(|c| c.is_valid(r)).map(|c| c.value(r));
                     rejects.push(self.reject(
                         path,
                         row,
-                        None,
+                        id,
                         "invalid_utf8",
                         "a mapped value is not UTF-8 text".into(),
                         raw,
