@@ -228,6 +228,10 @@ fn yfcc_both_layouts_decode_and_clean_text() {
         assert_eq!(urls[0], "http://farm5.staticflickr.com/4123/5012345678_a1b2c3d4e5.jpg");
         let r: Vec<(&str, u64)> = rej.iter().map(|(r, l)| (r.as_str(), *l)).collect();
         assert_eq!(r, [("empty_caption", 4), ("wrong_field_count", 6), ("invalid_utf8", 7)], "{file}");
+        // Rejects carry the photo id wherever it reads (a line with the wrong field count has
+        // none: which field is the id is not known).
+        let rejects = read_dir(&dir.path().join("out/rejects"));
+        assert_eq!(col(&rejects, "sample_id"), [Some("5012345681".into()), None, Some("5012345684".into())], "{file}");
         // The video is skipped and counted, not rejected.
         let manifest: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.path().join("out/manifest.json")).unwrap()).unwrap();
@@ -268,6 +272,12 @@ fn imagenet21k_folder() {
     assert_eq!(strs(&data, "label_text")[2], "English springer, English springer spaniel");
     assert!(strs(&data, "path").iter().all(|p| std::path::Path::new(p).is_file()));
     assert_eq!(reasons(&rejects).iter().map(|r| r.0.as_str()).collect::<Vec<_>>(), ["unsupported_extension"]);
+    // Extensions as torchvision spells them (with the dot) select the same files.
+    let (_d, dotted, _) = run_pipeline(&read_only(&format!(
+        "type = \"read_imagenet21k\"\nroot = \"{}\"\nextensions = [\".JPEG\", \".png\"]",
+        fixture("readers/imagenet21k/train")
+    )));
+    assert_eq!(strs(&dotted, "sample_id"), strs(&data, "sample_id"));
 }
 
 #[test]

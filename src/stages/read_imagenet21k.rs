@@ -34,7 +34,7 @@ pub struct ReadImagenet21kConfig {
     /// `synset<TAB>words` file (ImageNet's `words.txt`).
     #[serde(default)]
     pub words: Option<String>,
-    /// Image file extensions, case-insensitive.
+    /// Image file extensions, case-insensitive, with or without the dot (`jpeg`, `.JPEG`).
     #[serde(default = "default_extensions")]
     pub extensions: Vec<String>,
     #[serde(default = "default_source")]
@@ -81,7 +81,8 @@ impl ReadImagenet21kConfig {
             root,
             words_file: self.words.as_ref().map(PathBuf::from),
             words,
-            extensions: self.extensions.iter().map(|e| e.to_ascii_lowercase()).collect(),
+            // `.jpeg` (torchvision's spelling) and `jpeg` are one extension.
+            extensions: self.extensions.iter().map(|e| e.trim_start_matches('.').to_ascii_lowercase()).collect(),
             source: self.source.clone(),
         })
     }

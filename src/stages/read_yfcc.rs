@@ -175,9 +175,10 @@ impl Reader for ReadYfcc {
                 // The download URL is a URL as it stands: not form-decoded (`+` stays `+`).
                 let url = line.text(fields[layout.download_url]).map(|u| u.trim().to_owned()).ok_or(());
                 let (Ok(title), Ok(desc), Ok(url)) = (decode(layout.title), decode(layout.description), url) else {
-                    return LineOutcome::Reject {
+                    return LineOutcome::RejectWithId {
                         reason: "invalid_utf8",
                         detail: "a decoded text field is not UTF-8".into(),
+                        id: id.trim().to_owned(),
                     };
                 };
                 let caption = match how {
@@ -230,16 +231,22 @@ pub fn url_decode(s: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Strips HTML tags (optional) and collapses whitespace runs to one space. A tag is `<`, then
-/// anything but `<` and `>`, then `>`; a `<` that opens no tag is text (`I <3 NY`).
+/// Strips HTML tags (optional) and collapses whitespace runs to one space. A tag opens as in
+/// HTML: `<` then a letter (`<b`), `/` and a letter (`</b`), `!` (`<!--`) or `?`; it runs to the
+/// next `>`, with no `<` inside. Any other `<` is text (`I <3 NY`, `< 5 and > 0`).
 pub fn clean(text: &str, strip_html: bool) -> String {
     let mut no_tags = String::with_capacity(text.len());
     if strip_html {
         let mut rest = text;
         while let Some(open) = rest.find('<') {
             let after = &rest[open + 1..];
+            let opens = match after.as_bytes() {
+                [b'/', c, ..] => c.is_ascii_alphabetic(),
+                [c, ..] => c.is_ascii_alphabetic() || matches!(c, b'!' | b'?'),
+                [] => false,
+            };
             match after.find(['<', '>']) {
-                Some(close) if after.as_bytes()[close] == b'>' => {
+                Some(close) if opens && after.as_bytes()[close] == b'>' => {
                     no_tags.push_str(&rest[..open]);
                     no_tags.push(' ');
                     rest = &after[close + 1..];
@@ -277,5 +284,9 @@ mod tests {
         assert_eq!(clean("I <3 NY", true), "I <3 NY");
         assert_eq!(clean("I <3 <b>NY</b> <not closed", true), "I <3 NY <not closed");
         assert_eq!(clean("a<<b>>c", true), "a< >c");
+        // Comparisons are not tags (Python's html.parser keeps them as text too).
+        assert_eq!(clean("Temperature < 5 and > 0 degrees", true), "Temperature < 5 and > 0 degrees");
+        assert_eq!(clean("<<< Back to the album >>>", true), "<<< Back to the album >>>");
+        assert_eq!(clean("x</ y> <!-- note --> <?php ?>z", true), "x</ y> z");
     }
 }
