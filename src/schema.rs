@@ -165,6 +165,19 @@ pub fn rejects() -> SchemaRef {
     .clone()
 }
 
+/// `name` as a `&'static str`, for the `stage` of rejects: a stage's name in a pipeline file.
+/// Each distinct name is kept once for the life of the process (a few bytes per name).
+pub fn stage_name(name: &str) -> &'static str {
+    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut names = NAMES.lock().expect("stage names lock");
+    if let Some(n) = names.iter().find(|n| **n == name) {
+        return n;
+    }
+    let n: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    names.push(n);
+    n
+}
+
 /// Rows set aside, kept by column: a stage that sets many aside (the BoW stage drops ~23% of
 /// CC3M's pairs) adds each without allocating, and the `rejects` batch is built in one go.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -230,6 +243,14 @@ impl Rejects {
         self.detail.push(detail);
         self.raw.extend_from_slice(raw);
         self.raw_ends.push(self.raw.len());
+    }
+
+    /// Names the stage of rows `from..` `name` (a stage named in the pipeline file: its rejects
+    /// carry that name, as its report does, not its type).
+    pub fn name_stage_from(&mut self, from: usize, name: &'static str) {
+        for s in &mut self.stage[from..] {
+            *s = name;
+        }
     }
 
     /// The rows of `self` and `other`, each already in `row` order, merged in `row` order

@@ -847,3 +847,25 @@ fn invalid_utf8_rejects_carry_an_id_that_reads() {
         assert_eq!(col(&rejects, "sample_id"), [Some("1".to_owned()), None], "{file}");
     }
 }
+
+#[test]
+fn rejects_name_their_stage_as_the_pipeline_file_does() {
+    // A named stage's rejects, by-reason counts and report all use its name.
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("c.tsv");
+    std::fs::write(&input, "a dog on grass\thttp://a\nbad line\n. . .\thttp://c\n").unwrap();
+    let (d, _data, rejects) = run_pipeline(&format!(
+        "output_dir = \"{{out}}\"\n[[stage]]\ntype = \"read_cc_tsv\"\nname = \"cc\"\npath = \"{}\"\n\
+         [[stage]]\ntype = \"bow\"\nname = \"deform\"\nmode = \"only\"\nlimit_to_base_vocab = false\nrm_top_freq = 0\n\
+         [[stage]]\ntype = \"write_parquet\"\n",
+        input.display()
+    ));
+    assert_eq!(strs(&rejects, "stage"), ["cc", "deform"]);
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path().join("out/manifest.json")).unwrap()).unwrap();
+    let keys: Vec<&String> = manifest["rejects_by_reason"].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["cc/wrong_field_count", "deform/empty_after_bow"]);
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path().join("out/report.json")).unwrap()).unwrap();
+    assert!(report["stages"]["deform"].is_object());
+}

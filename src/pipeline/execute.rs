@@ -237,6 +237,7 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
         cols.iter().map(|c| last.index_of(c).expect("checked at plan time")).collect()
     });
     let reader: &dyn Reader = plan.reader.as_ref();
+    let reader_name = schema::stage_name(&plan.reader_name);
     let cached: Option<Vec<Chunk>> = cache.and_then(|c| c.chunks);
     let transforms: &[(String, Box<dyn Transform>)] = &plan.transforms;
 
@@ -281,7 +282,7 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
                 Ok(o)
             })
             .map_err(|e| Error::io("cannot start a thread", "curate-write", e))?;
-        let read = transform_stream(s, reader, cached, transforms, &bar, |c| {
+        let read = transform_stream(s, reader, reader_name, cached, transforms, &bar, |c| {
             wtx.send(Some(c)).map_err(|_| Error::data("the writer stopped"))
         });
         if read.is_ok() {
@@ -503,6 +504,7 @@ fn clear_previous_run(out: &Path, shard_dirs: &[&Path]) -> Result<std::thread::J
 fn transform_stream<'s>(
     s: &'s std::thread::Scope<'s, '_>,
     reader: &'s dyn Reader,
+    reader_name: &'static str,
     cached: Option<Vec<Chunk>>,
     transforms: &[(String, Box<dyn Transform>)],
     bar: &super::progress::PassBar,
@@ -551,8 +553,12 @@ fn transform_stream<'s>(
                     scope.spawn(move |_| {
                         // A panic would leave the loop below waiting for this chunk forever.
                         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            let before = chunk.rejects.len();
                             match transforms.get(j) {
-                                Some((_, t)) => t.apply(chunk, first_row),
+                                Some((name, t)) => t.apply(chunk, first_row).map(|mut c| {
+                                    c.rejects.name_stage_from(before, schema::stage_name(name));
+                                    c
+                                }),
                                 None => Ok(chunk),
                             }
                             .map(|c| {
@@ -571,7 +577,8 @@ fn transform_stream<'s>(
         while !(input_done && sunk == read) {
             match crate::io::recv_in_pool(&inbox).expect("the caller holds a sender") {
                 Event::Input(chunk) => {
-                    let chunk = chunk?;
+                    let mut chunk = chunk?;
+                    chunk.rejects.name_stage_from(0, reader_name);
                     let n = (chunk.batch.num_rows() + chunk.rejects.len()) as u64 + chunk.skipped.values().sum::<u64>();
                     rows += n;
                     pending_rows.push_back(n);
@@ -668,7 +675,7 @@ mod tests {
         let bar = super::super::progress::Progress::new(false, 1).pass(1, "test", None);
         let mut out = Vec::new();
         let rows = std::thread::scope(|s| {
-            transform_stream(s, &reader, None, transforms, &bar, |(c, _)| {
+            transform_stream(s, &reader, "numbers", None, transforms, &bar, |(c, _)| {
                 out.extend(c.batch.column(0).as_primitive::<UInt64Type>().values().iter().copied());
                 Ok(())
             })
@@ -729,7 +736,7 @@ mod tests {
         let bar = super::super::progress::Progress::new(false, 1).pass(1, "test", None);
         let transforms: Vec<(String, Box<dyn Transform>)> = vec![("p".into(), Box::new(PanicsAt(10)))];
         let run = |reader: &dyn Reader, transforms: &[(String, Box<dyn Transform>)]| {
-            std::thread::scope(|s| transform_stream(s, reader, None, transforms, &bar, |_| Ok(())))
+            std::thread::scope(|s| transform_stream(s, reader, "numbers", None, transforms, &bar, |_| Ok(())))
                 .expect_err("the panic is an error")
                 .to_string()
         };

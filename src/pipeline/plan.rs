@@ -79,6 +79,8 @@ pub struct Plan {
     pub seed: u64,
     pub output_dir: PathBuf,
     pub reader: Box<dyn Reader>,
+    /// The reader stage's name (its type unless the file names it).
+    pub reader_name: String,
     pub transforms: Vec<(String, Box<dyn Transform>)>,
     pub write: WriteParquetConfig,
     /// Schema of the written table (after column selection).
@@ -374,13 +376,14 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
     }
     let top = top.expect("no diagnostics, so the top level parsed");
     let mut reader = None;
+    let mut reader_name = String::new();
     let mut transforms = Vec::new();
     let mut write = None;
     let mut stages_json = Vec::new();
     for Compiled { name, stage, resolved, .. } in built {
         stages_json.push(resolved);
         match stage.expect("no diagnostics, so every stage built") {
-            Built::Reader(r) => reader = Some(r),
+            Built::Reader(r) => (reader, reader_name) = (Some(r), name),
             Built::Transform(t) => transforms.push((name, t)),
             Built::Write(w) => write = Some(w),
         }
@@ -401,6 +404,7 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
         seed: top.seed,
         output_dir: PathBuf::from(&top.output_dir),
         reader: reader.expect("order checked"),
+        reader_name,
         transforms,
         write: write.expect("order checked"),
         output_schema,
