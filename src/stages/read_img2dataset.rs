@@ -6,7 +6,10 @@
 //! `sample_id` is img2dataset's `key` (unique within one img2dataset output); the image
 //! reference is `shard` (the shard's file stem, e.g. `00000`) + `key`, and `url`. Parquet rows
 //! whose `status` is not `success` are `download_failed` rejects; a tar sample lacking its
-//! caption, image, or valid JSON is a reject with that reason.
+//! caption, image, or valid JSON is a reject with that reason. A tar shard cut short or with a
+//! corrupt header (`io::tar_shards`) keeps the samples before the damage and adds one
+//! `truncated_tar` or `corrupt_tar` reject; a member repeating its sample's extension is a
+//! `duplicate_member` reject, so that every member read is in the data or the rejects.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -173,67 +176,232 @@ fn read_tar(path: &Path, source: &str, seen: &mut HashSet<String>) -> Result<Chu
     let name = file_name(path);
     let mut out = PairsBuilder::new(source);
     let mut rejects = Vec::new();
-    let (samples, cut) = tar_shards::read_samples(path)?;
-    if let Some(cut) = cut {
+    let (samples, damage) = tar_shards::read_samples(path)?;
+    for s in &samples {
+        let reject = |reason: &'static str, row: u64, detail: String, raw: Vec<u8>| Reject {
+            stage: TYPE,
+            source_file: name.clone(),
+            row,
+            sample_id: Some(s.key.clone()),
+            reason,
+            detail: detail.into(),
+            raw,
+        };
+        match judge(s, seen) {
+            Ok((caption, url)) => out.push(PairRow {
+                sample_id: &s.key,
+                caption: Some(&caption),
+                url: url.as_deref(),
+                shard: Some(&shard),
+                key: Some(&s.key),
+                ..Default::default()
+            }),
+            Err((reason, detail, raw)) => rejects.push(reject(reason, s.member_index, detail.to_owned(), raw)),
+        }
+        // Rows are members here: the first copy stands for the sample, each repeat is a reject.
+        for r in &s.repeats {
+            let detail = format!("sample `{}` has a `.{}` member already; the first one is kept", s.key, r.ext);
+            rejects.push(reject("duplicate_member", r.member_index, detail, r.name.clone()));
+        }
+    }
+    // The damage is after every sample kept, so its reject comes last (input order).
+    if let Some(d) = damage {
         rejects.push(Reject {
             stage: TYPE,
             source_file: name.clone(),
-            row: cut.member_index,
-            sample_id: None,
-            reason: "truncated_tar",
-            detail: cut.detail.into(),
+            row: d.member_index,
+            // The sample left out at the damage, if any.
+            sample_id: d.left_out,
+            reason: match d.kind {
+                tar_shards::DamageKind::Cut => "truncated_tar",
+                tar_shards::DamageKind::Corrupt => "corrupt_tar",
+            },
+            detail: d.detail.into(),
             raw: name.clone().into_bytes(),
         });
     }
-    for s in samples {
-        let reject = |reason: &'static str, detail: &str, raw: Vec<u8>| Reject {
-            stage: TYPE,
-            source_file: name.clone(),
-            row: s.member_index,
-            sample_id: Some(s.key.clone()),
-            reason,
-            detail: detail.to_owned().into(),
-            raw,
-        };
-        let has_image = s.members.iter().any(|m| IMAGE_EXTS.contains(&m.ext.as_str()));
-        let caption = s.member("txt").and_then(|m| m.data.clone());
-        let json = s.member("json").and_then(|m| m.data.clone());
-        let url = match json.as_deref().map(serde_json::from_slice::<serde_json::Value>) {
-            Some(Ok(v)) => v.get("url").and_then(|u| u.as_str()).map(str::to_owned),
-            Some(Err(_)) => {
-                rejects.push(reject("bad_json", "KEY.json is not valid JSON", json.unwrap_or_default()));
-                continue;
-            }
-            None => None,
-        };
-        let Some(caption) = caption else {
-            rejects.push(reject("missing_caption", "no KEY.txt member", json.unwrap_or_default()));
-            continue;
-        };
-        if !has_image {
-            rejects.push(reject("missing_image", "no image member", caption));
-            continue;
-        }
-        let Ok(text) = std::str::from_utf8(&caption) else {
-            rejects.push(reject("invalid_utf8", "KEY.txt is not UTF-8", caption));
-            continue;
-        };
-        if !has_words(text) {
-            rejects.push(reject("empty_caption", "caption has no words", caption.clone()));
-            continue;
-        }
-        if !seen.insert(s.key.clone()) {
-            rejects.push(reject("duplicate_key", DUPLICATE, caption.clone()));
-            continue;
-        }
-        out.push(PairRow {
-            sample_id: &s.key,
-            caption: Some(text),
-            url: url.as_deref(),
-            shard: Some(&shard),
-            key: Some(&s.key),
-            ..Default::default()
-        });
-    }
     Ok(chunk_of(out.finish(), rejects))
+}
+
+/// A kept tar sample's caption and url, or its reject's `(reason, detail, raw)`.
+type Verdict = std::result::Result<(String, Option<String>), (&'static str, &'static str, Vec<u8>)>;
+
+/// Whether a tar sample is kept. A key is marked seen only when its sample is.
+fn judge(s: &tar_shards::Sample, seen: &mut HashSet<String>) -> Verdict {
+    let has_image = s.members.iter().any(|m| IMAGE_EXTS.contains(&m.ext.as_str()));
+    let caption = s.member("txt").and_then(|m| m.data.clone());
+    let json = s.member("json").and_then(|m| m.data.clone());
+    let url = match json.as_deref().map(serde_json::from_slice::<serde_json::Value>) {
+        Some(Ok(v)) => v.get("url").and_then(|u| u.as_str()).map(str::to_owned),
+        Some(Err(_)) => return Err(("bad_json", "KEY.json is not valid JSON", json.unwrap_or_default())),
+        None => None,
+    };
+    let Some(caption) = caption else {
+        return Err(("missing_caption", "no KEY.txt member", json.unwrap_or_default()));
+    };
+    if !has_image {
+        return Err(("missing_image", "no image member", caption));
+    }
+    let text = match String::from_utf8(caption) {
+        Ok(text) => text,
+        Err(e) => return Err(("invalid_utf8", "KEY.txt is not UTF-8", e.into_bytes())),
+    };
+    if !has_words(&text) {
+        return Err(("empty_caption", "caption has no words", text.into_bytes()));
+    }
+    if !seen.insert(s.key.clone()) {
+        return Err(("duplicate_key", DUPLICATE, text.into_bytes()));
+    }
+    Ok((text, url))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shard as `webdataset.TarWriter` (img2dataset) writes it: each member behind a PAX
+    /// extended header for its float `mtime`, so 1,536 bytes of header blocks each. Returns the
+    /// bytes and where each member's header blocks start.
+    fn pax_shard(members: &[(&str, &[u8])]) -> (Vec<u8>, Vec<usize>) {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut starts = Vec::new();
+        for (name, data) in members {
+            starts.push(b.get_ref().len());
+            b.append_pax_extensions([("mtime", &b"1700000000.25"[..])]).unwrap();
+            let mut h = tar::Header::new_ustar();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, name, *data).unwrap();
+        }
+        (b.into_inner().unwrap(), starts)
+    }
+
+    /// Samples `0`, `1`, ... with a 700-byte image, a caption and a url, members in `order`.
+    fn shard(n: usize, order: [&str; 3]) -> (Vec<u8>, Vec<usize>) {
+        let members: Vec<(String, Vec<u8>)> = (0..n)
+            .flat_map(|k| {
+                order.map(|ext| {
+                    let data = match ext {
+                        "txt" => format!("caption {k}").into_bytes(),
+                        "json" => format!("{{\"url\": \"http://x/{k}.jpg\"}}").into_bytes(),
+                        _ => vec![0xff; 700],
+                    };
+                    (format!("{k}.{ext}"), data)
+                })
+            })
+            .collect();
+        pax_shard(&members.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect::<Vec<_>>())
+    }
+
+    /// A reject as `(row, sample_id, reason, detail, raw)`.
+    type Rejected = (u64, Option<String>, String, String, Vec<u8>);
+
+    /// Reads `bytes` as shard `00001.tar`: the ids and urls kept, and the rejects.
+    fn read(bytes: &[u8]) -> (Vec<(String, Option<String>)>, Vec<Rejected>) {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("00001.tar");
+        std::fs::write(&p, bytes).unwrap();
+        let chunk = read_tar(&p, "img2dataset", &mut HashSet::new()).unwrap();
+        let ids = crate::schema::str_col(&chunk.batch, "sample_id");
+        let urls = crate::schema::str_col(&chunk.batch, "url");
+        let rows =
+            (0..ids.len()).map(|i| (ids.value(i).to_owned(), urls.is_valid(i).then(|| urls.value(i).to_owned())));
+        let rejects = chunk
+            .rejects
+            .iter()
+            .map(|r| (r.row, r.sample_id.map(str::to_owned), r.reason.to_owned(), r.detail.to_owned(), r.raw.to_vec()));
+        (rows.collect(), rejects.collect())
+    }
+
+    #[test]
+    fn a_shard_cut_in_its_header_blocks_keeps_the_samples_before_the_cut() {
+        // The reviewer's `repro/trunc`: rc 2 ("failed to read entire block", "members found
+        // describing a future member but no future member found") before.
+        let (full, starts) = shard(3, ["jpg", "json", "txt"]);
+        // Into member 6's PAX header (the first of sample 2), its PAX data, right after that, and
+        // into its own header: sample 2 is cut, and sample 1 is not known whole (member 6's name
+        // is not known).
+        for cut in [300, 512, 700, 1024, 1100] {
+            let (rows, rejects) = read(&full[..starts[6] + cut]);
+            assert_eq!(rows, [("0".to_owned(), Some("http://x/0.jpg".to_owned()))], "cut {cut}");
+            assert_eq!(rejects.len(), 1, "cut {cut}: {rejects:?}");
+            let (row, id, reason, detail, raw) = &rejects[0];
+            assert_eq!((*row, id.as_deref(), reason.as_str()), (6, Some("1"), "truncated_tar"), "{detail}");
+            assert!(detail.contains("member 6") && detail.contains("sample `1` is left out"), "{detail}");
+            assert_eq!(raw, b"00001.tar");
+        }
+        // Into the first end-of-archive block: the last sample is not known whole either.
+        let end = full.len() - 1024;
+        let (rows, rejects) = read(&full[..end + 256]);
+        assert_eq!((rows.len(), rejects[0].1.as_deref(), rejects[0].2.as_str()), (2, Some("2"), "truncated_tar"));
+        // Into the second: every sample is.
+        let (rows, rejects) = read(&full[..end + 768]);
+        assert_eq!((rows.len(), rejects[0].1.as_deref(), rejects[0].2.as_str()), (3, None, "truncated_tar"));
+    }
+
+    #[test]
+    fn a_cut_between_the_members_of_one_sample_keeps_no_part_of_it() {
+        // Cut where the third member's header blocks start, and into them: before, `jpg, txt |
+        // json` gave a row without its url, and `json, jpg | txt` a `missing_caption` reject.
+        for order in [["jpg", "txt", "json"], ["json", "jpg", "txt"], ["jpg", "json", "txt"]] {
+            let (full, starts) = shard(2, order);
+            for cut in [starts[5], starts[5] + 300, starts[5] + 1024] {
+                let (rows, rejects) = read(&full[..cut]);
+                assert_eq!(rows, [("0".to_owned(), Some("http://x/0.jpg".to_owned()))], "{order:?} cut at {cut}");
+                let reasons: Vec<_> = rejects.iter().map(|r| (r.1.as_deref(), r.2.as_str())).collect();
+                assert_eq!(reasons, [(Some("1"), "truncated_tar")], "{order:?} cut at {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_corrupt_header_is_a_corrupt_tar_reject_and_the_run_goes_on() {
+        // The reviewer's `repro/trunc/bitrot`: "archive header checksum mismatch", rc 2 before.
+        let (full, starts) = shard(3, ["jpg", "json", "txt"]);
+        let mut bad = full.clone();
+        bad[starts[6] + 1024 + 3] ^= 1; // member 6's own header, past its PAX header
+        let (rows, rejects) = read(&bad);
+        assert_eq!(rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(), ["0"]);
+        assert_eq!(rejects.len(), 1, "{rejects:?}");
+        let (row, id, reason, detail, _) = &rejects[0];
+        assert_eq!((*row, id.as_deref(), reason.as_str()), (6, Some("1"), "corrupt_tar"));
+        assert!(detail.contains("checksum mismatch") && detail.contains("not read past it"), "{detail}");
+    }
+
+    #[test]
+    fn repeated_members_are_rejected_and_every_member_is_accounted_for() {
+        // The reviewer's `repro/dupmember`: sample 2 written twice in a row, sample 3 with two
+        // `.txt`. Before, the second copies were dropped with no reject and no count.
+        let img: &[u8] = b"\xff\xd8\xff";
+        let sample = |key: &str, cap: &str| {
+            let json = format!("{{\"url\": \"http://x/{cap}\"}}").into_bytes();
+            [(format!("{key}.jpg"), img.to_vec()), (format!("{key}.json"), json), (format!("{key}.txt"), cap.into())]
+        };
+        let odd = [("3.jpg", img), ("3.txt", b"txt a"), ("3.TXT", b"txt b")].map(|(n, d)| (n.to_owned(), d.to_vec()));
+        let members =
+            [sample("1", "one"), sample("2", "first copy"), sample("2", "second copy"), odd, sample("4", "four")];
+        let members: Vec<(String, Vec<u8>)> = members.into_iter().flatten().collect();
+        let (bytes, _) = pax_shard(&members.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect::<Vec<_>>());
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("00000.tar");
+        std::fs::write(&p, &bytes).unwrap();
+        let chunk = read_tar(&p, "img2dataset", &mut HashSet::new()).unwrap();
+        let caps: Vec<&str> = crate::schema::str_col(&chunk.batch, "caption").iter().flatten().collect();
+        assert_eq!(caps, ["one", "first copy", "txt a", "four"]);
+        let rejects: Vec<_> = chunk.rejects.iter().map(|r| (r.row, r.sample_id.unwrap(), r.reason, r.raw)).collect();
+        assert_eq!(
+            rejects,
+            [
+                (6, "2", "duplicate_member", &b"2.jpg"[..]),
+                (7, "2", "duplicate_member", b"2.json"),
+                (8, "2", "duplicate_member", b"2.txt"),
+                (11, "3", "duplicate_member", b"3.TXT"),
+            ]
+        );
+        assert!(chunk.rejects.get(3).detail.contains("`3`") && chunk.rejects.get(3).detail.contains("`.txt`"));
+        // The run counts rows read as data + rejects + skipped: one per sample and one per repeat,
+        // so read = written + rejected holds with the repeats in it.
+        assert_eq!((chunk.batch.num_rows(), chunk.rejects.len(), chunk.skipped.len()), (4, 4, 0));
+    }
 }
