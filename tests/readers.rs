@@ -173,6 +173,51 @@ fn img2dataset_parquet_metadata() {
         reasons(&rejects),
         [("download_failed".into(), 1), ("empty_caption".into(), 3), ("download_failed".into(), 4)]
     );
+
+    // The same table re-saved as pandas/polars may: `status` categorical (a dictionary),
+    // `caption` a large string, `url` a string view.
+    use arrow_schema::DataType;
+    let dir = tempfile::tempdir().unwrap();
+    let src = std::fs::read_dir(fixture("readers/img2dataset"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .unwrap();
+    let batches = curate::io::parquet::read_file(&src).unwrap();
+    let retyped: Vec<arrow_array::RecordBatch> = batches
+        .iter()
+        .map(|b| {
+            let cols: Vec<(String, arrow_array::ArrayRef)> = b
+                .schema()
+                .fields()
+                .iter()
+                .zip(b.columns())
+                .map(|(f, c)| {
+                    let to = match f.name().as_str() {
+                        "status" => DataType::Dictionary(Box::new(DataType::Int8), Box::new(DataType::Utf8)),
+                        "caption" => DataType::LargeUtf8,
+                        "url" => DataType::Utf8View,
+                        _ => c.data_type().clone(),
+                    };
+                    (f.name().clone(), arrow_cast::cast(c, &to).unwrap())
+                })
+                .collect();
+            arrow_array::RecordBatch::try_from_iter(cols).unwrap()
+        })
+        .collect();
+    let path = dir.path().join("00000.parquet");
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), retyped[0].schema(), None).unwrap();
+    for b in &retyped {
+        w.write(b).unwrap();
+    }
+    w.close().unwrap();
+    let (_d, again, again_rejects) =
+        run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", path.display())));
+    assert_eq!(strs(&again, "sample_id"), ids);
+    assert_eq!(strs(&again, "caption"), strs(&data, "caption"));
+    assert_eq!(strs(&again, "url"), strs(&data, "url"));
+    assert_eq!(reasons(&again_rejects), reasons(&rejects));
 }
 
 #[test]

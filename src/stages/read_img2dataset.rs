@@ -52,7 +52,7 @@ impl ReadImg2datasetConfig {
                     Ok(schema) => {
                         for col in ["key", "caption", "url", "status"] {
                             match schema.field_with_name(col) {
-                                Ok(field) if matches!(field.data_type(), DataType::Utf8 | DataType::LargeUtf8) => {}
+                                Ok(field) if is_text(field.data_type()) => {}
                                 Ok(field) => problems.push(
                                     "path",
                                     format!("`{}`: column `{col}` is {}, expected a string", f.display(), field.data_type()),
@@ -116,9 +116,11 @@ fn read_metadata(path: &Path, source: &str, seen: &mut HashSet<String>) -> Resul
     let mut rejects = Vec::new();
     let mut row = 0u64;
     for batch in parquet::read_file(path)? {
-        let col = |n: &str| string_values(&batch, n);
-        let (keys, caps, urls, status) = (col("key")?, col("caption")?, col("url")?, col("status")?);
-        let errors = string_values(&batch, "error_message").ok();
+        let text = |n: &str| text_column(&batch, n);
+        let columns = [text("key")?, text("caption")?, text("url")?, text("status")?];
+        let [keys, caps, urls, status] = columns.each_ref().map(|c| c.iter().collect::<Vec<Option<&str>>>());
+        let error_column = text_column(&batch, "error_message").ok();
+        let errors: Option<Vec<Option<&str>>> = error_column.as_ref().map(|c| c.iter().collect());
         for i in 0..batch.num_rows() {
             let reject = |reason: &'static str, detail: String| Reject {
                 stage: TYPE,
@@ -157,14 +159,29 @@ fn read_metadata(path: &Path, source: &str, seen: &mut HashSet<String>) -> Resul
     Ok(chunk_of(out.finish(), rejects))
 }
 
-fn string_values<'a>(batch: &'a RecordBatch, name: &str) -> Result<Vec<Option<&'a str>>> {
+/// Strings, large strings, string views, and dictionaries of them (a table re-saved by pandas
+/// or polars often has a categorical `status`).
+fn is_text(t: &DataType) -> bool {
+    match t {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => true,
+        DataType::Dictionary(_, values) => is_text(values),
+        _ => false,
+    }
+}
+
+/// Column `name` as plain strings (see [`is_text`]); an all-null column of another type is
+/// all nulls.
+fn text_column(batch: &RecordBatch, name: &str) -> Result<arrow_array::StringArray> {
     let col = batch.column_by_name(name).ok_or_else(|| Error::data(format!("column `{name}` missing")))?;
-    Ok(match col.data_type() {
-        DataType::Utf8 => col.as_string::<i32>().iter().collect(),
-        DataType::LargeUtf8 => col.as_string::<i64>().iter().collect(),
-        _ if col.null_count() == col.len() => vec![None; col.len()],
-        t => return Err(Error::data(format!("column `{name}` is {t}, expected a string"))),
-    })
+    if !is_text(col.data_type()) && col.null_count() != col.len() {
+        return Err(Error::data(format!("column `{name}` is {}, expected a string", col.data_type())));
+    }
+    let cast = if is_text(col.data_type()) {
+        arrow_cast::cast(col, &DataType::Utf8)?
+    } else {
+        arrow_array::new_null_array(&DataType::Utf8, col.len())
+    };
+    Ok(cast.as_string::<i32>().clone())
 }
 
 fn row_json(k: &[Option<&str>], c: &[Option<&str>], u: &[Option<&str>], s: &[Option<&str>], i: usize) -> String {
