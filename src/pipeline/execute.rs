@@ -282,8 +282,12 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
                 Ok(o)
             })
             .map_err(|e| Error::io("cannot start a thread", "curate-write", e))?;
+        let writer_gone = std::cell::Cell::new(false);
         let read = transform_stream(s, reader, reader_name, cached, transforms, &bar, |c| {
-            wtx.send(Some(c)).map_err(|_| Error::data("the writer stopped"))
+            wtx.send(Some(c)).map_err(|_| {
+                writer_gone.set(true);
+                Error::data("the writer stopped")
+            })
         });
         if read.is_ok() {
             // The writer may have stopped on an error of its own: it is reported below.
@@ -291,9 +295,7 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
         }
         drop(wtx);
         let written = writer.join().expect("writer thread does not panic");
-        // A reader or transform error explains a writer that stopped early: report it first.
-        let rows_read = read?;
-        Ok((rows_read, written?))
+        first_failure(read, written, writer_gone.get())
     });
     let (rows_read, w) = streamed?;
     bar.finish();
@@ -442,6 +444,17 @@ struct WriterOutcome {
     skipped: BTreeMap<String, u64>,
     data_shards: Vec<ShardInfo>,
     reject_shards: Vec<ShardInfo>,
+}
+
+/// The stream's result from the reading side's and the writer's: where both failed, the first
+/// failure explains the other — a reader or transform error stops the writer, and a writer
+/// error (a full disk) stops the stream, which then only knows that the writer is `gone`.
+fn first_failure<R, W>(read: Result<R>, written: Result<W>, writer_gone: bool) -> Result<(R, W)> {
+    match (read, written) {
+        (Ok(r), Ok(w)) => Ok((r, w)),
+        (Err(_), Err(w)) if writer_gone => Err(w),
+        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+    }
 }
 
 /// Moves what an earlier run left in `out` out of the way before this run writes anything: its
@@ -612,6 +625,18 @@ fn transform_stream<'s>(
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    #[test]
+    fn the_first_failure_is_the_one_reported() {
+        let e = |m: &str| Err::<(), _>(crate::error::Error::data(m));
+        let msg = |r: crate::error::Result<((), ())>| r.unwrap_err().to_string();
+        // The reader failed; the writer then stopped for want of its end.
+        assert_eq!(msg(super::first_failure(e("bad input"), e("stopped before its end"), false)), "bad input");
+        // The writer failed (disk full); the stream then found it gone.
+        assert_eq!(msg(super::first_failure(e("the writer stopped"), e("disk full"), true)), "disk full");
+        assert_eq!(msg(super::first_failure(Ok(()), e("disk full"), false)), "disk full");
+        assert!(super::first_failure(Ok(()), Ok::<(), crate::error::Error>(()), false).is_ok());
+    }
 
     use arrow_array::cast::AsArray;
     use arrow_array::types::UInt64Type;
