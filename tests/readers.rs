@@ -914,3 +914,40 @@ fn rejects_name_their_stage_as_the_pipeline_file_does() {
         serde_json::from_str(&std::fs::read_to_string(d.path().join("out/report.json")).unwrap()).unwrap();
     assert!(report["stages"]["deform"].is_object());
 }
+
+#[test]
+fn imagenet21k_extensions_must_be_extensions() {
+    let toml = format!(
+        "output_dir = \"out/never\"\n[[stage]]\ntype = \"read_imagenet21k\"\nroot = \"{}\"\n\
+         extensions = [\"*.jpeg\", \"\", \".png\"]\n[[stage]]\ntype = \"write_parquet\"\n",
+        fixture("readers/imagenet21k/train")
+    );
+    let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
+    let err = curate::pipeline::plan::compile_doc(&doc).err().expect("refused").to_string();
+    assert!(err.contains("`*.jpeg` is not a file extension"), "{err}");
+    assert!(err.contains("`` is not a file extension"), "{err}");
+    assert!(!err.contains("`.png`"), "`.png` is one: {err}");
+}
+
+#[test]
+fn img2dataset_keys_must_not_be_blank() {
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let col = |v: Vec<Option<&str>>| -> ArrayRef { std::sync::Arc::new(StringArray::from(v)) };
+    let batch = RecordBatch::try_from_iter([
+        ("key", col(vec![Some(""), Some("000000001"), None, Some(" ")])),
+        ("caption", col(vec![Some("a dog"), Some("a cat"), Some("a bird"), Some("a fish")])),
+        ("url", col(vec![Some("u0"), Some("u1"), Some("u2"), Some("u3")])),
+        ("status", col(vec![Some("success"); 4])),
+    ])
+    .unwrap();
+    let path = dir.path().join("00000.parquet");
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let (_d, data, rejects) =
+        run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", path.display())));
+    assert_eq!(strs(&data, "sample_id"), ["000000001"]);
+    assert_eq!(reasons(&rejects), [("missing_key".into(), 0), ("missing_key".into(), 2), ("missing_key".into(), 3)]);
+}

@@ -163,19 +163,20 @@ pub fn read_samples(path: &Path) -> Result<(Vec<Sample>, Option<Damage>)> {
     if tail.len() == 2 * BLOCK as usize && tail.iter().all(|&b| b == 0) {
         return Ok((out, None));
     }
-    // A whole zero block ends the archive for Python's `tarfile` (a header is never all zeros),
-    // so the samples are whole; only the second block is cut short, or not zeros.
-    let (kind, detail) = if tail.len() < 2 * BLOCK as usize {
-        (DamageKind::Cut, format!("the end-of-archive blocks are cut short: {} of 1024 bytes", tail.len()))
-    } else {
-        let after = file_len - end - BLOCK;
-        let detail = format!(
-            "a lone zero block at byte {end}: the archive ends there, as Python's `tarfile` reads it, and the \
-             {after} bytes after it are not read"
-        );
-        (DamageKind::Corrupt, detail)
-    };
-    Ok((out, Some(Damage { kind, member_index: members, left_out: None, detail })))
+    // One zero block, then the file ends: the end-of-archive marker was cut short, and the
+    // samples are whole (the marker follows the last member).
+    if tail.len() < 2 * BLOCK as usize {
+        let detail = format!("the end-of-archive blocks are cut short: {} of 1024 bytes", tail.len());
+        return Ok((out, Some(Damage { kind: DamageKind::Cut, member_index: members, left_out: None, detail })));
+    }
+    // One zero block, then more data: Python's `tarfile` ends the archive there, but a header
+    // zeroed in the middle of a shard looks the same, so the last sample may lack members.
+    let after = file_len - end - BLOCK;
+    let detail = format!(
+        "a lone zero block at byte {end}: the archive ends there, as Python's `tarfile` reads it, and the {after} \
+         bytes after it are not read"
+    );
+    Ok(stop(out, DamageKind::Corrupt, members, None, detail))
 }
 
 /// The bytes of a metadata member ([`loads`]); images are not read.
@@ -204,11 +205,16 @@ fn stop(
         (Some(s), Some(next)) => member_key(next).0 != s.key,
         (Some(_), None) => false,
     };
-    let left_out = if last_whole { None } else { out.pop().map(|s| s.key) };
+    // The sample left out: the last one read, or, when that one is whole, the sample of the
+    // damaged member (its first member), when its name is known.
+    let left_out = match last_whole {
+        true => next.map(|n| member_key(n).0),
+        false => out.pop().map(|s| s.key),
+    };
     if let Some(key) = &left_out {
         let why = match next {
             Some(_) => "the damage falls in it",
-            None => "the member after it cannot be read, so it may be incomplete",
+            None => "what follows it cannot be read, so it may be incomplete",
         };
         detail.push_str(&format!("; sample `{key}` is left out: {why}"));
     }
@@ -397,14 +403,14 @@ mod tests {
         assert_eq!((s[0].key.as_str(), s[0].members.len(), s[1].member_index), ("a", 3, 3));
         assert_eq!(s[0].member("txt").unwrap().data.as_deref(), Some(&b"a dog"[..]));
         assert_eq!(s[0].member("jpg").unwrap().data, None);
-        // Cut inside `b.txt`'s data: `a` is whole; `b` is left out and the cut reported.
+        // Cut inside `b.txt`'s data: `a` is whole; `b` is left out, named, and the cut reported.
         let bytes = std::fs::read(&p).unwrap();
         let cut_at = 3 * 1024 + 512; // each member here is a header block and a data block
         std::fs::write(&p, &bytes[..cut_at]).unwrap();
         let (s, cut) = read_samples(&p).unwrap();
         assert_eq!((s.len(), s[0].key.as_str()), (1, "a"));
         let cut = cut.unwrap();
-        assert_eq!((cut.kind, cut.member_index, cut.left_out), (DamageKind::Cut, 3, None));
+        assert_eq!((cut.kind, cut.member_index, cut.left_out.as_deref()), (DamageKind::Cut, 3, Some("b")));
         // Cut where a header would start: the next member might have been `a`'s, so `a` is not
         // known to be whole.
         std::fs::write(&p, &bytes[..3 * 1024]).unwrap();
@@ -461,11 +467,12 @@ mod tests {
             .sum::<u32>();
         size[at[6][1] as usize - 512 + 148..][..8].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
         // Member 3's name is not known: it might have been sample 0's, which is left out. Member
-        // 6's header is checksummed, so its name is: it starts sample 2, so sample 1 is whole.
+        // 6's header is checksummed, so its name is: it starts sample 2, so sample 1 is whole and
+        // sample 2 is the one left out.
         for (b, member, what, kept, left_out) in [
             (flip(&full, at[3][0] + 3), 3, "checksum mismatch", 0, Some("000000000")),
             (flip(&full, at[3][1] - 512 + 3), 3, "checksum mismatch", 0, Some("000000000")),
-            (size, 6, "size", 2, None),
+            (size, 6, "size", 2, Some("000000002")),
         ] {
             let (s, damage) = read(&b);
             let d = damage.unwrap();
@@ -474,12 +481,17 @@ mod tests {
             assert_eq!(s[..], whole[..kept], "{}", d.detail);
             assert_eq!(d.left_out.as_deref(), left_out, "{}", d.detail);
         }
-        // A name from a whole PAX `path` record tells that member 3 starts another sample.
+        // A name from a whole PAX `path` record tells that member 3 starts another sample: that
+        // one is left out, the one before it kept.
         let s = samples(&["café_0", "café_1"], ["jpg", "json", "txt"]);
         let (full, at) = pax_shard(&members(&s));
         let (whole, _) = read(&full);
         let (s, damage) = read(&flip(&full, at[3][1] - 512 + 3));
-        assert_eq!((&s[..], damage.map(|d| (d.kind, d.left_out))), (&whole[..1], Some((DamageKind::Corrupt, None))));
+        let left_out = Some("café_1".to_owned());
+        assert_eq!(
+            (&s[..], damage.map(|d| (d.kind, d.left_out))),
+            (&whole[..1], Some((DamageKind::Corrupt, left_out)))
+        );
     }
 
     fn flip(bytes: &[u8], at: u64) -> Vec<u8> {
@@ -500,10 +512,12 @@ mod tests {
         let (s, d) = read(&full[..end + 512]);
         assert_eq!((s, d.map(|d| (d.kind, d.left_out))), (whole.clone(), Some((DamageKind::Cut, None))));
         // One zero block, then more members: Python's `tarfile` stops at the block; that the
-        // rest is not read is reported.
+        // rest is not read is reported, and, since a header zeroed mid-shard looks the same, the
+        // last sample is not known whole.
         let (s, d) = read(&[&full[..end + 512], &full[..]].concat());
         let d = d.unwrap();
-        assert_eq!((s, d.kind, d.left_out), (whole, DamageKind::Corrupt, None));
+        let last = whole.last().unwrap().key.clone();
+        assert_eq!((&s[..], d.kind, d.left_out), (&whole[..whole.len() - 1], DamageKind::Corrupt, Some(last)));
         assert!(d.detail.contains("lone zero block"), "{}", d.detail);
         // An empty file.
         let (s, d) = read(b"");

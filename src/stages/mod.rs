@@ -568,14 +568,20 @@ pub fn widest_of_first_lines(path: &Path, delimiter: u8, n: usize) -> std::resul
     Ok(widest)
 }
 
-/// The most common field count among the first `n` lines of a headerless file (the wider on a
-/// tie): the width every row must have. A few malformed lines among the first do not change it.
+/// The most common field count among the first `n` non-blank lines of a headerless file (the
+/// wider on a tie): the width every row must have. A few malformed lines among the first do not
+/// change it.
 pub fn usual_width_of_first_lines(path: &Path, delimiter: u8, n: usize) -> std::result::Result<usize, String> {
     let mut lines = Lines::open(path).map_err(|e| e.to_string())?;
     let mut seen: std::collections::BTreeMap<usize, usize> = Default::default();
-    for _ in 0..n {
+    let mut counted = 0;
+    while counted < n {
         match lines.next_line().map_err(|e| e.to_string())? {
-            Some((_, line)) => *seen.entry(line.iter().filter(|&&b| b == delimiter).count() + 1).or_insert(0) += 1,
+            Some((_, [])) => {}
+            Some((_, line)) => {
+                *seen.entry(line.iter().filter(|&&b| b == delimiter).count() + 1).or_insert(0) += 1;
+                counted += 1;
+            }
             None => break,
         }
     }
@@ -598,6 +604,9 @@ mod tests {
         assert_eq!(usual_width_of_first_lines(&p, b'\t', 1).unwrap(), 1);
         // A tie goes to the wider.
         assert_eq!(usual_width_of_first_lines(&p, b'\t', 3).unwrap(), 3);
+        // Blank lines do not count.
+        std::fs::write(&p, "\n\n\n\na\tb\n").unwrap();
+        assert_eq!(usual_width_of_first_lines(&p, b'\t', 3).unwrap(), 2);
         std::fs::write(&p, "").unwrap();
         assert!(usual_width_of_first_lines(&p, b'\t', 100).unwrap_err().contains("is empty"));
     }

@@ -77,12 +77,22 @@ impl ReadImagenet21kConfig {
                 Err(e) => problems.push("words", e, Some("expected `synset<TAB>words` lines".into())),
             }
         }
+        for e in &self.extensions {
+            let bare = e.strip_prefix('.').unwrap_or(e);
+            if bare.is_empty() || !bare.chars().all(|c| c.is_alphanumeric()) {
+                problems.push(
+                    "extensions",
+                    format!("`{e}` is not a file extension"),
+                    Some("write extensions as `jpeg` or `.jpeg` (no wildcards)".into()),
+                );
+            }
+        }
         problems.is_empty().then(|| ReadImagenet21k {
             root,
             words_file: self.words.as_ref().map(PathBuf::from),
             words,
             // `.jpeg` (torchvision's spelling) and `jpeg` are one extension.
-            extensions: self.extensions.iter().map(|e| e.trim_start_matches('.').to_ascii_lowercase()).collect(),
+            extensions: self.extensions.iter().map(|e| e.strip_prefix('.').unwrap_or(e).to_ascii_lowercase()).collect(),
             source: self.source.clone(),
         })
     }

@@ -131,8 +131,8 @@ fn read_metadata(path: &Path, source: &str, seen: &mut HashSet<String>) -> Resul
                 detail: detail.into(),
                 raw: row_json(&keys, &caps, &urls, &status, i).into_bytes(),
             };
-            let Some(key) = keys[i] else {
-                rejects.push(reject("missing_key", "key is null".into()));
+            let Some(key) = keys[i].filter(|k| !k.trim().is_empty()) else {
+                rejects.push(reject("missing_key", "key is null or blank".into()));
                 continue;
             };
             if status[i] != Some("success") {
