@@ -573,22 +573,24 @@ pub fn widest_of_first_lines(path: &Path, delimiter: u8, n: usize) -> std::resul
 /// change it.
 pub fn usual_width_of_first_lines(path: &Path, delimiter: u8, n: usize) -> std::result::Result<usize, String> {
     let mut lines = Lines::open(path).map_err(|e| e.to_string())?;
-    let mut seen: std::collections::BTreeMap<usize, usize> = Default::default();
-    let mut counted = 0;
-    while counted < n {
+    let mut widths = Vec::with_capacity(n);
+    while widths.len() < n {
         match lines.next_line().map_err(|e| e.to_string())? {
             Some((_, [])) => {}
-            Some((_, line)) => {
-                *seen.entry(line.iter().filter(|&&b| b == delimiter).count() + 1).or_insert(0) += 1;
-                counted += 1;
-            }
+            Some((_, line)) => widths.push(line.iter().filter(|&&b| b == delimiter).count() + 1),
             None => break,
         }
     }
-    seen.into_iter()
-        .max_by_key(|&(width, count)| (count, width))
-        .map(|(width, _)| width)
-        .ok_or_else(|| format!("`{}` is empty", path.display()))
+    usual_width(widths).ok_or_else(|| format!("`{}` is empty", path.display()))
+}
+
+/// The most common of `widths` (the wider on a tie), or `None` for none.
+pub fn usual_width(widths: impl IntoIterator<Item = usize>) -> Option<usize> {
+    let mut seen: std::collections::BTreeMap<usize, usize> = Default::default();
+    for w in widths {
+        *seen.entry(w).or_insert(0) += 1;
+    }
+    seen.into_iter().max_by_key(|&(width, count)| (count, width)).map(|(width, _)| width)
 }
 
 #[cfg(test)]

@@ -329,14 +329,7 @@ fn line_ends(bytes: &[u8]) -> u64 {
 /// tie; 0 for no record).
 fn usual_csv_width(body: &[u8], n: usize) -> usize {
     let mut rdr = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(body);
-    let mut seen: std::collections::BTreeMap<usize, usize> = Default::default();
-    for record in rdr.byte_records().take(n) {
-        match record {
-            Ok(r) => *seen.entry(r.len()).or_insert(0) += 1,
-            Err(_) => break,
-        }
-    }
-    seen.into_iter().max_by_key(|&(width, count)| (count, width)).map_or(0, |(width, _)| width)
+    super::usual_width(rdr.byte_records().take(n).map_while(|r| r.ok()).map(|r| r.len())).unwrap_or(0)
 }
 
 /// The column names on a CSV file's first line (quoted names may hold commas; a leading
