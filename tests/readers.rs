@@ -894,6 +894,24 @@ fn invalid_utf8_rejects_carry_an_id_that_reads() {
 }
 
 #[test]
+fn a_line_without_its_separator_has_no_id() {
+    // A space typed for the tab (as on three Flickr8k lines): the one field is the whole line,
+    // not an id. A line with too many fields still has its id field.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.tsv"), "id1\tcap one\nid3 cap three\nid4\tcap\textra\nid5\tcap five\n").unwrap();
+    std::fs::write(dir.path().join("t.csv"), "id1,cap one\nid3 cap three\nid4,cap,extra\nid5,cap five\n").unwrap();
+    for file in ["t.tsv", "t.csv"] {
+        let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+            "type = \"read_table\"\npath = \"{}\"\nheader = false\ncolumns = {{ sample_id = 0, caption = 1 }}",
+            dir.path().join(file).display()
+        )));
+        assert_eq!(strs(&data, "sample_id"), ["id1", "id5"], "{file}");
+        assert_eq!(reasons(&rejects), [("wrong_field_count".into(), 2), ("wrong_field_count".into(), 3)], "{file}");
+        assert_eq!(col(&rejects, "sample_id"), [None, Some("id4".to_owned())], "{file}");
+    }
+}
+
+#[test]
 fn rejects_name_their_stage_as_the_pipeline_file_does() {
     // A named stage's rejects, by-reason counts and report all use its name.
     let dir = tempfile::tempdir().unwrap();

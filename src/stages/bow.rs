@@ -96,7 +96,8 @@ pub struct BowConfig {
     /// Split leading/trailing ASCII punctuation off words (for raw web captions; spec §7 A3).
     #[serde(default)]
     pub split_punct: bool,
-    /// Keep only the first occurrence of a repeated word (off in the paper, spec §7 A4).
+    /// Keep only the first occurrence of a repeated word, before Shuffle (off in the paper,
+    /// spec §7 A4).
     #[serde(default)]
     pub dedup: bool,
     /// Seed of the base split and the shuffles; defaults to the pipeline's `seed`.
@@ -872,7 +873,22 @@ impl Transform for Bow {
                 continue;
             }
             st.deformed_in += 1;
-            // The cascade in canonical order: Shuffle, the filters, (dedup), Keep(n).
+            // The cascade in canonical order: (dedup), Shuffle, the filters, Keep(n). Dedup comes
+            // first, keeping each word where it first occurs, so that Shuffle + Keep(n) draw a
+            // uniform subset of the distinct words (deduplicated after the shuffle, a word
+            // written twice would be twice as likely to be kept). The filters are per word, so
+            // they do not care.
+            if c.dedup {
+                let mut distinct = 0;
+                for i in 0..words.len() {
+                    let w = words[i].0;
+                    if !words[..distinct].iter().any(|k| k.0 == w) {
+                        words[distinct] = words[i];
+                        distinct += 1;
+                    }
+                }
+                words.truncate(distinct);
+            }
             if c.shuffle {
                 RowRng::new(self.seed, "bow.shuffle", id).shuffle(&mut words);
             }
@@ -882,7 +898,7 @@ impl Transform for Bow {
                     Some(e) => e.keep(),
                     None => self.keeps(w),
                 };
-                if ok && !(c.dedup && kept.iter().any(|k| k.0 == w)) {
+                if ok {
                     kept.push((w, e));
                 }
             }

@@ -438,8 +438,12 @@ impl Reader for ReadTable {
                         let indexes = &self.indexes[k];
                         let fields = split_tabs(line.bytes);
                         let (n, width) = (fields.count, self.widths[k]);
-                        // The mapped id, where it can be read: rejects carry it.
+                        // The mapped id, where it can be read: rejects carry it. A line with no
+                        // tab at all (a space typed for the tab) has no id field, only itself.
                         let readable_id = || {
+                            if n == 1 && width > 1 {
+                                return None;
+                            }
                             let i = indexes[0].filter(|&i| self.id_mapped && i < n.min(super::MAX_FIELDS))?;
                             std::str::from_utf8(fields[i]).ok().filter(|id| !id.trim().is_empty())
                         };
@@ -571,8 +575,12 @@ impl ReadTable {
                 raw = r;
             }
             let raw = raw.to_vec();
-            // The mapped id, where it can be read: rejects carry it.
-            let id = indexes[0].and_then(|i| record.get(i)).and_then(|id| std::str::from_utf8(id).ok());
+            // The mapped id, where it can be read: rejects carry it (not from a record of one
+            // field where more are expected: that field is the whole line).
+            let id = indexes[0]
+                .filter(|_| record.len() > 1 || expected <= 1)
+                .and_then(|i| record.get(i))
+                .and_then(|id| std::str::from_utf8(id).ok());
             if record.len() != expected || record.len() < need {
                 let d = format!("{} fields, expected {expected}", record.len());
                 rejects.push(self.reject(path, line, id, "wrong_field_count", d, raw));

@@ -44,7 +44,8 @@ pub struct ReadYfccConfig {
     pub subset: Option<PathPatterns>,
     #[serde(default = "default_caption")]
     pub caption: CaptionFrom,
-    /// Remove HTML tags from title and description.
+    /// Remove HTML tags from title and description and decode character references
+    /// (`&amp;`, `&#39;`; see [`clean`]).
     #[serde(default = "yes")]
     pub strip_html: bool,
     #[serde(default = "default_source")]
@@ -232,36 +233,112 @@ pub fn url_decode(s: &[u8]) -> Vec<u8> {
 }
 
 /// Strips HTML tags (optional) and collapses whitespace runs to one space. A tag opens as in
-/// HTML: `<` then a letter (`<b`), `/` and a letter (`</b`), `!` (`<!--`) or `?`; it runs to the
-/// next `>`, with no `<` inside. Any other `<` is text (`I <3 NY`, `< 5 and > 0`).
+/// HTML: `<` then a letter (`<b`), `/` and a letter (`</b`), `!` (`<!--`) or `?`; `</>` is an
+/// empty tag. It runs to the next `>` outside a quoted attribute value (`<a title="1 > 0">`),
+/// with no `<` inside; a comment `<!--` runs to `-->`. A tag that does not close, and any other
+/// `<`, is text (`I <3 NY`, `< 5 and > 0`). This follows Python's `html.parser`, except that a
+/// tag becomes a space (`a<br>b` is two words). Then character references are decoded: numeric
+/// ones (`&#39;`, `&#x27;`) and `&amp; &lt; &gt; &quot; &apos; &nbsp;`, each with its `;`; any
+/// other `&` stays as it is.
 pub fn clean(text: &str, strip_html: bool) -> String {
     let mut no_tags = String::with_capacity(text.len());
     if strip_html {
         let mut rest = text;
         while let Some(open) = rest.find('<') {
             let after = &rest[open + 1..];
-            let opens = match after.as_bytes() {
-                [b'/', c, ..] => c.is_ascii_alphabetic(),
-                [c, ..] => c.is_ascii_alphabetic() || matches!(c, b'!' | b'?'),
-                [] => false,
-            };
-            match after.find(['<', '>']) {
-                Some(close) if opens && after.as_bytes()[close] == b'>' => {
+            match tag_len(after) {
+                Some(len) => {
                     no_tags.push_str(&rest[..open]);
                     no_tags.push(' ');
-                    rest = &after[close + 1..];
+                    rest = &after[len..];
                 }
-                _ => {
+                None => {
                     no_tags.push_str(&rest[..=open]);
                     rest = after;
                 }
             }
         }
         no_tags.push_str(rest);
+        no_tags = decode_references(&no_tags);
     } else {
         no_tags.push_str(text);
     }
     no_tags.split(crate::text::is_python_whitespace).filter(|p| !p.is_empty()).collect::<Vec<_>>().join(" ")
+}
+
+/// Decodes the character references [`clean`] names.
+fn decode_references(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(amp) = rest.find('&') {
+        out.push_str(&rest[..amp]);
+        let after = &rest[amp + 1..];
+        // The longest reference decoded, `&#x10FFFF;` or `&#1114111;`, has 8 bytes after `&`.
+        let decoded = after.get(..after.len().min(9)).and_then(|head| {
+            let name = &head[..head.find(';')?];
+            let c = match name {
+                "amp" => '&',
+                "lt" => '<',
+                "gt" => '>',
+                "quot" => '"',
+                "apos" => '\'',
+                "nbsp" => '\u{a0}',
+                _ => {
+                    let code = match name.strip_prefix('#')? {
+                        hex if hex.starts_with(['x', 'X']) => u32::from_str_radix(&hex[1..], 16).ok()?,
+                        dec => dec.parse::<u32>().ok()?,
+                    };
+                    char::from_u32(code).filter(|&c| c != '\0')?
+                }
+            };
+            Some((c, name.len() + 1))
+        });
+        match decoded {
+            Some((c, len)) => {
+                out.push(c);
+                rest = &after[len..];
+            }
+            None => {
+                out.push('&');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The length of the tag that `after` (the text after a `<`) starts, through its `>`; `None`
+/// when no tag opens there or it does not close.
+fn tag_len(after: &str) -> Option<usize> {
+    let b = after.as_bytes();
+    if let Some(comment) = after.strip_prefix("!--") {
+        return comment.find("-->").map(|end| 3 + end + 3);
+    }
+    let element = match b {
+        [b'/', b'>', ..] => return Some(2),
+        [b'/', c, ..] | [c, ..] if c.is_ascii_alphabetic() => true,
+        [b'!' | b'?', ..] => false,
+        _ => return None,
+    };
+    // In an element's tag, a quote right after `=` (spaces allowed between) opens a value
+    // that runs to the same quote and may hold `<` and `>`.
+    let (mut i, mut after_eq) = (0, false);
+    while i < b.len() {
+        match b[i] {
+            b'>' => return Some(i + 1),
+            b'<' => return None,
+            q @ (b'"' | b'\'') if element && after_eq => {
+                i += 1 + after[i + 1..].find(q as char)?;
+                after_eq = false;
+            }
+            b'=' => after_eq = true,
+            c if c.is_ascii_whitespace() => {}
+            _ => after_eq = false,
+        }
+        i += 1;
+    }
+    None
 }
 
 #[cfg(test)]
@@ -288,5 +365,34 @@ mod tests {
         assert_eq!(clean("Temperature < 5 and > 0 degrees", true), "Temperature < 5 and > 0 degrees");
         assert_eq!(clean("<<< Back to the album >>>", true), "<<< Back to the album >>>");
         assert_eq!(clean("x</ y> <!-- note --> <?php ?>z", true), "x</ y> z");
+        // As Python's `html.parser`: `>` inside a quoted attribute value, comments that hold
+        // `>`, the empty end tag.
+        assert_eq!(clean("a <a href=\"x>y\">link</a> b", true), "a link b");
+        assert_eq!(clean("a <img alt = '1 > 0'> b", true), "a b");
+        assert_eq!(clean("a <a b=\"x\"c>d", true), "a d");
+        assert_eq!(clean("<!-- a > b --> c", true), "c");
+        assert_eq!(clean("a</>b", true), "a b");
+        // Unclosed, they stay text.
+        assert_eq!(clean("a <!-- unclosed > b", true), "a <!-- unclosed > b");
+        assert_eq!(clean("a <b class=\"unclosed > c", true), "a <b class=\"unclosed > c");
+        assert_eq!(clean("x <b title=x>y</b>", true), "x y");
+    }
+
+    #[test]
+    fn cleaning_decodes_character_references() {
+        // Python: html.unescape gives the same for each of these.
+        assert_eq!(clean("rock &amp; roll &quot;live&quot; &#39;77 &#x41;&#X42;", true), "rock & roll \"live\" '77 AB");
+        // After the tags are gone: an escaped tag is text.
+        assert_eq!(clean("&lt;b&gt;bold&lt;/b&gt; <i>x</i>", true), "<b>bold</b> x");
+        // `&nbsp;` is a space between words (Python's `str.split` splits at U+00A0).
+        assert_eq!(clean("a&nbsp;b", true), "a b");
+        // Anything else stays: no `;`, unknown names, invalid code points, a lone `&`.
+        assert_eq!(
+            clean("AT&T &amp &copy; &#xD800; &#0; &#; &#12345678901; & &", true),
+            "AT&T &amp &copy; &#xD800; &#0; &#; &#12345678901; & &"
+        );
+        assert_eq!(clean("&amp;amp; &&amp;", true), "&amp; &&");
+        // Without `strip_html` the text is left as it is.
+        assert_eq!(clean("a &amp; b", false), "a &amp; b");
     }
 }
