@@ -259,7 +259,9 @@ pub fn clean(text: &str, strip_html: bool) -> String {
             }
         }
         no_tags.push_str(rest);
-        no_tags = decode_references(&no_tags);
+        if no_tags.contains('&') {
+            no_tags = decode_references(&no_tags);
+        }
     } else {
         no_tags.push_str(text);
     }
