@@ -235,7 +235,8 @@ pub fn url_decode(s: &[u8]) -> Vec<u8> {
 /// Strips HTML tags (optional) and collapses whitespace runs to one space. A tag opens as in
 /// HTML: `<` then a letter (`<b`), `/` and a letter (`</b`), `!` (`<!--`) or `?`; `</>` is an
 /// empty tag. It runs to the next `>` outside a quoted attribute value (`<a title="1 > 0">`),
-/// with no `<` inside; a comment `<!--` runs to `-->`. A tag that does not close, and any other
+/// whatever else comes first (`<x<b>` is one tag, as in a browser); a comment `<!--` runs to
+/// `-->`. A tag that does not close, and any other
 /// `<`, is text (`I <3 NY`, `< 5 and > 0`). This follows Python's `html.parser`, except that a
 /// tag becomes a space (`a<br>b` is two words). Then character references are decoded: numeric
 /// ones (`&#39;`, `&#x27;`) and `&amp; &lt; &gt; &quot; &apos; &nbsp;`, each with its `;`; any
@@ -329,7 +330,6 @@ fn tag_len(after: &str) -> Option<usize> {
     while i < b.len() {
         match b[i] {
             b'>' => return Some(i + 1),
-            b'<' => return None,
             q @ (b'"' | b'\'') if element && after_eq => {
                 i += 1 + after[i + 1..].find(q as char)?;
                 after_eq = false;
@@ -378,6 +378,8 @@ mod tests {
         assert_eq!(clean("a <!-- unclosed > b", true), "a <!-- unclosed > b");
         assert_eq!(clean("a <b class=\"unclosed > c", true), "a <b class=\"unclosed > c");
         assert_eq!(clean("x <b title=x>y</b>", true), "x y");
+        // A `<` inside a tag does not end it (Python and browsers read `<cat<b>` as one tag).
+        assert_eq!(clean("a <cat<!-- note --> b", true), "a b");
     }
 
     #[test]
