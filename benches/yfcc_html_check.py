@@ -52,8 +52,8 @@ def py_clean(t):
     return " ".join("".join(p.out).split())
 
 
-WORDS = ["dog", "cat", "Rock", "roll", "5", "x", "-"]
-REFS = ["&amp;", "&lt;", "&gt;", "&quot;", "&apos;", "&nbsp;", "&#39;", "&#x41;", "&#65;"]
+WORDS = ["dog", "cat", "Rock", "roll", "5", "x", "-", "café", "ééé"]
+REFS = ["&amp;", "&lt;", "&gt;", "&quot;", "&apos;", "&nbsp;", "&#39;", "&#x41;", "&#65;", "&#233;", "&#+5;"]
 ATTRS = [' href="http://x/?a=1&amp;b=2"', " alt='1 > 0'", " title=x", ' class="c"', ' data-x="a>b"']
 
 

@@ -236,11 +236,10 @@ pub fn url_decode(s: &[u8]) -> Vec<u8> {
 /// HTML: `<` then a letter (`<b`), `/` and a letter (`</b`), `!` (`<!--`) or `?`; `</>` is an
 /// empty tag. It runs to the next `>` outside a quoted attribute value (`<a title="1 > 0">`),
 /// whatever else comes first (`<x<b>` is one tag, as in a browser); a comment `<!--` runs to
-/// `-->`. A tag that does not close, and any other
-/// `<`, is text (`I <3 NY`, `< 5 and > 0`). This follows Python's `html.parser`, except that a
-/// tag becomes a space (`a<br>b` is two words). Then character references are decoded: numeric
-/// ones (`&#39;`, `&#x27;`) and `&amp; &lt; &gt; &quot; &apos; &nbsp;`, each with its `;`; any
-/// other `&` stays as it is.
+/// `-->`. A tag that does not close, and any other `<`, is text (`I <3 NY`, `< 5 and > 0`).
+/// This follows Python's `html.parser`, except that a tag becomes a space (`a<br>b` is two
+/// words). Then character references are decoded: numeric ones (`&#39;`, `&#x27;`) and
+/// `&amp; &lt; &gt; &quot; &apos; &nbsp;`, each with its `;`; any other `&` stays as it is.
 pub fn clean(text: &str, strip_html: bool) -> String {
     let mut no_tags = String::with_capacity(text.len());
     if strip_html {
@@ -276,9 +275,9 @@ fn decode_references(text: &str) -> String {
     while let Some(amp) = rest.find('&') {
         out.push_str(&rest[..amp]);
         let after = &rest[amp + 1..];
-        // The longest reference decoded, `&#x10FFFF;` or `&#1114111;`, has 8 bytes after `&`.
-        let decoded = after.get(..after.len().min(9)).and_then(|head| {
-            let name = &head[..head.find(';')?];
+        // The longest reference decoded, `&#x10FFFF;` or `&#1114111;`, has 8 bytes before `;`.
+        let decoded = after.bytes().take(9).position(|b| b == b';').and_then(|semi| {
+            let name = &after[..semi];
             let c = match name {
                 "amp" => '&',
                 "lt" => '<',
@@ -287,10 +286,15 @@ fn decode_references(text: &str) -> String {
                 "apos" => '\'',
                 "nbsp" => '\u{a0}',
                 _ => {
-                    let code = match name.strip_prefix('#')? {
-                        hex if hex.starts_with(['x', 'X']) => u32::from_str_radix(&hex[1..], 16).ok()?,
-                        dec => dec.parse::<u32>().ok()?,
+                    let (digits, radix) = match name.strip_prefix('#')? {
+                        hex if hex.starts_with(['x', 'X']) => (&hex[1..], 16),
+                        dec => (dec, 10),
                     };
+                    // Digits only: `from_str_radix` would also take a sign.
+                    if digits.is_empty() || !digits.bytes().all(|b| (b as char).is_digit(radix)) {
+                        return None;
+                    }
+                    let code = u32::from_str_radix(digits, radix).ok()?;
                     char::from_u32(code).filter(|&c| c != '\0')?
                 }
             };
@@ -396,6 +400,9 @@ mod tests {
             "AT&T &amp &copy; &#xD800; &#0; &#; &#12345678901; & &"
         );
         assert_eq!(clean("&amp;amp; &&amp;", true), "&amp; &&");
+        assert_eq!(clean("&#+5; &#x+5; &#-5; &#x;", true), "&#+5; &#x+5; &#-5; &#x;");
+        // Non-ASCII text right after a reference.
+        assert_eq!(clean("&amp;ééé &#233;&#xe9;", true), "&ééé éé");
         // Without `strip_html` the text is left as it is.
         assert_eq!(clean("a &amp; b", false), "a &amp; b");
     }
