@@ -318,6 +318,13 @@ impl ReadTableConfig {
     }
 }
 
+/// Whether a line of `fields` fields, in a file whose lines have `width`, can hold an id field:
+/// not when it has one field where more are expected (no separator at all, as when a space was
+/// typed for the tab): that field is the whole line.
+fn has_id_field(fields: usize, width: usize) -> bool {
+    fields > 1 || width <= 1
+}
+
 /// Line ends in `bytes`: LF, CRLF (one) and a lone CR.
 fn line_ends(bytes: &[u8]) -> u64 {
     let lf = memchr::memchr_iter(b'\n', bytes).count();
@@ -438,10 +445,9 @@ impl Reader for ReadTable {
                         let indexes = &self.indexes[k];
                         let fields = split_tabs(line.bytes);
                         let (n, width) = (fields.count, self.widths[k]);
-                        // The mapped id, where it can be read: rejects carry it. A line with no
-                        // tab at all (a space typed for the tab) has no id field, only itself.
+                        // The mapped id, where it can be read: rejects carry it.
                         let readable_id = || {
-                            if n == 1 && width > 1 {
+                            if !has_id_field(n, width) {
                                 return None;
                             }
                             let i = indexes[0].filter(|&i| self.id_mapped && i < n.min(super::MAX_FIELDS))?;
@@ -575,10 +581,9 @@ impl ReadTable {
                 raw = r;
             }
             let raw = raw.to_vec();
-            // The mapped id, where it can be read: rejects carry it (not from a record of one
-            // field where more are expected: that field is the whole line).
+            // The mapped id, where it can be read: rejects carry it.
             let id = indexes[0]
-                .filter(|_| record.len() > 1 || expected <= 1)
+                .filter(|_| has_id_field(record.len(), expected))
                 .and_then(|i| record.get(i))
                 .and_then(|id| std::str::from_utf8(id).ok());
             if record.len() != expected || record.len() < need {
