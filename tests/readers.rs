@@ -595,10 +595,7 @@ fn parquet_tables_and_yfcc_reject_repeated_ids() {
     let text: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["a dog", "a cat", "a bird", "a fish"]));
     let batch = RecordBatch::try_from_iter([("id", ids), ("text", text)]).unwrap();
     let path = dir.path().join("t.parquet");
-    let mut w =
-        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), None).unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
+    write_batch(&path, &batch);
     let (_d, data, rejects) = run_pipeline(&read_only(&format!(
         "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"id\", caption = \"text\" }}",
         path.display()
@@ -960,12 +957,207 @@ fn img2dataset_keys_must_not_be_blank() {
     ])
     .unwrap();
     let path = dir.path().join("00000.parquet");
-    let mut w =
-        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), None).unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
+    write_batch(&path, &batch);
     let (_d, data, rejects) =
         run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", path.display())));
     assert_eq!(strs(&data, "sample_id"), ["000000001"]);
     assert_eq!(reasons(&rejects), [("missing_key".into(), 0), ("missing_key".into(), 2), ("missing_key".into(), 3)]);
+}
+
+/// Writes `members` (name bytes, data, tar entry type) as a tar shard at `path`.
+fn raw_shard(path: &std::path::Path, members: &[(&[u8], &[u8], tar::EntryType)]) {
+    use std::os::unix::ffi::OsStrExt;
+    let mut b = tar::Builder::new(std::fs::File::create(path).unwrap());
+    for (name, data, kind) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_entry_type(*kind);
+        h.set_path(std::ffi::OsStr::from_bytes(name)).unwrap();
+        h.set_cksum();
+        b.append(&h, *data).unwrap();
+    }
+    b.finish().unwrap();
+}
+
+#[test]
+fn webdataset_json_member_names_and_types() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = tar::EntryType::Regular;
+    let img: &[u8] = b"\xff\xd8";
+    let deep = format!("{{\"url\": \"u0\", \"x\": {}1{}}}", "[".repeat(300), "]".repeat(300));
+    raw_shard(
+        &dir.path().join("00000.tar"),
+        &[
+            // Valid JSON however deep or large its numbers: only `url` is read.
+            (b"0.jpg", img, file),
+            (b"0.json", deep.as_bytes(), file),
+            (b"0.txt", b"a dog", file),
+            (b"1.jpg", img, file),
+            (b"1.json", b"{\"n\": 1e400, \"url\": \"u1\"}", file),
+            (b"1.txt", b"a cat", file),
+            // Not UTF-8: not JSON.
+            (b"2.jpg", img, file),
+            (b"2.json", b"{\"url\": \"\xff\"}", file),
+            (b"2.txt", b"a bird", file),
+            // Names that are not UTF-8 have no key: each is its own reject, never merged.
+            (b"d\xff.jpg", img, file),
+            (b"d\xfe.txt", b"a fish", file),
+            // No key before the extension.
+            (b".jpg", img, file),
+            (b".txt", b"a horse", file),
+            // A byte-order mark is not part of the caption; type `7` is a regular file.
+            (b"3.jpg", img, tar::EntryType::Continuous),
+            (b"3.txt", b"\xef\xbb\xbfa cow", file),
+        ],
+    );
+    let (_d, data, rejects) =
+        run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}/*.tar\"", dir.path().display())));
+    assert_eq!(strs(&data, "sample_id"), ["0", "1", "3"]);
+    assert_eq!(col(&data, "url"), [Some("u0".into()), Some("u1".into()), None]);
+    assert_eq!(strs(&data, "caption"), ["a dog", "a cat", "a cow"]);
+    assert_eq!(
+        reasons(&rejects),
+        [("bad_json".into(), 6), ("invalid_utf8".into(), 9), ("invalid_utf8".into(), 10), ("missing_key".into(), 11)]
+    );
+    assert_eq!(col(&rejects, "sample_id"), [Some("2".into()), None, None, Some("".into())]);
+    let raw = arrow_array::cast::AsArray::as_binary::<i32>(rejects[0].column_by_name("raw").unwrap());
+    assert_eq!((raw.value(1), raw.value(2)), (&b"d\xff.jpg"[..], &b"d\xfe.txt"[..]), "the names' bytes");
+}
+
+#[test]
+fn img2dataset_parquet_blank_keys_and_failed_downloads() {
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let s = |v: Vec<Option<&str>>| -> ArrayRef { std::sync::Arc::new(StringArray::from(v)) };
+    let batch = RecordBatch::try_from_iter([
+        ("key", s(vec![Some("\u{1c}"), Some("k1"), Some("k2"), Some("k3")])),
+        ("caption", s(vec![Some("a dog"), Some("a cat"), Some("a bird"), Some("a fish")])),
+        ("url", s(vec![Some("u"), Some("u"), Some("u"), Some("u")])),
+        ("status", s(vec![Some("success"), Some("failed_to_download"), Some("failed_to_download"), Some("success")])),
+        ("error_message", s(vec![None, None, Some("timeout"), None])),
+    ])
+    .unwrap();
+    let path = dir.path().join("00000.parquet");
+    write_batch(&path, &batch);
+    let (_d, data, rejects) =
+        run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", path.display())));
+    assert_eq!(strs(&data, "sample_id"), ["k3"]);
+    // U+001C is whitespace for keys as for captions (Python's `str.split`).
+    assert_eq!(
+        reasons(&rejects),
+        [("missing_key".into(), 0), ("download_failed".into(), 1), ("download_failed".into(), 2)]
+    );
+    assert_eq!(strs(&rejects, "detail")[1..], ["status failed_to_download", "status failed_to_download: timeout"]);
+}
+
+#[test]
+fn table_rows_are_checked_in_one_order_in_every_format() {
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    // A repeated id with an empty caption is `empty_caption` (the repeat check comes last, and
+    // only kept rows claim their id); a line too wide that is also not UTF-8 is
+    // `wrong_field_count`; an id of U+001C only is blank.
+    let rows: [&[u8]; 5] = [b"1,a", b"1,", b"2,\xff,x", b"\x1c,b", b"3,c"];
+    std::fs::write(dir.path().join("t.csv"), rows.join(&b"\n"[..])).unwrap();
+    let tsv: Vec<Vec<u8>> =
+        rows.iter().map(|r| r.iter().map(|&b| if b == b',' { b'\t' } else { b }).collect()).collect();
+    std::fs::write(dir.path().join("t.tsv"), tsv.join(&b"\n"[..])).unwrap();
+    let expected = [("empty_caption".to_string(), 2), ("wrong_field_count".into(), 3), ("missing_id".into(), 4)];
+    for (file, header) in [("t.csv", "false"), ("t.tsv", "false")] {
+        let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+            "type = \"read_table\"\npath = \"{}/{file}\"\nheader = {header}\ncolumns = {{ sample_id = 0, caption = 1 }}",
+            dir.path().display()
+        )));
+        assert_eq!(strs(&data, "sample_id"), ["1", "3"], "{file}");
+        assert_eq!(reasons(&rejects), expected, "{file}");
+    }
+    let s = |v: Vec<&str>| -> ArrayRef { std::sync::Arc::new(StringArray::from(v)) };
+    let batch =
+        RecordBatch::try_from_iter([("id", s(vec!["1", "1", "\u{1c}", "3"])), ("text", s(vec!["a", "", "b", "c"]))])
+            .unwrap();
+    let path = dir.path().join("t.parquet");
+    write_batch(&path, &batch);
+    let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"id\", caption = \"text\" }}",
+        path.display()
+    )));
+    assert_eq!(strs(&data, "sample_id"), ["1", "3"]);
+    assert_eq!(reasons(&rejects), [("empty_caption".into(), 1), ("missing_id".into(), 2)]);
+}
+
+#[test]
+fn table_cells_timestamps_paths_and_an_open_quote_at_the_end() {
+    use arrow_array::{ArrayRef, RecordBatch, StringArray, TimestampSecondArray};
+    let dir = tempfile::tempdir().unwrap();
+    // Timestamps with a time zone (named or an offset) read as their UTC instant, RFC 3339.
+    let text: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["a dog", "a cat"]));
+    let utc: ArrayRef = std::sync::Arc::new(TimestampSecondArray::from(vec![1577934245, 0]).with_timezone("UTC"));
+    let paris: ArrayRef =
+        std::sync::Arc::new(TimestampSecondArray::from(vec![1577934245, 0]).with_timezone("Europe/Paris"));
+    let batch = RecordBatch::try_from_iter([("text", text), ("utc", utc), ("paris", paris)]).unwrap();
+    let path = dir.path().join("t.parquet");
+    write_batch(&path, &batch);
+    let (_d, data, _) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ caption = \"text\", label = \"utc\", label_text = \"paris\" }}",
+        path.display()
+    )));
+    assert_eq!(strs(&data, "label"), ["2020-01-02T03:04:05Z", "1970-01-01T00:00:00Z"]);
+    assert_eq!(strs(&data, "label_text"), ["2020-01-02T03:04:05Z", "1970-01-01T00:00:00Z"]);
+
+    // An empty path cell is no path; the last record's open quote keeps its line end in `raw`.
+    std::fs::write(dir.path().join("p.csv"), "text,img,n\na dog,,1\na cat,x.jpg,2\n\"a bird,y.jpg\n").unwrap();
+    let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}/p.csv\"\ncolumns = {{ caption = \"text\", path = \"img\" }}\ncheck_files = false",
+        dir.path().display()
+    )));
+    assert_eq!(col(&data, "path"), [None, Some(dir.path().join("x.jpg").to_string_lossy().into_owned())]);
+    assert_eq!(reasons(&rejects), [("wrong_field_count".into(), 4)]);
+    assert_eq!(raws(&rejects), ["\"a bird,y.jpg\n"]);
+}
+
+#[test]
+fn table_files_of_different_formats_need_format_set() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.tsv"), "1\ta dog\n").unwrap();
+    std::fs::write(dir.path().join("b.CSV"), "id,text\n2,a cat\n").unwrap();
+    let stage = |files: &str| {
+        format!("type = \"read_table\"\npath = [{files}]\ncolumns = {{ sample_id = 0, caption = 1 }}\nheader = false")
+    };
+    let p = |f: &str| format!("\"{}\"", dir.path().join(f).display());
+    let text = read_only(&stage(&format!("{}, {}", p("a.tsv"), p("b.CSV"))))
+        .replace("{out}", &dir.path().join("out").to_string_lossy());
+    let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), text, &[]).unwrap();
+    let err = curate::pipeline::plan::compile_doc(&doc).err().expect("two formats").to_string();
+    assert!(err.contains("`b.CSV` reads as Csv by its extension, `a.tsv` as Tsv"), "{err}");
+    // The extension's case does not matter.
+    let (_d, data, _) = run_pipeline(&read_only(&stage(&p("b.CSV"))));
+    assert_eq!(strs(&data, "caption"), ["text", "a cat"]);
+}
+
+#[test]
+fn yfcc_ids_are_numbers_however_written() {
+    // 23 fields: id 0, title 6, marker 22. `007` is photo 7: a repeat, and kept as `7`.
+    let line = |id: &str, title: &str| {
+        let mut f = vec![""; 23];
+        (f[0], f[6], f[22]) = (id, title, "0");
+        f.join("\t")
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let tsv = dir.path().join("y.tsv");
+    std::fs::write(&tsv, [line("007", "a+dog"), line("7", "a+cat"), line("8", "&#128;+&#1;x+&amp+y")].join("\n"))
+        .unwrap();
+    let (_d, data, rejects) =
+        run_pipeline(&read_only(&format!("type = \"read_yfcc\"\npath = \"{}\"\ncaption = \"title\"", tsv.display())));
+    assert_eq!(strs(&data, "sample_id"), ["7", "8"]);
+    assert_eq!(strs(&data, "caption"), ["a dog", "\u{20ac} x & y"], "references as html.unescape reads them");
+    assert_eq!(reasons(&rejects), [("duplicate_id".into(), 2)]);
+}
+
+/// Writes `batch` as a Parquet file at `path`.
+fn write_batch(path: &std::path::Path, batch: &arrow_array::RecordBatch) {
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path).unwrap(), batch.schema(), None).unwrap();
+    w.write(batch).unwrap();
+    w.close().unwrap();
 }

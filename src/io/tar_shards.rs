@@ -43,7 +43,13 @@ pub struct Repeat {
 /// One sample of a shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sample {
+    /// The key (see [`member_key`]); for a member whose name is not UTF-8, its name made text
+    /// with U+FFFD for the bad bytes (see `bad_name`).
     pub key: String,
+    /// The name, byte for byte, of a member whose name is not UTF-8. Such a member is a sample
+    /// of its own: its key is unknown, so it joins no other member, and lossy decoding would
+    /// let two different names share a key.
+    pub bad_name: Option<Vec<u8>>,
     /// 0-based index of the sample's first member in the tar.
     pub member_index: u64,
     pub members: Vec<Member>,
@@ -126,22 +132,32 @@ pub fn read_samples(path: &Path) -> Result<(Vec<Sample>, Option<Damage>)> {
             return Ok(stop(out, DamageKind::Cut, i, Some(&name), detail));
         }
         end = data_end.div_ceil(BLOCK) * BLOCK;
-        if !entry.header().entry_type().is_file() {
+        // Regular files; type `7` (contiguous file) is one too, as Python's `tarfile` and GNU
+        // tar read it.
+        let kind = entry.header().entry_type();
+        if !(kind.is_file() || kind.is_contiguous()) {
+            continue;
+        }
+        if std::str::from_utf8(&entry.path_bytes()).is_err() {
+            let bad_name = Some(entry.path_bytes().into_owned());
+            out.push(Sample { key: name, bad_name, member_index: i, members: Vec::new(), repeats: Vec::new() });
             continue;
         }
         let (key, ext) = member_key(&name);
         let ext = ext.to_ascii_lowercase();
-        match out.last_mut() {
-            Some(s) if s.key == key && s.member(&ext).is_some() => {
+        // A member joins the sample before it when it has its key (and a new extension).
+        match out.last_mut().filter(|s| s.bad_name.is_none() && s.key == key) {
+            Some(s) if s.member(&ext).is_some() => {
                 s.repeats.push(Repeat { member_index: i, name: entry.path_bytes().into_owned(), ext });
             }
-            Some(s) if s.key == key => {
+            Some(s) => {
                 let data = load(&mut entry, &ext, path)?;
                 s.members.push(Member { ext, data });
             }
-            _ => {
+            None => {
                 let data = load(&mut entry, &ext, path)?;
-                out.push(Sample { key, member_index: i, members: vec![Member { ext, data }], repeats: Vec::new() });
+                let members = vec![Member { ext, data }];
+                out.push(Sample { key, bad_name: None, member_index: i, members, repeats: Vec::new() });
             }
         }
     }
@@ -202,6 +218,8 @@ fn stop(
 ) -> (Vec<Sample>, Option<Damage>) {
     let last_whole = match (out.last(), next) {
         (None, _) => true,
+        // A member whose name is not UTF-8 is a sample of its own, whole once read.
+        (Some(s), _) if s.bad_name.is_some() => true,
         (Some(s), Some(next)) => member_key(next).0 != s.key,
         (Some(_), None) => false,
     };

@@ -131,13 +131,17 @@ fn read_metadata(path: &Path, source: &str, seen: &mut HashSet<String>) -> Resul
                 detail: detail.into(),
                 raw: row_json(&keys, &caps, &urls, &status, i).into_bytes(),
             };
-            let Some(key) = keys[i].filter(|k| !k.trim().is_empty()) else {
+            let Some(key) = keys[i].filter(|k| has_words(k)) else {
                 rejects.push(reject("missing_key", "key is null or blank".into()));
                 continue;
             };
             if status[i] != Some("success") {
-                let err = errors.as_ref().and_then(|e| e[i]).unwrap_or("");
-                rejects.push(reject("download_failed", format!("status {}: {err}", status[i].unwrap_or("null"))));
+                let status = status[i].unwrap_or("null");
+                let detail = match errors.as_ref().and_then(|e| e[i]).filter(|e| !e.is_empty()) {
+                    Some(err) => format!("status {status}: {err}"),
+                    None => format!("status {status}"),
+                };
+                rejects.push(reject("download_failed", detail));
                 continue;
             }
             match caps[i] {
@@ -199,7 +203,7 @@ fn read_tar(path: &Path, source: &str, seen: &mut HashSet<String>) -> Result<Chu
             stage: TYPE,
             source_file: name.clone(),
             row,
-            sample_id: Some(s.key.clone()),
+            sample_id: s.bad_name.is_none().then(|| s.key.clone()),
             reason,
             detail: detail.into(),
             raw,
@@ -245,12 +249,20 @@ type Verdict = std::result::Result<(String, Option<String>), (&'static str, &'st
 
 /// Whether a tar sample is kept. A key is marked seen only when its sample is.
 fn judge(s: &tar_shards::Sample, seen: &mut HashSet<String>) -> Verdict {
+    if let Some(name) = &s.bad_name {
+        return Err(("invalid_utf8", "the member name is not UTF-8, so its key is unknown", name.clone()));
+    }
+    // `.jpg`, `dir/.txt`: a member name with nothing before the extension.
+    if s.key.is_empty() || s.key.ends_with('/') {
+        let raw = s.member("txt").and_then(|m| m.data.clone()).unwrap_or_default();
+        return Err(("missing_key", "the member name has no key before its extension", raw));
+    }
     let has_image = s.members.iter().any(|m| IMAGE_EXTS.contains(&m.ext.as_str()));
     let caption = s.member("txt").and_then(|m| m.data.clone());
     let json = s.member("json").and_then(|m| m.data.clone());
-    let url = match json.as_deref().map(serde_json::from_slice::<serde_json::Value>) {
-        Some(Ok(v)) => v.get("url").and_then(|u| u.as_str()).map(str::to_owned),
-        Some(Err(_)) => return Err(("bad_json", "KEY.json is not valid JSON", json.unwrap_or_default())),
+    let url = match json.as_deref().map(json_url) {
+        Some(Ok(url)) => url,
+        Some(Err(())) => return Err(("bad_json", "KEY.json is not valid JSON", json.unwrap_or_default())),
         None => None,
     };
     let Some(caption) = caption else {
@@ -259,17 +271,92 @@ fn judge(s: &tar_shards::Sample, seen: &mut HashSet<String>) -> Verdict {
     if !has_image {
         return Err(("missing_image", "no image member", caption));
     }
-    let text = match String::from_utf8(caption) {
-        Ok(text) => text,
-        Err(e) => return Err(("invalid_utf8", "KEY.txt is not UTF-8", e.into_bytes())),
+    // A byte-order mark is not part of a text file's text (as for the text readers); `raw`
+    // keeps the bytes as stored.
+    let text = match std::str::from_utf8(caption.strip_prefix(crate::io::lines::BOM).unwrap_or(&caption)) {
+        Ok(text) => text.to_owned(),
+        Err(_) => return Err(("invalid_utf8", "KEY.txt is not UTF-8", caption)),
     };
     if !has_words(&text) {
-        return Err(("empty_caption", "caption has no words", text.into_bytes()));
+        return Err(("empty_caption", "caption has no words", caption));
     }
     if !seen.insert(s.key.clone()) {
-        return Err(("duplicate_key", DUPLICATE, text.into_bytes()));
+        return Err(("duplicate_key", DUPLICATE, caption));
     }
     Ok((text, url))
+}
+
+/// The `url` of a `KEY.json`: a string `url` at the top of an object, else none. Any valid JSON
+/// is accepted, however deep its nesting or large its numbers (only `url` is used); invalid
+/// JSON is an error.
+fn json_url(bytes: &[u8]) -> std::result::Result<Option<String>, ()> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+    // Validation without a depth limit or number ranges: serde_json skips an ignored value
+    // iteratively.
+    let text = std::str::from_utf8(bytes).map_err(|_| ())?;
+    serde_json::from_str::<IgnoredAny>(text).map_err(|_| ())?;
+
+    /// A JSON value that is a string, or anything else (skipped).
+    struct MaybeText(Option<String>);
+    impl<'de> Deserialize<'de> for MaybeText {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+            d.deserialize_any(MaybeTextVisitor)
+        }
+    }
+    struct MaybeTextVisitor;
+    impl<'de> Visitor<'de> for MaybeTextVisitor {
+        type Value = MaybeText;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_str<E>(self, v: &str) -> std::result::Result<MaybeText, E> {
+            Ok(MaybeText(Some(v.to_owned())))
+        }
+        fn visit_bool<E>(self, _: bool) -> std::result::Result<MaybeText, E> {
+            Ok(MaybeText(None))
+        }
+        fn visit_i64<E>(self, _: i64) -> std::result::Result<MaybeText, E> {
+            Ok(MaybeText(None))
+        }
+        fn visit_u64<E>(self, _: u64) -> std::result::Result<MaybeText, E> {
+            Ok(MaybeText(None))
+        }
+        fn visit_f64<E>(self, _: f64) -> std::result::Result<MaybeText, E> {
+            Ok(MaybeText(None))
+        }
+        fn visit_unit<E>(self) -> std::result::Result<MaybeText, E> {
+            Ok(MaybeText(None))
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> std::result::Result<MaybeText, A::Error> {
+            while a.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(MaybeText(None))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> std::result::Result<MaybeText, A::Error> {
+            while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(MaybeText(None))
+        }
+    }
+    /// The top-level value: an object's `url` (the last one, if repeated), else none.
+    struct UrlVisitor;
+    impl<'de> Visitor<'de> for UrlVisitor {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> std::result::Result<Option<String>, A::Error> {
+            let mut url = None;
+            while let Some(key) = a.next_key::<String>()? {
+                match key == "url" {
+                    true => url = a.next_value::<MaybeText>()?.0,
+                    false => drop(a.next_value::<IgnoredAny>()?),
+                }
+            }
+            Ok(url)
+        }
+    }
+    // Not an object, or a `url` that is a number beyond f64: no url.
+    let mut de = serde_json::Deserializer::from_str(text);
+    Ok(de.deserialize_any(UrlVisitor).ok().flatten())
 }
 
 #[cfg(test)]

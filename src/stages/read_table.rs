@@ -143,12 +143,25 @@ fn default_source() -> String {
 impl ReadTableConfig {
     pub fn build(&self, problems: &mut Problems) -> Option<ReadTable> {
         let files = expand_inputs(&self.path, problems, "path");
-        let format =
-            self.format.unwrap_or_else(|| match files.first().and_then(|f| f.extension()).and_then(|e| e.to_str()) {
-                Some("parquet") => Format::Parquet,
-                Some("csv") => Format::Csv,
-                _ => Format::Tsv,
-            });
+        let format = match self.format {
+            Some(format) => format,
+            None => {
+                let format = files.first().map_or(Format::Tsv, |f| format_of(f));
+                if let Some(other) = files.iter().find(|f| format_of(f) != format) {
+                    problems.push(
+                        "format",
+                        format!(
+                            "`{}` reads as {:?} by its extension, `{}` as {format:?}",
+                            file_name(other),
+                            format_of(other),
+                            file_name(&files[0])
+                        ),
+                        Some("set `format`, or read the files in separate pipelines".into()),
+                    );
+                }
+                format
+            }
+        };
         let header = self.header.unwrap_or(format == Format::Csv);
         if self.columns.entries().iter().all(|(_, c)| c.is_none()) {
             problems.push(
@@ -318,6 +331,38 @@ impl ReadTableConfig {
     }
 }
 
+/// A mapped Parquet column as text (`schemas/pairs.md`). A timestamp with a time zone (pandas
+/// and pyarrow write every tz-aware datetime so) is its UTC instant in RFC 3339,
+/// `2020-01-02T03:04:05Z`: Arrow's own cast would need the time-zone database for names such as
+/// `Europe/Paris`.
+fn as_text(col: &arrow_array::ArrayRef) -> std::result::Result<arrow_array::ArrayRef, arrow_schema::ArrowError> {
+    if let DataType::Timestamp(unit, Some(_)) = col.data_type() {
+        let naive = DataType::Timestamp(*unit, None);
+        let utc = arrow_array::make_array(col.to_data().into_builder().data_type(naive).build()?);
+        let text = arrow_cast::cast(&utc, &DataType::Utf8)?;
+        let rfc3339: arrow_array::StringArray =
+            text.as_string::<i32>().iter().map(|v| v.map(|v| format!("{v}Z"))).collect();
+        return Ok(std::sync::Arc::new(rfc3339));
+    }
+    arrow_cast::cast(col, &DataType::Utf8)
+}
+
+/// Whether `raw` parses to `record` (a CSV record's bytes without their line end do).
+fn same_record(raw: &[u8], record: &csv::ByteRecord) -> bool {
+    let mut rdr = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(raw);
+    let mut again = csv::ByteRecord::new();
+    matches!(rdr.read_byte_record(&mut again), Ok(true)) && again.iter().eq(record.iter())
+}
+
+/// A file's format by its extension (any case): `.parquet`, `.csv`, anything else is TSV.
+fn format_of(file: &Path) -> Format {
+    match file.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+        Some("parquet") => Format::Parquet,
+        Some("csv") => Format::Csv,
+        _ => Format::Tsv,
+    }
+}
+
 /// Whether a line of `fields` fields, in a file whose lines have `width`, can hold an id field:
 /// not when it has one field where more are expected (no separator at all, as when a space was
 /// typed for the tab): that field is the whole line.
@@ -383,15 +428,24 @@ struct RowMaker<'a> {
 }
 
 impl RowMaker<'_> {
-    /// `values[k]` is the value of mapped column `k` (None = null / unmapped).
+    /// `values[k]` is the value of mapped column `k` (None = null / unmapped). The checks run
+    /// in the order of `schemas/rejects.md`; a repeated mapped id (in `unique`, where the caller
+    /// checks ids here) is the last of them.
     fn emit(
         &mut self,
         table: &Path,
         row: u64,
         values: [Option<&str>; 6],
+        unique: Option<&UniqueIds>,
         out: &mut PairsBuilder,
     ) -> std::result::Result<(), (&'static str, String)> {
         let [id, caption, url, path, label, label_text] = values;
+        self.id.clear();
+        match id {
+            Some(id) if has_words(id) => self.id.push_str(id),
+            _ if self.t.id_mapped => return Err(("missing_id", "sample_id is null or empty".into())),
+            _ => self.id.push_str(&format!("{}#{row}", file_name(table))),
+        }
         if self.t.caption_mapped {
             match caption {
                 None => return Err(("missing_caption", "caption is null".into())),
@@ -399,29 +453,26 @@ impl RowMaker<'_> {
                 _ => {}
             }
         }
-        self.id.clear();
-        match id {
-            Some(id) if !id.trim().is_empty() => self.id.push_str(id),
-            _ if self.t.id_mapped => return Err(("missing_id", "sample_id is null or empty".into())),
-            _ => self.id.push_str(&format!("{}#{row}", file_name(table))),
-        }
-        let path = match path {
+        let cut_at = self.t.path_cut_at.as_deref();
+        let path = path.map(|p| cut_at.and_then(|m| p.split(m).next()).unwrap_or(p));
+        // An empty cell is no path (null), not the image folder.
+        let path = match path.filter(|p| !p.is_empty()) {
             Some(p) => {
-                let p = match &self.t.path_cut_at {
-                    Some(m) => p.split(m.as_str()).next().unwrap_or(p),
-                    None => p,
-                };
                 let rel = Path::new(p);
                 let base = self.t.image_root.as_deref().or_else(|| table.parent()).unwrap_or(Path::new(""));
                 let full = if rel.is_absolute() { rel.to_owned() } else { base.join(rel) };
                 if self.t.check_files && !full.is_file() {
-                    return Err(("missing_file", format!("`{}` does not exist", full.display())));
+                    let what = if full.exists() { "is not a file" } else { "does not exist" };
+                    return Err(("missing_file", format!("`{}` {what}", full.display())));
                 }
                 self.path = full.to_string_lossy().into_owned();
                 Some(self.path.as_str())
             }
             None => None,
         };
+        if self.t.id_mapped && unique.is_some_and(|u| u.seen(&self.id)) {
+            return Err(("duplicate_id", DUPLICATE_ID.into()));
+        }
         out.push(PairRow { sample_id: &self.id, caption, url, path, label, label_text, ..Default::default() });
         Ok(())
     }
@@ -451,24 +502,25 @@ impl Reader for ReadTable {
                                 return None;
                             }
                             let i = indexes[0].filter(|&i| self.id_mapped && i < n.min(super::MAX_FIELDS))?;
-                            std::str::from_utf8(fields[i]).ok().filter(|id| !id.trim().is_empty())
+                            std::str::from_utf8(fields[i]).ok().filter(|id| has_words(id))
                         };
                         let reject = |reason, detail: String| match readable_id() {
                             Some(id) => LineOutcome::RejectWithId { reason, detail: detail.into(), id: id.to_owned() },
                             None => LineOutcome::Reject { reason, detail: detail.into() },
                         };
-                        if line.as_text().is_none() {
-                            return reject("invalid_utf8", "line is not valid UTF-8".into());
-                        }
                         // Every mapped index is below the width and `MAX_FIELDS` (plan time).
                         if n != width {
                             return reject("wrong_field_count", format!("{n} fields, expected {width}"));
                         }
+                        if line.as_text().is_none() {
+                            return reject("invalid_utf8", "line is not valid UTF-8".into());
+                        }
                         let values = indexes.map(|i| i.map(|i| line.text(fields[i]).expect("line checked as UTF-8")));
                         let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
-                        match (maker.emit(&self.files[k], line.no, values, out), values[0]) {
+                        // Repeated ids are rejected after the chunk (`with_unique_ids`).
+                        match (maker.emit(&self.files[k], line.no, values, None, out), values[0]) {
                             (Ok(()), _) => LineOutcome::Row,
-                            (Err((reason, detail)), Some(id)) if self.id_mapped && !id.trim().is_empty() => {
+                            (Err((reason, detail)), Some(id)) if self.id_mapped && has_words(id) => {
                                 LineOutcome::RejectWithId { reason, detail: detail.into(), id: id.to_owned() }
                             }
                             (Err((reason, detail)), _) => LineOutcome::Reject { reason, detail: detail.into() },
@@ -507,14 +559,14 @@ impl ReadTable {
         raw: Vec<u8>,
     ) -> Reject {
         let sample_id = match self.id_mapped {
-            true => id.filter(|id| !id.trim().is_empty()).map(str::to_owned),
+            true => id.filter(|id| has_words(id)).map(str::to_owned),
             false => Some(format!("{}#{row}", file_name(file))),
         };
         Reject { stage: TYPE, source_file: file_name(file), row, sample_id, reason, detail: detail.into(), raw }
     }
 
-    /// [`RowMaker::emit`], unless the mapped id was seen in an earlier row (a `duplicate_id`
-    /// reject; only rows that became rows count as seen).
+    /// [`RowMaker::emit`], with `duplicate_id` for a mapped id seen in an earlier row (only
+    /// rows that became rows count as seen).
     #[allow(clippy::too_many_arguments)]
     fn emit_unique(
         &self,
@@ -527,10 +579,7 @@ impl ReadTable {
         raw: impl FnOnce() -> Vec<u8>,
     ) -> Option<Reject> {
         let id = values[0].filter(|_| self.id_mapped);
-        if id.is_some_and(|id| unique.seen(id)) {
-            return Some(self.reject(file, row, id, "duplicate_id", DUPLICATE_ID.into(), raw()));
-        }
-        match maker.emit(file, row, values, out) {
+        match maker.emit(file, row, values, Some(unique), out) {
             Ok(()) => {
                 if let Some(id) = id {
                     unique.first_time(id);
@@ -580,6 +629,10 @@ impl ReadTable {
             while let Some(r) = raw.strip_suffix(b"\n").or_else(|| raw.strip_suffix(b"\r")) {
                 raw = r;
             }
+            // The last record may end inside an open quote: its line ends are then the field's.
+            if end == body.len() && raw.len() < end - start && raw.contains(&b'"') && !same_record(raw, &record) {
+                raw = &body[start..end];
+            }
             let raw = raw.to_vec();
             // The mapped id, where it can be read: rejects carry it.
             let id = indexes[0]
@@ -616,15 +669,25 @@ impl ReadTable {
         for batch in parquet::read_file(path)? {
             let cols: Vec<Option<arrow_array::ArrayRef>> = indexes
                 .iter()
-                .map(|i| i.map(|i| arrow_cast::cast(batch.column(i), &DataType::Utf8)).transpose())
-                .collect::<std::result::Result<_, _>>()?;
+                .map(|i| {
+                    i.map(|i| {
+                        as_text(batch.column(i)).map_err(|e| {
+                            let name = batch.schema().field(i).name().clone();
+                            Error::data(format!("`{}`: column `{name}` cannot be read as text: {e}", path.display()))
+                        })
+                    })
+                    .transpose()
+                })
+                .collect::<Result<_>>()?;
             for r in 0..batch.num_rows() {
                 // A value the cast to text turned into a null was not text: bytes that are not
                 // UTF-8 (a binary column), kept as they were.
                 let not_text = indexes.iter().zip(&cols).find_map(|(i, c)| {
                     let (i, c) = (i.as_ref()?, c.as_ref()?);
                     let orig = batch.column(*i);
-                    (orig.is_valid(r) && !c.is_valid(r)).then_some(orig)
+                    // (A column of type Null, as pyarrow writes an all-None one, is nulls.)
+                    let valid = orig.data_type() != &DataType::Null && orig.is_valid(r);
+                    (valid && !c.is_valid(r)).then_some(orig)
                 });
                 if let Some(orig) = not_text {
                     let raw = match orig.data_type() {

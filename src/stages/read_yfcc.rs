@@ -163,6 +163,9 @@ impl Reader for ReadYfcc {
                         detail: format!("photo id `{id}` is not a number").into(),
                     };
                 };
+                // The id as a number (`007` is photo 7), as the subset file is matched: one photo
+                // is one id, so a repeat is found however it is written.
+                let id = num.to_string();
                 if fields[layout.marker] == b"1" {
                     return LineOutcome::Skip("video");
                 }
@@ -179,7 +182,7 @@ impl Reader for ReadYfcc {
                     return LineOutcome::RejectWithId {
                         reason: "invalid_utf8",
                         detail: "a decoded text field is not UTF-8".into(),
-                        id: id.trim().to_owned(),
+                        id: id.clone(),
                     };
                 };
                 let caption = match how {
@@ -195,11 +198,11 @@ impl Reader for ReadYfcc {
                     return LineOutcome::RejectWithId {
                         reason: "empty_caption",
                         detail: "no title or description".into(),
-                        id: id.trim().to_owned(),
+                        id: id.clone(),
                     };
                 }
                 let url = (!url.is_empty()).then_some(url.as_str());
-                out.push(PairRow { sample_id: id.trim(), caption: Some(&caption), url, ..Default::default() });
+                out.push(PairRow { sample_id: &id, caption: Some(&caption), url, ..Default::default() });
                 LineOutcome::Row
             })
             // Photo ids are unique in YFCC100M: a repeat means an input given twice or a corrupt one.
@@ -238,8 +241,9 @@ pub fn url_decode(s: &[u8]) -> Vec<u8> {
 /// whatever else comes first (`<x<b>` is one tag, as in a browser); a comment `<!--` runs to
 /// `-->`. A tag that does not close, and any other `<`, is text (`I <3 NY`, `< 5 and > 0`).
 /// This follows Python's `html.parser`, except that a tag becomes a space (`a<br>b` is two
-/// words). Then character references are decoded: numeric ones (`&#39;`, `&#x27;`) and
-/// `&amp; &lt; &gt; &quot; &apos; &nbsp;`, each with its `;`; any other `&` stays as it is.
+/// words). Then character references are decoded as Python's `html.unescape` decodes them:
+/// numeric ones (`&#39;`, `&#x27;`, also without `;`), and of the named ones `&amp; &lt; &gt;
+/// &quot; &apos; &nbsp;` (all but `&apos;` also without `;`); any other `&` stays as it is.
 pub fn clean(text: &str, strip_html: bool) -> String {
     let mut no_tags = String::with_capacity(text.len());
     if strip_html {
@@ -268,41 +272,16 @@ pub fn clean(text: &str, strip_html: bool) -> String {
     no_tags.split(crate::text::is_python_whitespace).filter(|p| !p.is_empty()).collect::<Vec<_>>().join(" ")
 }
 
-/// Decodes the character references [`clean`] names.
+/// Decodes the character references [`clean`] names, as Python's `html.unescape` does.
 fn decode_references(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(amp) = rest.find('&') {
         out.push_str(&rest[..amp]);
         let after = &rest[amp + 1..];
-        // The longest reference decoded, `&#x10FFFF;` or `&#1114111;`, has 8 bytes before `;`.
-        let decoded = after.bytes().take(9).position(|b| b == b';').and_then(|semi| {
-            let name = &after[..semi];
-            let c = match name {
-                "amp" => '&',
-                "lt" => '<',
-                "gt" => '>',
-                "quot" => '"',
-                "apos" => '\'',
-                "nbsp" => '\u{a0}',
-                _ => {
-                    let (digits, radix) = match name.strip_prefix('#')? {
-                        hex if hex.starts_with(['x', 'X']) => (&hex[1..], 16),
-                        dec => (dec, 10),
-                    };
-                    // Digits only: `from_str_radix` would also take a sign.
-                    if digits.is_empty() || !digits.bytes().all(|b| (b as char).is_digit(radix)) {
-                        return None;
-                    }
-                    let code = u32::from_str_radix(digits, radix).ok()?;
-                    char::from_u32(code).filter(|&c| c != '\0')?
-                }
-            };
-            Some((c, name.len() + 1))
-        });
-        match decoded {
-            Some((c, len)) => {
-                out.push(c);
+        match reference(after) {
+            Some((decoded, len)) => {
+                out.extend(decoded);
                 rest = &after[len..];
             }
             None => {
@@ -313,6 +292,80 @@ fn decode_references(text: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// The names decoded without their `;` too (HTML's legacy ones among [`clean`]'s six).
+const LEGACY_NAMES: [(&str, char); 5] = [("amp", '&'), ("lt", '<'), ("gt", '>'), ("quot", '"'), ("nbsp", '\u{a0}')];
+
+/// The character reference `after` (the text after a `&`) starts, as `html.unescape` reads
+/// it: what it decodes to (at most one character) and its length, `;` included; `None` where
+/// the `&` stays text. Numbers may lack the `;` (`&#65b` is `Ab`), as may the legacy names,
+/// which also match as the longest prefix of a longer name (`&ampx` is `&x`).
+fn reference(after: &str) -> Option<(Option<char>, usize)> {
+    let b = after.as_bytes();
+    if b.first() == Some(&b'#') {
+        let (start, radix) = match b.get(1) {
+            Some(b'x' | b'X') => (2, 16),
+            _ => (1, 10),
+        };
+        let digits = b[start..].iter().take_while(|&&c| (c as char).is_digit(radix)).count();
+        if digits == 0 {
+            return None;
+        }
+        // Saturates past the last code point: any larger number decodes the same.
+        let code = b[start..start + digits]
+            .iter()
+            .fold(0u32, |n, &c| (n * radix + (c as char).to_digit(radix).unwrap_or(0)).min(0x11_0000));
+        let len = start + digits + usize::from(b.get(start + digits) == Some(&b';'));
+        return Some((numeric_reference(code), len));
+    }
+    // A name runs to the first of `\t \n \x0c space < & # ;`, at most 32 characters.
+    let name = after.chars().take(32).take_while(|c| !matches!(c, '\t' | '\n' | '\x0c' | ' ' | '<' | '&' | '#' | ';'));
+    let name_len: usize = name.map(char::len_utf8).sum();
+    let name = &after[..name_len];
+    if b.get(name_len) == Some(&b';') {
+        let c = match name {
+            "amp" => Some('&'),
+            "lt" => Some('<'),
+            "gt" => Some('>'),
+            "quot" => Some('"'),
+            "apos" => Some('\''),
+            "nbsp" => Some('\u{a0}'),
+            _ => None,
+        };
+        if let Some(c) = c {
+            return Some((Some(c), name_len + 1));
+        }
+    }
+    // The whole name, or its longest prefix (of 2 or more bytes, shorter than the name with
+    // its `;`), that is a legacy name.
+    let whole = name_len + usize::from(b.get(name_len) == Some(&b';'));
+    LEGACY_NAMES
+        .iter()
+        .filter(|(n, _)| name.starts_with(n) && (n.len() == name_len || n.len() < whole))
+        .max_by_key(|(n, _)| n.len())
+        .map(|&(n, c)| (Some(c), n.len()))
+}
+
+/// What `&#N;` decodes to in `html.unescape`: Windows-1252 for 0x80–0x9F (as browsers read
+/// them), U+FFFD for 0, surrogates and numbers past U+10FFFF, nothing for the other control
+/// characters and non-characters, else the character.
+fn numeric_reference(code: u32) -> Option<char> {
+    const WINDOWS_1252: [char; 32] = [
+        '\u{20ac}', '\u{81}', '\u{201a}', '\u{192}', '\u{201e}', '\u{2026}', '\u{2020}', '\u{2021}', '\u{2c6}',
+        '\u{2030}', '\u{160}', '\u{2039}', '\u{152}', '\u{8d}', '\u{17d}', '\u{8f}', '\u{90}', '\u{2018}', '\u{2019}',
+        '\u{201c}', '\u{201d}', '\u{2022}', '\u{2013}', '\u{2014}', '\u{2dc}', '\u{2122}', '\u{161}', '\u{203a}',
+        '\u{153}', '\u{9d}', '\u{17e}', '\u{178}',
+    ];
+    match code {
+        0 => Some('\u{fffd}'),
+        0x0d => Some('\r'),
+        0x80..=0x9f => Some(WINDOWS_1252[(code - 0x80) as usize]),
+        0xd800..=0xdfff | 0x11_0000.. => Some('\u{fffd}'),
+        0x01..=0x08 | 0x0b | 0x0e..=0x1f | 0x7f | 0xfdd0..=0xfdef => None,
+        c if c & 0xfffe == 0xfffe => None,
+        c => char::from_u32(c),
+    }
 }
 
 /// The length of the tag that `after` (the text after a `<`) starts, through its `>`; `None`
@@ -394,11 +447,18 @@ mod tests {
         assert_eq!(clean("&lt;b&gt;bold&lt;/b&gt; <i>x</i>", true), "<b>bold</b> x");
         // `&nbsp;` is a space between words (Python's `str.split` splits at U+00A0).
         assert_eq!(clean("a&nbsp;b", true), "a b");
-        // Anything else stays: no `;`, unknown names, invalid code points, a lone `&`.
+        // As `html.unescape`: legacy names and numbers without `;`, U+FFFD for 0, surrogates and
+        // numbers past U+10FFFF, Windows-1252 for 0x80-0x9F, control characters dropped.
         assert_eq!(
-            clean("AT&T &amp &copy; &#xD800; &#0; &#; &#12345678901; & &", true),
-            "AT&T &amp &copy; &#xD800; &#0; &#; &#12345678901; & &"
+            clean("AT&T &amp &#xD800; &#0; &#; &#12345678901; & &", true),
+            "AT&T & \u{fffd} \u{fffd} &#; \u{fffd} & &"
         );
+        assert_eq!(
+            clean("&#65b &ampx &amp b &lt &apos x&#1;y &#128;&#x9d;&#13;z &#xFFFE;.", true),
+            "Ab &x & b < &apos xy \u{20ac}\u{9d} z ."
+        );
+        // Other names stay (Python knows all of HTML5's: `&copy;` is its `©`).
+        assert_eq!(clean("&copy; &eacute;", true), "&copy; &eacute;");
         assert_eq!(clean("&amp;amp; &&amp;", true), "&amp; &&");
         assert_eq!(clean("&#+5; &#x+5; &#-5; &#x;", true), "&#+5; &#x+5; &#-5; &#x;");
         // Non-ASCII text right after a reference.
