@@ -1104,6 +1104,16 @@ fn table_cells_timestamps_paths_and_an_open_quote_at_the_end() {
     )));
     assert_eq!(strs(&data, "label"), ["2020-01-02T03:04:05Z", "1970-01-01T00:00:00Z"]);
     assert_eq!(strs(&data, "label_text"), ["2020-01-02T03:04:05Z", "1970-01-01T00:00:00Z"]);
+    // A column of type Null (pyarrow's all-None column) is nulls, not a reject per row.
+    let text: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["a dog", "a cat"]));
+    let none: ArrayRef = std::sync::Arc::new(arrow_array::NullArray::new(2));
+    let batch = RecordBatch::try_from_iter([("text", text), ("none", none)]).unwrap();
+    write_batch(&path, &batch);
+    let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ caption = \"text\", url = \"none\" }}",
+        path.display()
+    )));
+    assert_eq!((col(&data, "url"), reasons(&rejects)), (vec![None, None], vec![]));
 
     // An empty path cell is no path; the last record's open quote keeps its line end in `raw`.
     std::fs::write(dir.path().join("p.csv"), "text,img,n\na dog,,1\na cat,x.jpg,2\n\"a bird,y.jpg\n").unwrap();
