@@ -296,46 +296,6 @@ fn json_url(bytes: &[u8]) -> std::result::Result<Option<String>, ()> {
     let text = std::str::from_utf8(bytes).map_err(|_| ())?;
     serde_json::from_str::<IgnoredAny>(text).map_err(|_| ())?;
 
-    /// A JSON value that is a string, or anything else (skipped).
-    struct MaybeText(Option<String>);
-    impl<'de> Deserialize<'de> for MaybeText {
-        fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-            d.deserialize_any(MaybeTextVisitor)
-        }
-    }
-    struct MaybeTextVisitor;
-    impl<'de> Visitor<'de> for MaybeTextVisitor {
-        type Value = MaybeText;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("any JSON value")
-        }
-        fn visit_str<E>(self, v: &str) -> std::result::Result<MaybeText, E> {
-            Ok(MaybeText(Some(v.to_owned())))
-        }
-        fn visit_bool<E>(self, _: bool) -> std::result::Result<MaybeText, E> {
-            Ok(MaybeText(None))
-        }
-        fn visit_i64<E>(self, _: i64) -> std::result::Result<MaybeText, E> {
-            Ok(MaybeText(None))
-        }
-        fn visit_u64<E>(self, _: u64) -> std::result::Result<MaybeText, E> {
-            Ok(MaybeText(None))
-        }
-        fn visit_f64<E>(self, _: f64) -> std::result::Result<MaybeText, E> {
-            Ok(MaybeText(None))
-        }
-        fn visit_unit<E>(self) -> std::result::Result<MaybeText, E> {
-            Ok(MaybeText(None))
-        }
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> std::result::Result<MaybeText, A::Error> {
-            while a.next_element::<IgnoredAny>()?.is_some() {}
-            Ok(MaybeText(None))
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> std::result::Result<MaybeText, A::Error> {
-            while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-            Ok(MaybeText(None))
-        }
-    }
     /// The top-level value: an object's `url` (the last one, if repeated), else none.
     struct UrlVisitor;
     impl<'de> Visitor<'de> for UrlVisitor {
@@ -347,7 +307,7 @@ fn json_url(bytes: &[u8]) -> std::result::Result<Option<String>, ()> {
             let mut url = None;
             while let Some(key) = a.next_key::<String>()? {
                 match key == "url" {
-                    true => url = a.next_value::<MaybeText>()?.0,
+                    true => url = a.next_value::<serde_json::Value>()?.as_str().map(str::to_owned),
                     false => drop(a.next_value::<IgnoredAny>()?),
                 }
             }
