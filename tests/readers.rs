@@ -1026,6 +1026,38 @@ fn webdataset_json_member_names_and_types() {
 }
 
 #[test]
+fn a_damaged_member_whose_name_is_not_utf8_starts_a_sample_of_its_own() {
+    // `d\xff.txt`, cut short, has no key: it cannot belong to sample `d\u{FFFD}` before it (whose
+    // name is that text, in UTF-8), which is whole and kept. A caption of a byte-order mark and
+    // whitespace is empty; `raw` keeps its stored bytes.
+    let dir = tempfile::tempdir().unwrap();
+    let (file, img) = (tar::EntryType::Regular, &b"\xff\xd8"[..]);
+    let shard = dir.path().join("00000.tar");
+    let cat = "a cat ".repeat(80);
+    raw_shard(
+        &shard,
+        &[
+            (b"b.jpg", img, file),
+            (b"b.txt", b"\xef\xbb\xbf \t", file),
+            ("d\u{FFFD}.jpg".as_bytes(), img, file),
+            ("d\u{FFFD}.txt".as_bytes(), b"a dog", file),
+            (b"d\xff.txt", cat.as_bytes(), file),
+        ],
+    );
+    // Into the last member's data: past the end-of-archive blocks and its one data block.
+    let len = std::fs::metadata(&shard).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&shard).unwrap().set_len(len - 1024 - 512 + 100).unwrap();
+    let (_d, data, rejects) =
+        run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", shard.display())));
+    assert_eq!(strs(&data, "sample_id"), ["d\u{FFFD}"]);
+    assert_eq!(strs(&data, "caption"), ["a dog"]);
+    assert_eq!(reasons(&rejects), [("empty_caption".into(), 0), ("truncated_tar".into(), 4)]);
+    assert_eq!(col(&rejects, "sample_id"), [Some("b".into()), None]);
+    let raw = arrow_array::cast::AsArray::as_binary::<i32>(rejects[0].column_by_name("raw").unwrap());
+    assert_eq!(raw.value(0), b"\xef\xbb\xbf \t");
+}
+
+#[test]
 fn img2dataset_parquet_blank_keys_and_failed_downloads() {
     use arrow_array::{ArrayRef, RecordBatch, StringArray};
     let dir = tempfile::tempdir().unwrap();
@@ -1162,6 +1194,45 @@ fn yfcc_ids_are_numbers_however_written() {
     assert_eq!(strs(&data, "sample_id"), ["7", "8"]);
     assert_eq!(strs(&data, "caption"), ["a dog", "\u{20ac} x & y"], "references as html.unescape reads them");
     assert_eq!(reasons(&rejects), [("duplicate_id".into(), 2)]);
+}
+
+#[test]
+fn headerless_tables_refuse_a_column_past_their_usual_width() {
+    // Quoted commas are not separators: most of these CSV records have 2 fields, one has 3, so
+    // column #2 is past the usual width, as in the TSV.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("q.csv"), "\"a dog, on grass\",http://h/1\nx,y,z\n\"two, cats\",http://h/2\n")
+        .unwrap();
+    std::fs::write(dir.path().join("t.tsv"), "a dog\thttp://h/1\nx\ty\tz\nb\thttp://h/2\n").unwrap();
+    for file in ["q.csv", "t.tsv"] {
+        let text = read_only(&format!(
+            "type = \"read_table\"\npath = \"{}\"\nheader = false\ncolumns = {{ caption = 0, url = 1, sample_id = 2 }}",
+            dir.path().join(file).display()
+        ))
+        .replace("{out}", &dir.path().join("out").to_string_lossy());
+        let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), text, &[]).unwrap();
+        let err = curate::pipeline::plan::compile_doc(&doc).err().expect("refused").to_string();
+        assert!(err.contains(&format!("column #2 is mapped, but most of the first lines of `{file}` have 2")), "{err}");
+    }
+    // Within the width, the quoted commas stay in the caption.
+    let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\nheader = false\ncolumns = {{ caption = 0, url = 1 }}",
+        dir.path().join("q.csv").display()
+    )));
+    assert_eq!(strs(&data, "caption"), ["a dog, on grass", "two, cats"]);
+    assert_eq!(reasons(&rejects), [("wrong_field_count".into(), 2)]);
+}
+
+#[test]
+fn a_header_line_ending_in_a_lone_cr_names_its_last_column() {
+    // A header-only TSV whose one line ends in CR and no LF: `text`, not `text\r`.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("h.tsv"), "id\ttext\r").unwrap();
+    let (_d, data, _) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\nheader = true\ncolumns = {{ sample_id = \"id\", caption = \"text\" }}",
+        dir.path().join("h.tsv").display()
+    )));
+    assert!(data.iter().all(|b| b.num_rows() == 0));
 }
 
 /// Writes `batch` as a Parquet file at `path`.

@@ -29,7 +29,8 @@ pub fn skip_bom(file: &mut File) -> std::io::Result<()> {
 }
 
 /// Reads `path` line by line. A line is the bytes up to `\n` (exclusive); one trailing `\r` is
-/// removed too, so CRLF files read like LF files. A last line without a newline is still a line.
+/// removed too, so CRLF files read like LF files. A last line without a newline is still a line,
+/// and loses a trailing `\r` as well.
 pub struct Lines {
     reader: BufReader<File>,
     buf: Vec<u8>,
@@ -55,9 +56,10 @@ impl Lines {
         let mut end = self.buf.len();
         if self.buf[end - 1] == b'\n' {
             end -= 1;
-            if end > 0 && self.buf[end - 1] == b'\r' {
-                end -= 1;
-            }
+        }
+        // CRLF, or a CR ending the last line of the file, as the block parser reads lines.
+        if end > 0 && self.buf[end - 1] == b'\r' {
+            end -= 1;
         }
         Ok(Some((self.line, &self.buf[..end])))
     }
@@ -71,7 +73,7 @@ mod tests {
     fn numbers_lines_and_strips_terminators() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("x.tsv");
-        std::fs::write(&p, b"a\tb\nc\r\n\nlast").unwrap();
+        std::fs::write(&p, b"a\tb\nc\r\n\nlast\r").unwrap();
         let mut l = Lines::open(&p).unwrap();
         let mut got = Vec::new();
         while let Some((n, line)) = l.next_line().unwrap() {

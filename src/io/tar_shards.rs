@@ -129,7 +129,7 @@ pub fn read_samples(path: &Path) -> Result<(Vec<Sample>, Option<Damage>)> {
         let data_end = entry.raw_file_position() + entry.size();
         if data_end > file_len {
             let detail = format!("the file ends inside member {i} (`{name}`): {file_len} of {data_end} bytes");
-            return Ok(stop(out, DamageKind::Cut, i, Some(&name), detail));
+            return Ok(stop(out, DamageKind::Cut, i, Some(&entry.path_bytes()), detail));
         }
         end = data_end.div_ceil(BLOCK) * BLOCK;
         // Regular files; type `7` (contiguous file) is one too, as Python's `tarfile` and GNU
@@ -205,28 +205,32 @@ fn load(entry: &mut impl Read, ext: &str, path: &Path) -> Result<Option<Vec<u8>>
     Ok(Some(buf))
 }
 
-/// Ends a shard's reading at damage to member `index`, named `next` when a whole header gave
-/// its name. The last sample read is kept only when `next` starts another sample: a member of
-/// the same key, or one whose name is unknown, may belong to it, and a sample missing a member
-/// must not pass as whole (a `jpg, txt` without its `json` would lose its url silently).
+/// Ends a shard's reading at damage to member `index`, named `next` (byte for byte) when a
+/// whole header gave its name. The last sample read is kept only when `next` starts another
+/// sample: a member of the same key, or one whose name is unknown, may belong to it, and a
+/// sample missing a member must not pass as whole (a `jpg, txt` without its `json` would lose
+/// its url silently). A name that is not UTF-8 starts a sample of its own, with no key.
 fn stop(
     mut out: Vec<Sample>,
     kind: DamageKind,
     index: u64,
-    next: Option<&str>,
+    next: Option<&[u8]>,
     mut detail: String,
 ) -> (Vec<Sample>, Option<Damage>) {
+    // The damaged member's name: `Some(None)` when it is known but not UTF-8.
+    let next = next.map(|n| std::str::from_utf8(n).ok());
     let last_whole = match (out.last(), next) {
         (None, _) => true,
         // A member whose name is not UTF-8 is a sample of its own, whole once read.
         (Some(s), _) if s.bad_name.is_some() => true,
-        (Some(s), Some(next)) => member_key(next).0 != s.key,
+        (Some(_), Some(None)) => true,
+        (Some(s), Some(Some(next))) => member_key(next).0 != s.key,
         (Some(_), None) => false,
     };
     // The sample left out: the last one read, or, when that one is whole, the sample of the
-    // damaged member (its first member), when its name is known.
+    // damaged member (its first member), when its name is known and UTF-8.
     let left_out = match last_whole {
-        true => next.map(|n| member_key(n).0),
+        true => next.flatten().map(|n| member_key(n).0),
         false => out.pop().map(|s| s.key),
     };
     if let Some(key) = &left_out {
@@ -242,7 +246,7 @@ fn stop(
 /// Why the `tar` crate failed (`err`) to read member `index`, whose header blocks start at
 /// `pos`. Walks them as Python's `tarfile` does — extension headers (PAX `x`, GNU long names
 /// `L`/`K`) and their data, then the member's own header — and returns the damage's kind, the
-/// member's name when whole, checksummed headers give it, and a detail. The file ending inside
+/// member's name (bytes) when whole, checksummed headers give it, and a detail. The file ending inside
 /// these blocks is a cut; a whole block that is not a valid header is corruption.
 fn diagnose(
     path: &Path,
@@ -250,15 +254,15 @@ fn diagnose(
     file_len: u64,
     index: u64,
     err: &std::io::Error,
-) -> Result<(DamageKind, Option<String>, String)> {
+) -> Result<(DamageKind, Option<Vec<u8>>, String)> {
     let mut f = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
     let mut read_at = |pos: u64, buf: &mut [u8]| {
         f.seek(SeekFrom::Start(pos)).and_then(|_| f.read_exact(buf)).map_err(|e| Error::io("cannot read", path, e))
     };
-    let corrupt = |name: Option<String>, what: String| {
+    let corrupt = |name: Option<Vec<u8>>, what: String| {
         (DamageKind::Corrupt, name, format!("member {index}: {what}; the shard is not read past it"))
     };
-    let (mut name, mut pax_size, mut extended) = (None::<String>, None::<u64>, false);
+    let (mut name, mut pax_size, mut extended) = (None::<Vec<u8>>, None::<u64>, false);
     loop {
         if pos + BLOCK > file_len {
             let detail = if pos < file_len {
@@ -310,37 +314,38 @@ fn diagnose(
             if kind.is_pax_local_extensions() {
                 for e in tar::PaxExtensions::new(&ext).flatten() {
                     match e.key() {
-                        Ok("path") => name = Some(String::from_utf8_lossy(e.value_bytes()).into_owned()),
+                        Ok("path") => name = Some(e.value_bytes().to_vec()),
                         Ok("size") => pax_size = e.value().ok().and_then(|v| v.parse().ok()),
                         _ => {}
                     }
                 }
             } else if kind.is_gnu_longname() {
                 let end = ext.iter().position(|&b| b == 0).unwrap_or(ext.len());
-                name = Some(String::from_utf8_lossy(&ext[..end]).into_owned());
+                name = Some(ext[..end].to_vec());
             }
             extended = true;
             pos = data + size.div_ceil(BLOCK) * BLOCK;
             continue;
         }
         let name = name.unwrap_or_else(|| header_name(header));
+        let shown = String::from_utf8_lossy(&name);
         let size = pax_size.unwrap_or(size);
         if data.saturating_add(size) > file_len {
             let detail = format!(
-                "the file ends inside member {index} (`{name}`): {file_len} of {} bytes",
+                "the file ends inside member {index} (`{shown}`): {file_len} of {} bytes",
                 data.saturating_add(size)
             );
             return Ok((DamageKind::Cut, Some(name), detail));
         }
         let what =
-            format!("`{name}`{} cannot be read: {err}", if extended { " (after an extended header)" } else { "" });
+            format!("`{shown}`{} cannot be read: {err}", if extended { " (after an extended header)" } else { "" });
         return Ok(corrupt(Some(name), what));
     }
 }
 
-/// A header's own name (ustar: `prefix/name`), byte for byte made text.
-fn header_name(header: &tar::Header) -> String {
-    String::from_utf8_lossy(&header.path_bytes()).into_owned()
+/// A header's own name (ustar: `prefix/name`), byte for byte.
+fn header_name(header: &tar::Header) -> Vec<u8> {
+    header.path_bytes().into_owned()
 }
 
 #[cfg(test)]

@@ -233,7 +233,7 @@ impl ReadTableConfig {
                 widest_of_first_lines(file, b'\t', 100).map(|n| (0..n).map(|i| format!("#{i}")).collect())
             }
             Format::Csv if !header => {
-                widest_of_first_lines(file, b',', 100).map(|n| (0..n).map(|i| format!("#{i}")).collect())
+                csv_first_widths(file, 100).map(|(n, _)| (0..n).map(|i| format!("#{i}")).collect())
             }
             Format::Tsv => header_fields(file, b'\t'),
             Format::Csv => csv_header(file),
@@ -305,17 +305,19 @@ impl ReadTableConfig {
             }
         }
         let width = match format {
-            Format::Tsv if !header => match usual_width_of_first_lines(file, b'\t', 100) {
-                Ok(w) => w,
-                Err(e) => {
-                    problems.push("path", e, None);
-                    return None;
-                }
-            },
-            _ => names.len(),
+            Format::Tsv if !header => usual_width_of_first_lines(file, b'\t', 100),
+            Format::Csv if !header => csv_first_widths(file, 100).map(|(_, usual)| usual),
+            _ => Ok(names.len()),
+        };
+        let width = match width {
+            Ok(w) => w,
+            Err(e) => {
+                problems.push("path", e, None);
+                return None;
+            }
         };
         let need = indexes.iter().flatten().max().map_or(0, |m| m + 1);
-        if ok && format == Format::Tsv && width < need {
+        if ok && format != Format::Parquet && width < need {
             problems.push(
                 "columns",
                 format!(
@@ -382,6 +384,20 @@ fn line_ends(bytes: &[u8]) -> u64 {
 fn usual_csv_width(body: &[u8], n: usize) -> usize {
     let mut rdr = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(body);
     super::usual_width(rdr.byte_records().take(n).map_while(|r| r.ok()).map(|r| r.len())).unwrap_or(0)
+}
+
+/// The widest and the usual field count (see [`usual_csv_width`]) of the first `n` records of a
+/// headerless CSV file, quoted separators not counted.
+fn csv_first_widths(path: &Path, n: usize) -> std::result::Result<(usize, usize), String> {
+    let mut file = std::fs::File::open(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+    crate::io::lines::skip_bom(&mut file).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+    let mut rdr =
+        csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(std::io::BufReader::new(file));
+    let widths: Vec<usize> = rdr.byte_records().take(n).map_while(|r| r.ok()).map(|r| r.len()).collect();
+    match (widths.iter().max(), super::usual_width(widths.iter().copied())) {
+        (Some(&widest), Some(usual)) => Ok((widest, usual)),
+        _ => Err(format!("`{}` is empty", path.display())),
+    }
 }
 
 /// The column names on a CSV file's first line (quoted names may hold commas; a leading
