@@ -130,18 +130,18 @@ pub fn bow(args: &BowBenchArgs) -> Result<()> {
     let cpu =
         |v: &[(f64, f64, f64)]| v.iter().fold((f64::INFINITY, 0.0), |a, x| if x.0 < a.0 { (x.0, x.2) } else { a }).1;
     let (bf, bp, br) = (best(&floor), best(&plain), best(&run));
-    println!("input: {} ({rows} lines), {} threads", args.input.display(), rayon::current_num_threads());
-    println!("| job | best wall s | CPU s of that run | captions/s | peak RSS MiB | all runs s |");
-    println!("| --- | ---: | ---: | ---: | ---: | --- |");
+    outln!("input: {} ({rows} lines), {} threads", args.input.display(), rayon::current_num_threads());
+    outln!("| job | best wall s | CPU s of that run | captions/s | peak RSS MiB | all runs s |");
+    outln!("| --- | ---: | ---: | ---: | ---: | --- |");
     for (name, v, b) in [
         ("I/O floor (read TSV, write captions)", &floor, bf),
         ("curate run, intact (read, write all pairs columns)", &plain, bp),
         ("curate run (default BoW cascade)", &run, br),
     ] {
         let all: Vec<String> = v.iter().map(|x| format!("{:.2}", x.0)).collect();
-        println!("| {name} | {b:.2} | {:.2} | {:.0} | {:.0} | {} |", cpu(v), rows as f64 / b, peak(v), all.join(", "));
+        outln!("| {name} | {b:.2} | {:.2} | {:.0} | {:.0} | {} |", cpu(v), rows as f64 / b, peak(v), all.join(", "));
     }
-    println!(
+    outln!(
         "ratio run / floor: {:.2}x (target <= 2x); in CPU seconds {:.2}x; run / intact run: {:.2}x; run peak RSS {:.0} MiB (target < 1536)",
         br / bf,
         cpu(&run) / cpu(&floor),
@@ -193,7 +193,7 @@ pub fn text(args: &TextBenchArgs, device: &burn::tensor::Device) -> Result<()> {
     let t = Instant::now();
     let n = enc.encode_many(&refs, batch, true)?.len() / enc.dim;
     let secs = t.elapsed().as_secs_f64();
-    println!(
+    outln!(
         "{}",
         serde_json::json!({"sentences": n, "seconds": secs, "sentences_per_s": n as f64 / secs, "batch_size": batch, "device": args.device, "threads": rayon::current_num_threads()})
     );
@@ -289,7 +289,7 @@ pub fn knn(args: &KnnBenchArgs) -> Result<()> {
         let bytes: Vec<u8> = r.ids.iter().flat_map(|i| i.to_le_bytes()).collect();
         std::fs::write(path, bytes).map_err(|e| Error::io("cannot write", path, e))?;
     }
-    println!(
+    outln!(
         "{}",
         serde_json::json!({"queries": nq, "pool": np, "dim": dim, "k": args.k, "threads": rayon::current_num_threads(),
             "query_block": blocking.queries, "pool_block": blocking.pool, "best_s": best,

@@ -4,6 +4,30 @@
 //!
 //! Dependencies point one way: `cli` → `pipeline` → `stages` → (`text`, `io`, `schema`).
 
+/// A line to stderr (messages, warnings, progress lines). Unlike `eprintln!` it never panics: a
+/// closed stderr (`curate run ... 2>&1 | head -1`) must not stop a run half-way.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+/// Text to stdout (tables of figures); as [`say!`], a closed stdout is no panic. `outln!` ends
+/// the line.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 pub mod bench;
 pub mod cli;
 pub mod error;

@@ -87,6 +87,8 @@ fn output_places_and_input_files() {
 #[test]
 fn an_output_dir_that_is_a_file() {
     insta::assert_snapshot!(validate("output_places.toml", &["output_dir=Cargo.toml"]));
+    // Or a folder that could not be made: a file stands where a parent folder should.
+    insta::assert_snapshot!(validate("output_places.toml", &["output_dir=Cargo.toml/out"]));
 }
 
 #[test]
@@ -126,4 +128,32 @@ fn threads_beyond_a_sane_count_are_refused() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stdout.is_empty());
     assert!(stderr.contains("100000 threads is more than 1024"), "{stderr}");
+}
+
+#[test]
+fn a_closed_stderr_does_not_stop_a_run() {
+    // `curate run ... 2>&1 | head -1`: progress and messages go to a pipe nobody reads. The run
+    // goes on to its manifest and exits 0, without a panic.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_curate"))
+        .args(["run", "pipelines/bow.toml", "--progress", "always", "--set"])
+        .arg(format!("output_dir={}", out.display()))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("curate runs");
+    // Closing the read ends makes every later write to them fail (EPIPE).
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(out.join("manifest.json").is_file(), "the run finished");
+}
+
+#[test]
+fn column_lists_that_lose_or_garble_data() {
+    insta::assert_snapshot!(validate("columns_as_lists.toml", &[]));
+    insta::assert_snapshot!(validate("missing_column.toml", &["write_parquet.columns=[]"]));
 }

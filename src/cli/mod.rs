@@ -180,11 +180,11 @@ pub fn main() -> i32 {
             // Library errors render themselves (`error: ...`, location, `hint: ...`).
             if let Some(lib) = e.downcast_ref::<crate::Error>() {
                 match lib {
-                    crate::Error::Config(_) => eprintln!("{lib}"),
-                    _ => eprintln!("error: {lib}"),
+                    crate::Error::Config(_) => say!("{lib}"),
+                    _ => say!("error: {lib}"),
                 }
             } else {
-                eprintln!("error: {e:#}");
+                say!("error: {e:#}");
             }
             2
         }
@@ -195,7 +195,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Validate(args) => {
             let plan = pipeline::plan::compile_on(&args.file, &args.overrides, &device(&args.device)?)?;
-            eprintln!(
+            say!(
                 "ok: `{}` is valid: {} stage(s), output to `{}`",
                 args.file.display(),
                 plan.transforms.len() + 2,
@@ -221,7 +221,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             let out = plan.output_dir.clone();
             let data_dir = out.join(&plan.write.dir);
             let s = pipeline::run(plan, &RunOptions { progress, cache_bytes: args.cache_mib.saturating_mul(1 << 20) })?;
-            eprintln!(
+            say!(
                 "wrote {} rows to `{}` ({} shard(s)); {} rejected, {} skipped; {:.2} s",
                 s.rows_written,
                 data_dir.display(),
@@ -231,12 +231,12 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 s.timings_s.get("total").copied().unwrap_or(0.0)
             );
             for (reason, n) in &s.rejects {
-                eprintln!("  rejected {reason}: {n}");
+                say!("  rejected {reason}: {n}");
             }
             for (reason, n) in &s.skipped {
-                eprintln!("  skipped {reason}: {n}");
+                say!("  skipped {reason}: {n}");
             }
-            eprintln!("report: `{}`", out.join("report.md").display());
+            say!("report: `{}`", out.join("report.md").display());
             Ok(0)
         }
         Command::Eval(args) => {
@@ -256,9 +256,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     progress: true,
                 };
                 let ev = crate::eval::trained::run_trained(&run, &device(&args.device)?)?;
-                print!("{}", crate::eval::report::markdown_table(&ev));
+                out!("{}", crate::eval::report::markdown_table(&ev));
                 let total: f64 = ev.timings_s.iter().map(|t| t.1).sum();
-                eprintln!("wrote `{}` ({total:.2} s)", run.out_dir().join("metrics.json").display());
+                say!("wrote `{}` ({total:.2} s)", run.out_dir().join("metrics.json").display());
                 return Ok(0);
             }
             let (Some(image_embeddings), Some(caption_embeddings), Some(out)) =
@@ -274,9 +274,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 similarity: args.similarity,
             };
             let ev = crate::eval::run_embeddings(&run)?;
-            print!("{}", crate::eval::report::markdown_table(&ev));
+            out!("{}", crate::eval::report::markdown_table(&ev));
             let total: f64 = ev.timings_s.iter().map(|t| t.1).sum();
-            eprintln!("wrote `{}` ({total:.2} s)", run.out.join("metrics.json").display());
+            say!("wrote `{}` ({total:.2} s)", run.out.join("metrics.json").display());
             Ok(0)
         }
         Command::Train(args) => {
@@ -298,12 +298,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 z.map(|z| format!("top-1 {:.3}, top-5 {:.3} ({} classes)", z.top1, z.top5, z.classes))
                     .unwrap_or_else(|| "not configured".into())
             };
-            eprintln!(
-                "trained {} steps on {} pairs in {:.1} s; last loss {:.4}",
-                s.steps, s.rows, s.seconds, s.last_loss
-            );
-            eprintln!("zero-shot at step 0: {}; at the end: {}", zs(s.first_zeroshot), zs(s.last_zeroshot));
-            eprintln!("output: `{}` (config.json, metrics.jsonl, checkpoints/, model.bpk)", s.output_dir.display());
+            say!("trained {} steps on {} pairs in {:.1} s; last loss {:.4}", s.steps, s.rows, s.seconds, s.last_loss);
+            say!("zero-shot at step 0: {}; at the end: {}", zs(s.first_zeroshot), zs(s.last_zeroshot));
+            say!("output: `{}` (config.json, metrics.jsonl, checkpoints/, model.bpk)", s.output_dir.display());
             Ok(0)
         }
         Command::Bench(BenchCommand::Bow(args)) => {
@@ -320,7 +317,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Bench(BenchCommand::IoFloor { input, output }) => {
             let rows = crate::bench::io_floor(&input, &output)?;
-            println!("{rows}");
+            outln!("{rows}");
             Ok(0)
         }
     }

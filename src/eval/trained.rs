@@ -130,7 +130,7 @@ fn resolve(args: &RunEval, config: &TrainConfig) -> Result<Resolved> {
 pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     let note = |msg: String| {
         if args.progress {
-            eprintln!("{msg}");
+            say!("{msg}");
         }
     };
     let t0 = Instant::now();

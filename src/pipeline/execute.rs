@@ -77,7 +77,7 @@ impl PassCache {
             if self.bytes > self.budget {
                 self.chunks = None;
                 self.over_budget = true;
-                eprintln!(
+                say!(
                     "note: the parsed input is larger than --cache-mib {}: each later pass reads the input again \
                      (a larger --cache-mib keeps it in memory)",
                     self.budget >> 20

@@ -152,6 +152,12 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
                     .at(doc.location("output_dir"))
                     .hint("name a folder (it is created if it does not exist)"),
             );
+        } else if let Some(why) = unwritable(Path::new(&t.output_dir)) {
+            diags.push(
+                Diagnostic::new(format!("`output_dir` `{}` cannot be written: {why}", t.output_dir))
+                    .at(doc.location("output_dir"))
+                    .hint("name a folder you can write, or one inside such a folder"),
+            );
         }
         if t.output_dir.trim().is_empty() {
             diags.push(
@@ -328,10 +334,23 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
         if let Some(Built::Write(w)) = &built[wi].stage {
             if let Some(cols) = &w.columns {
                 let available: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-                let mut picked = Vec::new();
+                let mut picked: Vec<arrow_schema::FieldRef> = Vec::new();
+                if cols.is_empty() {
+                    diags.push(
+                        Diagnostic::new("`columns` is empty: no column would be written")
+                            .at(doc.location(&format!("stage[{wi_file}].columns")))
+                            .hint(format!("leave `columns` out to write all of them: {}", list(&available))),
+                    );
+                }
                 for (j, c) in cols.iter().enumerate() {
                     match schema.field_with_name(c) {
-                        Ok(f) => picked.push(f.clone()),
+                        // Parquet readers (pyarrow, polars) refuse a file with two columns of a name.
+                        Ok(_) if cols[..j].contains(c) => diags.push(
+                            Diagnostic::new(format!("column `{c}` is listed twice"))
+                                .at(doc.location(&format!("stage[{wi_file}].columns[{j}]")))
+                                .hint("list each column once"),
+                        ),
+                        Ok(f) => picked.push(Arc::new(f.clone())),
                         Err(_) => diags.push(
                             Diagnostic::new(format!("missing column `{c}`: no earlier stage produces it"))
                                 .at(doc.location(&format!("stage[{wi_file}].columns[{j}]")))
@@ -446,4 +465,23 @@ where
 
 fn list(items: &[&str]) -> String {
     items.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
+}
+
+/// Why the folder `dir` could not be created or written, if so: checked on the folder, or, when
+/// it does not exist yet, on its nearest existing ancestor (which must be a folder the user may
+/// write in). `validate` then catches what `run` would fail on only after reading.
+fn unwritable(dir: &Path) -> Option<String> {
+    let existing = dir.ancestors().find(|a| a.as_os_str().is_empty() || a.exists())?;
+    let existing = if existing.as_os_str().is_empty() { Path::new(".") } else { existing };
+    if !existing.is_dir() {
+        return Some(format!("`{}` is not a folder", existing.display()));
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(existing.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    let ok = unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0;
+    (!ok).then(|| match existing == dir {
+        true => "no permission to write in it".to_owned(),
+        false => format!("no permission to create folders in `{}`", existing.display()),
+    })
 }

@@ -97,7 +97,7 @@ impl Progress {
     /// A pass that turned out not to be needed: said so, in its place in the count.
     pub fn skipped(&self, no: usize, label: &str, why: &str) {
         if self.enabled {
-            eprintln!("[{no}/{}] {label}: not needed ({why})", self.total_passes);
+            say!("[{no}/{}] {label}: not needed ({why})", self.total_passes);
         }
     }
 }
@@ -111,7 +111,7 @@ impl PassBar {
                 let mut last = l.last.lock().expect("progress lock");
                 if last.elapsed() >= LOG_EVERY {
                     *last = Instant::now();
-                    eprintln!("{}", l.line(false));
+                    say!("{}", l.line(false));
                 }
             }
             None => {}
@@ -130,7 +130,7 @@ impl PassBar {
                 b.set_style(ProgressStyle::with_template("{prefix} {msg}").expect("valid template"));
                 b.finish_with_message(format!("{}: {line}", b.message()));
             }
-            Some(Shown::Log(l)) => eprintln!("{}", l.line(true)),
+            Some(Shown::Log(l)) => say!("{}", l.line(true)),
             None => {}
         }
     }

@@ -676,7 +676,7 @@ impl Bow {
                 "{why}, so with LimitToBaseVocab every deformed caption ends empty and only the base set \
                  is left; lower `rm_top_freq` (or set `limit_to_base_vocab = false`)"
             );
-            eprintln!("warning: stage `bow`: {w}");
+            say!("warning: stage `bow`: {w}");
             self.warnings.push(w);
         }
         self.stats_done = true;
@@ -745,7 +745,7 @@ impl Transform for Bow {
                      caption; raise `base_fraction` (or set `limit_to_base_vocab = false`)",
                     self.config.base_fraction
                 );
-                eprintln!("warning: stage `bow`: {w}");
+                say!("warning: stage `bow`: {w}");
                 self.warnings.push(w);
             }
             let keys = &mut self.split_keys;

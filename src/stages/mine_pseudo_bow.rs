@@ -380,14 +380,14 @@ impl MinePseudoBow {
                 (out, false)
             }
             None => {
-                eprintln!("{TYPE}: embedding {} aligned captions with `{}` ...", ids.len(), self.config.run);
+                say!("{TYPE}: embedding {} aligned captions with `{}` ...", ids.len(), self.config.run);
                 let texts: Vec<&str> = captions.iter().map(String::as_str).collect();
                 (self.run.embed_texts(&texts)?, true)
             }
         };
         let embed_seconds = started.elapsed().as_secs_f64();
         if embedded {
-            eprintln!(
+            say!(
                 "{TYPE}: {} captions embedded in {embed_seconds:.1} s ({:.0}/s)",
                 ids.len(),
                 ids.len() as f64 / embed_seconds.max(1e-9)

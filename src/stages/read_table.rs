@@ -118,6 +118,7 @@ pub struct ReadTableConfig {
     /// The first line names the columns. Default: true for CSV, false for TSV.
     #[serde(default)]
     pub header: Option<bool>,
+    #[serde(deserialize_with = "column_table")]
     pub columns: ColumnMap,
     /// Keep only the part of the `path` value before this marker (`#` for Flickr8k's
     /// `IMAGE.jpg#N`).
@@ -131,6 +132,22 @@ pub struct ReadTableConfig {
     pub check_files: bool,
     #[serde(default = "default_source")]
     pub source: String,
+}
+
+/// `columns` as a table only: serde would read a list (`["text", "link"]`) as the fields in
+/// order, `sample_id` first, and so map the wrong columns without a word.
+fn column_table<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<ColumnMap, D::Error> {
+    struct Visitor;
+    impl<'de> serde::de::Visitor<'de> for Visitor {
+        type Value = ColumnMap;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a table such as `{ sample_id = \"id\", caption = \"text\" }`")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> std::result::Result<ColumnMap, A::Error> {
+            ColumnMap::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_map(Visitor)
 }
 
 fn yes() -> bool {
