@@ -113,7 +113,10 @@ fn overrides_are_checked_like_the_file() {
 #[test]
 fn overrides_fix_a_file() {
     // The ablation "only BoW + RmStopNalpha + Keep(4)" (F-T4) from one command line.
-    let out = validate("only_mode_needs_no_base.toml", &["bow.limit_to_base_vocab=false", "bow.rm_top_freq=0"]);
+    let out = validate(
+        "only_mode_needs_no_base.toml",
+        &["bow.limit_to_base_vocab=false", "bow.rm_top_freq=0", "bow.base_fraction=0.1", "bow.stemmer=\"none\""],
+    );
     assert!(out.starts_with("exit code: 0\nok:"), "{out}");
 }
 
@@ -156,4 +159,37 @@ fn a_closed_stderr_does_not_stop_a_run() {
 fn column_lists_that_lose_or_garble_data() {
     insta::assert_snapshot!(validate("columns_as_lists.toml", &[]));
     insta::assert_snapshot!(validate("missing_column.toml", &["write_parquet.columns=[]"]));
+}
+
+#[test]
+fn names_must_be_usable() {
+    // A blank pipeline name would title the report with nothing; a stage name with a dot or
+    // none at all cannot be addressed by `--set NAME.key=value`.
+    for (set, want) in [
+        ("name=\" \"", "the pipeline's `name` is empty"),
+        ("bow.name=\"\"", "stage name \"\" cannot address the stage"),
+        ("bow.name=\"a.b\"", "stage name \"a.b\" cannot address the stage"),
+    ] {
+        let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", set]);
+        assert_eq!(code, 2, "{set}: {stderr}");
+        assert!(stderr.contains(want), "{set}: {stderr}");
+    }
+}
+
+#[test]
+fn validate_takes_the_flags_of_run() {
+    let (code, _, stderr) =
+        curate(&["validate", "pipelines/bow.toml", "--threads", "2", "--progress", "always", "--cache-mib", "16"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.starts_with("ok: "), "{stderr}");
+}
+
+#[test]
+fn slips_that_get_a_hint() {
+    insta::assert_snapshot!(validate("stage_not_a_list.toml", &[]));
+    insta::assert_snapshot!(validate("type_misspelt.toml", &[]));
+    // A bare number for a text value, in `--set` as in a file.
+    let out = validate("only_mode_needs_no_base.toml", &["output_dir=2024", "read_cc_tsv.source=12"]);
+    assert!(out.contains("hint: quote text: `output_dir = \"2024\"`, or `--set 'output_dir=\"2024\"'`"), "{out}");
+    assert!(out.contains("hint: quote text: `source = \"12\"`, or `--set 'STAGE.source=\"12\"'`"), "{out}");
 }

@@ -1235,6 +1235,79 @@ fn a_header_line_ending_in_a_lone_cr_names_its_last_column() {
     assert!(data.iter().all(|b| b.num_rows() == 0));
 }
 
+/// The configuration errors of pipeline `toml` (panics if it compiles).
+fn config_errors(toml: String) -> String {
+    let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
+    curate::pipeline::plan::compile_doc(&doc).err().expect("refused").to_string()
+}
+
+#[test]
+fn compressed_and_parquet_files_are_not_read_as_text() {
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let gz = dir.path().join("cc.tsv.gz");
+    std::fs::write(&gz, b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03").unwrap();
+    let err = config_errors(read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", gz.display())));
+    assert!(err.contains("is gzip-compressed, not text") && err.contains("decompress it first"), "{err}");
+    // A Parquet file read as TSV (its format set by hand).
+    let pq = dir.path().join("t.parquet");
+    let col: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["a dog"]));
+    write_batch(&pq, &RecordBatch::try_from_iter([("text", col)]).unwrap());
+    let err = config_errors(read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\nformat = \"tsv\"\ncolumns = {{ caption = 0 }}",
+        pq.display()
+    )));
+    assert!(err.contains("is a Parquet file, not text"), "{err}");
+    // A plain text file passes.
+    std::fs::write(dir.path().join("ok.tsv"), "a dog\thttp://u\n").unwrap();
+    let (_d, data, _) = run_pipeline(&read_only(&format!(
+        "type = \"read_cc_tsv\"\npath = \"{}\"",
+        dir.path().join("ok.tsv").display()
+    )));
+    assert_eq!(strs(&data, "caption"), ["a dog"]);
+}
+
+#[test]
+fn bow_needs_a_reader_that_gives_captions() {
+    let bow = |reader: &str| {
+        format!(
+            "output_dir = \"{{out}}\"\n[[stage]]\n{reader}\n[[stage]]\ntype = \"bow\"\n[[stage]]\ntype = \"write_parquet\"\n"
+        )
+    };
+    let images = format!("type = \"read_imagenet21k\"\nroot = \"{}\"", fixture("readers/imagenet21k/train"));
+    let err = config_errors(bow(&images));
+    assert!(err.contains("stage `bow` deforms captions, but the rows it gets have none"), "{err}");
+    let no_caption = format!(
+        "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"id\", path = \"image\" }}",
+        fixture("readers/generic/pairs.csv")
+    );
+    assert!(config_errors(bow(&no_caption)).contains("deforms captions"));
+}
+
+#[test]
+fn a_run_that_writes_nothing_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("c.tsv");
+    std::fs::write(&input, "no tab here\nnor here\n").unwrap();
+    let (d, data, _) = run_pipeline(&read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", input.display())));
+    assert!(data.iter().all(|b| b.num_rows() == 0));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path().join("out/manifest.json")).unwrap()).unwrap();
+    let w = manifest["warnings"][0].as_str().unwrap();
+    assert!(
+        w.starts_with("no row was written: the 2 row(s) read") && w.contains("`read_cc_tsv/wrong_field_count` (2)"),
+        "{w}"
+    );
+    let report = std::fs::read_to_string(d.path().join("out/report.md")).unwrap();
+    assert!(report.contains("**Warning:** no row was written"), "{report}");
+    // A run that writes rows has none.
+    std::fs::write(&input, "a dog\thttp://u\n").unwrap();
+    let (d, _, _) = run_pipeline(&read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", input.display())));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path().join("out/manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["warnings"], serde_json::json!([]));
+}
+
 /// Writes `batch` as a Parquet file at `path`.
 fn write_batch(path: &std::path::Path, batch: &arrow_array::RecordBatch) {
     let mut w =

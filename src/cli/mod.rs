@@ -19,8 +19,9 @@ pub struct Cli {
 pub enum Command {
     /// Run a pipeline file: read, transform, write Parquet + report.
     Run(RunArgs),
-    /// Only check a pipeline file (config, input files, columns); read no data.
-    Validate(PipelineArgs),
+    /// Only check a pipeline file (config, input files, columns); read no data. Takes `run`'s
+    /// flags too (checked, then unused), so a `run` command line can become a `validate` one.
+    Validate(RunArgs),
     /// Benchmarks that print figures (not tests).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -193,7 +194,7 @@ pub fn main() -> i32 {
 
 fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Command::Validate(args) => {
+        Command::Validate(RunArgs { pipeline: args, .. }) => {
             let plan = pipeline::plan::compile_on(&args.file, &args.overrides, &device(&args.device)?)?;
             say!(
                 "ok: `{}` is valid: {} stage(s), output to `{}`",
@@ -235,6 +236,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             }
             for (reason, n) in &s.skipped {
                 say!("  skipped {reason}: {n}");
+            }
+            for w in s.warnings() {
+                say!("warning: {w}");
             }
             say!("report: `{}`", out.join("report.md").display());
             Ok(0)

@@ -363,6 +363,18 @@ fn explain_serde_error(message: &str, path: &str) -> (String, Option<String>) {
             Some(_) if message.ends_with("expected a boolean") => {
                 Some(format!("write `{key} = true` or `{key} = false`"))
             }
+            // `[stage]` where `[[stage]]` was meant: one table, not an array of them.
+            _ if shown == "stage" && message.starts_with("invalid type: map") => {
+                Some("begin each stage with `[[stage]]` (double brackets: a list of stages)".into())
+            }
+            // `--set output_dir=2024`: TOML reads a bare number as a number.
+            _ if message.ends_with("expected a string")
+                && ["integer", "floating point", "boolean"].iter().any(|t| message.contains(t)) =>
+            {
+                let v = message.split('`').nth(1).unwrap_or("...");
+                let stage = if shown.contains('.') { "STAGE." } else { "" };
+                Some(format!("quote text: `{key} = \"{v}\"`, or `--set '{stage}{key}=\"{v}\"'`"))
+            }
             _ => None,
         };
         return (format!("`{shown}`: wrong type: {message}"), hint);

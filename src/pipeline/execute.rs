@@ -104,6 +104,22 @@ impl RunSummary {
     pub fn rejected(&self) -> u64 {
         self.rejects.values().sum()
     }
+
+    /// What the run's outcome says about its settings or input: a run that wrote nothing of
+    /// what it read (said on stderr, in the report and in the manifest).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.rows_written == 0 && self.rows_read > 0 {
+            let top = self.rejects.iter().chain(&self.skipped).max_by_key(|(_, n)| **n);
+            let top = top.map(|(reason, n)| format!("; most often `{reason}` ({n})")).unwrap_or_default();
+            out.push(format!(
+                "no row was written: the {} row(s) read were all rejected or skipped{top}; `rejects/` holds the rows \
+                 and their reasons",
+                self.rows_read
+            ));
+        }
+        out
+    }
 }
 
 /// Runs `plan`, writing everything under its `output_dir`.
@@ -335,6 +351,7 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
             "rejected": summary.rejected(),
             "skipped": summary.skipped.values().sum::<u64>(),
         },
+        "warnings": summary.warnings(),
         "rejects_by_reason": summary.rejects,
         "skipped_by_reason": summary.skipped,
         "data_dir": plan.write.dir,

@@ -159,6 +159,13 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
                     .hint("name a folder you can write, or one inside such a folder"),
             );
         }
+        if t.name.as_deref().is_some_and(|n| n.trim().is_empty()) {
+            diags.push(
+                Diagnostic::new("the pipeline's `name` is empty")
+                    .at(doc.location("name"))
+                    .hint("leave `name` out to use the file's name, or give one for the report's title"),
+            );
+        }
         if t.output_dir.trim().is_empty() {
             diags.push(
                 Diagnostic::new("`output_dir` is empty")
@@ -181,11 +188,13 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
         let at = format!("stage[{i}]");
         let Some(ty) = table.get("type") else {
             schema_known = false;
-            diags.push(
-                Diagnostic::new(format!("`{at}` has no `type`"))
-                    .at(doc.location(&at))
-                    .hint(format!("stage types: {}", list(&types.iter().map(|t| t.0).collect::<Vec<_>>()))),
-            );
+            // A misspelt `type` key (`typ = "bow"`) is what is most often behind a missing one.
+            let misspelt = did_you_mean_key(table.keys().map(String::as_str));
+            diags.push(Diagnostic::new(format!("`{at}` has no `type`")).at(doc.location(&at)).hint(
+                misspelt.unwrap_or_else(|| {
+                    format!("stage types: {}", list(&types.iter().map(|t| t.0).collect::<Vec<_>>()))
+                }),
+            ));
             continue;
         };
         let Some(ty) = ty.as_str() else {
@@ -206,6 +215,13 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
             continue;
         };
         let name = ConfigDoc::stage_name(table).unwrap_or(ty).to_owned();
+        if name.trim().is_empty() || name.contains('.') {
+            diags.push(
+                Diagnostic::new(format!("stage name {name:?} cannot address the stage"))
+                    .at(doc.location(&format!("{at}.name")))
+                    .hint("names address stages in `--set NAME.key=value`: use letters, digits, `_` or `-`"),
+            );
+        }
         if names.contains(&name) {
             diags.push(
                 Diagnostic::new(format!("two stages are named `{name}`"))
@@ -323,6 +339,28 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
                     .at(doc.location(&format!("stage[{}]", built.last().expect("non-empty").index)))
                     .hint("end the file with a `[[stage]]` of `type = \"write_parquet\"`"),
             );
+        }
+    }
+
+    // `bow` deforms captions: after a reader that gives none (an image folder, a table without a
+    // caption column), with no `mine_pseudo_bow` to make them, every row would be rejected.
+    let mut captions = true;
+    for b in &built {
+        match (&b.stage, b.resolved["type"].as_str()) {
+            (Some(Built::Reader(r)), _) => captions = r.has_captions(),
+            (_, Some(mine_pseudo_bow::TYPE)) => captions = true,
+            (_, Some(bow::TYPE)) if !captions => diags.push(
+                Diagnostic::new(format!(
+                    "stage `{}` deforms captions, but the rows it gets have none: every row would be rejected",
+                    b.name
+                ))
+                .at(doc.location(&format!("stage[{}]", b.index)))
+                .hint(
+                    "map a caption column (`read_table`), or make pseudo-BoW captions first with a \
+                     `mine_pseudo_bow` stage (uncaptioned images, e.g. `read_imagenet21k`)",
+                ),
+            ),
+            _ => {}
         }
     }
 
@@ -465,6 +503,13 @@ where
 
 fn list(items: &[&str]) -> String {
     items.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
+}
+
+/// `did you mean `type`?` for a key of a stage with no `type` that is a near miss of it.
+fn did_you_mean_key<'a>(keys: impl Iterator<Item = &'a str>) -> Option<String> {
+    keys.filter(|k| *k != "type")
+        .find(|k| did_you_mean(k, ["type"]).is_some())
+        .map(|k| format!("`{k}`: did you mean `type`?"))
 }
 
 /// Why the folder `dir` could not be created or written, if so: checked on the folder, or, when

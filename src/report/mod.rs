@@ -29,6 +29,9 @@ pub fn write(out: &Path, plan: &Plan, summary: &RunSummary, stages: &[(String, V
     let _ = writeln!(md, "| written | {} |", summary.rows_written);
     let _ = writeln!(md, "| rejected | {} |", summary.rejected());
     let _ = writeln!(md, "| skipped | {} |\n", summary.skipped.values().sum::<u64>());
+    for w in summary.warnings() {
+        let _ = writeln!(md, "**Warning:** {w}.\n");
+    }
     if !summary.rejects.is_empty() || !summary.skipped.is_empty() {
         let _ = writeln!(md, "| stage/reason | rows |\n| --- | ---: |");
         for (k, v) in &summary.rejects {

@@ -159,6 +159,21 @@ impl BowConfig {
                 Some("set `rm_top_freq = 0`, or `mode = \"mostly\"`".into()),
             );
         }
+        // The base set's settings have nothing to act on in "only" mode: a run would ignore them.
+        let base_settings = [
+            ("base_fraction", self.base_fraction != default_base_fraction()),
+            ("stemmer", self.stemmer != default_stemmer()),
+            ("frequency_candidates", self.frequency_candidates != Candidates::default()),
+        ];
+        for (key, set) in base_settings {
+            if only && set {
+                problems.push(
+                    key,
+                    format!("`{key}` has no effect in \"only\" mode, which has no base set"),
+                    Some(format!("leave `{key}` out, or set `mode = \"mostly\"`")),
+                );
+            }
+        }
         let fraction_ok = 0.0 < self.base_fraction && self.base_fraction < 1.0;
         if !only && !fraction_ok {
             problems.push(

@@ -46,6 +46,11 @@ pub trait Reader: Send + Sync {
     fn fingerprint_listing_only(&self) -> bool {
         false
     }
+    /// Whether rows can have captions at all (not so for an image folder, or a table with no
+    /// caption column mapped).
+    fn has_captions(&self) -> bool {
+        true
+    }
 }
 
 /// A stage that maps chunks to chunks, possibly after fitting on the whole input.
@@ -524,6 +529,39 @@ pub fn expand_inputs(patterns: &crate::io::PathPatterns, problems: &mut Problems
         files
     } else {
         Vec::new()
+    }
+}
+
+/// What a file is, by its first bytes, when it is one a text reader cannot read: a compressed
+/// file (`.tsv.gz` as downloaded) or a Parquet file. Every line of it would be a reject.
+pub fn binary_kind(path: &Path) -> Option<&'static str> {
+    use std::io::Read;
+    let mut head = [0u8; 6];
+    let n = std::fs::File::open(path).and_then(|f| f.take(6).read(&mut head)).ok()?;
+    let head = &head[..n];
+    [
+        (&b"\x1f\x8b"[..], "gzip-compressed"),
+        (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
+        (b"BZh", "bzip2-compressed"),
+        (b"\xfd7zXZ\x00", "xz-compressed"),
+        (b"PK\x03\x04", "a zip archive"),
+        (b"PAR1", "a Parquet file"),
+    ]
+    .into_iter()
+    .find(|(magic, _)| head.starts_with(magic))
+    .map(|(_, kind)| kind)
+}
+
+/// Reports each of `files`, read as text, that is [`binary_kind`].
+pub fn refuse_binary(files: &[PathBuf], problems: &mut Problems, key: &'static str) {
+    for f in files {
+        if let Some(kind) = binary_kind(f) {
+            let hint = match kind {
+                "a Parquet file" => "read it with `read_table` (`format = \"parquet\"`, or a `.parquet` name)",
+                _ => "decompress it first (e.g. `gunzip -k`, `zstd -d`): curate reads the text",
+            };
+            problems.push(key, format!("input `{}` is {kind}, not text", f.display()), Some(hint.into()));
+        }
     }
 }
 

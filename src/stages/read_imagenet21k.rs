@@ -193,6 +193,10 @@ impl Reader for ReadImagenet21k {
         true
     }
 
+    fn has_captions(&self) -> bool {
+        false
+    }
+
     fn open(&self) -> Result<ChunkIter<'_>> {
         let (listing, outside) = self.listing()?;
         let root_name = crate::io::file_name(&self.root);

@@ -224,6 +224,13 @@ impl ReadTableConfig {
         header: bool,
         problems: &mut Problems,
     ) -> Option<([Option<usize>; 6], usize)> {
+        if format != Format::Parquet {
+            let before = problems.0.len();
+            super::refuse_binary(&[file.to_owned()], problems, "path");
+            if problems.0.len() > before {
+                return None;
+            }
+        }
         let names: std::result::Result<Vec<String>, String> = match format {
             Format::Parquet => parquet::read_schema(file).map_err(|e| e.to_string()).and_then(|schema| {
                 // Every mapped column must read as text.
@@ -514,6 +521,10 @@ impl RowMaker<'_> {
 impl Reader for ReadTable {
     fn inputs(&self) -> Vec<PathBuf> {
         self.files.clone()
+    }
+
+    fn has_captions(&self) -> bool {
+        self.caption_mapped
     }
 
     fn open(&self) -> Result<ChunkIter<'_>> {

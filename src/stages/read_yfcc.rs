@@ -66,6 +66,8 @@ impl ReadYfccConfig {
     pub fn build(&self, problems: &mut Problems) -> Option<ReadYfcc> {
         let files = expand_inputs(&self.path, problems, "path");
         let subset = self.subset.as_ref().map(|s| expand_inputs(s, problems, "subset"));
+        super::refuse_binary(&files, problems, "path");
+        super::refuse_binary(subset.as_deref().unwrap_or_default(), problems, "subset");
         if !problems.is_empty() {
             return None;
         }
@@ -197,7 +199,12 @@ impl Reader for ReadYfcc {
                 if caption.is_empty() {
                     return LineOutcome::RejectWithId {
                         reason: "empty_caption",
-                        detail: "no title or description".into(),
+                        detail: match how {
+                            CaptionFrom::Title => "no title",
+                            CaptionFrom::Description => "no description",
+                            CaptionFrom::TitleAndDescription => "no title or description",
+                        }
+                        .into(),
                         id: id.clone(),
                     };
                 }
