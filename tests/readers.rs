@@ -1194,6 +1194,12 @@ fn yfcc_ids_are_numbers_however_written() {
     assert_eq!(strs(&data, "sample_id"), ["7", "8"]);
     assert_eq!(strs(&data, "caption"), ["a dog", "\u{20ac} x & y"], "references as html.unescape reads them");
     assert_eq!(reasons(&rejects), [("duplicate_id".into(), 2)]);
+    // The empty-caption detail names the field asked for.
+    let (_d, _, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_yfcc\"\npath = \"{}\"\ncaption = \"description\"",
+        tsv.display()
+    )));
+    assert_eq!(strs(&rejects, "detail")[..2], ["no description", "no description"]);
 }
 
 #[test]

@@ -552,8 +552,9 @@ pub fn binary_kind(path: &Path) -> Option<&'static str> {
     .map(|(_, kind)| kind)
 }
 
-/// Reports each of `files`, read as text, that is [`binary_kind`].
-pub fn refuse_binary(files: &[PathBuf], problems: &mut Problems, key: &'static str) {
+/// Reports each of `files`, read as text, that is [`binary_kind`]; whether there was one.
+pub fn refuse_binary(files: &[PathBuf], problems: &mut Problems, key: &'static str) -> bool {
+    let before = problems.0.len();
     for f in files {
         if let Some(kind) = binary_kind(f) {
             let hint = match kind {
@@ -563,6 +564,7 @@ pub fn refuse_binary(files: &[PathBuf], problems: &mut Problems, key: &'static s
             problems.push(key, format!("input `{}` is {kind}, not text", f.display()), Some(hint.into()));
         }
     }
+    problems.0.len() > before
 }
 
 /// Problems found while checking one stage's config: `(key, message, hint)`; the planner adds

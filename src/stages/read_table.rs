@@ -224,12 +224,8 @@ impl ReadTableConfig {
         header: bool,
         problems: &mut Problems,
     ) -> Option<([Option<usize>; 6], usize)> {
-        if format != Format::Parquet {
-            let before = problems.0.len();
-            super::refuse_binary(&[file.to_owned()], problems, "path");
-            if problems.0.len() > before {
-                return None;
-            }
+        if format != Format::Parquet && super::refuse_binary(&[file.to_owned()], problems, "path") {
+            return None;
         }
         let names: std::result::Result<Vec<String>, String> = match format {
             Format::Parquet => parquet::read_schema(file).map_err(|e| e.to_string()).and_then(|schema| {
