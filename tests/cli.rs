@@ -191,5 +191,5 @@ fn slips_that_get_a_hint() {
     // A bare number for a text value, in `--set` as in a file.
     let out = validate("only_mode_needs_no_base.toml", &["output_dir=2024", "read_cc_tsv.source=12"]);
     assert!(out.contains("hint: quote text: `output_dir = \"2024\"`, or `--set 'output_dir=\"2024\"'`"), "{out}");
-    assert!(out.contains("hint: quote text: `source = \"12\"`, or `--set 'STAGE.source=\"12\"'`"), "{out}");
+    assert!(out.contains("hint: quote text: `source = \"12\"`, or `--set 'read_cc_tsv.source=\"12\"'`"), "{out}");
 }

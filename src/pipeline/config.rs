@@ -3,7 +3,8 @@
 //!
 //! Paths name values inside the document: `seed`, `stage[1]`, `stage[1].keep_words`,
 //! `stage[0].columns.caption`. `--set` addresses a stage by its `name` (default: its `type`),
-//! so `--set bow.rm_top_freq=500` works without knowing the stage's position.
+//! so `--set bow.rm_top_freq=500` works without knowing the stage's position; messages name a
+//! stage's keys that way too (`bow.keep_words`).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -204,6 +205,19 @@ impl ConfigDoc {
         value: &Value,
         diags: &mut Vec<Diagnostic>,
     ) -> (Option<T>, Vec<String>) {
+        self.extract_shown(path, path, value, diags)
+    }
+
+    /// [`ConfigDoc::extract_recovering`] with messages naming keys from `shown` instead of
+    /// `path`: a stage's keys as `--set` addresses them (`bow.keep_words`, not
+    /// `stage[1].keep_words`), while the file location still comes from `path`.
+    pub fn extract_shown<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        shown: &str,
+        value: &Value,
+        diags: &mut Vec<Diagnostic>,
+    ) -> (Option<T>, Vec<String>) {
         let mut value = value.clone();
         let mut dropped: Vec<String> = Vec::new();
         for _ in 0..64 {
@@ -211,11 +225,12 @@ impl ConfigDoc {
                 Ok(t) => return (Some(t), dropped),
                 Err(e) => {
                     let inner = e.path().to_string();
-                    let full = match (path.is_empty(), inner == "." || inner.is_empty()) {
-                        (_, true) => path.to_owned(),
+                    let join = |prefix: &str| match (prefix.is_empty(), inner == "." || inner.is_empty()) {
+                        (_, true) => prefix.to_owned(),
                         (true, false) => inner.clone(),
-                        (false, false) => format!("{path}.{inner}"),
+                        (false, false) => format!("{prefix}.{inner}"),
                     };
+                    let full = join(path);
                     let message = e.inner().message().to_owned();
                     // A key dropped for its wrong type comes back as "missing": already reported.
                     if let Some(field) = message.strip_prefix("missing field `").and_then(|m| m.strip_suffix('`')) {
@@ -228,7 +243,7 @@ impl ConfigDoc {
                             return (None, dropped);
                         }
                     }
-                    let (msg, hint) = explain_serde_error(&message, &full);
+                    let (msg, hint) = explain_serde_error(&message, &join(shown));
                     diags.push(Diagnostic::new(msg).at(self.location(&full)).maybe_hint(hint));
                     // Drop the offending key and retry to find further errors.
                     if inner == "." || inner.is_empty() || !remove_path(&mut value, &inner) {
@@ -328,9 +343,7 @@ fn remove_path(value: &mut Value, path: &str) -> bool {
 }
 
 /// Turns serde's message into ours plus a hint ("did you mean" for unknown variants).
-fn explain_serde_error(message: &str, path: &str) -> (String, Option<String>) {
-    // Paths are shown as written (`stage[1].keep_words`): it is what `--set` and the docs use.
-    let shown = path;
+fn explain_serde_error(message: &str, shown: &str) -> (String, Option<String>) {
     if let Some(rest) = message.strip_prefix("unknown variant ") {
         let given = rest.split('`').nth(1).unwrap_or("");
         let expected: Vec<&str> = rest.split("expected").nth(1).unwrap_or("").split('`').skip(1).step_by(2).collect();
@@ -372,8 +385,7 @@ fn explain_serde_error(message: &str, path: &str) -> (String, Option<String>) {
                 && ["integer", "floating point", "boolean"].iter().any(|t| message.contains(t)) =>
             {
                 let v = message.split('`').nth(1).unwrap_or("...");
-                let stage = if shown.contains('.') { "STAGE." } else { "" };
-                Some(format!("quote text: `{key} = \"{v}\"`, or `--set '{stage}{key}=\"{v}\"'`"))
+                Some(format!("quote text: `{key} = \"{v}\"`, or `--set '{shown}=\"{v}\"'`"))
             }
             _ => None,
         };

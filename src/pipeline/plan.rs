@@ -248,46 +248,52 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
         let body = Value::Table(body);
         let mut problems = Problems::default();
         let (stage, resolved) = match ty {
-            read_cc_tsv::TYPE => build(doc, &at, &body, &mut diags, &mut problems, |p, c: &ReadCcTsvConfig| {
+            read_cc_tsv::TYPE => build(doc, &at, &name, &body, &mut diags, &mut problems, |p, c: &ReadCcTsvConfig| {
                 c.build(p).map(|r| Built::Reader(Box::new(r)))
             }),
             read_img2dataset::TYPE => {
-                build(doc, &at, &body, &mut diags, &mut problems, |p, c: &ReadImg2datasetConfig| {
+                build(doc, &at, &name, &body, &mut diags, &mut problems, |p, c: &ReadImg2datasetConfig| {
                     c.build(p).map(|r| Built::Reader(Box::new(r)))
                 })
             }
-            read_yfcc::TYPE => build(doc, &at, &body, &mut diags, &mut problems, |p, c: &ReadYfccConfig| {
+            read_yfcc::TYPE => build(doc, &at, &name, &body, &mut diags, &mut problems, |p, c: &ReadYfccConfig| {
                 c.build(p).map(|r| Built::Reader(Box::new(r)))
             }),
             read_imagenet21k::TYPE => {
-                build(doc, &at, &body, &mut diags, &mut problems, |p, c: &ReadImagenet21kConfig| {
+                build(doc, &at, &name, &body, &mut diags, &mut problems, |p, c: &ReadImagenet21kConfig| {
                     c.build(p).map(|r| Built::Reader(Box::new(r)))
                 })
             }
-            read_table::TYPE => build(doc, &at, &body, &mut diags, &mut problems, |p, c: &ReadTableConfig| {
+            read_table::TYPE => build(doc, &at, &name, &body, &mut diags, &mut problems, |p, c: &ReadTableConfig| {
                 c.build(p).map(|r| Built::Reader(Box::new(r)))
             }),
-            bow::TYPE => build(doc, &at, &body, &mut diags, &mut problems, |p, c: &BowConfig| {
+            bow::TYPE => build(doc, &at, &name, &body, &mut diags, &mut problems, |p, c: &BowConfig| {
                 c.build(seed, &schema, p).map(|t| Built::Transform(Box::new(t)))
             }),
-            encode_text::TYPE => build(doc, &at, &body, &mut diags, &mut problems, |p, c: &EncodeTextConfig| {
+            encode_text::TYPE => build(doc, &at, &name, &body, &mut diags, &mut problems, |p, c: &EncodeTextConfig| {
                 c.build(&schema, device, p).map(|t| Built::Transform(Box::new(t)))
             }),
-            encode_image::TYPE => build(doc, &at, &body, &mut diags, &mut problems, |p, c: &EncodeImageConfig| {
-                c.build(&schema, device, p).map(|t| Built::Transform(Box::new(t)))
-            }),
-            mine_pseudo_bow::TYPE => build(doc, &at, &body, &mut diags, &mut problems, |p, c: &MinePseudoBowConfig| {
-                c.build(seed, &schema, device, p).map(|t| Built::Transform(Box::new(t)))
-            }),
-            write_parquet::TYPE => build(doc, &at, &body, &mut diags, &mut problems, |p, c: &WriteParquetConfig| {
-                if c.rows_per_shard == 0 {
-                    p.push("rows_per_shard", "rows_per_shard must be at least 1", None);
-                }
-                if let Some(problem) = c.dir_problem() {
-                    p.push("dir", problem, Some("the default is `data`".into()));
-                }
-                p.is_empty().then(|| Built::Write(c.clone()))
-            }),
+            encode_image::TYPE => {
+                build(doc, &at, &name, &body, &mut diags, &mut problems, |p, c: &EncodeImageConfig| {
+                    c.build(&schema, device, p).map(|t| Built::Transform(Box::new(t)))
+                })
+            }
+            mine_pseudo_bow::TYPE => {
+                build(doc, &at, &name, &body, &mut diags, &mut problems, |p, c: &MinePseudoBowConfig| {
+                    c.build(seed, &schema, device, p).map(|t| Built::Transform(Box::new(t)))
+                })
+            }
+            write_parquet::TYPE => {
+                build(doc, &at, &name, &body, &mut diags, &mut problems, |p, c: &WriteParquetConfig| {
+                    if c.rows_per_shard == 0 {
+                        p.push("rows_per_shard", "rows_per_shard must be at least 1", None);
+                    }
+                    if let Some(problem) = c.dir_problem() {
+                        p.push("dir", problem, Some("the default is `data`".into()));
+                    }
+                    p.is_empty().then(|| Built::Write(c.clone()))
+                })
+            }
             _ => unreachable!("every registered type is handled"),
         };
         for (key, message, hint) in problems.0 {
@@ -473,6 +479,7 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
 fn build<C, F>(
     doc: &ConfigDoc,
     at: &str,
+    name: &str,
     body: &Value,
     diags: &mut Vec<Diagnostic>,
     problems: &mut Problems,
@@ -482,7 +489,7 @@ where
     C: DeserializeOwned + Serialize,
     F: FnOnce(&mut Problems, &C) -> Option<Built>,
 {
-    match doc.extract_recovering::<C>(at, body, diags) {
+    match doc.extract_shown::<C>(at, name, body, diags) {
         (Some(c), dropped) if dropped.is_empty() => {
             let resolved = serde_json::to_value(&c).unwrap_or(serde_json::Value::Null);
             (f(problems, &c), resolved)
