@@ -809,6 +809,91 @@ fn a_run_that_fails_part_way_leaves_no_shards() {
     assert!(!out.join("manifest.json").exists());
 }
 
+/// A CC TSV pipeline into `out` with one row per shard, compiled.
+fn cc_plan(input: &std::path::Path, out: &std::path::Path) -> curate::pipeline::plan::Plan {
+    let toml = format!(
+        "output_dir = \"{}\"\n[[stage]]\ntype = \"read_cc_tsv\"\npath = \"{}\"\n\
+         [[stage]]\ntype = \"write_parquet\"\nrows_per_shard = 1\n",
+        out.display(),
+        input.display()
+    );
+    let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
+    curate::pipeline::plan::compile_doc(&doc).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The run shards (`part-*`, `.part-*.tmp`) in `dir`.
+fn shards_in(dir: &std::path::Path) -> Vec<String> {
+    let names =
+        std::fs::read_dir(dir).into_iter().flatten().map(|e| e.unwrap().file_name().to_string_lossy().into_owned());
+    names.filter(|n| n.contains("part-")).collect()
+}
+
+/// A reader that appends a line to its input each time it opens it, as a download still
+/// going on would.
+struct Growing(Box<dyn curate::stages::Reader>);
+
+impl curate::stages::Reader for Growing {
+    fn inputs(&self) -> Vec<std::path::PathBuf> {
+        self.0.inputs()
+    }
+    fn open(&self) -> curate::Result<curate::stages::ChunkIter<'_>> {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().append(true).open(&self.0.inputs()[0]).unwrap();
+        f.write_all(b"one more\thttp://more\n").unwrap();
+        self.0.open()
+    }
+}
+
+#[test]
+fn an_input_that_changes_during_the_run_fails_it_and_leaves_no_shards() {
+    // The data would mix two versions of the file, and the manifest would fingerprint neither:
+    // the run fails, and the shards it had finished go.
+    let dir = tempfile::tempdir().unwrap();
+    let (input, out) = (dir.path().join("cc.tsv"), dir.path().join("out"));
+    std::fs::write(&input, "a dog\thttp://a\na cat\thttp://b\n").unwrap();
+    let mut plan = cc_plan(&input, &out);
+    plan.reader = Box::new(Growing(plan.reader));
+    let err = curate::pipeline::run(plan, &curate::pipeline::RunOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("cc.tsv` changed while the run read it"), "{err}");
+    assert_eq!(shards_in(&out.join("data")), Vec::<String>::new());
+    assert_eq!(shards_in(&out.join("rejects")), Vec::<String>::new());
+    assert!(!out.join("manifest.json").exists());
+    // Unchanged, the same input runs.
+    curate::pipeline::run(cc_plan(&input, &out), &Default::default()).unwrap();
+    assert_eq!(shards_in(&out.join("data")).len(), 3);
+}
+
+#[test]
+fn a_run_that_fails_at_its_report_leaves_no_shards() {
+    // The data shards are finished when the report cannot be written (here a folder stands
+    // where its temporary file goes; a full disk does the same): they go, with no manifest.
+    let dir = tempfile::tempdir().unwrap();
+    let (input, out) = (dir.path().join("cc.tsv"), dir.path().join("out"));
+    std::fs::write(&input, "a dog\thttp://a\n").unwrap();
+    std::fs::create_dir_all(out.join(".report.md.tmp")).unwrap();
+    let err = curate::pipeline::run(cc_plan(&input, &out), &Default::default()).unwrap_err().to_string();
+    assert!(err.contains(".report.md.tmp"), "{err}");
+    assert_eq!(shards_in(&out.join("data")), Vec::<String>::new());
+    assert!(!out.join("manifest.json").exists());
+}
+
+#[test]
+fn one_run_at_a_time_writes_to_a_folder() {
+    use std::os::unix::io::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let (input, out) = (dir.path().join("cc.tsv"), dir.path().join("out"));
+    std::fs::write(&input, "a dog\thttp://a\n").unwrap();
+    std::fs::create_dir_all(&out).unwrap();
+    // Another run holds the folder.
+    let held = std::fs::File::open(&out).unwrap();
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    let err = curate::pipeline::run(cc_plan(&input, &out), &Default::default()).unwrap_err().to_string();
+    assert!(err.contains("another curate run is writing to"), "{err}");
+    drop(held);
+    curate::pipeline::run(cc_plan(&input, &out), &Default::default()).unwrap();
+    assert!(out.join("manifest.json").exists());
+}
+
 #[test]
 fn table_rows_must_have_the_tables_width() {
     // A tab inside a caption shifts the columns after it: with a header the header's width is

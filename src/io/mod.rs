@@ -85,10 +85,16 @@ pub fn file_name(p: &Path) -> String {
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = tmp_path(path);
     let mut f = File::create(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
-    f.write_all(bytes).map_err(|e| Error::io("cannot write", &tmp, e))?;
+    let written = f.write_all(bytes).map_err(|e| Error::io("cannot write", &tmp, e));
     f.sync_all().ok();
     drop(f);
-    std::fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename into place", path, e))
+    let done =
+        written.and_then(|_| std::fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename into place", path, e)));
+    if done.is_err() {
+        // A full disk must not keep the half-written file too.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done
 }
 
 /// `dir/name.ext` -> `dir/.name.ext.tmp`

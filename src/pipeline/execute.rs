@@ -122,11 +122,65 @@ impl RunSummary {
     }
 }
 
-/// Runs `plan`, writing everything under its `output_dir`.
-pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
-    let started = Instant::now();
+/// Runs `plan`, writing everything under its `output_dir`. One run at a time writes to a folder
+/// (a second one fails at once), and a run that fails once it has begun clearing the folder
+/// leaves no shard of its own behind: a folder holds a whole run's output, with its manifest,
+/// or none.
+pub fn run(plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     let out = plan.output_dir.clone();
     std::fs::create_dir_all(&out).map_err(|e| Error::io("cannot create output folder", &out, e))?;
+    let _lock = lock_folder(&out)?;
+    let shard_dirs = [out.join(&plan.write.dir), out.join("rejects")];
+    let cleared = std::cell::Cell::new(false);
+    let result = run_locked(plan, opts, &cleared);
+    if result.is_err() && cleared.get() {
+        for dir in &shard_dirs {
+            remove_run_shards(dir);
+        }
+    }
+    result
+}
+
+/// Holds `dir` for this run (an advisory `flock`, released when the handle drops or the
+/// process ends, killed or not), or says which run has it.
+fn lock_folder(dir: &Path) -> Result<std::fs::File> {
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::File::open(dir).map_err(|e| Error::io("cannot open", dir, e))?;
+    // SAFETY: a valid open descriptor; `flock` touches no memory.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            return Err(Error::data(format!(
+                "another curate run is writing to `{}`; wait for it, or write to another `output_dir`",
+                dir.display()
+            )));
+        }
+        return Err(Error::io("cannot lock", dir, e));
+    }
+    Ok(f)
+}
+
+/// Deletes the finished and unfinished shards in `dir` (best effort: the run has failed
+/// already, and its error is the one to report).
+fn remove_run_shards(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if is_run_shard(&entry.file_name().to_string_lossy()) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Size, modification time and inode of each input: a file replaced or written to while the
+/// run reads it changes one of them.
+fn stamps(inputs: &[std::path::PathBuf]) -> Vec<Option<(u64, Option<std::time::SystemTime>, u64)>> {
+    use std::os::unix::fs::MetadataExt;
+    inputs.iter().map(|p| std::fs::metadata(p).ok().map(|m| (m.len(), m.modified().ok(), m.ino()))).collect()
+}
+
+fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>) -> Result<RunSummary> {
+    let started = Instant::now();
+    let out = plan.output_dir.clone();
+    let inputs_before = stamps(&plan.reader.inputs());
     let data_dir = out.join(&plan.write.dir);
     let rejects_dir = out.join("rejects");
     // Nothing of an earlier run stays beside this one's files; the manifest, written last,
@@ -145,6 +199,7 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
             f.parent().unwrap_or(Path::new("")).display()
         )));
     }
+    cleared.set(true);
     let clearing = clear_previous_run(&out, &shard_dirs)?;
     let config_json = serde_json::to_string_pretty(&plan.resolved).expect("JSON value serializes");
     write_atomic(&out.join("config.json"), config_json.as_bytes())?;
@@ -320,6 +375,15 @@ pub fn run(mut plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
 
     let (input_fingerprint, secs) = fingerprinting.join().expect("fingerprint thread does not panic")?;
     timings.insert("fingerprint".to_owned(), secs);
+    // The passes and the fingerprint must all have seen the same bytes.
+    let inputs_now = stamps(&inputs);
+    if let Some(i) = (0..inputs.len()).find(|&i| inputs_before[i] != inputs_now[i]) {
+        return Err(Error::data(format!(
+            "input `{}` changed while the run read it (size, modification time or file): the output would mix \
+             two versions of it; run again once it is final",
+            inputs[i].display()
+        )));
+    }
 
     let t = Instant::now();
     let stage_reports: Vec<(String, serde_json::Value)> =
@@ -507,10 +571,12 @@ fn clear_previous_run(out: &Path, shard_dirs: &[&Path]) -> Result<std::thread::J
             if is_run_shard(&name) {
                 std::fs::create_dir_all(&trash).map_err(|e| Error::io("cannot create folder", &trash, e))?;
                 let to = trash.join(format!("{i}-{name}"));
-                if let Err(e) = std::fs::rename(&path, &to) {
+                // A data folder on another file system (a link to scratch space) cannot rename
+                // into `out`: its shards are deleted where they are.
+                if let Err(e) = std::fs::rename(&path, &to).or_else(|_| std::fs::remove_file(&path)) {
                     // What was moved aside is stale all the same: deleted, not left behind.
                     let _ = std::fs::remove_dir_all(&trash);
-                    return Err(Error::io("cannot move aside", &path, e));
+                    return Err(Error::io("cannot move aside or remove", &path, e));
                 }
             }
         }
