@@ -163,12 +163,14 @@ fn column_lists_that_lose_or_garble_data() {
 
 #[test]
 fn names_must_be_usable() {
-    // A blank pipeline name would title the report with nothing; a stage name with a dot or
-    // none at all cannot be addressed by `--set NAME.key=value`.
+    // A blank pipeline name would title the report with nothing; a stage name is a key of
+    // `--set NAME.key=value` and part of its plots' file names: letters, digits, `_`, `-`.
     for (set, want) in [
         ("name=\" \"", "the pipeline's `name` is empty"),
         ("bow.name=\"\"", "stage name \"\" cannot address the stage"),
         ("bow.name=\"a.b\"", "stage name \"a.b\" cannot address the stage"),
+        ("bow.name=\"a/b\"", "stage name \"a/b\" cannot address the stage"),
+        ("bow.name=\"x y\"", "stage name \"x y\" cannot address the stage"),
     ] {
         let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", set]);
         assert_eq!(code, 2, "{set}: {stderr}");

@@ -293,6 +293,10 @@ fn yfcc15m_subset_with_and_without_header() {
             serde_json::from_str(&std::fs::read_to_string(dir.path().join("out/manifest.json")).unwrap()).unwrap();
         assert_eq!(manifest["skipped_by_reason"]["not_in_subset"], 1);
         assert_eq!(manifest["rows"]["read"], 8, "every line accounted for");
+        // The subset list changes the output: it is an input, fingerprinted with the data.
+        let inputs: Vec<&str> = manifest["inputs"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        assert_eq!(inputs.len(), 2, "{inputs:?}");
+        assert!(inputs[1].ends_with(subset), "{inputs:?}");
     }
 }
 
@@ -644,17 +648,18 @@ fn raws(rejects: &[arrow_array::RecordBatch]) -> Vec<String> {
 }
 
 #[test]
-fn a_clearing_that_fails_leaves_no_folder_of_stale_shards() {
-    // Moving an old shard aside fails (a folder of that name is in the way, left by a run
-    // that was killed while deleting): the run stops with the error and what it had already
-    // moved aside is deleted, not left in `.curate-stale/`.
+fn an_old_shard_that_cannot_be_moved_aside_is_deleted_in_place() {
+    // Moving an old shard aside fails (here a folder of that name is in the way, left by a run
+    // that was killed while deleting; a data folder on another file system fails the same way):
+    // it is deleted where it is, and `.curate-stale/` goes with the run's clearing.
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     run_toml(cc_pipeline(&out, "data", None)).unwrap();
+    let first = std::fs::read(out.join("data/part-00000.parquet")).unwrap();
     std::fs::create_dir_all(out.join(".curate-stale/0-part-00000.parquet/x")).unwrap();
-    let err = run_toml(cc_pipeline(&out, "data", None)).unwrap_err().to_string();
-    assert!(err.contains("cannot move aside"), "{err}");
+    run_toml(cc_pipeline(&out, "data", None)).unwrap();
     assert!(!out.join(".curate-stale").exists());
+    assert_eq!(std::fs::read(out.join("data/part-00000.parquet")).unwrap(), first, "this run's shard");
 }
 
 #[test]
@@ -1349,6 +1354,21 @@ fn compressed_and_parquet_files_are_not_read_as_text() {
         pq.display()
     )));
     assert!(err.contains("is a Parquet file, not text"), "{err}");
+    // Lines ending in a lone CR would read as one line in a TSV (CSV reads them as lines).
+    let cr = dir.path().join("cr.tsv");
+    std::fs::write(&cr, "1\ta dog\r2\ta cat\r").unwrap();
+    let table = |path: &std::path::Path, format: &str| {
+        read_only(&format!(
+            "type = \"read_table\"\npath = \"{}\"\nformat = \"{format}\"\nheader = false\ncolumns = {{ sample_id = 0, caption = 1 }}",
+            path.display()
+        ))
+    };
+    let err = config_errors(table(&cr, "tsv"));
+    assert!(err.contains("cr.tsv` end in a lone CR (no LF)"), "{err}");
+    let cr_csv = dir.path().join("cr.csv");
+    std::fs::write(&cr_csv, "1,a dog\r2,a cat\r").unwrap();
+    let (_d, data, _) = run_pipeline(&table(&cr_csv, "csv"));
+    assert_eq!(strs(&data, "caption"), ["a dog", "a cat"]);
     // A plain text file passes.
     std::fs::write(dir.path().join("ok.tsv"), "a dog\thttp://u\n").unwrap();
     let (_d, data, _) = run_pipeline(&read_only(&format!(
@@ -1391,6 +1411,25 @@ fn a_run_that_writes_nothing_says_so() {
     );
     let report = std::fs::read_to_string(d.path().join("out/report.md")).unwrap();
     assert!(report.contains("**Warning:** no row was written"), "{report}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path().join("out/report.json")).unwrap()).unwrap();
+    assert_eq!(report["warnings"], manifest["warnings"]);
+    // An empty input, and a stage's own warning (one caption: no base set), go there too.
+    std::fs::write(&input, "").unwrap();
+    let (d, _, _) = run_pipeline(&read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", input.display())));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path().join("out/manifest.json")).unwrap()).unwrap();
+    assert!(manifest["warnings"][0].as_str().unwrap().starts_with("no row was read"), "{manifest}");
+    std::fs::write(&input, "a dog\thttp://u\n").unwrap();
+    let (d, _, _) = run_pipeline(&format!(
+        "output_dir = \"{{out}}\"\n[[stage]]\ntype = \"read_cc_tsv\"\npath = \"{}\"\n[[stage]]\ntype = \"bow\"\n\
+         [[stage]]\ntype = \"write_parquet\"\n",
+        input.display()
+    ));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path().join("out/manifest.json")).unwrap()).unwrap();
+    let all: Vec<&str> = manifest["warnings"].as_array().unwrap().iter().map(|w| w.as_str().unwrap()).collect();
+    assert!(all[0].starts_with("no row was written") && all[1].starts_with("stage `bow`: base_fraction"), "{all:?}");
     // A run that writes rows has none.
     std::fs::write(&input, "a dog\thttp://u\n").unwrap();
     let (d, _, _) = run_pipeline(&read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", input.display())));

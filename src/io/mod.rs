@@ -64,6 +64,16 @@ impl PathPatterns {
                 .map_err(|e| format!("bad pattern `{pat}`: {e}"))?
                 .filter_map(std::result::Result::ok)
                 .collect();
+            // A file named with `[` (`shard[1].tsv`) is itself, not a pattern matching nothing.
+            if matches.is_empty() && Path::new(pat).exists() {
+                matches.push(PathBuf::from(pat));
+            }
+            if let Some(name) = unmatchable_name(pat) {
+                return Err(format!(
+                    "`{pat}`: the file name `{name}` is not UTF-8, so no pattern can match it and its rows would be \
+                     left out; rename it"
+                ));
+            }
             if matches.is_empty() {
                 return Err(format!("`{pat}` matches no file"));
             }
@@ -72,6 +82,23 @@ impl PathPatterns {
         }
         Ok(out)
     }
+}
+
+/// A file of the pattern's folder whose name is not UTF-8 but, made text, matches the
+/// pattern's last part: the glob crate cannot match such a name, and would leave it out
+/// without a word. Only checked where the folder part has no wildcard.
+fn unmatchable_name(pat: &str) -> Option<String> {
+    let (dir, file) = pat.rsplit_once('/').unwrap_or((".", pat));
+    let dir = if dir.is_empty() { "/" } else { dir };
+    if dir.contains(['*', '?', '[']) {
+        return None;
+    }
+    let file = glob::Pattern::new(file).ok()?;
+    std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+        let name = e.file_name();
+        let lossy = name.to_string_lossy();
+        (name.to_str().is_none() && file.matches(&lossy)).then(|| lossy.into_owned())
+    })
 }
 
 /// The file name of `p` as text (what `sample_id`s and rejects record, so ids do not depend on
@@ -281,6 +308,21 @@ mod tests {
         let miss = PathPatterns(vec![format!("{}/*.parquet", dir.path().display())]).expand().unwrap_err();
         assert!(miss.contains("matches no file"));
         assert!(PathPatterns(vec!["/nonexistent/x".into()]).expand().unwrap_err().contains("does not exist"));
+    }
+
+    #[test]
+    fn patterns_keep_names_with_brackets_and_refuse_names_no_pattern_matches() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("shard[1].tsv"), "x").unwrap();
+        let literal = format!("{}/shard[1].tsv", dir.path().display());
+        assert_eq!(PathPatterns(vec![literal]).expand().unwrap().len(), 1, "the file itself");
+        // `caf\xe9.tsv` (Latin-1) would match `*.tsv` but the glob crate skips it: refused, named.
+        std::fs::write(dir.path().join(std::ffi::OsStr::from_bytes(b"caf\xe9.tsv")), "x").unwrap();
+        let err = PathPatterns(vec![format!("{}/*.tsv", dir.path().display())]).expand().unwrap_err();
+        assert!(err.contains("the file name `caf\u{FFFD}.tsv` is not UTF-8"), "{err}");
+        // A pattern it does not match is not concerned.
+        assert!(PathPatterns(vec![format!("{}/s*.tsv", dir.path().display())]).expand().is_ok());
     }
 
     #[test]

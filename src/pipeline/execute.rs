@@ -109,7 +109,9 @@ impl RunSummary {
     /// what it read (said on stderr, in the report and in the manifest).
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
-        if self.rows_written == 0 && self.rows_read > 0 {
+        if self.rows_read == 0 {
+            out.push("no row was read: the input holds no rows (an empty file?)".to_owned());
+        } else if self.rows_written == 0 {
             let top = self.rejects.iter().chain(&self.skipped).max_by_key(|(_, n)| **n);
             let top = top.map(|(reason, n)| format!("; most often `{reason}` ({n})")).unwrap_or_default();
             out.push(format!(
@@ -415,7 +417,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
             "rejected": summary.rejected(),
             "skipped": summary.skipped.values().sum::<u64>(),
         },
-        "warnings": summary.warnings(),
+        "warnings": report::warnings(&summary, &stage_reports),
         "rejects_by_reason": summary.rejects,
         "skipped_by_reason": summary.skipped,
         "data_dir": plan.write.dir,

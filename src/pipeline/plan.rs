@@ -215,7 +215,8 @@ pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
             continue;
         };
         let name = ConfigDoc::stage_name(table).unwrap_or(ty).to_owned();
-        if name.trim().is_empty() || name.contains('.') {
+        // Names are keys of `--set` and parts of plot file names.
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
             diags.push(
                 Diagnostic::new(format!("stage name {name:?} cannot address the stage"))
                     .at(doc.location(&format!("{at}.name")))

@@ -18,6 +18,18 @@ use crate::pipeline::plan::Plan;
 use crate::stages::bow::MAX_HIST_WORDS;
 
 /// Writes the report files into `out`.
+/// Every warning of a run, for `report.json` and the manifest: the run's own (see
+/// [`RunSummary::warnings`]), then each stage's, named.
+pub fn warnings(summary: &RunSummary, stages: &[(String, Value)]) -> Vec<String> {
+    let mut out = summary.warnings();
+    for (name, report) in stages {
+        for w in report["warnings"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+            out.push(format!("stage `{name}`: {w}"));
+        }
+    }
+    out
+}
+
 pub fn write(out: &Path, plan: &Plan, summary: &RunSummary, stages: &[(String, Value)]) -> Result<()> {
     // Created by the first stage that draws (a run without a BoW stage has no plots).
     let plots = out.join("plots");
@@ -62,6 +74,7 @@ pub fn write(out: &Path, plan: &Plan, summary: &RunSummary, stages: &[(String, V
             "rejected": summary.rejected(),
             "skipped": summary.skipped.values().sum::<u64>(),
         },
+        "warnings": warnings(summary, stages),
         "rejects_by_reason": summary.rejects,
         "skipped_by_reason": summary.skipped,
         "stages": stage_json,

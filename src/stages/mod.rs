@@ -552,10 +552,31 @@ pub fn binary_kind(path: &Path) -> Option<&'static str> {
     .map(|(_, kind)| kind)
 }
 
-/// Reports each of `files`, read as text, that is [`binary_kind`]; whether there was one.
-pub fn refuse_binary(files: &[PathBuf], problems: &mut Problems, key: &'static str) -> bool {
+/// Whether the lines of `path` end in a lone CR (classic Mac OS): a CR not before an LF, and no
+/// LF at all in its first 64 KiB. Read line by line at LF, the whole file would be one line.
+pub fn cr_lines(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = Vec::new();
+    if std::fs::File::open(path).and_then(|f| f.take(1 << 16).read_to_end(&mut head)).is_err() {
+        return false;
+    }
+    // A CR before the last byte: one CR ending a one-line file is that line's end.
+    !head.contains(&b'\n') && head.iter().rev().skip(1).any(|&b| b == b'\r')
+}
+
+/// Reports each of `files`, read as LF-separated text, that is [`binary_kind`] or has
+/// [`cr_lines`] (when `lone_cr_ends_lines` is false: CSV reads a lone CR as a line end);
+/// whether there was one.
+pub fn refuse_binary(files: &[PathBuf], problems: &mut Problems, key: &'static str, lone_cr_ends_lines: bool) -> bool {
     let before = problems.0.len();
     for f in files {
+        if !lone_cr_ends_lines && cr_lines(f) {
+            problems.push(
+                key,
+                format!("the lines of `{}` end in a lone CR (no LF): it would read as one line", f.display()),
+                Some("convert the line ends first, e.g. `tr '\\r' '\\n' < IN > OUT`".into()),
+            );
+        }
         if let Some(kind) = binary_kind(f) {
             let hint = match kind {
                 "a Parquet file" => "read it with `read_table` (`format = \"parquet\"`, or a `.parquet` name)",

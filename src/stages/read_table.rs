@@ -224,7 +224,9 @@ impl ReadTableConfig {
         header: bool,
         problems: &mut Problems,
     ) -> Option<([Option<usize>; 6], usize)> {
-        if format != Format::Parquet && super::refuse_binary(&[file.to_owned()], problems, "path") {
+        if format != Format::Parquet
+            && super::refuse_binary(&[file.to_owned()], problems, "path", format == Format::Csv)
+        {
             return None;
         }
         let names: std::result::Result<Vec<String>, String> = match format {

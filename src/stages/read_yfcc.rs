@@ -66,11 +66,12 @@ impl ReadYfccConfig {
     pub fn build(&self, problems: &mut Problems) -> Option<ReadYfcc> {
         let files = expand_inputs(&self.path, problems, "path");
         let subset = self.subset.as_ref().map(|s| expand_inputs(s, problems, "subset"));
-        super::refuse_binary(&files, problems, "path");
-        super::refuse_binary(subset.as_deref().unwrap_or_default(), problems, "subset");
+        super::refuse_binary(&files, problems, "path", false);
+        super::refuse_binary(subset.as_deref().unwrap_or_default(), problems, "subset", false);
         if !problems.is_empty() {
             return None;
         }
+        let subset_files = subset.clone().unwrap_or_default();
         let subset = match subset {
             Some(files) => match load_subset(&files) {
                 Ok(s) => Some(Arc::new(s)),
@@ -83,6 +84,7 @@ impl ReadYfccConfig {
         };
         Some(ReadYfcc {
             files,
+            subset_files,
             subset,
             caption: self.caption,
             strip_html: self.strip_html,
@@ -117,6 +119,8 @@ fn load_subset(files: &[PathBuf]) -> std::result::Result<HashSet<u64>, String> {
 
 pub struct ReadYfcc {
     files: Vec<PathBuf>,
+    /// The subset lists: inputs too (they change the output), so fingerprinted.
+    subset_files: Vec<PathBuf>,
     subset: Option<Arc<HashSet<u64>>>,
     caption: CaptionFrom,
     strip_html: bool,
@@ -136,7 +140,7 @@ const LAYOUT_23: Layout = Layout { id: 0, title: 6, description: 7, download_url
 
 impl Reader for ReadYfcc {
     fn inputs(&self) -> Vec<PathBuf> {
-        self.files.clone()
+        self.files.iter().chain(&self.subset_files).cloned().collect()
     }
 
     fn open(&self) -> Result<ChunkIter<'_>> {
