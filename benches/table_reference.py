@@ -18,6 +18,7 @@ Rules encoded here:
     tz-naive one has no `Z`;
   * an empty `path` cell (or one empty after `path_cut_at`) is a null path; with `check_files`
     a path that is not a regular file (missing, or a folder) is `missing_file`;
+  * a TSV file whose lines end in a lone CR (no LF) is a config error; CSV reads them as lines;
   * without `format`, each file's format comes from its extension, case-insensitively
     (`.parquet`, `.csv`, else TSV); inputs whose extensions give different formats are a
     config error unless `format` is set.
@@ -386,6 +387,11 @@ class Reader:
         data = open(path, "rb").read()
         if data == b"":
             raise ConfigError(f"{path} is empty")
+        # README: a TSV whose lines end in a lone CR (a CR before the last byte, no LF in the
+        # first 64 KiB) is refused: read at LF it would be one line.
+        head = data[:1 << 16]
+        if fmt == "tsv" and b"\n" not in head and b"\r" in head[:-1]:
+            raise ConfigError(f"the lines of {path} end in a lone CR")
         if fmt == "tsv":
             recs = [(ln, raw.split(b"\t"), raw) for ln, raw in tsv_lines(data)]
         else:
