@@ -243,6 +243,19 @@ impl ShardedWriter {
     }
 
     pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let written = self.write_rows(batch);
+        written.map_err(|e| self.in_folder(e))
+    }
+
+    /// An Arrow/Parquet error (a full disk comes as one) with the folder being written named.
+    fn in_folder(&self, e: Error) -> Error {
+        match e {
+            Error::Arrow(m) => Error::data(format!("cannot write Parquet shards in `{}`: {m}", self.dir.display())),
+            e => e,
+        }
+    }
+
+    fn write_rows(&mut self, batch: &RecordBatch) -> Result<()> {
         let mut offset = 0;
         while offset < batch.num_rows() {
             if self.current.as_ref().is_some_and(|o| o.rows >= self.rows_per_shard) {
@@ -286,9 +299,9 @@ impl ShardedWriter {
     /// Closes the last shard. An empty output still gets one (empty) shard carrying the schema.
     pub fn finish(mut self) -> Result<Vec<ShardInfo>> {
         if self.current.is_none() && self.shards.is_empty() {
-            self.open_next()?;
+            self.open_next().map_err(|e| self.in_folder(e))?;
         }
-        self.close_current()?;
+        self.close_current().map_err(|e| self.in_folder(e))?;
         for rename in self.renames.drain(..) {
             rename.join().expect("rename thread does not panic")?;
         }
@@ -361,6 +374,20 @@ mod tests {
         assert_eq!(shards[2].file, "part-00002.parquet");
         let back = read_file(&dir.path().join("part-00001.parquet")).unwrap();
         assert_eq!(back[0].slice(0, 2), batch.slice(2, 2));
+    }
+
+    #[test]
+    fn a_shard_that_cannot_be_written_names_its_folder() {
+        // Rows of another schema than the writer's fail to encode (as a full disk fails to
+        // write): the error says where.
+        let dir = tempfile::tempdir().unwrap();
+        let other =
+            arrow_schema::Schema::new(vec![arrow_schema::Field::new("x", arrow_schema::DataType::Int64, false)]);
+        let x: arrow_array::ArrayRef = std::sync::Arc::new(arrow_array::Int64Array::from(vec![1, 2]));
+        let batch = RecordBatch::try_new(std::sync::Arc::new(other), vec![x]).unwrap();
+        let mut w = ShardedWriter::new(dir.path(), "part", pairs(), 10, &[]).unwrap();
+        let err = w.write(&batch).and_then(|_| w.finish().map(|_| ())).unwrap_err().to_string();
+        assert!(err.starts_with(&format!("cannot write Parquet shards in `{}`: ", dir.path().display())), "{err}");
     }
 
     #[test]
