@@ -105,8 +105,8 @@ impl RunSummary {
         self.rejects.values().sum()
     }
 
-    /// What the run's outcome says about its settings or input: a run that wrote nothing of
-    /// what it read (said on stderr, in the report and in the manifest).
+    /// What the run's outcome says about its settings or input: a run that read no row, or
+    /// wrote none of what it read (said on stderr, in the report and in the manifest).
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
         if self.rows_read == 0 {

@@ -535,21 +535,30 @@ pub fn expand_inputs(patterns: &crate::io::PathPatterns, problems: &mut Problems
 /// What a file is, by its first bytes, when it is one a text reader cannot read: a compressed
 /// file (`.tsv.gz` as downloaded) or a Parquet file. Every line of it would be a reject.
 pub fn binary_kind(path: &Path) -> Option<&'static str> {
-    use std::io::Read;
-    let mut head = [0u8; 6];
-    let n = std::fs::File::open(path).and_then(|f| f.take(6).read(&mut head)).ok()?;
-    let head = &head[..n];
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut head = Vec::new();
+    (&mut f).take(10).read_to_end(&mut head).ok()?;
+    // Magic numbers that no text line starts with (bzip2's `BZh` counts only with its block
+    // size digit and block magic; Parquet's `PAR1` only when the file also ends with it).
+    let bzip2 = head.len() == 10
+        && head.starts_with(b"BZh")
+        && head[3].is_ascii_digit()
+        && head[4..] == *b"\x31\x41\x59\x26\x53\x59";
+    let parquet = head.starts_with(b"PAR1") && {
+        let mut tail = [0u8; 4];
+        f.seek(SeekFrom::End(-4)).and_then(|_| f.read_exact(&mut tail)).is_ok() && tail == *b"PAR1"
+    };
     [
-        (&b"\x1f\x8b"[..], "gzip-compressed"),
-        (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
-        (b"BZh", "bzip2-compressed"),
-        (b"\xfd7zXZ\x00", "xz-compressed"),
-        (b"PK\x03\x04", "a zip archive"),
-        (b"PAR1", "a Parquet file"),
+        (head.starts_with(b"\x1f\x8b"), "gzip-compressed"),
+        (head.starts_with(b"\x28\xb5\x2f\xfd"), "zstd-compressed"),
+        (bzip2, "bzip2-compressed"),
+        (head.starts_with(b"\xfd7zXZ\x00"), "xz-compressed"),
+        (head.starts_with(b"PK\x03\x04"), "a zip archive"),
+        (parquet, "a Parquet file"),
     ]
     .into_iter()
-    .find(|(magic, _)| head.starts_with(magic))
-    .map(|(_, kind)| kind)
+    .find_map(|(is, kind)| is.then_some(kind))
 }
 
 /// Whether the lines of `path` end in a lone CR (classic Mac OS): a CR not before an LF, and no
