@@ -51,6 +51,12 @@ fn legend(s: &mut String, labels: &[&str]) {
     }
 }
 
+/// `what` in the middle of the plot area, for a plot with no data.
+fn nothing_to_plot(s: &mut String, what: &str) {
+    let (x, y) = (LEFT + (W - LEFT - RIGHT) / 2.0, TOP + (H - TOP - BOTTOM) / 2.0);
+    let _ = writeln!(s, r##"<text x="{x}" y="{y}" text-anchor="middle" fill="#888">{}</text>"##, esc(what));
+}
+
 fn axes(s: &mut String) {
     let _ = writeln!(s, r#"<path d="M{LEFT},{TOP} V{} H{}" fill="none" stroke="black"/>"#, H - BOTTOM, W - RIGHT);
 }
@@ -85,7 +91,12 @@ pub fn histogram(title: &str, xlabel: &str, series: &[(&str, &[u64])], open_bin:
             (0..bins).map(|i| if tot == 0 { 0.0 } else { *c.get(i).unwrap_or(&0) as f64 / tot as f64 }).collect()
         })
         .collect();
-    let ymax = fracs.iter().flatten().cloned().fold(0.0, f64::max).max(1e-9) * 1.1;
+    let top = fracs.iter().flatten().cloned().fold(0.0, f64::max);
+    // No caption at all: an axis from 0 to 1 and a word saying so, not ticks of 0.00.
+    let ymax = if top > 0.0 { top * 1.1 } else { 1.0 };
+    if top == 0.0 {
+        nothing_to_plot(&mut s, "no captions");
+    }
     let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
     let bw = pw / bins as f64;
     let step = nice_step(ymax, 5.0);
@@ -141,6 +152,9 @@ pub fn rank_frequency(title: &str, series: &[(&str, &[u64])]) -> String {
     let ymax = max_count.log10().ceil().max(1.0);
     let px = |rank: f64| LEFT + pw * rank.log10() / xmax;
     let py = |count: f64| TOP + ph * (1.0 - count.log10() / ymax);
+    if series.iter().all(|(_, c)| c.is_empty()) {
+        nothing_to_plot(&mut s, "no words");
+    }
     for d in 0..=xmax as i32 {
         let x = px(10f64.powi(d));
         let _ = writeln!(
@@ -263,6 +277,17 @@ mod tests {
         let c = log_x_lines("t", "K", "recall", &[("a", vec![(1.0, 0.5), (100.0, 1.0)]), ("b", vec![(1.0, 0.2)])]);
         assert!(c.trim_end().ends_with("</svg>"));
         assert_eq!(c.matches("<path d=\"M").count(), 3, "two series lines + the axes");
+    }
+
+    #[test]
+    fn plots_of_nothing_say_so() {
+        let h = histogram("t", "words", &[("before", &[]), ("after", &[0, 0])], Some(64));
+        assert!(h.contains(">no captions</text>"), "{h}");
+        assert!(h.contains(">1.00</text>") && h.matches(">0.00</text>").count() == 1, "an axis from 0 to 1: {h}");
+        let r = rank_frequency("t", &[("before", &[]), ("after", &[])]);
+        assert!(r.contains(">no words</text>"), "{r}");
+        // With data, no such note.
+        assert!(!histogram("t", "words", &[("before", &[1, 2])], None).contains("no captions"));
     }
 
     #[test]
