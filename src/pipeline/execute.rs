@@ -144,7 +144,8 @@ pub fn run(plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
 }
 
 /// Holds `dir` for this run (an advisory `flock`, released when the handle drops or the
-/// process ends, killed or not), or says which run has it.
+/// process ends, killed or not), or says that another run has it. A file system without locks
+/// (some network and cluster mounts) runs unlocked, with a note.
 fn lock_folder(dir: &Path) -> Result<std::fs::File> {
     use std::os::unix::io::AsRawFd;
     let f = std::fs::File::open(dir).map_err(|e| Error::io("cannot open", dir, e))?;
@@ -157,7 +158,7 @@ fn lock_folder(dir: &Path) -> Result<std::fs::File> {
                 dir.display()
             )));
         }
-        return Err(Error::io("cannot lock", dir, e));
+        say!("note: cannot lock `{}` ({e}): make sure no other run writes there at the same time", dir.display());
     }
     Ok(f)
 }
