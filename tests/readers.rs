@@ -49,8 +49,7 @@ fn manifest_fingerprints_the_input_bytes() {
     let run = || {
         let (d, _, _) =
             run_pipeline(&read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", input.to_string_lossy())));
-        let m: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(d.path().join("out/manifest.json")).unwrap()).unwrap();
+        let m = json_file(&d.path().join("out/manifest.json"));
         (m["input_fingerprint"].as_str().unwrap().to_owned(), m["rows"]["read"].as_u64().unwrap(), m)
     };
     let (first, rows, m) = run();
@@ -278,8 +277,7 @@ fn yfcc_both_layouts_decode_and_clean_text() {
         let rejects = read_dir(&dir.path().join("out/rejects"));
         assert_eq!(col(&rejects, "sample_id"), [Some("5012345681".into()), None, Some("5012345684".into())], "{file}");
         // The video is skipped and counted, not rejected.
-        let manifest: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.path().join("out/manifest.json")).unwrap()).unwrap();
+        let manifest = json_file(&dir.path().join("out/manifest.json"));
         assert_eq!(manifest["skipped_by_reason"]["video"], 1, "{file}");
     }
 }
@@ -289,8 +287,7 @@ fn yfcc15m_subset_with_and_without_header() {
     for subset in ["readers/yfcc/yfcc100m_subset_data.tsv", "readers/yfcc/yfcc100m_subset_data_noheader.tsv"] {
         let (ids, _, _, _, dir) = yfcc("yfcc100m_dataset_25.tsv", Some(subset));
         assert_eq!(ids, ["5012345678", "5012345679", "5012345680"], "{subset}");
-        let manifest: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.path().join("out/manifest.json")).unwrap()).unwrap();
+        let manifest = json_file(&dir.path().join("out/manifest.json"));
         assert_eq!(manifest["skipped_by_reason"]["not_in_subset"], 1);
         assert_eq!(manifest["rows"]["read"], 8, "every line accounted for");
         // The subset list changes the output: it is an input, fingerprinted with the data.
@@ -427,9 +424,7 @@ fn tables_map_columns_by_each_files_own_header() {
     assert_eq!(strs(&data, "caption"), ["one dog", "two cats"]);
     // A later file without a mapped column is a configuration error, found before any data.
     write("p3.parquet", &[("text", "three")]);
-    let text = read_only(&stage("p*.parquet")).replace("{out}", &dir.path().join("out").to_string_lossy());
-    let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), text, &[]).unwrap();
-    let err = curate::pipeline::plan::compile_doc(&doc).err().expect("p3.parquet has no `id`").to_string();
+    let err = config_errors(read_only(&stage("p*.parquet")));
     assert!(err.contains("missing column `id` in `p3.parquet`"), "{err}");
 }
 
@@ -453,8 +448,7 @@ fn imagenet21k_entries_that_are_not_image_files() {
     let raw = arrow_array::cast::AsArray::as_binary::<i32>(rejects[0].column_by_name("raw").unwrap());
     assert_eq!(raw.value(0), b"n00000001/bad\xffname.jpg");
     // The images are not read for the fingerprint (nor is the broken link followed).
-    let m: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.path().join("out/manifest.json")).unwrap()).unwrap();
+    let m = json_file(&d.path().join("out/manifest.json"));
     assert!(m["input_fingerprint"].as_str().unwrap().starts_with("listing-xxh3-128:"), "{m}");
     assert_eq!(m["skipped_by_reason"], serde_json::json!({"outside_synset_folders": 2}));
 }
@@ -1011,12 +1005,10 @@ fn rejects_name_their_stage_as_the_pipeline_file_does() {
         input.display()
     ));
     assert_eq!(strs(&rejects, "stage"), ["cc", "deform"]);
-    let manifest: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.path().join("out/manifest.json")).unwrap()).unwrap();
+    let manifest = json_file(&d.path().join("out/manifest.json"));
     let keys: Vec<&String> = manifest["rejects_by_reason"].as_object().unwrap().keys().collect();
     assert_eq!(keys, ["cc/wrong_field_count", "deform/empty_after_bow"]);
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.path().join("out/report.json")).unwrap()).unwrap();
+    let report = json_file(&d.path().join("out/report.json"));
     assert!(report["stages"]["deform"].is_object());
 }
 
@@ -1027,8 +1019,7 @@ fn imagenet21k_extensions_must_be_extensions() {
          extensions = [\"*.jpeg\", \"\", \".png\"]\n[[stage]]\ntype = \"write_parquet\"\n",
         fixture("readers/imagenet21k/train")
     );
-    let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
-    let err = curate::pipeline::plan::compile_doc(&doc).err().expect("refused").to_string();
+    let err = config_errors(toml);
     assert!(err.contains("`*.jpeg` is not a file extension"), "{err}");
     assert!(err.contains("`` is not a file extension"), "{err}");
     assert!(!err.contains("`.png`"), "`.png` is one: {err}");
@@ -1257,10 +1248,7 @@ fn table_files_of_different_formats_need_format_set() {
         format!("type = \"read_table\"\npath = [{files}]\ncolumns = {{ sample_id = 0, caption = 1 }}\nheader = false")
     };
     let p = |f: &str| format!("\"{}\"", dir.path().join(f).display());
-    let text = read_only(&stage(&format!("{}, {}", p("a.tsv"), p("b.CSV"))))
-        .replace("{out}", &dir.path().join("out").to_string_lossy());
-    let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), text, &[]).unwrap();
-    let err = curate::pipeline::plan::compile_doc(&doc).err().expect("two formats").to_string();
+    let err = config_errors(read_only(&stage(&format!("{}, {}", p("a.tsv"), p("b.CSV")))));
     assert!(err.contains("`b.CSV` reads as Csv by its extension, `a.tsv` as Tsv"), "{err}");
     // The extension's case does not matter.
     let (_d, data, _) = run_pipeline(&read_only(&stage(&p("b.CSV"))));
@@ -1301,13 +1289,10 @@ fn headerless_tables_refuse_a_column_past_their_usual_width() {
         .unwrap();
     std::fs::write(dir.path().join("t.tsv"), "a dog\thttp://h/1\nx\ty\tz\nb\thttp://h/2\n").unwrap();
     for file in ["q.csv", "t.tsv"] {
-        let text = read_only(&format!(
+        let err = config_errors(read_only(&format!(
             "type = \"read_table\"\npath = \"{}\"\nheader = false\ncolumns = {{ caption = 0, url = 1, sample_id = 2 }}",
             dir.path().join(file).display()
-        ))
-        .replace("{out}", &dir.path().join("out").to_string_lossy());
-        let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), text, &[]).unwrap();
-        let err = curate::pipeline::plan::compile_doc(&doc).err().expect("refused").to_string();
+        )));
         assert!(err.contains(&format!("column #2 is mapped, but most of the first lines of `{file}` have 2")), "{err}");
     }
     // Within the width, the quoted commas stay in the caption.
@@ -1331,8 +1316,10 @@ fn a_header_line_ending_in_a_lone_cr_names_its_last_column() {
     assert!(data.iter().all(|b| b.num_rows() == 0));
 }
 
-/// The configuration errors of pipeline `toml` (panics if it compiles).
+/// The configuration errors of pipeline `toml` (panics if it compiles). Nothing is written:
+/// an `{out}` output folder stays a name.
 fn config_errors(toml: String) -> String {
+    let toml = toml.replace("{out}", "out/never");
     let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
     curate::pipeline::plan::compile_doc(&doc).err().expect("refused").to_string()
 }
@@ -1402,8 +1389,7 @@ fn a_run_that_writes_nothing_says_so() {
     std::fs::write(&input, "no tab here\nnor here\n").unwrap();
     let (d, data, _) = run_pipeline(&read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", input.display())));
     assert!(data.iter().all(|b| b.num_rows() == 0));
-    let manifest: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.path().join("out/manifest.json")).unwrap()).unwrap();
+    let manifest = json_file(&d.path().join("out/manifest.json"));
     let w = manifest["warnings"][0].as_str().unwrap();
     assert!(
         w.starts_with("no row was written: the 2 row(s) read") && w.contains("`read_cc_tsv/wrong_field_count` (2)"),
@@ -1411,14 +1397,12 @@ fn a_run_that_writes_nothing_says_so() {
     );
     let report = std::fs::read_to_string(d.path().join("out/report.md")).unwrap();
     assert!(report.contains("**Warning:** no row was written"), "{report}");
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.path().join("out/report.json")).unwrap()).unwrap();
+    let report = json_file(&d.path().join("out/report.json"));
     assert_eq!(report["warnings"], manifest["warnings"]);
     // An empty input, and a stage's own warning (one caption: no base set), go there too.
     std::fs::write(&input, "").unwrap();
     let (d, _, _) = run_pipeline(&read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", input.display())));
-    let manifest: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.path().join("out/manifest.json")).unwrap()).unwrap();
+    let manifest = json_file(&d.path().join("out/manifest.json"));
     assert!(manifest["warnings"][0].as_str().unwrap().starts_with("no row was read"), "{manifest}");
     std::fs::write(&input, "a dog\thttp://u\n").unwrap();
     let (d, _, _) = run_pipeline(&format!(
@@ -1426,16 +1410,19 @@ fn a_run_that_writes_nothing_says_so() {
          [[stage]]\ntype = \"write_parquet\"\n",
         input.display()
     ));
-    let manifest: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.path().join("out/manifest.json")).unwrap()).unwrap();
+    let manifest = json_file(&d.path().join("out/manifest.json"));
     let all: Vec<&str> = manifest["warnings"].as_array().unwrap().iter().map(|w| w.as_str().unwrap()).collect();
     assert!(all[0].starts_with("no row was written") && all[1].starts_with("stage `bow`: base_fraction"), "{all:?}");
     // A run that writes rows has none.
     std::fs::write(&input, "a dog\thttp://u\n").unwrap();
     let (d, _, _) = run_pipeline(&read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", input.display())));
-    let manifest: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.path().join("out/manifest.json")).unwrap()).unwrap();
+    let manifest = json_file(&d.path().join("out/manifest.json"));
     assert_eq!(manifest["warnings"], serde_json::json!([]));
+}
+
+/// The JSON file at `path` (a manifest, a report).
+fn json_file(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 /// Writes `batch` as a Parquet file at `path`.

@@ -576,7 +576,12 @@ pub fn cr_lines(path: &Path) -> bool {
 /// Reports each of `files`, read as LF-separated text, that is [`binary_kind`] or has
 /// [`cr_lines`] (when `lone_cr_ends_lines` is false: CSV reads a lone CR as a line end);
 /// whether there was one.
-pub fn refuse_binary(files: &[PathBuf], problems: &mut Problems, key: &'static str, lone_cr_ends_lines: bool) -> bool {
+pub fn refuse_non_text(
+    files: &[PathBuf],
+    problems: &mut Problems,
+    key: &'static str,
+    lone_cr_ends_lines: bool,
+) -> bool {
     let before = problems.0.len();
     for f in files {
         if !lone_cr_ends_lines && cr_lines(f) {

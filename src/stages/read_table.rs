@@ -225,7 +225,7 @@ impl ReadTableConfig {
         problems: &mut Problems,
     ) -> Option<([Option<usize>; 6], usize)> {
         if format != Format::Parquet
-            && super::refuse_binary(&[file.to_owned()], problems, "path", format == Format::Csv)
+            && super::refuse_non_text(&[file.to_owned()], problems, "path", format == Format::Csv)
         {
             return None;
         }

@@ -66,8 +66,8 @@ impl ReadYfccConfig {
     pub fn build(&self, problems: &mut Problems) -> Option<ReadYfcc> {
         let files = expand_inputs(&self.path, problems, "path");
         let subset = self.subset.as_ref().map(|s| expand_inputs(s, problems, "subset"));
-        super::refuse_binary(&files, problems, "path", false);
-        super::refuse_binary(subset.as_deref().unwrap_or_default(), problems, "subset", false);
+        super::refuse_non_text(&files, problems, "path", false);
+        super::refuse_non_text(subset.as_deref().unwrap_or_default(), problems, "subset", false);
         if !problems.is_empty() {
             return None;
         }
