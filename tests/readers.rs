@@ -1328,10 +1328,11 @@ fn config_errors(toml: String) -> String {
 fn compressed_and_parquet_files_are_not_read_as_text() {
     use arrow_array::{ArrayRef, RecordBatch, StringArray};
     let dir = tempfile::tempdir().unwrap();
-    let gz = dir.path().join("cc.tsv.gz");
-    std::fs::write(&gz, b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03").unwrap();
-    let err = config_errors(read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", gz.display())));
-    assert!(err.contains("is gzip-compressed, not text") && err.contains("decompress it first"), "{err}");
+    // zstd and xz are not read (gzip and bzip2 are: `compressed_text_inputs_read_as_their_text`).
+    let zst = dir.path().join("cc.tsv.zst");
+    std::fs::write(&zst, b"\x28\xb5\x2f\xfd\x04\x58\x00\x00").unwrap();
+    let err = config_errors(read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", zst.display())));
+    assert!(err.contains("is zstd-compressed, not text") && err.contains("decompress it first"), "{err}");
     // A Parquet file read as TSV (its format set by hand).
     let pq = dir.path().join("t.parquet");
     let col: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["a dog"]));
@@ -1431,4 +1432,128 @@ fn write_batch(path: &std::path::Path, batch: &arrow_array::RecordBatch) {
         parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path).unwrap(), batch.schema(), None).unwrap();
     w.write(batch).unwrap();
     w.close().unwrap();
+}
+
+/// `bytes` compressed as gzip (`members` gzip members, as `cat a.gz b.gz` makes) or bzip2.
+fn compressed(bytes: &[u8], kind: &str, members: usize) -> Vec<u8> {
+    use std::io::Write;
+    let mut out = Vec::new();
+    let cut = bytes.len() / members.max(1);
+    for (i, part) in bytes.chunks(cut.max(1)).enumerate().take(members) {
+        let part = if i + 1 == members { &bytes[i * cut.max(1)..] } else { part };
+        match kind {
+            "gz" => {
+                let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+                e.write_all(part).unwrap();
+                out.extend(e.finish().unwrap());
+            }
+            _ => {
+                let mut e = bzip2::write::BzEncoder::new(Vec::new(), bzip2::Compression::default());
+                e.write_all(part).unwrap();
+                out.extend(e.finish().unwrap());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn compressed_text_inputs_read_as_their_text() {
+    // Text inputs as published (YFCC100M, the YFCC15M list: `.bz2`; tables: `.gz`) give what
+    // their text gives: rows, rejects, line numbers and ids, whatever the file is named.
+    let dir = tempfile::tempdir().unwrap();
+    let cc = std::fs::read(fixture("readers/cc/cc_train.tsv")).unwrap();
+    let plain =
+        run_pipeline(&read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", fixture("readers/cc/cc_train.tsv"))));
+    let with_bom = [b"\xEF\xBB\xBF".as_slice(), &cc].concat();
+    for (kind, members, text) in [("gz", 1, &cc), ("gz", 3, &cc), ("bz2", 1, &cc), ("bz2", 2, &with_bom)] {
+        let sub = dir.path().join(format!("{kind}{members}"));
+        std::fs::create_dir(&sub).unwrap();
+        // The same file name, so the ids (`file#line`) are the same too.
+        let path = sub.join("cc_train.tsv");
+        std::fs::write(&path, compressed(text, kind, members)).unwrap();
+        let (_d, data, rejects) =
+            run_pipeline(&read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", path.display())));
+        assert_eq!(strs(&data, "sample_id"), strs(&plain.1, "sample_id"), "{kind} x{members}");
+        assert_eq!(strs(&data, "caption"), strs(&plain.1, "caption"), "{kind} x{members}");
+        assert_eq!(reasons(&rejects), reasons(&plain.2), "{kind} x{members}");
+        assert_eq!(raws(&rejects), raws(&plain.2), "{kind} x{members}");
+    }
+
+    // YFCC100M and its YFCC15M list, both bzip2-compressed.
+    let yfcc = dir.path().join("yfcc100m_dataset.bz2");
+    let subset = dir.path().join("yfcc100m_subset_data.tsv.bz2");
+    std::fs::write(
+        &yfcc,
+        compressed(&std::fs::read(fixture("readers/yfcc/yfcc100m_dataset_25.tsv")).unwrap(), "bz2", 1),
+    )
+    .unwrap();
+    let list = std::fs::read(fixture("readers/yfcc/yfcc100m_subset_data.tsv")).unwrap();
+    std::fs::write(&subset, compressed(&list, "bz2", 1)).unwrap();
+    let (d, data, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_yfcc\"\npath = \"{}\"\nsubset = \"{}\"",
+        yfcc.display(),
+        subset.display()
+    )));
+    assert_eq!(strs(&data, "sample_id"), ["5012345678", "5012345679", "5012345680"]);
+    assert_eq!(strs(&data, "caption")[1], "café on the corner");
+    let r: Vec<(String, u64)> = reasons(&rejects);
+    assert_eq!(
+        r.iter().map(|(r, l)| (r.as_str(), *l)).collect::<Vec<_>>(),
+        [("empty_caption", 4), ("wrong_field_count", 6), ("invalid_utf8", 7)]
+    );
+    let manifest = json_file(&d.path().join("out/manifest.json"));
+    assert_eq!(manifest["skipped_by_reason"]["not_in_subset"], 1);
+
+    // A CSV table with a header (`.csv.gz` is CSV: the compression's extension is not the
+    // format), and a headerless TSV whose width is found from its first lines.
+    let csv = std::fs::read(fixture("readers/generic/pairs.csv")).unwrap();
+    let csv_gz = dir.path().join("pairs.csv.gz");
+    std::fs::write(&csv_gz, compressed(&csv, "gz", 2)).unwrap();
+    let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"id\", caption = \"text\" }}",
+        csv_gz.display()
+    )));
+    assert_eq!(strs(&data, "sample_id"), ["1", "2", "4", "5", "7"]);
+    assert_eq!(strs(&data, "caption")[3], "first line\nsecond line");
+    assert_eq!(reasons(&rejects).len(), 2);
+    let tsv_bz2 = dir.path().join("t.tsv.bz2");
+    std::fs::write(&tsv_bz2, compressed(b"1\ta dog\thttp://u/1\n2\ta cat\n3\ta bird\thttp://u/3\n", "bz2", 1)).unwrap();
+    let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\nheader = false\ncolumns = {{ sample_id = 0, caption = 1, url = 2 }}",
+        tsv_bz2.display()
+    )));
+    assert_eq!(strs(&data, "caption"), ["a dog", "a bird"]);
+    assert_eq!(reasons(&rejects), [("wrong_field_count".into(), 2)]);
+}
+
+#[test]
+fn a_damaged_compressed_input_fails_the_run_naming_the_file() {
+    // Cut short, or a flipped byte: the run stops with an error that says so (the text after
+    // the damage cannot be read), and leaves no shards.
+    let dir = tempfile::tempdir().unwrap();
+    let text: Vec<u8> =
+        (0..20_000).flat_map(|i| format!("caption number {i} of a dog\thttp://u/{i}.jpg\n").into_bytes()).collect();
+    for (kind, damage) in [("gz", "cut"), ("bz2", "cut"), ("gz", "flip"), ("bz2", "flip")] {
+        let mut bytes = compressed(&text, kind, 1);
+        match damage {
+            "cut" => bytes.truncate(bytes.len() * 2 / 3),
+            _ => {
+                let at = bytes.len() / 2;
+                bytes[at] ^= 0x55;
+            }
+        }
+        let input = dir.path().join(format!("{kind}_{damage}.tsv"));
+        std::fs::write(&input, &bytes).unwrap();
+        let out = dir.path().join(format!("out_{kind}_{damage}"));
+        let err = curate::pipeline::run(cc_plan(&input, &out), &Default::default()).unwrap_err().to_string();
+        let name = if kind == "gz" { "gzip" } else { "bzip2" };
+        assert!(
+            err.contains(&format!("{kind}_{damage}.tsv`"))
+                && err.contains(&format!("its {name} data is damaged or cut short")),
+            "{kind} {damage}: {err}"
+        );
+        assert_eq!(shards_in(&out.join("data")), Vec::<String>::new(), "{kind} {damage}");
+        assert!(!out.join("manifest.json").exists());
+    }
 }

@@ -180,7 +180,7 @@ struct Block {
 
 /// One open file being cut into blocks.
 struct BlockReader {
-    file: std::fs::File,
+    file: crate::io::lines::TextFile,
     path: PathBuf,
     name: String,
     /// Bytes after the last line end of the previous block.
@@ -332,8 +332,7 @@ where
                 if current.is_none() {
                     let Some(path) = this.files.get(next_file) else { break };
                     next_file += 1;
-                    let mut file = std::fs::File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
-                    crate::io::lines::skip_bom(&mut file).map_err(|e| Error::io("cannot read", path, e))?;
+                    let file = crate::io::lines::open_text(path).map_err(|e| Error::io("cannot open", path, e))?;
                     let name = crate::io::file_name(path);
                     current = Some(BlockReader {
                         file,
@@ -532,27 +531,22 @@ pub fn expand_inputs(patterns: &crate::io::PathPatterns, problems: &mut Problems
     }
 }
 
-/// What a file is, by its first bytes, when it is one a text reader cannot read: a compressed
-/// file (`.tsv.gz` as downloaded) or a Parquet file. Every line of it would be a reject.
+/// What a file is, by its first bytes, when it is one a text reader cannot read: a file
+/// compressed other than with gzip or bzip2 (which [`crate::io::lines::open_text`] reads), an
+/// archive, or a Parquet file. Every line of it would be a reject.
 pub fn binary_kind(path: &Path) -> Option<&'static str> {
     use std::io::{Read, Seek, SeekFrom};
     let mut f = std::fs::File::open(path).ok()?;
     let mut head = Vec::new();
     (&mut f).take(10).read_to_end(&mut head).ok()?;
-    // Magic numbers that no text line starts with (bzip2's `BZh` counts only with its block
-    // size digit and block magic; Parquet's `PAR1` only when the file also ends with it).
-    let bzip2 = head.len() == 10
-        && head.starts_with(b"BZh")
-        && head[3].is_ascii_digit()
-        && head[4..] == *b"\x31\x41\x59\x26\x53\x59";
+    // Magic numbers that no text line starts with (Parquet's `PAR1` counts only when the file
+    // also ends with it).
     let parquet = head.starts_with(b"PAR1") && {
         let mut tail = [0u8; 4];
         f.seek(SeekFrom::End(-4)).and_then(|_| f.read_exact(&mut tail)).is_ok() && tail == *b"PAR1"
     };
     [
-        (head.starts_with(b"\x1f\x8b"), "gzip-compressed"),
         (head.starts_with(b"\x28\xb5\x2f\xfd"), "zstd-compressed"),
-        (bzip2, "bzip2-compressed"),
         (head.starts_with(b"\xfd7zXZ\x00"), "xz-compressed"),
         (head.starts_with(b"PK\x03\x04"), "a zip archive"),
         (parquet, "a Parquet file"),
@@ -566,7 +560,7 @@ pub fn binary_kind(path: &Path) -> Option<&'static str> {
 pub fn cr_lines(path: &Path) -> bool {
     use std::io::Read;
     let mut head = Vec::new();
-    if std::fs::File::open(path).and_then(|f| f.take(1 << 16).read_to_end(&mut head)).is_err() {
+    if crate::io::lines::open_text(path).and_then(|f| f.take(1 << 16).read_to_end(&mut head)).is_err() {
         return false;
     }
     // A CR before the last byte: one CR ending a one-line file is that line's end.
@@ -594,7 +588,9 @@ pub fn refuse_non_text(
         if let Some(kind) = binary_kind(f) {
             let hint = match kind {
                 "a Parquet file" => "read it with `read_table` (`format = \"parquet\"`, or a `.parquet` name)",
-                _ => "decompress it first (e.g. `gunzip -k`, `zstd -d`): curate reads the text",
+                _ => {
+                    "decompress it first (e.g. `zstd -d`, `xz -dk`): curate reads text, plain or gzip/bzip2-compressed"
+                }
             };
             problems.push(key, format!("input `{}` is {kind}, not text", f.display()), Some(hint.into()));
         }
@@ -702,7 +698,7 @@ mod tests {
 
     /// All blocks of `path`, each read into the buffer `buffer(i)` gives for block `i`.
     fn blocks(path: &Path, mut buffer: impl FnMut(usize) -> Vec<u8>) -> Vec<(Vec<u8>, u64)> {
-        let file = std::fs::File::open(path).unwrap();
+        let file = crate::io::lines::open_text(path).unwrap();
         let mut r =
             BlockReader { file, path: path.into(), name: "t".into(), carry: Vec::new(), next_line: 1, eof: false };
         let mut out = Vec::new();

@@ -109,10 +109,19 @@ fn load_words(path: &std::path::Path) -> std::result::Result<HashMap<String, Str
         if fields.count != 2 {
             return Err(format!("`{}` line {no}: expected 2 tab-separated fields", path.display()));
         }
-        let text = |b: &[u8]| String::from_utf8_lossy(b).trim().to_owned();
-        out.insert(text(fields[0]), text(fields[1]));
+        // The words become `label_text`: a line that is not UTF-8 is refused, not made text
+        // with U+FFFD in it.
+        let text = |b: &[u8]| match std::str::from_utf8(b) {
+            Ok(t) => Ok(t.trim().to_owned()),
+            Err(_) => Err(format!("`{}` line {no}: not UTF-8", path.display())),
+        };
+        let synset = text(fields[0])?;
+        if let Some((first, _)) = out.get(&synset) {
+            return Err(format!("`{}` line {no}: synset `{synset}` is already on line {first}", path.display()));
+        }
+        out.insert(synset, (no, text(fields[1])?));
     }
-    Ok(out)
+    Ok(out.into_iter().map(|(synset, (_, words))| (synset, words)).collect())
 }
 
 pub struct ReadImagenet21k {
@@ -267,5 +276,39 @@ impl Reader for ReadImagenet21k {
             }
             Ok(chunk)
         })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::load_words;
+
+    fn words_file(bytes: &[u8]) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("words.txt");
+        std::fs::write(&path, bytes).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn the_words_file_maps_synsets_to_their_words() {
+        let (_dir, path) = words_file(b"n01440764\ttench, Tinca tinca\r\n\nn01443537\t goldfish \n");
+        let words = load_words(&path).unwrap();
+        assert_eq!(words.len(), 2);
+        assert_eq!(words["n01440764"], "tench, Tinca tinca");
+        assert_eq!(words["n01443537"], "goldfish");
+    }
+
+    #[test]
+    fn a_words_line_that_is_not_utf8_or_repeats_a_synset_is_refused_with_its_line() {
+        let (_dir, path) = words_file(b"n01440764\ttench\nn01443537\tgold\xfffish\n");
+        let e = load_words(&path).unwrap_err();
+        assert!(e.ends_with("line 2: not UTF-8"), "{e}");
+        let (_dir, path) = words_file(b"n01440764\ttench\nn01443537\tgoldfish\nn01440764\tanother tench\n");
+        let e = load_words(&path).unwrap_err();
+        assert!(e.ends_with("line 3: synset `n01440764` is already on line 1"), "{e}");
+        let (_dir, path) = words_file(b"n01440764\ttench\tTinca tinca\n");
+        let e = load_words(&path).unwrap_err();
+        assert!(e.ends_with("line 1: expected 2 tab-separated fields"), "{e}");
     }
 }

@@ -378,9 +378,12 @@ fn same_record(raw: &[u8], record: &csv::ByteRecord) -> bool {
     matches!(rdr.read_byte_record(&mut again), Ok(true)) && again.iter().eq(record.iter())
 }
 
-/// A file's format by its extension (any case): `.parquet`, `.csv`, anything else is TSV.
+/// A file's format by its extension (any case): `.parquet`, `.csv`, anything else is TSV. A
+/// compression extension (`.gz`, `.bz2`) is not the format: `x.csv.gz` is a CSV file.
 fn format_of(file: &Path) -> Format {
-    match file.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+    let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("").to_ascii_lowercase();
+    let name = [".gz", ".bz2"].iter().find_map(|c| name.strip_suffix(c)).unwrap_or(&name);
+    match Path::new(name).extension().and_then(|e| e.to_str()) {
         Some("parquet") => Format::Parquet,
         Some("csv") => Format::Csv,
         _ => Format::Tsv,
@@ -411,8 +414,7 @@ fn usual_csv_width(body: &[u8], n: usize) -> usize {
 /// The widest and the usual field count (see [`usual_csv_width`]) of the first `n` records of a
 /// headerless CSV file, quoted separators not counted.
 fn csv_first_widths(path: &Path, n: usize) -> std::result::Result<(usize, usize), String> {
-    let mut file = std::fs::File::open(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
-    crate::io::lines::skip_bom(&mut file).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+    let file = crate::io::lines::open_text(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
     let mut rdr =
         csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(std::io::BufReader::new(file));
     let widths: Vec<usize> = rdr.byte_records().take(n).map_while(|r| r.ok()).map(|r| r.len()).collect();
@@ -425,20 +427,13 @@ fn csv_first_widths(path: &Path, n: usize) -> std::result::Result<(usize, usize)
 /// The column names on a CSV file's first line (quoted names may hold commas; a leading
 /// byte-order mark is not part of the first name).
 fn csv_header(path: &Path) -> std::result::Result<Vec<String>, String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+    let file = crate::io::lines::open_text(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
     let mut rdr = csv::ReaderBuilder::new().has_headers(true).flexible(true).from_reader(std::io::BufReader::new(file));
     let headers = rdr.byte_headers().map_err(|e| format!("`{}`: {e}", path.display()))?;
     if headers.is_empty() {
         return Err(format!("`{}` is empty", path.display()));
     }
-    Ok(headers
-        .iter()
-        .enumerate()
-        .map(|(i, h)| {
-            let h = if i == 0 { h.strip_prefix(crate::io::lines::BOM).unwrap_or(h) } else { h };
-            String::from_utf8_lossy(h).into_owned()
-        })
-        .collect())
+    Ok(headers.iter().map(|h| String::from_utf8_lossy(h).into_owned()).collect())
 }
 
 pub struct ReadTable {
@@ -637,8 +632,8 @@ impl ReadTable {
     /// bytes are known exactly. Every record must have as many fields as the header, or, without
     /// one, as most of the first 100 records.
     fn read_csv(&self, path: &Path, indexes: &[Option<usize>; 6], unique: &mut UniqueIds) -> Result<Vec<Chunk>> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io("cannot read", path, e))?;
-        let body = bytes.strip_prefix(crate::io::lines::BOM).unwrap_or(&bytes);
+        let body = crate::io::lines::read_text(path).map_err(|e| Error::io("cannot read", path, e))?;
+        let body = &body[..];
         let mut rdr = csv::ReaderBuilder::new().has_headers(self.header).flexible(true).from_reader(body);
         let expected = match self.header {
             true => rdr.byte_headers().map(|h| h.len()).unwrap_or(0),
