@@ -2,7 +2,10 @@
 //! formats (CC3M, img2dataset, YFCC100M/15M, ImageNet-21k, generic tables), apply the
 //! Bag-of-Words caption deformations of "A Fistful of Words", and report what was done.
 //!
-//! Dependencies point one way: `cli` → `pipeline` → `stages` → (`text`, `io`, `schema`).
+//! The data path: `cli` → `pipeline` → `stages` → (`text`, `io`, `schema`); `pipeline` writes
+//! the `report` from its plan and run summary. The encoder stages (`encode_text`,
+//! `encode_image`, `mine_pseudo_bow`) use `models`; `curate train` and `curate eval` are
+//! `train` (with `losses`) and `eval`.
 
 /// A line to stderr (messages, warnings, progress lines). Unlike `eprintln!` it never panics: a
 /// closed stderr (`curate run ... 2>&1 | head -1`) must not stop a run half-way.

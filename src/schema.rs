@@ -135,9 +135,12 @@ impl PairsBuilder {
 pub struct Reject {
     /// The stage that set the row aside (`read_cc_tsv`, `bow`, ...).
     pub stage: &'static str,
-    /// File the row came from (file name, or shard member for tar files).
+    /// File the row came from: the input file's name (a tar shard's, for its members; the
+    /// root folder's, for ImageNet-21k), empty for stages after the reader.
     pub source_file: String,
-    /// 1-based line number for text files, 0-based row index for Parquet, member index for tars.
+    /// Readers: 1-based line for text files (CSV: where the record starts), 0-based row for
+    /// Parquet, member index for tars, 0-based listing position for ImageNet-21k. Later stages:
+    /// 0-based index of the row in the stage's input (`schemas/rejects.md`).
     pub row: u64,
     pub sample_id: Option<String>,
     /// Machine-readable reason (`wrong_field_count`, `invalid_utf8`, `empty_caption`, ...).

@@ -385,3 +385,49 @@ fn the_pipeline_matches_the_independent_python_reference() {
         }
     }
 }
+
+/// Passes rows through unchanged, after one fit pass of its own.
+struct FitsOnce(arrow_schema::SchemaRef);
+
+impl Transform for FitsOnce {
+    fn fit_passes(&self) -> usize {
+        1
+    }
+    fn apply(&self, chunk: Chunk, _first_row: u64) -> curate::Result<Chunk> {
+        Ok(chunk)
+    }
+    fn output_schema(&self) -> arrow_schema::SchemaRef {
+        self.0.clone()
+    }
+    fn report(&self) -> serde_json::Value {
+        serde_json::json!({})
+    }
+}
+
+#[test]
+fn a_later_stages_fit_pass_does_not_count_the_bow_rows_again() {
+    // In a later stage's fit pass the `bow` stage deforms the stream for it; the report still
+    // counts each row once (as a `mine_pseudo_bow` after `bow` would have it).
+    let dir = tempfile::tempdir().unwrap();
+    let report = |later: bool| {
+        let out = dir.path().join(format!("out{later}"));
+        let toml = format!(
+            "output_dir = {:?}\n[[stage]]\ntype = \"read_cc_tsv\"\npath = {:?}\n[[stage]]\ntype = \"bow\"\nbase_fraction = 0.5\nrm_top_freq = 3\n[[stage]]\ntype = \"write_parquet\"\n",
+            out.to_string_lossy(),
+            common::fixture("readers/cc/cc_train.tsv")
+        );
+        let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
+        let mut plan = curate::pipeline::plan::compile_doc(&doc).unwrap();
+        if later {
+            let schema = plan.transforms[0].1.output_schema();
+            plan.transforms.push(("fits_once".into(), Box::new(FitsOnce(schema))));
+        }
+        curate::pipeline::run(plan, &Default::default()).unwrap();
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+        report["stages"]["bow"].clone()
+    };
+    let alone = report(false);
+    assert_eq!(alone["rows_in"], 13, "{alone}");
+    assert_eq!(report(true), alone);
+}

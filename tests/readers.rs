@@ -1557,3 +1557,56 @@ fn a_damaged_compressed_input_fails_the_run_naming_the_file() {
         assert!(!out.join("manifest.json").exists());
     }
 }
+
+#[test]
+fn a_cc_url_of_python_whitespace_is_missing() {
+    // Blank means Python's whitespace, for the url as for the caption: U+001F and U+00A0 alike.
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("cc.tsv");
+    std::fs::write(&input, "a dog\thttp://u/1\na cat\t\u{1f}\na bird\t\u{a0} \nan owl\t \n").unwrap();
+    let (_d, data, rejects) =
+        run_pipeline(&read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", input.display())));
+    assert_eq!(strs(&data, "caption"), ["a dog"]);
+    let r: Vec<(String, u64)> =
+        ["missing_url", "missing_url", "missing_url"].iter().zip(2..).map(|(r, l)| (r.to_string(), l)).collect();
+    assert_eq!(reasons(&rejects), r);
+}
+
+#[test]
+fn large_parquet_and_csv_tables_stream_in_chunks() {
+    // A table is read a chunk of `CHUNK_ROWS` rows at a time, whatever its format, so a large
+    // file is never held parsed whole and the chunks are deformed in parallel; the rows and
+    // the ids across chunks are those of the file.
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let n = 2 * curate::stages::CHUNK_ROWS + 5;
+    let ids: Vec<String> = (0..n).map(|i| format!("id{}", i % (n - 1))).collect();
+    let caps: Vec<String> = (0..n).map(|i| format!("caption {i}")).collect();
+    let (id_col, cap_col): (ArrayRef, ArrayRef) =
+        (std::sync::Arc::new(StringArray::from(ids.clone())), std::sync::Arc::new(StringArray::from(caps.clone())));
+    write_batch(
+        &dir.path().join("t.parquet"),
+        &RecordBatch::try_from_iter([("id", id_col), ("text", cap_col)]).unwrap(),
+    );
+    let csv: String = std::iter::once("id,text\n".to_owned())
+        .chain(ids.iter().zip(&caps).map(|(i, c)| format!("{i},{c}\n")))
+        .collect();
+    std::fs::write(dir.path().join("t.csv"), csv).unwrap();
+    for file in ["t.parquet", "t.csv"] {
+        let toml = read_only(&format!(
+            "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"id\", caption = \"text\" }}",
+            dir.path().join(file).display()
+        ))
+        .replace("{out}", "out/never");
+        let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
+        let plan = curate::pipeline::plan::compile_doc(&doc).unwrap();
+        let chunks: Vec<curate::schema::Chunk> = plan.reader.open().unwrap().map(|c| c.unwrap()).collect();
+        assert!(chunks.len() >= 3, "{file}: {} chunk(s)", chunks.len());
+        assert!(chunks.iter().all(|c| c.batch.num_rows() <= curate::stages::CHUNK_ROWS), "{file}");
+        let rows: usize = chunks.iter().map(|c| c.batch.num_rows()).sum();
+        assert_eq!(rows, n - 1, "{file}: the one repeated id is a reject");
+        let last = chunks.iter().rev().find(|c| !c.rejects.is_empty()).expect("a reject");
+        assert_eq!(last.rejects.len(), 1, "{file}");
+        assert_eq!(curate::schema::str_col(&chunks[2].batch, "caption").value(0), caps[2 * curate::stages::CHUNK_ROWS]);
+    }
+}

@@ -1,5 +1,8 @@
-//! Line-oriented input (TSV files): raw lines with 1-based numbers, bytes untouched, so invalid
-//! UTF-8 can be reported per line instead of failing the file. Text inputs may be stored
+//! Text inputs: [`open_text`] opens every text file a reader reads, and [`Lines`] reads the
+//! small ones line by line (table headers, the YFCC15M list, `words.txt`): raw lines with
+//! 1-based numbers, bytes untouched, so invalid UTF-8 can be reported per line instead of
+//! failing the file. (The data of TSV inputs is cut into blocks and parsed in parallel by
+//! `stages::LineChunks`.) Text inputs may be stored
 //! compressed as they are published (YFCC100M and the YFCC15M list come as `.bz2`, many tables
 //! as `.gz`): [`open_text`] knows gzip and bzip2 by their first bytes, whatever the file's name,
 //! and every text reader reads through it.

@@ -1,5 +1,6 @@
-//! Files: input path patterns, line-oriented text inputs, Parquet output shards, tar shards,
-//! atomic writes, input fingerprints, and waiting on the rayon pool from inside it. Stages use these; nothing here knows about stages.
+//! Files: input path patterns, text inputs (plain or compressed), Parquet inputs and output
+//! shards, tar shards, atomic writes, input fingerprints, and waiting on the rayon pool from
+//! inside it. Stages use these; nothing here knows about stages.
 
 pub mod lines;
 pub mod parquet;

@@ -1,7 +1,8 @@
 //! Progress on stderr: one bar per pass over the input, with rows, rows/s and ETA (a spinner
-//! while the row count is still unknown). Off unless enabled (`--progress`), so logs and pipes
-//! stay clean; enabled where stderr is not a terminal (a log file, a Slurm job), it writes a
-//! plain line every [`LOG_EVERY`] and one when each pass ends.
+//! while the row count is still unknown). On where stderr is a terminal (`--progress auto`,
+//! the default), off in pipes and logs so they stay clean; with `--progress always` where
+//! stderr is not a terminal (a log file, a Slurm job), it writes a plain line every
+//! [`LOG_EVERY`] and one when each pass ends.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;

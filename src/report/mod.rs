@@ -17,7 +17,6 @@ use crate::pipeline::execute::RunSummary;
 use crate::pipeline::plan::Plan;
 use crate::stages::bow::MAX_HIST_WORDS;
 
-/// Writes the report files into `out`.
 /// Every warning of a run, for `report.json` and the manifest: the run's own (see
 /// [`RunSummary::warnings`]), then each stage's, named.
 pub fn warnings(summary: &RunSummary, stages: &[(String, Value)]) -> Vec<String> {
@@ -30,6 +29,8 @@ pub fn warnings(summary: &RunSummary, stages: &[(String, Value)]) -> Vec<String>
     out
 }
 
+/// Writes the report files into `out`: `report.md`, `report.json` and, for the stages that
+/// draw, `plots/*.svg`.
 pub fn write(out: &Path, plan: &Plan, summary: &RunSummary, stages: &[(String, Value)]) -> Result<()> {
     // Created by the first stage that draws (a run without a BoW stage has no plots).
     let plots = out.join("plots");

@@ -450,10 +450,14 @@ impl Transform for MinePseudoBow {
     }
 
     fn end_pass(&mut self, _pass: usize) -> Result<()> {
-        let pool = self.build_pool()?;
-        self.stats.get_mut().expect("not poisoned").embed_seconds = pool.embed_seconds;
-        self.pool = Some(pool);
+        // The pool's embedding time is reported on its own (`aligned_embed_seconds`), apart
+        // from the crops'.
+        self.pool = Some(self.build_pool()?);
         Ok(())
+    }
+
+    fn start_stream(&mut self) {
+        *self.stats.get_mut().expect("not poisoned") = Stats::default();
     }
 
     fn apply(&self, chunk: Chunk, first_row: u64) -> Result<Chunk> {

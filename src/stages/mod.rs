@@ -73,6 +73,10 @@ pub trait Transform: Send + Sync {
     fn end_pass(&mut self, _pass: usize) -> Result<()> {
         Ok(())
     }
+    /// Called once, after every fit pass and before the streaming pass. `apply` also runs in
+    /// the fit passes of later stages, to give them the stream they will see: statistics it
+    /// counted there are dropped here, so that the report counts each row once.
+    fn start_stream(&mut self) {}
     /// Transforms one chunk. Called from several threads at once; must be deterministic.
     fn apply(&self, chunk: Chunk, first_row: u64) -> Result<Chunk>;
     fn output_schema(&self) -> SchemaRef;

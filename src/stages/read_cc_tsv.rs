@@ -71,8 +71,8 @@ impl Reader for ReadCcTsv {
             if !has_words(caption) {
                 return LineOutcome::Reject { reason: "empty_caption", detail: "caption has no words".into() };
             }
-            if url.trim().is_empty() {
-                return LineOutcome::Reject { reason: "missing_url", detail: "url field is empty".into() };
+            if !has_words(url) {
+                return LineOutcome::Reject { reason: "missing_url", detail: "url field is blank".into() };
             }
             id.clear();
             id.push_str(line.file);

@@ -11,7 +11,6 @@
 //! `truncated_tar` or `corrupt_tar` reject; a member repeating its sample's extension is a
 //! `duplicate_member` reject, so that every member read is in the data or the rejects.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use arrow_array::cast::AsArray;
@@ -19,7 +18,7 @@ use arrow_array::{Array, RecordBatch};
 use arrow_schema::DataType;
 use serde::{Deserialize, Serialize};
 
-use super::{chunk_of, expand_inputs, has_words, ChunkIter, Problems, Reader};
+use super::{chunk_of, expand_inputs, has_words, ChunkIter, Problems, Reader, UniqueIds};
 use crate::error::{Error, Result};
 use crate::io::{file_name, parquet, tar_shards, PathPatterns};
 use crate::schema::{Chunk, PairRow, PairsBuilder, Reject};
@@ -92,7 +91,7 @@ impl Reader for ReadImg2dataset {
     fn open(&self) -> Result<ChunkIter<'_>> {
         // One chunk per shard: img2dataset shards hold ~10k samples. Keys are the ids, so a key
         // seen before (a corrupt or twice-written shard) is a `duplicate_key` reject.
-        let mut seen: HashSet<String> = HashSet::new();
+        let mut seen = UniqueIds::default();
         Ok(Box::new(self.files.iter().map(move |f| {
             if f.extension().is_some_and(|e| e == "tar") {
                 read_tar(f, &self.source, &mut seen)
@@ -109,7 +108,7 @@ fn stem(p: &Path) -> String {
 
 const DUPLICATE: &str = "the key was already read (here or in an earlier shard)";
 
-fn read_metadata(path: &Path, source: &str, seen: &mut HashSet<String>) -> Result<Chunk> {
+fn read_metadata(path: &Path, source: &str, seen: &mut UniqueIds) -> Result<Chunk> {
     let shard = stem(path);
     let name = file_name(path);
     let mut out = PairsBuilder::new(source);
@@ -147,7 +146,7 @@ fn read_metadata(path: &Path, source: &str, seen: &mut HashSet<String>) -> Resul
             match caps[i] {
                 None => rejects.push(reject("missing_caption", "caption is null".into())),
                 Some(c) if !has_words(c) => rejects.push(reject("empty_caption", "caption has no words".into())),
-                Some(_) if !seen.insert(key.to_owned()) => rejects.push(reject("duplicate_key", DUPLICATE.into())),
+                Some(_) if !seen.first_time(key) => rejects.push(reject("duplicate_key", DUPLICATE.into())),
                 Some(c) => out.push(PairRow {
                     sample_id: key,
                     caption: Some(c),
@@ -192,7 +191,7 @@ fn row_json(k: &[Option<&str>], c: &[Option<&str>], u: &[Option<&str>], s: &[Opt
     serde_json::json!({"key": k[i], "caption": c[i], "url": u[i], "status": s[i]}).to_string()
 }
 
-fn read_tar(path: &Path, source: &str, seen: &mut HashSet<String>) -> Result<Chunk> {
+fn read_tar(path: &Path, source: &str, seen: &mut UniqueIds) -> Result<Chunk> {
     let shard = stem(path);
     let name = file_name(path);
     let mut out = PairsBuilder::new(source);
@@ -248,7 +247,7 @@ fn read_tar(path: &Path, source: &str, seen: &mut HashSet<String>) -> Result<Chu
 type Verdict = std::result::Result<(String, Option<String>), (&'static str, &'static str, Vec<u8>)>;
 
 /// Whether a tar sample is kept. A key is marked seen only when its sample is.
-fn judge(s: &tar_shards::Sample, seen: &mut HashSet<String>) -> Verdict {
+fn judge(s: &tar_shards::Sample, seen: &mut UniqueIds) -> Verdict {
     if let Some(name) = &s.bad_name {
         return Err(("invalid_utf8", "the member name is not UTF-8, so its key is unknown", name.clone()));
     }
@@ -280,7 +279,7 @@ fn judge(s: &tar_shards::Sample, seen: &mut HashSet<String>) -> Verdict {
     if !has_words(&text) {
         return Err(("empty_caption", "caption has no words", caption));
     }
-    if !seen.insert(s.key.clone()) {
+    if !seen.first_time(&s.key) {
         return Err(("duplicate_key", DUPLICATE, caption));
     }
     Ok((text, url))
@@ -366,7 +365,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("00001.tar");
         std::fs::write(&p, bytes).unwrap();
-        let chunk = read_tar(&p, "img2dataset", &mut HashSet::new()).unwrap();
+        let chunk = read_tar(&p, "img2dataset", &mut UniqueIds::default()).unwrap();
         let ids = crate::schema::str_col(&chunk.batch, "sample_id");
         let urls = crate::schema::str_col(&chunk.batch, "url");
         let rows =
@@ -450,7 +449,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("00000.tar");
         std::fs::write(&p, &bytes).unwrap();
-        let chunk = read_tar(&p, "img2dataset", &mut HashSet::new()).unwrap();
+        let chunk = read_tar(&p, "img2dataset", &mut UniqueIds::default()).unwrap();
         let caps: Vec<&str> = crate::schema::str_col(&chunk.batch, "caption").iter().flatten().collect();
         assert_eq!(caps, ["one", "first copy", "txt a", "four"]);
         let rejects: Vec<_> = chunk.rejects.iter().map(|r| (r.row, r.sample_id.unwrap(), r.reason, r.raw)).collect();

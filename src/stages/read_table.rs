@@ -436,6 +436,23 @@ fn csv_header(path: &Path) -> std::result::Result<Vec<String>, String> {
     Ok(headers.iter().map(|h| String::from_utf8_lossy(h).into_owned()).collect())
 }
 
+/// A CSV file being read (see [`ReadTable::open_csv`]): the parser over its text, and where it
+/// is.
+struct CsvFile<'a> {
+    path: &'a Path,
+    indexes: &'a [Option<usize>; 6],
+    rdr: csv::Reader<std::io::Cursor<Vec<u8>>>,
+    /// Fields every record must have.
+    expected: usize,
+    /// Fields a record needs for every mapped column.
+    need: usize,
+    /// Text bytes whose line ends are counted in `line`.
+    counted: usize,
+    /// Line of the byte at `counted` (1-based).
+    line: u64,
+    done: bool,
+}
+
 pub struct ReadTable {
     files: Vec<PathBuf>,
     format: Format,
@@ -567,18 +584,47 @@ impl Reader for ReadTable {
             }
             Format::Csv => {
                 let mut unique = UniqueIds::default();
-                Ok(Box::new(self.files.iter().zip(&self.indexes).flat_map(move |(f, ix)| {
-                    match self.read_csv(f, ix, &mut unique) {
-                        Ok(chunks) => chunks.into_iter().map(Ok).collect::<Vec<_>>(),
-                        Err(e) => vec![Err(e)],
+                let mut files = self.files.iter().zip(&self.indexes);
+                let mut current: Option<CsvFile<'_>> = None;
+                Ok(Box::new(std::iter::from_fn(move || loop {
+                    if current.is_none() {
+                        let (f, ix) = files.next()?;
+                        match self.open_csv(f, ix) {
+                            Ok(file) => current = Some(file),
+                            Err(e) => return Some(Err(e)),
+                        }
+                    }
+                    match self.csv_chunk(current.as_mut().expect("opened above"), &mut unique) {
+                        Ok(Some(chunk)) => return Some(Ok(chunk)),
+                        Ok(None) => current = None,
+                        Err(e) => return Some(Err(e)),
                     }
                 })))
             }
             Format::Parquet => {
+                // Each file streams in chunks of `CHUNK_ROWS` rows: a table of any size is never
+                // held whole.
+                type Open<'a, I> = (&'a PathBuf, &'a [Option<usize>; 6], I, u64);
                 let mut unique = UniqueIds::default();
-                Ok(Box::new(
-                    self.files.iter().zip(&self.indexes).map(move |(f, ix)| self.read_parquet(f, ix, &mut unique)),
-                ))
+                let mut files = self.files.iter().zip(&self.indexes);
+                let mut current: Option<Open<'_, _>> = None;
+                Ok(Box::new(std::iter::from_fn(move || loop {
+                    if current.is_none() {
+                        let (f, ix) = files.next()?;
+                        match parquet::read_batches(f, CHUNK_ROWS) {
+                            Ok(batches) => current = Some((f, ix, batches, 0)),
+                            Err(e) => return Some(Err(e)),
+                        }
+                    }
+                    let (f, ix, batches, row) = current.as_mut().expect("opened above");
+                    match batches.next() {
+                        None => current = None,
+                        Some(batch) => {
+                            let chunk = batch.and_then(|b| self.parquet_chunk(f, ix, &b, row, &mut unique));
+                            return Some(chunk);
+                        }
+                    }
+                })))
             }
         }
     }
@@ -627,41 +673,55 @@ impl ReadTable {
         }
     }
 
-    /// A CSV file, parsed from memory so each record's line (where it starts, counting blank
-    /// lines; a line ends at LF, CRLF or a lone CR, as the CSV parser's records do) and raw
-    /// bytes are known exactly. Every record must have as many fields as the header, or, without
-    /// one, as most of the first 100 records.
-    fn read_csv(&self, path: &Path, indexes: &[Option<usize>; 6], unique: &mut UniqueIds) -> Result<Vec<Chunk>> {
+    /// Opens a CSV file for [`ReadTable::csv_chunk`]: its text is held in memory so that each
+    /// record's line (where it starts, counting blank lines; a line ends at LF, CRLF or a lone
+    /// CR, as the CSV parser's records do) and raw bytes are known exactly. Every record must
+    /// have as many fields as the header, or, without one, as most of the first 100 records.
+    fn open_csv<'a>(&self, path: &'a Path, indexes: &'a [Option<usize>; 6]) -> Result<CsvFile<'a>> {
         let body = crate::io::lines::read_text(path).map_err(|e| Error::io("cannot read", path, e))?;
-        let body = &body[..];
-        let mut rdr = csv::ReaderBuilder::new().has_headers(self.header).flexible(true).from_reader(body);
-        let expected = match self.header {
-            true => rdr.byte_headers().map(|h| h.len()).unwrap_or(0),
-            false => usual_csv_width(body, 100),
+        let width = (!self.header).then(|| usual_csv_width(&body, 100));
+        let mut rdr =
+            csv::ReaderBuilder::new().has_headers(self.header).flexible(true).from_reader(std::io::Cursor::new(body));
+        let expected = match width {
+            None => rdr.byte_headers().map(|h| h.len()).unwrap_or(0),
+            Some(width) => width,
         };
         let need = indexes.iter().flatten().max().map_or(0, |m| m + 1);
+        Ok(CsvFile { path, indexes, rdr, expected, need, counted: 0, line: 1, done: false })
+    }
+
+    /// The next chunk of `file` ([`CHUNK_ROWS`] rows, with the rejects among them), or `None`
+    /// once the file is read: rows stream, where the file's text is in memory.
+    fn csv_chunk(&self, file: &mut CsvFile<'_>, unique: &mut UniqueIds) -> Result<Option<Chunk>> {
+        if file.done {
+            return Ok(None);
+        }
+        let (path, indexes, expected) = (file.path, file.indexes, file.expected);
         let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
         let mut out = PairsBuilder::new(&self.source);
         let mut rejects = Vec::new();
-        let mut chunks = Vec::new();
         let mut record = csv::ByteRecord::new();
-        // Line of byte `counted` of `body`.
-        let (mut counted, mut line) = (0usize, 1u64);
-        loop {
-            match rdr.read_byte_record(&mut record) {
-                Ok(false) => break,
+        while out.len() < CHUNK_ROWS {
+            match file.rdr.read_byte_record(&mut record) {
+                Ok(false) => {
+                    file.done = true;
+                    break;
+                }
                 Ok(true) => {}
                 Err(e) => return Err(Error::data(format!("`{}`: {e}", path.display()))),
             }
-            let end = (rdr.position().byte() as usize).min(body.len());
+            let body = &file.rdr.get_ref().get_ref()[..];
+            let end = (file.rdr.position().byte() as usize).min(body.len());
             // A record's position can be that of the line ends (blank lines, the `\n` of a CRLF)
             // before it.
             let mut start = record.position().map_or(0, |p| p.byte() as usize).min(end);
             while start < end && matches!(body[start], b'\r' | b'\n') {
                 start += 1;
             }
-            line += line_ends(&body[counted..start]);
-            counted = start;
+            // `line` is the line of byte `counted` of the text.
+            file.line += line_ends(&body[file.counted..start]);
+            file.counted = start;
+            let line = file.line;
             let mut raw = &body[start..end];
             while let Some(r) = raw.strip_suffix(b"\n").or_else(|| raw.strip_suffix(b"\r")) {
                 raw = r;
@@ -676,7 +736,7 @@ impl ReadTable {
                 .filter(|_| has_id_field(record.len(), expected))
                 .and_then(|i| record.get(i))
                 .and_then(|id| std::str::from_utf8(id).ok());
-            if record.len() != expected || record.len() < need {
+            if record.len() != expected || record.len() < file.need {
                 let d = format!("{} fields, expected {expected}", record.len());
                 rejects.push(self.reject(path, line, id, "wrong_field_count", d, raw));
                 continue;
@@ -690,74 +750,75 @@ impl ReadTable {
             if let Some(r) = self.emit_unique(&mut maker, unique, path, line, values, &mut out, || raw) {
                 rejects.push(r);
             }
-            if out.len() >= CHUNK_ROWS {
-                chunks.push(chunk_of(out.finish(), std::mem::take(&mut rejects)));
-            }
         }
-        chunks.push(chunk_of(out.finish(), rejects));
-        Ok(chunks)
+        Ok(Some(chunk_of(out.finish(), rejects)))
     }
 
-    fn read_parquet(&self, path: &Path, indexes: &[Option<usize>; 6], unique: &mut UniqueIds) -> Result<Chunk> {
+    /// One batch of a Parquet file as a chunk; `row` is the file's row index of the batch's
+    /// first row, and is moved past the batch.
+    fn parquet_chunk(
+        &self,
+        path: &Path,
+        indexes: &[Option<usize>; 6],
+        batch: &arrow_array::RecordBatch,
+        row: &mut u64,
+        unique: &mut UniqueIds,
+    ) -> Result<Chunk> {
         let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
         let mut out = PairsBuilder::new(&self.source);
         let mut rejects = Vec::new();
-        let mut row = 0u64;
-        for batch in parquet::read_file(path)? {
-            let cols: Vec<Option<arrow_array::ArrayRef>> = indexes
-                .iter()
-                .map(|i| {
-                    i.map(|i| {
-                        as_text(batch.column(i)).map_err(|e| {
-                            let name = batch.schema().field(i).name().clone();
-                            Error::data(format!("`{}`: column `{name}` cannot be read as text: {e}", path.display()))
-                        })
+        let cols: Vec<Option<arrow_array::ArrayRef>> = indexes
+            .iter()
+            .map(|i| {
+                i.map(|i| {
+                    as_text(batch.column(i)).map_err(|e| {
+                        let name = batch.schema().field(i).name().clone();
+                        Error::data(format!("`{}`: column `{name}` cannot be read as text: {e}", path.display()))
                     })
-                    .transpose()
                 })
-                .collect::<Result<_>>()?;
-            for r in 0..batch.num_rows() {
-                // A value the cast to text turned into a null was not text: bytes that are not
-                // UTF-8 (a binary column), kept as they were.
-                let not_text = indexes.iter().zip(&cols).find_map(|(i, c)| {
-                    let (i, c) = (i.as_ref()?, c.as_ref()?);
-                    let orig = batch.column(*i);
-                    // (A column of type Null, as pyarrow writes an all-None one, is nulls.)
-                    let valid = orig.data_type() != &DataType::Null && orig.is_valid(r);
-                    (valid && !c.is_valid(r)).then_some(orig)
-                });
-                if let Some(orig) = not_text {
-                    let raw = match orig.data_type() {
-                        DataType::Binary => orig.as_binary::<i32>().value(r).to_vec(),
-                        DataType::LargeBinary => orig.as_binary::<i64>().value(r).to_vec(),
-                        DataType::BinaryView => orig.as_binary_view().value(r).to_vec(),
-                        _ => Vec::new(),
-                    };
-                    let id =
-                        cols[0].as_ref().map(|c| c.as_string::<i32>()).filter(|c| c.is_valid(r)).map(|c| c.value(r));
-                    rejects.push(self.reject(
-                        path,
-                        row,
-                        id,
-                        "invalid_utf8",
-                        "a mapped value is not UTF-8 text".into(),
-                        raw,
-                    ));
-                    row += 1;
-                    continue;
-                }
-                let values: [Option<&str>; 6] = std::array::from_fn(|k| {
-                    cols[k].as_ref().and_then(|c| {
-                        let s = c.as_string::<i32>();
-                        s.is_valid(r).then(|| s.value(r))
-                    })
-                });
-                let raw = || serde_json::to_vec(&values).unwrap_or_default();
-                if let Some(r) = self.emit_unique(&mut maker, unique, path, row, values, &mut out, raw) {
-                    rejects.push(r);
-                }
-                row += 1;
+                .transpose()
+            })
+            .collect::<Result<_>>()?;
+        for r in 0..batch.num_rows() {
+            // A value the cast to text turned into a null was not text: bytes that are not
+            // UTF-8 (a binary column), kept as they were.
+            let not_text = indexes.iter().zip(&cols).find_map(|(i, c)| {
+                let (i, c) = (i.as_ref()?, c.as_ref()?);
+                let orig = batch.column(*i);
+                // (A column of type Null, as pyarrow writes an all-None one, is nulls.)
+                let valid = orig.data_type() != &DataType::Null && orig.is_valid(r);
+                (valid && !c.is_valid(r)).then_some(orig)
+            });
+            if let Some(orig) = not_text {
+                let raw = match orig.data_type() {
+                    DataType::Binary => orig.as_binary::<i32>().value(r).to_vec(),
+                    DataType::LargeBinary => orig.as_binary::<i64>().value(r).to_vec(),
+                    DataType::BinaryView => orig.as_binary_view().value(r).to_vec(),
+                    _ => Vec::new(),
+                };
+                let id = cols[0].as_ref().map(|c| c.as_string::<i32>()).filter(|c| c.is_valid(r)).map(|c| c.value(r));
+                rejects.push(self.reject(
+                    path,
+                    *row,
+                    id,
+                    "invalid_utf8",
+                    "a mapped value is not UTF-8 text".into(),
+                    raw,
+                ));
+                *row += 1;
+                continue;
             }
+            let values: [Option<&str>; 6] = std::array::from_fn(|k| {
+                cols[k].as_ref().and_then(|c| {
+                    let s = c.as_string::<i32>();
+                    s.is_valid(r).then(|| s.value(r))
+                })
+            });
+            let raw = || serde_json::to_vec(&values).unwrap_or_default();
+            if let Some(r) = self.emit_unique(&mut maker, unique, path, *row, values, &mut out, raw) {
+                rejects.push(r);
+            }
+            *row += 1;
         }
         Ok(chunk_of(out.finish(), rejects))
     }

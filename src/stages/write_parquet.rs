@@ -1,7 +1,7 @@
-//! `write_parquet`: the pipeline's output table, as Parquet shards under
-//! `<output_dir>/<dir>/part-NNNNN.parquet`, plus `<output_dir>/rejects/part-NNNNN.parquet`. Every file is
-//! written to a temporary name and renamed when complete; shards left from an earlier, larger
-//! run are removed so the folder holds exactly this run's output.
+//! `write_parquet`: the settings of the pipeline's output table — its folder under
+//! `output_dir`, the rows per shard (of the data and of `rejects/`) and the columns. The shards
+//! are written by `io::parquet::ShardedWriter` (temporary name, renamed when complete), and an
+//! earlier run's output is cleared by `pipeline::execute`.
 
 use serde::{Deserialize, Serialize};
 
@@ -10,8 +10,8 @@ pub const TYPE: &str = "write_parquet";
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WriteParquetConfig {
-    /// Folder for the data shards, relative to `output_dir` (not `rejects` or `plots`, which the
-    /// run writes itself).
+    /// Folder for the data shards, relative to `output_dir` (not one of [`RESERVED_DIRS`],
+    /// which the run fills itself).
     #[serde(default = "default_dir")]
     pub dir: String,
     /// Rows per shard file.
@@ -29,8 +29,17 @@ fn default_rows_per_shard() -> usize {
     1_000_000
 }
 
-/// Folders of `output_dir` the run fills itself: the data cannot go there.
-pub const RESERVED_DIRS: [&str; 2] = ["rejects", "plots"];
+/// The folder of `output_dir` a run moves an earlier run's shards into, and deletes while it
+/// runs.
+pub const STALE_DIR: &str = ".curate-stale";
+
+/// Folders of `output_dir` the run fills itself, and what it puts there: the data cannot go
+/// there.
+pub const RESERVED_DIRS: [(&str, &str); 3] = [
+    ("rejects", "writes its rejects"),
+    ("plots", "writes its plots"),
+    (STALE_DIR, "moves an earlier run's shards, and deletes them,"),
+];
 
 impl WriteParquetConfig {
     /// Why `dir` cannot hold the data shards, if it cannot: it must be a plain relative folder
@@ -44,8 +53,8 @@ impl WriteParquetConfig {
         let first = path.components().next().map(|c| c.as_os_str().to_string_lossy().into_owned());
         RESERVED_DIRS
             .iter()
-            .find(|r| first.as_deref() == Some(**r))
-            .map(|r| format!("`dir` cannot be `{r}`: the run writes its {r} there"))
+            .find(|(r, _)| first.as_deref() == Some(*r))
+            .map(|(r, what)| format!("`dir` cannot be `{r}`: the run {what} there"))
     }
 }
 
@@ -63,7 +72,7 @@ mod tests {
         for bad in ["", " ", "/abs/data", "../data", "a/../b", "./data"] {
             assert!(problem(bad).is_some_and(|p| p.contains("must be a folder inside")), "{bad:?}");
         }
-        for reserved in ["rejects", "plots", "plots/x"] {
+        for reserved in ["rejects", "plots", "plots/x", ".curate-stale", ".curate-stale/data"] {
             assert!(problem(reserved).is_some_and(|p| p.contains("cannot be")), "{reserved}");
         }
     }
