@@ -22,6 +22,9 @@ enum Origin {
     Override(String),
 }
 
+/// The most errors found in one stage's (or the file's top-level) keys: one per key at most.
+const MAX_ERRORS_PER_STAGE: usize = 64;
+
 /// A parsed pipeline file with the origin of every value.
 #[derive(Debug, Clone)]
 pub struct ConfigDoc {
@@ -220,7 +223,9 @@ impl ConfigDoc {
     ) -> (Option<T>, Vec<String>) {
         let mut value = value.clone();
         let mut dropped: Vec<String> = Vec::new();
-        for _ in 0..64 {
+        // Each round reports one error and drops its key; a stage has far fewer keys than
+        // this, so every error is found (the bound only guards against a loop that drops none).
+        for _ in 0..MAX_ERRORS_PER_STAGE {
             match serde_path_to_error::deserialize::<_, T>(value.clone()) {
                 Ok(t) => return (Some(t), dropped),
                 Err(e) => {

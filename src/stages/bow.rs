@@ -251,6 +251,16 @@ struct Stats {
     deformed_other: Counts,
 }
 
+/// Band rows counted per parallel job when the base statistics come from the band: enough
+/// captions (~40k words) to outweigh a job's cost, few enough to spread over the cores.
+const BAND_ROWS_PER_JOB: usize = 4096;
+
+/// The word-count slots of [`Stats`]: words of every caption before the cascade, of every
+/// output caption after it, and of the deformed output captions only.
+const BEFORE: usize = 0;
+const AFTER: usize = 1;
+const DEFORMED_AFTER: usize = 2;
+
 impl Stats {
     fn merge(&mut self, o: Stats) {
         self.rows_in += o.rows_in;
@@ -281,8 +291,8 @@ impl Stats {
         }
     }
 
-    /// Adds one occurrence of `word` to a chunk's counts in `SLOT` (0 before, 1 after, 2 after
-    /// in a deformed caption): by id when the table has it, else by string.
+    /// Adds one occurrence of `word` to a chunk's counts in `SLOT` ([`BEFORE`], [`AFTER`],
+    /// [`DEFORMED_AFTER`]): by id when the table has it, else by string.
     #[inline]
     fn count<const SLOT: usize>(ids: &mut [[u32; 3]], other: &mut Counts, word: &str, e: Option<Entry>) {
         match e {
@@ -344,29 +354,34 @@ struct WordTable {
     len: usize,
 }
 
-/// A word's id in its [`WordTable`] and whether the filters keep it.
+/// A word of a caption and its [`WordTable`] entry (none for a word outside the base
+/// vocabulary).
+type Word<'a> = (&'a str, Option<Entry>);
+
+/// A word's id in its [`WordTable`] and whether it passes the filters (RmStopNalpha,
+/// LimitToBaseVocab and RmTopFreq, see [`Bow::passes_filters`]), decided once at fit time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry(u32);
 
 impl Entry {
-    const KEEP: u32 = 1 << 31;
+    const PASSES: u32 = 1 << 31;
 
     fn id(self) -> usize {
-        (self.0 & !Self::KEEP) as usize
+        (self.0 & !Self::PASSES) as usize
     }
 
-    fn keep(self) -> bool {
-        self.0 & Self::KEEP != 0
+    fn passes_filters(self) -> bool {
+        self.0 & Self::PASSES != 0
     }
 }
 
 impl WordTable {
-    /// `words[i]` gets id `i`, kept by the filters iff `keep[i]`.
-    fn new(words: Vec<Box<str>>, keep: Vec<bool>) -> Self {
-        assert!(words.len() < Entry::KEEP as usize, "ids fit below the keep bit");
+    /// `words[i]` gets id `i`, and passes the filters iff `passes[i]`.
+    fn new(words: Vec<Box<str>>, passes: Vec<bool>) -> Self {
+        assert!(words.len() < Entry::PASSES as usize, "ids fit below the filters' bit");
         let mut t = WordTable { len: words.len(), ..Default::default() };
-        for (i, (w, k)) in words.into_iter().zip(keep).enumerate() {
-            let e = Entry(i as u32 | if k { Entry::KEEP } else { 0 });
+        for (i, (w, p)) in words.into_iter().zip(passes).enumerate() {
+            let e = Entry(i as u32 | if p { Entry::PASSES } else { 0 });
             match pack_word(&w) {
                 Some(Packed::Tiny(key)) => t.tiny.insert(key, e),
                 Some(Packed::Short(key)) => t.short.insert(key, e),
@@ -628,8 +643,10 @@ impl Bow {
         self.base_surface.extend(counts.surface);
     }
 
-    /// Whether RmStopNalpha, LimitToBaseVocab and RmTopFreq (those switched on) all keep `word`.
-    fn keeps(&self, word: &str) -> bool {
+    /// The filters of the cascade, per word: whether RmStopNalpha, LimitToBaseVocab and
+    /// RmTopFreq(t) (those switched on) all keep `word`. Decided once per base word at fit time
+    /// (the [`Entry`] bit); asked here only for words outside the base vocabulary.
+    fn passes_filters(&self, word: &str) -> bool {
         let c = &self.config;
         if c.rm_stop_nalpha && !is_content_word(word) {
             return false;
@@ -648,6 +665,41 @@ impl Bow {
             }
         }
         true
+    }
+
+    /// The cascade on the words of one deformed caption (`words`, with their table entries),
+    /// in canonical order; `survivors` gets the words left, in their new order:
+    /// - dedup (if set), keeping each word where it first occurs, so that Shuffle + Keep(n) draw
+    ///   a uniform subset of the distinct words (deduplicated after the shuffle, a word written
+    ///   twice would be twice as likely to be kept);
+    /// - Shuffle, from the row's own stream `(seed, "bow.shuffle", sample_id)`;
+    /// - RmStopNalpha, LimitToBaseVocab, RmTopFreq(t): per word, one verdict for the three
+    ///   ([`Bow::passes_filters`]), so their order does not matter;
+    /// - Keep(n): the first `n` survivors, always last.
+    #[inline]
+    fn deform<'w>(&self, sample_id: &str, words: &mut Vec<Word<'w>>, survivors: &mut Vec<Word<'w>>) {
+        let c = &self.config;
+        if c.dedup {
+            let mut distinct = 0;
+            for i in 0..words.len() {
+                let w = words[i].0;
+                if !words[..distinct].iter().any(|k| k.0 == w) {
+                    words[distinct] = words[i];
+                    distinct += 1;
+                }
+            }
+            words.truncate(distinct);
+        }
+        if c.shuffle {
+            RowRng::new(self.seed, "bow.shuffle", sample_id).shuffle(words);
+        }
+        survivors.extend(words.iter().filter(|&&(w, e)| match e {
+            Some(e) => e.passes_filters(),
+            None => self.passes_filters(w),
+        }));
+        if c.keep_words > 0 {
+            survivors.truncate(c.keep_words);
+        }
     }
 
     /// Fixes `V_base`, `Top_t` and the word table once the base statistics are complete.
@@ -669,9 +721,9 @@ impl Bow {
             surface.into_iter().map(|w| (self.base_df.get(&self.match_form(&w)), w)).collect();
         by_df.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
         let surface: Vec<Box<str>> = by_df.into_iter().map(|(_, w)| w).collect();
-        let keep: Vec<bool> = surface.iter().map(|w| self.keeps(w)).collect();
-        let none_kept = !keep.contains(&true);
-        self.table = WordTable::new(surface, keep);
+        let passes: Vec<bool> = surface.iter().map(|w| self.passes_filters(w)).collect();
+        let none_kept = !passes.contains(&true);
+        self.table = WordTable::new(surface, passes);
         // With LimitToBaseVocab, a word outside the base vocabulary goes: if no base word
         // survives the filters either, every deformed caption ends empty. (Not said with a
         // stemmer, where a word outside the table may share a kept stem.)
@@ -784,9 +836,9 @@ impl Transform for Bow {
                 // Counted in parallel; the merge is a sum, so the result is the same.
                 let counts = (0..band.len())
                     .into_par_iter()
-                    .step_by(4096)
+                    .step_by(BAND_ROWS_PER_JOB)
                     .map(|first| {
-                        let part = first..(first + 4096).min(band.len());
+                        let part = first..(first + BAND_ROWS_PER_JOB).min(band.len());
                         let base = part.filter(|&i| self.is_base(band[i].0)).map(|i| {
                             let start = if i == 0 { 0 } else { band[i - 1].1 };
                             &text[start..band[i].1]
@@ -813,16 +865,16 @@ impl Transform for Bow {
         let ids = str_col(&batch, schema::SAMPLE_ID);
         let caps = str_col(&batch, schema::CAPTION);
         let n = batch.num_rows();
-        let c = &self.config;
         let mut out = StringBuilder::with_capacity(n, n * 24);
         let mut split = StringBuilder::with_capacity(n, n * 8);
-        let mut keep = Vec::with_capacity(n);
+        // Whether each input row is in the output (a deformed caption left empty is not).
+        let mut in_output = Vec::with_capacity(n);
         let mut st = Stats::default();
         // Occurrences (before, after) by table id: 32 bits are enough within a chunk.
         let mut counts = vec![[0u32; 3]; self.table.len()];
         // (word, table entry) of the current caption, and of the survivors.
         let mut buf: Vec<(&'static str, Option<Entry>)> = Vec::with_capacity(32);
-        let mut kept_buf: Vec<(&'static str, Option<Entry>)> = Vec::with_capacity(32);
+        let mut survivors_buf: Vec<(&'static str, Option<Entry>)> = Vec::with_capacity(32);
         let mut joined = String::new();
         let mut tokens: Vec<&str> = Vec::with_capacity(32);
         // The lower-cased caption of the fast path and its word ranges.
@@ -868,62 +920,32 @@ impl Transform for Bow {
                 // Dropped below; a value (not a null) keeps the column on the run-copy path.
                 out.append_value("");
                 split.append_value("");
-                keep.push(false);
+                in_output.push(false);
                 buf = recycle(words);
                 continue;
             }
             st.words_before += words.len() as u64;
             bump_hist(&mut st.len_before, words.len());
             for &(w, e) in &words {
-                Stats::count::<0>(&mut counts, &mut st.before_other, w, e);
+                Stats::count::<BEFORE>(&mut counts, &mut st.before_other, w, e);
             }
             if self.mostly() && self.is_base(first_row + r as u64) {
                 st.base += 1;
                 st.words_after += words.len() as u64;
                 bump_hist(&mut st.len_after, words.len());
                 for &(w, e) in &words {
-                    Stats::count::<1>(&mut counts, &mut st.after_other, w, e);
+                    Stats::count::<AFTER>(&mut counts, &mut st.after_other, w, e);
                 }
                 out.append_value(caption.expect("has words"));
                 split.append_value("base");
-                keep.push(true);
+                in_output.push(true);
                 buf = recycle(words);
                 continue;
             }
             st.deformed_in += 1;
-            // The cascade in canonical order: (dedup), Shuffle, the filters, Keep(n). Dedup comes
-            // first, keeping each word where it first occurs, so that Shuffle + Keep(n) draw a
-            // uniform subset of the distinct words (deduplicated after the shuffle, a word
-            // written twice would be twice as likely to be kept). The filters are per word, so
-            // they do not care.
-            if c.dedup {
-                let mut distinct = 0;
-                for i in 0..words.len() {
-                    let w = words[i].0;
-                    if !words[..distinct].iter().any(|k| k.0 == w) {
-                        words[distinct] = words[i];
-                        distinct += 1;
-                    }
-                }
-                words.truncate(distinct);
-            }
-            if c.shuffle {
-                RowRng::new(self.seed, "bow.shuffle", id).shuffle(&mut words);
-            }
-            let mut kept = recycle(std::mem::take(&mut kept_buf));
-            for &(w, e) in &words {
-                let ok = match e {
-                    Some(e) => e.keep(),
-                    None => self.keeps(w),
-                };
-                if ok {
-                    kept.push((w, e));
-                }
-            }
-            if c.keep_words > 0 {
-                kept.truncate(c.keep_words);
-            }
-            if kept.is_empty() {
+            let mut survivors = recycle(std::mem::take(&mut survivors_buf));
+            self.deform(id, &mut words, &mut survivors);
+            if survivors.is_empty() {
                 st.emptied += 1;
                 rejects.push_row(
                     TYPE,
@@ -937,16 +959,16 @@ impl Transform for Bow {
                 // Dropped below; a value (not a null) keeps the column on the run-copy path.
                 out.append_value("");
                 split.append_value("");
-                keep.push(false);
+                in_output.push(false);
             } else {
                 st.deformed_out += 1;
-                st.words_after += kept.len() as u64;
-                st.words_deformed_after += kept.len() as u64;
-                bump_hist(&mut st.len_after, kept.len());
+                st.words_after += survivors.len() as u64;
+                st.words_deformed_after += survivors.len() as u64;
+                bump_hist(&mut st.len_after, survivors.len());
                 joined.clear();
-                for (i, &(w, e)) in kept.iter().enumerate() {
-                    Stats::count::<1>(&mut counts, &mut st.after_other, w, e);
-                    Stats::count::<2>(&mut counts, &mut st.deformed_other, w, e);
+                for (i, &(w, e)) in survivors.iter().enumerate() {
+                    Stats::count::<AFTER>(&mut counts, &mut st.after_other, w, e);
+                    Stats::count::<DEFORMED_AFTER>(&mut counts, &mut st.deformed_other, w, e);
                     if i > 0 {
                         joined.push(' ');
                     }
@@ -954,9 +976,9 @@ impl Transform for Bow {
                 }
                 out.append_value(&joined);
                 split.append_value("deformed");
-                keep.push(true);
+                in_output.push(true);
             }
-            kept_buf = recycle(kept);
+            survivors_buf = recycle(survivors);
             buf = recycle(words);
         }
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns() + 2);
@@ -970,7 +992,7 @@ impl Transform for Bow {
             }
         }
         let full = RecordBatch::try_new(self.schema.clone(), columns)?;
-        let batch = schema::keep_rows(&full, &keep)?;
+        let batch = schema::keep_rows(&full, &in_output)?;
         let mut all = self.stats.lock().expect("stats lock");
         all.add_counts(&counts);
         all.merge(st);
@@ -989,9 +1011,9 @@ impl Transform for Bow {
         let st = self.stats.lock().expect("stats lock");
         let n_in = st.base + st.deformed_in;
         let n_out = st.base + st.deformed_out;
-        let (ranked_before, vocab_before) = st.ranked(0);
-        let (ranked_after, vocab_after) = st.ranked(1);
-        let vocab_deformed_after = st.distinct(2);
+        let (ranked_before, vocab_before) = st.ranked(BEFORE);
+        let (ranked_after, vocab_after) = st.ranked(AFTER);
+        let vocab_deformed_after = st.distinct(DEFORMED_AFTER);
         let mean = |words: u64, n: u64| if n == 0 { 0.0 } else { words as f64 / n as f64 };
         json!({
             "mode": self.config.mode,
@@ -1117,7 +1139,7 @@ mod tests {
                 "cat",
                 "a-very-long-compound-wore"
             ]
-            .map(|w| t.get(w).map(|e| (e.id(), e.keep()))),
+            .map(|w| t.get(w).map(|e| (e.id(), e.passes_filters()))),
             [
                 Some((0, true)),
                 Some((1, false)),
@@ -1155,7 +1177,7 @@ mod tests {
         assert_eq!(cached.table.entries(), reread.table.entries());
         // Stems in the vocabulary, surface words in the table: `runs` is matched as `run`.
         assert!(cached.vocab.contains("run") && !cached.vocab.contains("runs"));
-        assert_eq!(cached.table.get("runs").map(Entry::keep), Some(true));
+        assert_eq!(cached.table.get("runs").map(Entry::passes_filters), Some(true));
         let chunk = |bow: &Bow| {
             bow.apply(Chunk { batch: b.clone(), rejects: Default::default(), skipped: Default::default() }, 0)
                 .unwrap()
@@ -1190,7 +1212,7 @@ mod tests {
         let config = format!("{config}\nrm_stop_nalpha = false\nlimit_to_base_vocab = false");
         let bow = fitted_with(&config, None, &b);
         assert_eq!(bow.top, vec![("other".to_owned(), n)]);
-        assert!(!bow.keeps("others") && bow.keeps("other") && bow.keeps("during"));
+        assert!(!bow.passes_filters("others") && bow.passes_filters("other") && bow.passes_filters("during"));
         // Raw candidates: every word counts, stopwords' stems included (`dure` ties with
         // `other` and comes first in byte order).
         let bow = fitted_with(&format!("{config}\nfrequency_candidates = \"raw\""), None, &b);

@@ -34,7 +34,8 @@ impl Candidates {
 #[derive(Debug, Clone, Default)]
 pub struct Counts {
     map: FxHashMap<Box<str>, u64>,
-    /// Number of captions counted.
+    /// Calls to [`Counts::add_occurrences`] and [`Counts::add_document`] (and what merged
+    /// counts had): the captions counted, where each call is one caption.
     pub docs: u64,
 }
 
@@ -84,10 +85,6 @@ impl Counts {
 
     pub fn get(&self, word: &str) -> u64 {
         self.map.get(word).copied().unwrap_or(0)
-    }
-
-    pub fn contains(&self, word: &str) -> bool {
-        self.map.contains_key(word)
     }
 
     /// Number of distinct words.
