@@ -33,6 +33,9 @@ def sets(mode, shuffle=True, stop=False, limit=False, top=0, keep=0):
 
 # (table, row label, overrides, paper Avg Cap Len, paper Δ Dset Size)
 ROWS = [
+    # The statistics of the intact captions: "only" mode with every operator off counts the same
+    # words, but writes the captions tokenised (lower-cased); pipelines/intact.toml writes the
+    # intact data itself.
     ("4", "intact", sets("only", shuffle=False), 10.3, "0%"),
     ("4", "only BoW: Shuffle", sets("only"), 10.3, ""),
     ("4", "… + RmStopNalpha", sets("only", stop=True), 5.8, ""),

@@ -431,3 +431,16 @@ fn a_later_stages_fit_pass_does_not_count_the_bow_rows_again() {
     assert_eq!(alone["rows_in"], 13, "{alone}");
     assert_eq!(report(true), alone);
 }
+
+#[test]
+fn a_bow_stage_with_every_operator_off_warns_that_it_tokenises() {
+    let caps: Vec<String> = ["A Dog, running.", "two cats"].map(String::from).to_vec();
+    let off = "mode = \"only\"\nshuffle = false\nrm_stop_nalpha = false\nkeep_words = 0\nrm_top_freq = 0\nlimit_to_base_vocab = false";
+    let (rows, _, report) = run_bow(off, &caps, 10);
+    assert_eq!(rows[0].1, "a dog, running.", "tokenised, not as read");
+    let warnings = report["warnings"].as_array().unwrap();
+    assert!(warnings.iter().any(|w| w.as_str().unwrap().starts_with("every operator is off")), "{report}");
+    // One operator on: no such warning.
+    let (_, _, report) = run_bow(&off.replace("keep_words = 0", "keep_words = 3"), &caps, 10);
+    assert!(report["warnings"].as_array().unwrap().is_empty(), "{report}");
+}

@@ -188,6 +188,17 @@ impl BowConfig {
         if !problems.is_empty() {
             return None;
         }
+        let mut warnings = Vec::new();
+        let no_operator = !(self.shuffle || self.rm_stop_nalpha || self.dedup)
+            && !(self.limit_to_base_vocab || self.rm_top_freq > 0 || self.keep_words > 0);
+        if no_operator {
+            // The ablations' "intact" row: right statistics, but not the intact data.
+            let w = "every operator is off: the deformed captions are the captions tokenised (lower-cased, \
+                     words joined by one space), not the captions as read; for intact data, run without a \
+                     `bow` stage (pipelines/intact.toml)";
+            say!("warning: stage `bow`: {w}");
+            warnings.push(w.to_owned());
+        }
         Some(Bow {
             config: self.clone(),
             seed: self.seed.unwrap_or(pipeline_seed),
@@ -209,7 +220,7 @@ impl BowConfig {
             top_set: FxHashSet::default(),
             stats: Mutex::new(Stats::default()),
             schema: output_schema(),
-            warnings: Vec::new(),
+            warnings,
         })
     }
 }
