@@ -189,8 +189,8 @@ impl BowConfig {
             return None;
         }
         let mut warnings = Vec::new();
-        let no_operator = !(self.shuffle || self.rm_stop_nalpha || self.dedup)
-            && !(self.limit_to_base_vocab || self.rm_top_freq > 0 || self.keep_words > 0);
+        let operators = [self.shuffle, self.rm_stop_nalpha, self.dedup, self.limit_to_base_vocab];
+        let no_operator = !operators.contains(&true) && self.rm_top_freq == 0 && self.keep_words == 0;
         if no_operator {
             // The ablations' "intact" row: right statistics, but not the intact data.
             let w = "every operator is off: the deformed captions are the captions tokenised (lower-cased, \
