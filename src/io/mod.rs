@@ -225,7 +225,7 @@ fn hash_file(h: &mut xxhash_rust::xxh3::Xxh3, f: &Path, buf: &mut [u8]) -> Resul
 }
 
 /// Files under `p` (itself if a file), sorted, recursively.
-pub fn collect_files(p: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+fn collect_files(p: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     if p.is_dir() {
         let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
             .map_err(|e| Error::io("cannot list", p, e))?

@@ -202,7 +202,7 @@ impl ConfigDoc {
     /// everything, and leave out problems that only follow from a dropped key. The value is
     /// `None` when a required key is wrong or missing. A non-empty list means errors were
     /// reported.
-    pub fn extract_recovering<T: DeserializeOwned>(
+    pub(crate) fn extract_recovering<T: DeserializeOwned>(
         &self,
         path: &str,
         value: &Value,

@@ -122,7 +122,7 @@ pub fn compile_doc(doc: &ConfigDoc) -> Result<Plan> {
     compile_doc_on(doc, &Device::flex())
 }
 
-pub fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
+fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
     let mut diags = doc.override_errors.clone();
     let known_top = fields::<PipelineConfig>();
     for key in doc.root.keys() {

@@ -74,13 +74,13 @@ pub struct BowConfig {
     #[serde(default = "default_base_fraction")]
     pub base_fraction: f64,
     /// Shuffle: random permutation of the caption's words.
-    #[serde(default = "yes")]
+    #[serde(default = "super::yes")]
     pub shuffle: bool,
     /// RmStopNalpha: drop non-alphabetical words and NLTK English stopwords.
-    #[serde(default = "yes")]
+    #[serde(default = "super::yes")]
     pub rm_stop_nalpha: bool,
     /// LimitToBaseVocab: drop words that never occur in a base caption.
-    #[serde(default = "yes")]
+    #[serde(default = "super::yes")]
     pub limit_to_base_vocab: bool,
     /// RmTopFreq(t): drop the `t` most frequent words of the base captions (by document
     /// frequency); 0 turns it off.
@@ -113,9 +113,6 @@ fn default_mode() -> Mode {
 }
 fn default_base_fraction() -> f64 {
     0.1
-}
-fn yes() -> bool {
-    true
 }
 fn default_rm_top_freq() -> usize {
     1000

@@ -22,6 +22,10 @@ use crate::error::{did_you_mean, Error, Result};
 use crate::io::{file_name, parquet, PathPatterns};
 use crate::schema::{Chunk, PairRow, PairsBuilder, Reject};
 
+/// Lines (CSV: records) of a headerless table whose usual field count is the width every row
+/// must have; a few malformed lines among them do not change it.
+const FIRST_LINES: usize = 100;
+
 pub const TYPE: &str = "read_table";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,7 +132,7 @@ pub struct ReadTableConfig {
     #[serde(default)]
     pub image_root: Option<String>,
     /// Reject rows whose image file does not exist (`missing_file`).
-    #[serde(default = "yes")]
+    #[serde(default = "super::yes")]
     pub check_files: bool,
     #[serde(default = "default_source")]
     pub source: String,
@@ -150,9 +154,6 @@ fn column_table<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<C
     d.deserialize_map(Visitor)
 }
 
-fn yes() -> bool {
-    true
-}
 fn default_source() -> String {
     "table".into()
 }
@@ -252,10 +253,10 @@ impl ReadTableConfig {
                 Ok(schema.fields().iter().map(|f| f.name().clone()).collect())
             }),
             Format::Tsv if !header => {
-                widest_of_first_lines(file, b'\t', 100).map(|n| (0..n).map(|i| format!("#{i}")).collect())
+                widest_of_first_lines(file, b'\t', FIRST_LINES).map(|n| (0..n).map(|i| format!("#{i}")).collect())
             }
             Format::Csv if !header => {
-                csv_first_widths(file, 100).map(|(n, _)| (0..n).map(|i| format!("#{i}")).collect())
+                csv_first_widths(file, FIRST_LINES).map(|(n, _)| (0..n).map(|i| format!("#{i}")).collect())
             }
             Format::Tsv => header_fields(file, b'\t'),
             Format::Csv => csv_header(file),
@@ -327,8 +328,8 @@ impl ReadTableConfig {
             }
         }
         let width = match format {
-            Format::Tsv if !header => usual_width_of_first_lines(file, b'\t', 100),
-            Format::Csv if !header => csv_first_widths(file, 100).map(|(_, usual)| usual),
+            Format::Tsv if !header => usual_width_of_first_lines(file, b'\t', FIRST_LINES),
+            Format::Csv if !header => csv_first_widths(file, FIRST_LINES).map(|(_, usual)| usual),
             _ => Ok(names.len()),
         };
         let width = match width {
@@ -679,7 +680,7 @@ impl ReadTable {
     /// have as many fields as the header, or, without one, as most of the first 100 records.
     fn open_csv<'a>(&self, path: &'a Path, indexes: &'a [Option<usize>; 6]) -> Result<CsvFile<'a>> {
         let body = crate::io::lines::read_text(path).map_err(|e| Error::io("cannot read", path, e))?;
-        let width = (!self.header).then(|| usual_csv_width(&body, 100));
+        let width = (!self.header).then(|| usual_csv_width(&body, FIRST_LINES));
         let mut rdr =
             csv::ReaderBuilder::new().has_headers(self.header).flexible(true).from_reader(std::io::Cursor::new(body));
         let expected = match width {

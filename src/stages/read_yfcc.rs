@@ -46,7 +46,7 @@ pub struct ReadYfccConfig {
     pub caption: CaptionFrom,
     /// Remove HTML tags from title and description and decode character references
     /// (`&amp;`, `&#39;`; see [`clean`]).
-    #[serde(default = "yes")]
+    #[serde(default = "super::yes")]
     pub strip_html: bool,
     #[serde(default = "default_source")]
     pub source: String,
@@ -54,9 +54,6 @@ pub struct ReadYfccConfig {
 
 fn default_caption() -> CaptionFrom {
     CaptionFrom::TitleAndDescription
-}
-fn yes() -> bool {
-    true
 }
 fn default_source() -> String {
     "yfcc100m".into()
@@ -224,7 +221,7 @@ impl Reader for ReadYfcc {
 
 /// `application/x-www-form-urlencoded` decoding: `+` is a space, `%XX` a byte; an invalid
 /// escape is kept literally (as Python's `urllib.parse.unquote_plus` does).
-pub fn url_decode(s: &[u8]) -> Vec<u8> {
+fn url_decode(s: &[u8]) -> Vec<u8> {
     let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
     let mut out = Vec::with_capacity(s.len());
     let mut i = 0;

@@ -1,0 +1,205 @@
+//! Checks of a reader's input files, at plan time, before any data is read: path patterns
+//! expanded to distinct files; files a text reader cannot read (compressed other than with
+//! gzip or bzip2, archives, Parquet, lone-CR line ends); the header and usual width of a
+//! table's first lines.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::Problems;
+use crate::io::lines::Lines;
+
+/// Shared reader configuration check: the patterns expand to files (not folders), and no two
+/// share a file name — rows are known by `<file name>#<row>` (`sample_id`, rejects'
+/// `source_file`), so two `part.tsv` in different folders would give the same ids.
+pub fn expand_inputs(patterns: &crate::io::PathPatterns, problems: &mut Problems, key: &'static str) -> Vec<PathBuf> {
+    let files = match patterns.expand() {
+        Ok(files) => files,
+        Err(e) => {
+            problems.push(key, format!("input {e}"), Some("paths are relative to the directory curate runs in".into()));
+            return Vec::new();
+        }
+    };
+    let mut ok = true;
+    for f in files.iter().filter(|f| f.is_dir()) {
+        ok = false;
+        problems.push(
+            key,
+            format!("input `{}` is a folder", f.display()),
+            Some(format!("name the files in it, e.g. `{}`", f.join("*.tsv").display())),
+        );
+    }
+    let mut seen: BTreeMap<String, &Path> = BTreeMap::new();
+    for f in &files {
+        let name = crate::io::file_name(f);
+        if let Some(first) = seen.insert(name.clone(), f) {
+            ok = false;
+            let (message, hint) = if first == f.as_path() {
+                (format!("input `{}` is given twice", f.display()), "list each file once".to_owned())
+            } else {
+                (
+                    format!("inputs `{}` and `{}` have the same file name", first.display(), f.display()),
+                    format!("rows are known by file name and row (`{name}#1`): rename one, or run each folder as its own pipeline"),
+                )
+            };
+            problems.push(key, message, Some(hint));
+        }
+    }
+    if ok {
+        files
+    } else {
+        Vec::new()
+    }
+}
+
+/// What a file is, by its first bytes, when it is one a text reader cannot read: a file
+/// compressed other than with gzip or bzip2 (which [`crate::io::lines::open_text`] reads), an
+/// archive, or a Parquet file. Every line of it would be a reject.
+fn binary_kind(path: &Path) -> Option<&'static str> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut head = Vec::new();
+    (&mut f).take(10).read_to_end(&mut head).ok()?;
+    // Magic numbers that no text line starts with (Parquet's `PAR1` counts only when the file
+    // also ends with it).
+    let parquet = head.starts_with(b"PAR1") && {
+        let mut tail = [0u8; 4];
+        f.seek(SeekFrom::End(-4)).and_then(|_| f.read_exact(&mut tail)).is_ok() && tail == *b"PAR1"
+    };
+    [
+        (head.starts_with(b"\x28\xb5\x2f\xfd"), "zstd-compressed"),
+        (head.starts_with(b"\xfd7zXZ\x00"), "xz-compressed"),
+        (head.starts_with(b"PK\x03\x04"), "a zip archive"),
+        (parquet, "a Parquet file"),
+    ]
+    .into_iter()
+    .find_map(|(is, kind)| is.then_some(kind))
+}
+
+/// Whether the lines of `path` end in a lone CR (classic Mac OS): a CR not before an LF, and no
+/// LF at all in its first 64 KiB. Read line by line at LF, the whole file would be one line.
+fn cr_lines(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = Vec::new();
+    if crate::io::lines::open_text(path).and_then(|f| f.take(1 << 16).read_to_end(&mut head)).is_err() {
+        return false;
+    }
+    // A CR before the last byte: one CR ending a one-line file is that line's end.
+    !head.contains(&b'\n') && head.iter().rev().skip(1).any(|&b| b == b'\r')
+}
+
+/// Reports each of `files`, read as LF-separated text, that is [`binary_kind`] or has
+/// [`cr_lines`] (when `lone_cr_ends_lines` is false: CSV reads a lone CR as a line end);
+/// whether there was one.
+pub fn refuse_non_text(
+    files: &[PathBuf],
+    problems: &mut Problems,
+    key: &'static str,
+    lone_cr_ends_lines: bool,
+) -> bool {
+    let before = problems.0.len();
+    for f in files {
+        if !lone_cr_ends_lines && cr_lines(f) {
+            problems.push(
+                key,
+                format!("the lines of `{}` end in a lone CR (no LF): it would read as one line", f.display()),
+                Some("convert the line ends first, e.g. `tr '\\r' '\\n' < IN > OUT`".into()),
+            );
+        }
+        if let Some(kind) = binary_kind(f) {
+            let hint = match kind {
+                "a Parquet file" => "read it with `read_table` (`format = \"parquet\"`, or a `.parquet` name)",
+                _ => {
+                    "decompress it first (e.g. `zstd -d`, `xz -dk`): curate reads text, plain or gzip/bzip2-compressed"
+                }
+            };
+            problems.push(key, format!("input `{}` is {kind}, not text", f.display()), Some(hint.into()));
+        }
+    }
+    problems.0.len() > before
+}
+
+/// Reads a file's header line for column-name checks.
+pub fn header_fields(path: &Path, delimiter: u8) -> std::result::Result<Vec<String>, String> {
+    let mut lines = Lines::open(path).map_err(|e| e.to_string())?;
+    let Some((_, line)) = lines.next_line().map_err(|e| e.to_string())? else {
+        return Err(format!("`{}` is empty", path.display()));
+    };
+    let text = String::from_utf8_lossy(line);
+    Ok(text.split(delimiter as char).map(|s| s.trim_matches('"').to_owned()).collect())
+}
+
+/// Field count of the widest of the first `n` lines of a headerless file (one malformed first
+/// line must not hide the file's real width).
+pub fn widest_of_first_lines(path: &Path, delimiter: u8, n: usize) -> std::result::Result<usize, String> {
+    let mut lines = Lines::open(path).map_err(|e| e.to_string())?;
+    let mut widest = 0;
+    for _ in 0..n {
+        match lines.next_line().map_err(|e| e.to_string())? {
+            Some((_, line)) => widest = widest.max(line.iter().filter(|&&b| b == delimiter).count() + 1),
+            None => break,
+        }
+    }
+    if widest == 0 {
+        return Err(format!("`{}` is empty", path.display()));
+    }
+    Ok(widest)
+}
+
+/// The most common field count among the first `n` non-blank lines of a headerless file (the
+/// wider on a tie): the width every row must have. A few malformed lines among the first do not
+/// change it.
+pub fn usual_width_of_first_lines(path: &Path, delimiter: u8, n: usize) -> std::result::Result<usize, String> {
+    let mut lines = Lines::open(path).map_err(|e| e.to_string())?;
+    let mut widths = Vec::with_capacity(n);
+    while widths.len() < n {
+        match lines.next_line().map_err(|e| e.to_string())? {
+            Some((_, [])) => {}
+            Some((_, line)) => widths.push(line.iter().filter(|&&b| b == delimiter).count() + 1),
+            None => break,
+        }
+    }
+    usual_width(widths).ok_or_else(|| format!("`{}` is empty", path.display()))
+}
+
+/// The most common of `widths` (the wider on a tie), or `None` for none.
+pub fn usual_width(widths: impl IntoIterator<Item = usize>) -> Option<usize> {
+    let mut seen: std::collections::BTreeMap<usize, usize> = Default::default();
+    for w in widths {
+        *seen.entry(w).or_insert(0) += 1;
+    }
+    seen.into_iter().max_by_key(|&(width, count)| (count, width)).map(|(width, _)| width)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_headerless_file_has_the_usual_width_of_its_first_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.tsv");
+        std::fs::write(&p, "a.jpg#0 no tab here\na.jpg#1\tok\nb.jpg#0\tok\tthird\nc.jpg#0\tok\n").unwrap();
+        assert_eq!(usual_width_of_first_lines(&p, b'\t', 100).unwrap(), 2);
+        assert_eq!(usual_width_of_first_lines(&p, b'\t', 1).unwrap(), 1);
+        // A tie goes to the wider.
+        assert_eq!(usual_width_of_first_lines(&p, b'\t', 3).unwrap(), 3);
+        // Blank lines do not count.
+        std::fs::write(&p, "\n\n\n\na\tb\n").unwrap();
+        assert_eq!(usual_width_of_first_lines(&p, b'\t', 3).unwrap(), 2);
+        std::fs::write(&p, "").unwrap();
+        assert!(usual_width_of_first_lines(&p, b'\t', 100).unwrap_err().contains("is empty"));
+    }
+
+    #[test]
+    fn a_malformed_first_line_does_not_hide_the_width_of_a_headerless_file() {
+        // Flickr8k's first line has a space where its tab should be.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.tsv");
+        std::fs::write(&p, "a.jpg#0 no tab here\na.jpg#1\tok\nb.jpg#0\tok\tthird\n").unwrap();
+        assert_eq!(widest_of_first_lines(&p, b'\t', 2).unwrap(), 2, "only the first 2 lines are read");
+        assert_eq!(widest_of_first_lines(&p, b'\t', 100).unwrap(), 3);
+        std::fs::write(&p, "").unwrap();
+        assert!(widest_of_first_lines(&p, b'\t', 100).unwrap_err().contains("is empty"));
+    }
+}
