@@ -234,71 +234,15 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
 
     let total_passes = plan.transforms.iter().map(|(_, t)| t.fit_passes()).sum::<usize>() + 1;
     let progress = Progress::new(opts.progress, total_passes);
-    let mut total_rows: Option<u64> = None;
-    let mut pass_no = 0;
-    let mut cache: Option<PassCache> = None;
-
-    // Fit passes: transform `i` sees the stream through transforms `0..i`.
-    for i in 0..plan.transforms.len() {
-        let (before, rest) = plan.transforms.split_at_mut(i);
-        let (name, stage) = &mut rest[0];
-        for pass in 0..stage.fit_passes() {
-            pass_no += 1;
-            if !stage.wants_pass(pass) {
-                // No timing: a pass that did not run is not a pass that took no time.
-                progress.skipped(pass_no, &format!("{name}: fit pass {}", pass + 1), "learned in an earlier pass");
-                continue;
-            }
-            let t = Instant::now();
-            let bar = progress.pass(pass_no, &format!("{name}: fit pass {}", pass + 1), total_rows);
-            let mut offsets = vec![0u64; i + 1];
-            let mut rows = 0;
-            // The first pass over the input fills the cache; later passes read from it.
-            let filling = cache.is_none();
-            let cached: Option<Vec<Chunk>> = cache.as_ref().and_then(|c| c.chunks.clone());
-            if filling {
-                cache = Some(PassCache::new(opts.cache_bytes));
-            }
-            let reader: &dyn Reader = plan.reader.as_ref();
-            std::thread::scope(|s| -> Result<()> {
-                // Reading and parsing run on their own thread, ahead of the fitting here.
-                let rx = spawn_reader(s, reader, cached)?;
-                for chunk in rx {
-                    let chunk = chunk?;
-                    if filling {
-                        cache.as_mut().expect("set above").keep(&chunk);
-                    }
-                    let n_read =
-                        chunk.batch.num_rows() + chunk.rejects.len() + chunk.skipped.values().sum::<u64>() as usize;
-                    rows += n_read as u64;
-                    let mut c = chunk;
-                    for (j, (_, earlier)) in before.iter().enumerate() {
-                        let n = c.batch.num_rows() as u64;
-                        c = earlier.apply(c, offsets[j])?;
-                        offsets[j] += n;
-                    }
-                    stage.fit(pass, &c.batch, offsets[i])?;
-                    offsets[i] += c.batch.num_rows() as u64;
-                    bar.inc(n_read as u64);
-                }
-                Ok(())
-            })?;
-            stage.end_pass(pass)?;
-            bar.finish();
-            total_rows = Some(rows);
-            timings.insert(format!("{name}.fit_pass_{}", pass + 1), t.elapsed().as_secs_f64());
-        }
-    }
-
+    let Fitted { cache, total_rows, passes } = fit_passes(&mut plan, opts, &progress, &mut timings)?;
     let input_cache = PassCache::state(&cache);
     for (_, stage) in plan.transforms.iter_mut() {
         stage.start_stream();
     }
 
     // The streaming pass.
-    pass_no += 1;
     let t = Instant::now();
-    let bar = progress.pass(pass_no, "transform + write", total_rows);
+    let bar = progress.pass(passes + 1, "transform + write", total_rows);
     let mut metadata = vec![
         ("curate.version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
         ("curate.config_hash".to_owned(), config_hash.clone()),
@@ -434,6 +378,81 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     let text = serde_json::to_string_pretty(&manifest).expect("JSON value serializes");
     write_atomic(&out.join("manifest.json"), text.as_bytes())?;
     Ok(summary)
+}
+
+/// What the fit passes leave for the streaming pass.
+struct Fitted {
+    /// The parsed input, when the first pass kept it (see [`PassCache`]).
+    cache: Option<PassCache>,
+    /// The rows of one pass over the input, once a pass has run (for the progress bars).
+    total_rows: Option<u64>,
+    /// Passes counted so far, run or skipped.
+    passes: usize,
+}
+
+/// The fit passes, stage by stage: transform `i` fits on the stream through transforms `0..i`
+/// (so their `apply` runs here too; see [`Transform::start_stream`]). The first pass over the
+/// input fills the cache that later passes and the streaming pass read.
+fn fit_passes(
+    plan: &mut Plan,
+    opts: &RunOptions,
+    progress: &Progress,
+    timings: &mut BTreeMap<String, f64>,
+) -> Result<Fitted> {
+    let mut total_rows: Option<u64> = None;
+    let mut pass_no = 0;
+    let mut cache: Option<PassCache> = None;
+    for i in 0..plan.transforms.len() {
+        let (before, rest) = plan.transforms.split_at_mut(i);
+        let (name, stage) = &mut rest[0];
+        for pass in 0..stage.fit_passes() {
+            pass_no += 1;
+            if !stage.wants_pass(pass) {
+                // No timing: a pass that did not run is not a pass that took no time.
+                progress.skipped(pass_no, &format!("{name}: fit pass {}", pass + 1), "learned in an earlier pass");
+                continue;
+            }
+            let t = Instant::now();
+            let bar = progress.pass(pass_no, &format!("{name}: fit pass {}", pass + 1), total_rows);
+            let mut offsets = vec![0u64; i + 1];
+            let mut rows = 0;
+            // The first pass over the input fills the cache; later passes read from it.
+            let filling = cache.is_none();
+            let cached: Option<Vec<Chunk>> = cache.as_ref().and_then(|c| c.chunks.clone());
+            if filling {
+                cache = Some(PassCache::new(opts.cache_bytes));
+            }
+            let reader: &dyn Reader = plan.reader.as_ref();
+            std::thread::scope(|s| -> Result<()> {
+                // Reading and parsing run on their own thread, ahead of the fitting here.
+                let rx = spawn_reader(s, reader, cached)?;
+                for chunk in rx {
+                    let chunk = chunk?;
+                    if filling {
+                        cache.as_mut().expect("set above").keep(&chunk);
+                    }
+                    let n_read =
+                        chunk.batch.num_rows() + chunk.rejects.len() + chunk.skipped.values().sum::<u64>() as usize;
+                    rows += n_read as u64;
+                    let mut c = chunk;
+                    for (j, (_, earlier)) in before.iter().enumerate() {
+                        let n = c.batch.num_rows() as u64;
+                        c = earlier.apply(c, offsets[j])?;
+                        offsets[j] += n;
+                    }
+                    stage.fit(pass, &c.batch, offsets[i])?;
+                    offsets[i] += c.batch.num_rows() as u64;
+                    bar.inc(n_read as u64);
+                }
+                Ok(())
+            })?;
+            stage.end_pass(pass)?;
+            bar.finish();
+            total_rows = Some(rows);
+            timings.insert(format!("{name}.fit_pass_{}", pass + 1), t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(Fitted { cache, total_rows, passes: pass_no })
 }
 
 /// Whether a file named `name` in a shard folder is one a run writes, finished or not (and so
