@@ -57,7 +57,10 @@ enum Kind {
 }
 
 /// Every stage type: name, kind and accepted keys.
-fn stage_types() -> Vec<(&'static str, Kind, &'static [&'static str])> {
+/// A stage type: its name, its kind and its config keys.
+type StageType = (&'static str, Kind, &'static [&'static str]);
+
+fn stage_types() -> Vec<StageType> {
     vec![
         (read_cc_tsv::TYPE, Kind::Read, fields::<ReadCcTsvConfig>()),
         (read_img2dataset::TYPE, Kind::Read, fields::<ReadImg2datasetConfig>()),
@@ -124,56 +127,7 @@ pub fn compile_doc(doc: &ConfigDoc) -> Result<Plan> {
 
 fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
     let mut diags = doc.override_errors.clone();
-    let known_top = fields::<PipelineConfig>();
-    for key in doc.root.keys() {
-        if !known_top.iter().any(|t| t == key) {
-            let hint = did_you_mean(key, known_top.iter().copied())
-                .or_else(|| Some(format!("top-level keys are {}; stage keys go under `[[stage]]`", list(known_top))));
-            diags.push(
-                Diagnostic::new(format!("unknown top-level key `{key}`")).at(doc.key_location(key)).maybe_hint(hint),
-            );
-        }
-    }
-    let mut top = doc.root.clone();
-    top.retain(|k, _| known_top.contains(&k));
-    let top: Option<PipelineConfig> = doc.extract("", &Value::Table(top), &mut diags);
-    if doc.root.get("stage").is_some_and(|s| !matches!(s, Value::Array(a) if a.iter().all(Value::is_table))) {
-        // Reported by `extract` as a type error already.
-    } else if doc.stages().is_empty() {
-        diags.push(
-            Diagnostic::new("the pipeline has no stages")
-                .hint("add `[[stage]]` tables: a read stage, transforms, then `write_parquet`"),
-        );
-    }
-    if let Some(t) = &top {
-        if Path::new(&t.output_dir).is_file() {
-            diags.push(
-                Diagnostic::new(format!("`output_dir` `{}` is a file", t.output_dir))
-                    .at(doc.location("output_dir"))
-                    .hint("name a folder (it is created if it does not exist)"),
-            );
-        } else if let Some(why) = unwritable(Path::new(&t.output_dir)) {
-            diags.push(
-                Diagnostic::new(format!("`output_dir` `{}` cannot be written: {why}", t.output_dir))
-                    .at(doc.location("output_dir"))
-                    .hint("name a folder you can write, or one inside such a folder"),
-            );
-        }
-        if t.name.as_deref().is_some_and(|n| n.trim().is_empty()) {
-            diags.push(
-                Diagnostic::new("the pipeline's `name` is empty")
-                    .at(doc.location("name"))
-                    .hint("leave `name` out to use the file's name, or give one for the report's title"),
-            );
-        }
-        if t.output_dir.trim().is_empty() {
-            diags.push(
-                Diagnostic::new("`output_dir` is empty")
-                    .at(doc.location("output_dir"))
-                    .hint("name the folder for this run's outputs, e.g. `output_dir = \"out/bow\"`"),
-            );
-        }
-    }
+    let top = check_top(doc, &mut diags);
     let seed = top.as_ref().map_or(0, |t| t.seed);
 
     let types = stage_types();
@@ -321,119 +275,10 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
         built.push(Compiled { name, kind, stage, resolved, index: i });
     }
 
-    // Order: one reader first, transforms, one writer last.
-    let kinds: Vec<Kind> = built.iter().map(|b| b.kind).collect();
-    if !kinds.is_empty() {
-        if kinds[0] != Kind::Read || kinds.iter().filter(|k| **k == Kind::Read).count() != 1 {
-            // Point at the first read stage out of place (or at the first stage, if none reads).
-            let at = match kinds.iter().position(|k| *k == Kind::Read) {
-                Some(0) => built.iter().filter(|b| b.kind == Kind::Read).nth(1).map_or(0, |b| b.index),
-                _ => built[0].index,
-            };
-            diags.push(
-                Diagnostic::new("a pipeline starts with exactly one read stage")
-                    .at(doc.location(&format!("stage[{at}]")))
-                    .hint(format!(
-                        "read stages: {}",
-                        list(&types.iter().filter(|t| t.1 == Kind::Read).map(|t| t.0).collect::<Vec<_>>())
-                    )),
-            );
-        }
-        if *kinds.last().expect("non-empty") != Kind::Write || kinds.iter().filter(|k| **k == Kind::Write).count() != 1
-        {
-            diags.push(
-                Diagnostic::new("a pipeline ends with exactly one `write_parquet` stage")
-                    .at(doc.location(&format!("stage[{}]", built.last().expect("non-empty").index)))
-                    .hint("end the file with a `[[stage]]` of `type = \"write_parquet\"`"),
-            );
-        }
-    }
-
-    // `bow` deforms captions: after a reader that gives none (an image folder, a table without a
-    // caption column), with no `mine_pseudo_bow` to make them, every row would be rejected.
-    let mut captions = true;
-    for b in &built {
-        match (&b.stage, b.resolved["type"].as_str()) {
-            (Some(Built::Reader(r)), _) => captions = r.has_captions(),
-            (_, Some(mine_pseudo_bow::TYPE)) => captions = true,
-            (_, Some(bow::TYPE)) if !captions => diags.push(
-                Diagnostic::new(format!(
-                    "stage `{}` deforms captions, but the rows it gets have none: every row would be rejected",
-                    b.name
-                ))
-                .at(doc.location(&format!("stage[{}]", b.index)))
-                .hint(
-                    "map a caption column (`read_table`), or make pseudo-BoW captions first with a \
-                     `mine_pseudo_bow` stage (uncaptioned images, e.g. `read_imagenet21k`)",
-                ),
-            ),
-            _ => {}
-        }
-    }
-
-    // Column check for the writer's selection, against the schema the stages produce.
-    let mut output_schema = schema.clone();
-    let writer_index = built.iter().position(|b| b.kind == Kind::Write);
-    if let Some(wi) = writer_index.filter(|_| schema_known) {
-        let wi_file = built[wi].index;
-        if let Some(Built::Write(w)) = &built[wi].stage {
-            if let Some(cols) = &w.columns {
-                let available: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-                let mut picked: Vec<arrow_schema::FieldRef> = Vec::new();
-                if cols.is_empty() {
-                    diags.push(
-                        Diagnostic::new("`columns` is empty: no column would be written")
-                            .at(doc.location(&format!("stage[{wi_file}].columns")))
-                            .hint(format!("leave `columns` out to write all of them: {}", list(&available))),
-                    );
-                }
-                for (j, c) in cols.iter().enumerate() {
-                    match schema.field_with_name(c) {
-                        // Parquet readers (pyarrow, polars) refuse a file with two columns of a name.
-                        Ok(_) if cols[..j].contains(c) => diags.push(
-                            Diagnostic::new(format!("column `{c}` is listed twice"))
-                                .at(doc.location(&format!("stage[{wi_file}].columns[{j}]")))
-                                .hint("list each column once"),
-                        ),
-                        Ok(f) => picked.push(Arc::new(f.clone())),
-                        Err(_) => diags.push(
-                            Diagnostic::new(format!("missing column `{c}`: no earlier stage produces it"))
-                                .at(doc.location(&format!("stage[{wi_file}].columns[{j}]")))
-                                .maybe_hint(
-                                    did_you_mean(c, available.iter().copied())
-                                        .or_else(|| Some(format!("columns here: {}", list(&available)))),
-                                ),
-                        ),
-                    }
-                }
-                output_schema = Arc::new(Schema::new(picked));
-            }
-        }
-    }
-
-    // An input among the shards a run into `output_dir` clears first would be deleted unread.
-    let reader = built.iter().find_map(|b| match &b.stage {
-        Some(Built::Reader(r)) => Some((r, b.index)),
-        _ => None,
-    });
-    let writer = built.iter().find_map(|b| match &b.stage {
-        Some(Built::Write(w)) => Some(w),
-        _ => None,
-    });
-    if let (Some((r, ri)), Some(w), Some(t)) = (reader, writer, &top) {
-        let out = PathBuf::from(&t.output_dir);
-        let (data, rejects) = (out.join(&w.dir), out.join("rejects"));
-        for f in crate::pipeline::execute::inputs_a_run_clears(&[&data, &rejects], &r.inputs()) {
-            diags.push(
-                Diagnostic::new(format!(
-                    "input `{}` is a shard of this pipeline's own output: a run clears it before reading",
-                    f.display()
-                ))
-                .at(doc.location(&format!("stage[{ri}].path")))
-                .hint("write to another `output_dir` (e.g. `--set output_dir=...`)"),
-            );
-        }
-    }
+    check_order(doc, &built, &types, &mut diags);
+    check_bow_has_captions(doc, &built, &mut diags);
+    let output_schema = if schema_known { written_schema(doc, &built, &schema, &mut diags) } else { schema.clone() };
+    check_inputs_are_not_cleared(doc, &built, top.as_ref(), &mut diags);
 
     if !diags.is_empty() {
         return Err(Error::Config(diags));
@@ -474,6 +319,191 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
         output_schema,
         resolved,
     })
+}
+
+/// The top-level keys: known ones only, a stage list, and an `output_dir` that can be made.
+fn check_top(doc: &ConfigDoc, diags: &mut Vec<Diagnostic>) -> Option<PipelineConfig> {
+    let known_top = fields::<PipelineConfig>();
+    for key in doc.root.keys() {
+        if !known_top.iter().any(|t| t == key) {
+            let hint = did_you_mean(key, known_top.iter().copied())
+                .or_else(|| Some(format!("top-level keys are {}; stage keys go under `[[stage]]`", list(known_top))));
+            diags.push(
+                Diagnostic::new(format!("unknown top-level key `{key}`")).at(doc.key_location(key)).maybe_hint(hint),
+            );
+        }
+    }
+    let mut top = doc.root.clone();
+    top.retain(|k, _| known_top.contains(&k));
+    let top: Option<PipelineConfig> = doc.extract("", &Value::Table(top), diags);
+    if doc.root.get("stage").is_some_and(|s| !matches!(s, Value::Array(a) if a.iter().all(Value::is_table))) {
+        // Reported by `extract` as a type error already.
+    } else if doc.stages().is_empty() {
+        diags.push(
+            Diagnostic::new("the pipeline has no stages")
+                .hint("add `[[stage]]` tables: a read stage, transforms, then `write_parquet`"),
+        );
+    }
+    if let Some(t) = &top {
+        if Path::new(&t.output_dir).is_file() {
+            diags.push(
+                Diagnostic::new(format!("`output_dir` `{}` is a file", t.output_dir))
+                    .at(doc.location("output_dir"))
+                    .hint("name a folder (it is created if it does not exist)"),
+            );
+        } else if let Some(why) = unwritable(Path::new(&t.output_dir)) {
+            diags.push(
+                Diagnostic::new(format!("`output_dir` `{}` cannot be written: {why}", t.output_dir))
+                    .at(doc.location("output_dir"))
+                    .hint("name a folder you can write, or one inside such a folder"),
+            );
+        }
+        if t.name.as_deref().is_some_and(|n| n.trim().is_empty()) {
+            diags.push(
+                Diagnostic::new("the pipeline's `name` is empty")
+                    .at(doc.location("name"))
+                    .hint("leave `name` out to use the file's name, or give one for the report's title"),
+            );
+        }
+        if t.output_dir.trim().is_empty() {
+            diags.push(
+                Diagnostic::new("`output_dir` is empty")
+                    .at(doc.location("output_dir"))
+                    .hint("name the folder for this run's outputs, e.g. `output_dir = \"out/bow\"`"),
+            );
+        }
+    }
+    top
+}
+
+/// Order: one reader first, transforms, one writer last.
+fn check_order(doc: &ConfigDoc, built: &[Compiled], types: &[StageType], diags: &mut Vec<Diagnostic>) {
+    let kinds: Vec<Kind> = built.iter().map(|b| b.kind).collect();
+    if !kinds.is_empty() {
+        if kinds[0] != Kind::Read || kinds.iter().filter(|k| **k == Kind::Read).count() != 1 {
+            // Point at the first read stage out of place (or at the first stage, if none reads).
+            let at = match kinds.iter().position(|k| *k == Kind::Read) {
+                Some(0) => built.iter().filter(|b| b.kind == Kind::Read).nth(1).map_or(0, |b| b.index),
+                _ => built[0].index,
+            };
+            diags.push(
+                Diagnostic::new("a pipeline starts with exactly one read stage")
+                    .at(doc.location(&format!("stage[{at}]")))
+                    .hint(format!(
+                        "read stages: {}",
+                        list(&types.iter().filter(|t| t.1 == Kind::Read).map(|t| t.0).collect::<Vec<_>>())
+                    )),
+            );
+        }
+        if *kinds.last().expect("non-empty") != Kind::Write || kinds.iter().filter(|k| **k == Kind::Write).count() != 1
+        {
+            diags.push(
+                Diagnostic::new("a pipeline ends with exactly one `write_parquet` stage")
+                    .at(doc.location(&format!("stage[{}]", built.last().expect("non-empty").index)))
+                    .hint("end the file with a `[[stage]]` of `type = \"write_parquet\"`"),
+            );
+        }
+    }
+}
+
+/// `bow` deforms captions: after a reader that gives none (an image folder, a table without a
+/// caption column), with no `mine_pseudo_bow` to make them, every row would be rejected.
+fn check_bow_has_captions(doc: &ConfigDoc, built: &[Compiled], diags: &mut Vec<Diagnostic>) {
+    let mut captions = true;
+    for b in built {
+        match (&b.stage, b.resolved["type"].as_str()) {
+            (Some(Built::Reader(r)), _) => captions = r.has_captions(),
+            (_, Some(mine_pseudo_bow::TYPE)) => captions = true,
+            (_, Some(bow::TYPE)) if !captions => diags.push(
+                Diagnostic::new(format!(
+                    "stage `{}` deforms captions, but the rows it gets have none: every row would be rejected",
+                    b.name
+                ))
+                .at(doc.location(&format!("stage[{}]", b.index)))
+                .hint(
+                    "map a caption column (`read_table`), or make pseudo-BoW captions first with a \
+                     `mine_pseudo_bow` stage (uncaptioned images, e.g. `read_imagenet21k`)",
+                ),
+            ),
+            _ => {}
+        }
+    }
+}
+
+/// The schema written: the writer's `columns` (each produced by an earlier stage, once) out of
+/// `schema`, the one the stages produce; all of it without `columns`.
+fn written_schema(doc: &ConfigDoc, built: &[Compiled], schema: &SchemaRef, diags: &mut Vec<Diagnostic>) -> SchemaRef {
+    let mut output_schema = schema.clone();
+    let writer_index = built.iter().position(|b| b.kind == Kind::Write);
+    if let Some(wi) = writer_index {
+        let wi_file = built[wi].index;
+        if let Some(Built::Write(w)) = &built[wi].stage {
+            if let Some(cols) = &w.columns {
+                let available: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+                let mut picked: Vec<arrow_schema::FieldRef> = Vec::new();
+                if cols.is_empty() {
+                    diags.push(
+                        Diagnostic::new("`columns` is empty: no column would be written")
+                            .at(doc.location(&format!("stage[{wi_file}].columns")))
+                            .hint(format!("leave `columns` out to write all of them: {}", list(&available))),
+                    );
+                }
+                for (j, c) in cols.iter().enumerate() {
+                    match schema.field_with_name(c) {
+                        // Parquet readers (pyarrow, polars) refuse a file with two columns of a name.
+                        Ok(_) if cols[..j].contains(c) => diags.push(
+                            Diagnostic::new(format!("column `{c}` is listed twice"))
+                                .at(doc.location(&format!("stage[{wi_file}].columns[{j}]")))
+                                .hint("list each column once"),
+                        ),
+                        Ok(f) => picked.push(Arc::new(f.clone())),
+                        Err(_) => diags.push(
+                            Diagnostic::new(format!("missing column `{c}`: no earlier stage produces it"))
+                                .at(doc.location(&format!("stage[{wi_file}].columns[{j}]")))
+                                .maybe_hint(
+                                    did_you_mean(c, available.iter().copied())
+                                        .or_else(|| Some(format!("columns here: {}", list(&available)))),
+                                ),
+                        ),
+                    }
+                }
+                output_schema = Arc::new(Schema::new(picked));
+            }
+        }
+    }
+
+    output_schema
+}
+
+/// An input among the shards a run into `output_dir` clears first would be deleted unread.
+fn check_inputs_are_not_cleared(
+    doc: &ConfigDoc,
+    built: &[Compiled],
+    top: Option<&PipelineConfig>,
+    diags: &mut Vec<Diagnostic>,
+) {
+    let reader = built.iter().find_map(|b| match &b.stage {
+        Some(Built::Reader(r)) => Some((r, b.index)),
+        _ => None,
+    });
+    let writer = built.iter().find_map(|b| match &b.stage {
+        Some(Built::Write(w)) => Some(w),
+        _ => None,
+    });
+    if let (Some((r, ri)), Some(w), Some(t)) = (reader, writer, &top) {
+        let out = PathBuf::from(&t.output_dir);
+        let (data, rejects) = (out.join(&w.dir), out.join("rejects"));
+        for f in crate::pipeline::execute::inputs_a_run_clears(&[&data, &rejects], &r.inputs()) {
+            diags.push(
+                Diagnostic::new(format!(
+                    "input `{}` is a shard of this pipeline's own output: a run clears it before reading",
+                    f.display()
+                ))
+                .at(doc.location(&format!("stage[{ri}].path")))
+                .hint("write to another `output_dir` (e.g. `--set output_dir=...`)"),
+            );
+        }
+    }
 }
 
 /// Extracts a stage config and builds it; returns the stage and its resolved JSON.
