@@ -138,6 +138,17 @@ pub enum When {
     Never,
 }
 
+impl When {
+    /// Whether progress is shown: `auto` where stderr is a terminal.
+    fn on(self) -> bool {
+        match self {
+            When::Always => true,
+            When::Never => false,
+            When::Auto => std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]
@@ -209,11 +220,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 // 0: rayon picks all cores.
                 rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;
             }
-            let progress = match args.progress {
-                When::Always => true,
-                When::Never => false,
-                When::Auto => std::io::IsTerminal::is_terminal(&std::io::stderr()),
-            };
+            let progress = args.progress.on();
             let plan = pipeline::plan::compile_on(
                 &args.pipeline.file,
                 &args.pipeline.overrides,
@@ -285,11 +292,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Train(args) => {
             let config = crate::train::TrainConfig::load(&args.pipeline.file, &args.pipeline.overrides)?;
-            let progress = match args.progress {
-                When::Always => true,
-                When::Never => false,
-                When::Auto => std::io::IsTerminal::is_terminal(&std::io::stderr()),
-            };
+            let progress = args.progress.on();
             let opts = crate::train::TrainOptions {
                 resume: args.resume,
                 workers: args.workers,

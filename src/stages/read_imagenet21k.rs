@@ -249,15 +249,8 @@ impl Reader for ReadImagenet21k {
                 let id = format!("{synset}/{file}");
                 let ext = file.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).unwrap_or_default();
                 if !self.extensions.contains(&ext) {
-                    rejects.push(Reject {
-                        stage: TYPE,
-                        source_file: root_name.clone(),
-                        row: index,
-                        sample_id: Some(id.clone()),
-                        reason: "unsupported_extension",
-                        detail: format!("`.{ext}` is not one of {:?}", self.extensions).into(),
-                        raw: id.into_bytes(),
-                    });
+                    let detail = format!("`.{ext}` is not one of {:?}", self.extensions);
+                    rejects.push(reject(Some(id.clone()), "unsupported_extension", detail, id.into_bytes()));
                 } else {
                     let path = self.root.join(&synset).join(&file).to_string_lossy().into_owned();
                     out.push(PairRow {
