@@ -236,9 +236,12 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     let progress = Progress::new(opts.progress, total_passes);
     let Fitted { cache, total_rows, passes } = fit_passes(&mut plan, opts, &progress, &mut timings)?;
     let input_cache = PassCache::state(&cache);
+    // Each stage gets ready for the stream (`mine_pseudo_bow` embeds its pool here).
+    let t = Instant::now();
     for (_, stage) in plan.transforms.iter_mut() {
-        stage.start_stream();
+        stage.start_stream()?;
     }
+    timings.insert("start_stream".to_owned(), t.elapsed().as_secs_f64());
 
     // The streaming pass.
     let t = Instant::now();

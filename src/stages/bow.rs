@@ -1007,8 +1007,9 @@ impl Transform for Bow {
         Ok(Chunk { batch, rejects, skipped })
     }
 
-    fn start_stream(&mut self) {
+    fn start_stream(&mut self) -> Result<()> {
         *self.stats.get_mut().expect("stats lock") = Stats::default();
+        Ok(())
     }
 
     fn output_schema(&self) -> SchemaRef {

@@ -441,27 +441,17 @@ struct Mined {
 }
 
 impl Transform for MinePseudoBow {
-    fn fit_passes(&self) -> usize {
-        1
-    }
-
-    fn fit(&mut self, _pass: usize, _batch: &RecordBatch, _first_row: u64) -> Result<()> {
-        Ok(())
-    }
-
-    fn end_pass(&mut self, _pass: usize) -> Result<()> {
-        // The pool's embedding time is reported on its own (`aligned_embed_seconds`), apart
-        // from the crops'.
+    /// The pool is built from the aligned set (its own files), not from the stream: no fit
+    /// pass, just before the stream. Its embedding time is reported on its own
+    /// (`aligned_embed_seconds`), apart from the crops'.
+    fn start_stream(&mut self) -> Result<()> {
+        *self.stats.get_mut().expect("not poisoned") = Stats::default();
         self.pool = Some(self.build_pool()?);
         Ok(())
     }
 
-    fn start_stream(&mut self) {
-        *self.stats.get_mut().expect("not poisoned") = Stats::default();
-    }
-
     fn apply(&self, chunk: Chunk, first_row: u64) -> Result<Chunk> {
-        let pool = self.pool.as_ref().expect("the pool is built in the fit pass");
+        let pool = self.pool.as_ref().expect("the pool is built before the stream");
         let c = &self.config;
         let Chunk { batch, mut rejects, skipped } = chunk;
         let n = batch.num_rows();

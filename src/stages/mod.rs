@@ -81,10 +81,13 @@ pub trait Transform: Send + Sync {
     fn end_pass(&mut self, _pass: usize) -> Result<()> {
         Ok(())
     }
-    /// Called once, after every fit pass and before the streaming pass. `apply` also runs in
-    /// the fit passes of later stages, to give them the stream they will see: statistics it
-    /// counted there are dropped here, so that the report counts each row once.
-    fn start_stream(&mut self) {}
+    /// Called once, after every fit pass and before the streaming pass: to get ready for it
+    /// (from files of the stage's own, say), and to drop statistics `apply` counted in the fit
+    /// passes of later stages (where it runs to give them the stream they will see), so that
+    /// the report counts each row once.
+    fn start_stream(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Transforms one chunk. Called from several threads at once; must be deterministic.
     fn apply(&self, chunk: Chunk, first_row: u64) -> Result<Chunk>;
     fn output_schema(&self) -> SchemaRef;
