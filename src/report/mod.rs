@@ -56,14 +56,20 @@ pub fn write(out: &Path, plan: &Plan, summary: &RunSummary, stages: &[(String, V
         let _ = writeln!(md, "\nRejected rows, with their reason and raw input, are in `rejects/`.\n");
     }
 
+    // Each stage's type, by its name (the resolved config lists both).
+    let types: std::collections::HashMap<&str, &str> = plan.resolved["stage"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|st| Some((st["name"].as_str()?, st["type"].as_str()?)))
+        .collect();
     let mut stage_json = serde_json::Map::new();
     for (name, report) in stages {
         let mut report = report.clone();
-        if report.get("length_histogram_before").is_some() {
-            bow_section(&mut md, &plots, name, &mut report)?;
-        }
-        if report.get("pseudo_bow").is_some() {
-            pseudo_bow_section(&mut md, out, name, &report);
+        match types.get(name.as_str()).copied() {
+            Some(crate::stages::bow::TYPE) => bow_section(&mut md, &plots, name, &mut report)?,
+            Some(crate::stages::mine_pseudo_bow::TYPE) => pseudo_bow_section(&mut md, out, name, &report),
+            _ => {}
         }
         stage_json.insert(name.clone(), report);
     }
