@@ -1610,3 +1610,57 @@ fn large_parquet_and_csv_tables_stream_in_chunks() {
         assert_eq!(curate::schema::str_col(&chunks[2].batch, "caption").value(0), caps[2 * curate::stages::CHUNK_ROWS]);
     }
 }
+
+#[test]
+fn archives_and_files_compressed_twice_are_not_read_as_text() {
+    // Inside gzip or bzip2, a zstd file, a zip or a tar archive (a webdataset shard) is refused
+    // as it is outside: read as text, its bytes would become rows.
+    let dir = tempfile::tempdir().unwrap();
+    let zst = b"\x28\xb5\x2f\xfd\x04\x58\x00\x00".to_vec();
+    let mut tar = Vec::new();
+    {
+        let mut b = tar::Builder::new(&mut tar);
+        let mut h = tar::Header::new_ustar();
+        h.set_size(6);
+        h.set_cksum();
+        b.append_data(&mut h, "000.txt", &b"a dog\n"[..]).unwrap();
+        b.finish().unwrap();
+    }
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("zst.tsv", compressed(&zst, "gz", 1), "is zstd-compressed inside gzip, not text"),
+        (
+            "gz2.tsv",
+            compressed(&compressed(b"a dog\thttp://u\n", "gz", 1), "bz2", 1),
+            "is gzip-compressed inside bzip2",
+        ),
+        ("zip.tsv", compressed(b"PK\x03\x04rest of a zip", "bz2", 1), "is a zip archive inside bzip2"),
+        ("shard.tar", tar.clone(), "is a tar archive, not text"),
+        ("shard.tar.gz", compressed(&tar, "gz", 1), "is a tar archive inside gzip"),
+    ];
+    for (name, bytes, want) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let err = config_errors(read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", path.display())));
+        assert!(err.contains(want), "{name}: {err}");
+    }
+    // The side files too: a zstd `words` file is refused as zstd, and a damaged bzip2 subset
+    // list says so, without a hint about its lines.
+    let words = dir.path().join("words.txt");
+    std::fs::write(&words, &zst).unwrap();
+    let err = config_errors(read_only(&format!(
+        "type = \"read_imagenet21k\"\nroot = \"{}\"\nwords = \"{}\"",
+        fixture("readers/imagenet21k/train"),
+        words.display()
+    )));
+    assert!(err.contains("words.txt` is zstd-compressed, not text"), "{err}");
+    let subset = dir.path().join("subset.tsv.bz2");
+    let mut list = compressed(&std::fs::read(fixture("readers/yfcc/yfcc100m_subset_data.tsv")).unwrap(), "bz2", 1);
+    list.truncate(list.len() / 2);
+    std::fs::write(&subset, list).unwrap();
+    let err = config_errors(read_only(&format!(
+        "type = \"read_yfcc\"\npath = \"{}\"\nsubset = \"{}\"",
+        fixture("readers/yfcc/yfcc100m_dataset_25.tsv"),
+        subset.display()
+    )));
+    assert!(err.contains("its bzip2 data is damaged or cut short") && !err.contains("expected `line_number"), "{err}");
+}

@@ -91,9 +91,7 @@ fn decoding_error(compression: Compression, e: std::io::Error) -> std::io::Error
 pub fn open_text(path: &Path) -> std::io::Result<TextFile> {
     use std::io::{Seek, SeekFrom};
     let mut file = File::open(path)?;
-    let mut head = Vec::with_capacity(10);
-    (&mut file).take(10).read_to_end(&mut head)?;
-    let compression = Compression::of(&head);
+    let compression = sniff(&mut file)?;
     file.seek(SeekFrom::Start(0))?;
     let mut decoder: Box<dyn Read + Send + Sync> = match compression {
         Compression::None => {
@@ -111,6 +109,38 @@ pub fn open_text(path: &Path) -> std::io::Result<TextFile> {
     }
     let inner = Inner::Decoded(Box::new(std::io::Cursor::new(start).chain(decoder)));
     Ok(TextFile { inner, compression })
+}
+
+/// The compression of `file`, read from its start: [`Compression::of`] its first bytes, and a
+/// file that starts as bzip2 does (`BZh`) without the rest of the magic after it is bzip2 still
+/// when what follows is not text (NUL bytes or invalid UTF-8 in its first 64 KiB): a bzip2
+/// file damaged in its first bytes, which decoding then reports, where a text line such as
+/// `BZh9 dogs` is read as text; and so is a file of 4 to 9 bytes that is the start of a bzip2
+/// file.
+fn sniff(file: &mut File) -> std::io::Result<Compression> {
+    let mut head = Vec::with_capacity(1 << 16);
+    file.take(1 << 16).read_to_end(&mut head)?;
+    let compression = Compression::of(&head);
+    let bzip2_start = head.len() >= 4 && head.starts_with(b"BZh");
+    if compression == Compression::None && bzip2_start {
+        // A file cut inside the bzip2 magic.
+        let cut = head.len() < 10
+            && [&b"\x31\x41\x59\x26\x53\x59"[..], b"\x17\x72\x45\x38\x50\x90"]
+                .iter()
+                .any(|m| m.starts_with(&head[4..]));
+        if cut {
+            return Ok(Compression::Bzip2);
+        }
+        let text = match std::str::from_utf8(&head) {
+            Ok(_) => true,
+            // A character cut at the end of the 64 KiB is still text.
+            Err(e) => e.error_len().is_none() && head.len() == 1 << 16,
+        };
+        if !text || head.contains(&0) {
+            return Ok(Compression::Bzip2);
+        }
+    }
+    Ok(compression)
 }
 
 /// The whole text of a text input (see [`open_text`]), without a leading [`BOM`].
@@ -231,6 +261,18 @@ mod tests {
             f.read_to_end(&mut got).unwrap();
             assert_eq!(got, text, "{compression:?}");
             assert_eq!(read_text(&p).unwrap(), text);
+        }
+        // A bzip2 file damaged in its magic, or cut inside it, is still bzip2 (and its
+        // decoding fails) unless what follows reads as text.
+        let whole = bzip2(b"a dog\n");
+        for bytes in [[&whole[..4], b"\x00\xff\x13"].concat(), whole[..6].to_vec(), {
+            let mut b = whole.clone();
+            b[5] ^= 0x40;
+            b
+        }] {
+            std::fs::write(&p, &bytes).unwrap();
+            let e = read_text(&p).unwrap_err().to_string();
+            assert!(e.contains("bzip2 data is damaged or cut short"), "{bytes:?}: {e}");
         }
         // Lines of a compressed file, CRLF and all.
         std::fs::write(&p, gzip(b"a\r\nb")).unwrap();

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::Problems;
-use crate::io::lines::Lines;
+use crate::io::lines::{Compression, Lines};
 
 /// Shared reader configuration check: the patterns expand to files (not folders), and no two
 /// share a file name — rows are known by `<file name>#<row>` (`sample_id`, rejects'
@@ -54,22 +54,47 @@ pub fn expand_inputs(patterns: &crate::io::PathPatterns, problems: &mut Problems
 
 /// What a file is, by its first bytes, when it is one a text reader cannot read: a file
 /// compressed other than with gzip or bzip2 (which [`crate::io::lines::open_text`] reads), an
-/// archive, or a Parquet file. Every line of it would be a reject.
-fn binary_kind(path: &Path) -> Option<&'static str> {
+/// archive, or a Parquet file — or, inside gzip or bzip2, any of these or gzip/bzip2 again.
+/// Every line of it would be a reject, or worse, a row of binary bytes.
+fn binary_kind(path: &Path) -> Option<String> {
     use std::io::{Read, Seek, SeekFrom};
     let mut f = std::fs::File::open(path).ok()?;
     let mut head = Vec::new();
-    (&mut f).take(10).read_to_end(&mut head).ok()?;
-    // Magic numbers that no text line starts with (Parquet's `PAR1` counts only when the file
-    // also ends with it).
+    (&mut f).take(512).read_to_end(&mut head).ok()?;
+    // Parquet's `PAR1` counts only when the file also ends with it.
     let parquet = head.starts_with(b"PAR1") && {
         let mut tail = [0u8; 4];
         f.seek(SeekFrom::End(-4)).and_then(|_| f.read_exact(&mut tail)).is_ok() && tail == *b"PAR1"
     };
+    if let Some(kind) = archive_kind(&head, parquet) {
+        return Some(kind.to_owned());
+    }
+    let text = crate::io::lines::open_text(path).ok()?;
+    let outer = text.compression();
+    if outer == Compression::None {
+        return None;
+    }
+    let mut inner = Vec::new();
+    // A damaged stream is reported when it is read.
+    text.take(512).read_to_end(&mut inner).ok()?;
+    let kind = match Compression::of(&inner) {
+        Compression::None => archive_kind(&inner, inner.starts_with(b"PAR1"))?.to_owned(),
+        twice => format!("{}-compressed", twice.name()),
+    };
+    Some(format!("{kind} inside {}", outer.name()))
+}
+
+/// What `head`, the first bytes of a file, shows it to be, if not text: a compressed file that
+/// text readers do not decompress, an archive, or (when `parquet`) a Parquet file. Only magic
+/// numbers that no text line starts with.
+fn archive_kind(head: &[u8], parquet: bool) -> Option<&'static str> {
+    // POSIX (`ustar\0`) and GNU (`ustar  \0`) tar, at byte 257 of the first header.
+    let tar = head.get(257..263) == Some(b"ustar\0") || head.get(257..265) == Some(b"ustar  \0");
     [
         (head.starts_with(b"\x28\xb5\x2f\xfd"), "zstd-compressed"),
         (head.starts_with(b"\xfd7zXZ\x00"), "xz-compressed"),
         (head.starts_with(b"PK\x03\x04"), "a zip archive"),
+        (tar, "a tar archive"),
         (parquet, "a Parquet file"),
     ]
     .into_iter()
@@ -107,11 +132,12 @@ pub fn refuse_non_text(
             );
         }
         if let Some(kind) = binary_kind(f) {
-            let hint = match kind {
-                "a Parquet file" => "read it with `read_table` (`format = \"parquet\"`, or a `.parquet` name)",
-                _ => {
-                    "decompress it first (e.g. `zstd -d`, `xz -dk`): curate reads text, plain or gzip/bzip2-compressed"
-                }
+            let hint = if kind == "a Parquet file" {
+                "read it with `read_table` (`format = \"parquet\"`, or a `.parquet` name)"
+            } else if kind.starts_with("a tar archive") {
+                "webdataset shards are read by `read_img2dataset`; extract other archives first"
+            } else {
+                "decompress it first (e.g. `zstd -d`, `xz -dk`): curate reads text, plain or gzip/bzip2-compressed"
             };
             problems.push(key, format!("input `{}` is {kind}, not text", f.display()), Some(hint.into()));
         }

@@ -145,6 +145,13 @@ impl UniqueIds {
     }
 }
 
+/// Why a small side file of a reader (the YFCC15M list, `words.txt`) could not be loaded: it
+/// could not be read (no hint about its lines helps), or a line is not what it should be.
+pub(crate) enum LoadError {
+    Io(String),
+    Format(String),
+}
+
 /// serde's default for switches that are on unless set off.
 pub(crate) fn yes() -> bool {
     true

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{chunk_of, split_tabs, ChunkIter, Problems, Reader, CHUNK_ROWS};
+use super::{chunk_of, split_tabs, ChunkIter, LoadError, Problems, Reader, CHUNK_ROWS};
 use crate::error::{Error, Result};
 use crate::io::lines::Lines;
 use crate::schema::{PairRow, PairsBuilder, Reject};
@@ -72,9 +72,16 @@ impl ReadImagenet21kConfig {
         }
         let mut words = HashMap::new();
         if let Some(w) = &self.words {
-            match load_words(&PathBuf::from(w)) {
-                Ok(m) => words = m,
-                Err(e) => problems.push("words", e, Some("expected `synset<TAB>words` lines".into())),
+            let path = PathBuf::from(w);
+            if !super::refuse_non_text(std::slice::from_ref(&path), problems, "words", false) {
+                match load_words(&path) {
+                    Ok(m) => words = m,
+                    // A file that cannot be read gets no hint about its lines.
+                    Err(LoadError::Io(e)) => problems.push("words", e, None),
+                    Err(LoadError::Format(e)) => {
+                        problems.push("words", e, Some("expected `synset<TAB>words` lines".into()))
+                    }
+                }
             }
         }
         for e in &self.extensions {
@@ -98,26 +105,28 @@ impl ReadImagenet21kConfig {
     }
 }
 
-fn load_words(path: &std::path::Path) -> std::result::Result<HashMap<String, String>, String> {
-    let mut lines = Lines::open(path).map_err(|e| e.to_string())?;
+fn load_words(path: &std::path::Path) -> std::result::Result<HashMap<String, String>, LoadError> {
+    let io = |e: crate::error::Error| LoadError::Io(e.to_string());
+    let mut lines = Lines::open(path).map_err(io)?;
     let mut out = HashMap::new();
-    while let Some((no, line)) = lines.next_line().map_err(|e| e.to_string())? {
+    while let Some((no, line)) = lines.next_line().map_err(io)? {
         if line.is_empty() {
             continue;
         }
         let fields = split_tabs(line);
         if fields.count != 2 {
-            return Err(format!("`{}` line {no}: expected 2 tab-separated fields", path.display()));
+            return Err(LoadError::Format(format!("`{}` line {no}: expected 2 tab-separated fields", path.display())));
         }
         // The words become `label_text`: a line that is not UTF-8 is refused, not made text
         // with U+FFFD in it.
         let text = |b: &[u8]| match std::str::from_utf8(b) {
             Ok(t) => Ok(t.trim().to_owned()),
-            Err(_) => Err(format!("`{}` line {no}: not UTF-8", path.display())),
+            Err(_) => Err(LoadError::Format(format!("`{}` line {no}: not UTF-8", path.display()))),
         };
         let synset = text(fields[0])?;
         if let Some((first, _)) = out.get(&synset) {
-            return Err(format!("`{}` line {no}: synset `{synset}` is already on line {first}", path.display()));
+            let e = format!("`{}` line {no}: synset `{synset}` is already on line {first}", path.display());
+            return Err(LoadError::Format(e));
         }
         out.insert(synset, (no, text(fields[1])?));
     }
@@ -274,7 +283,15 @@ impl Reader for ReadImagenet21k {
 
 #[cfg(test)]
 mod tests {
-    use super::load_words;
+    use super::{load_words, LoadError};
+
+    fn format_error(r: Result<std::collections::HashMap<String, String>, LoadError>) -> String {
+        match r {
+            Err(LoadError::Format(e)) => e,
+            Err(LoadError::Io(e)) => panic!("an I/O error: {e}"),
+            Ok(_) => panic!("loaded"),
+        }
+    }
 
     fn words_file(bytes: &[u8]) -> (tempfile::TempDir, std::path::PathBuf) {
         let dir = tempfile::tempdir().unwrap();
@@ -286,7 +303,7 @@ mod tests {
     #[test]
     fn the_words_file_maps_synsets_to_their_words() {
         let (_dir, path) = words_file(b"n01440764\ttench, Tinca tinca\r\n\nn01443537\t goldfish \n");
-        let words = load_words(&path).unwrap();
+        let Ok(words) = load_words(&path) else { panic!("not loaded") };
         assert_eq!(words.len(), 2);
         assert_eq!(words["n01440764"], "tench, Tinca tinca");
         assert_eq!(words["n01443537"], "goldfish");
@@ -295,13 +312,13 @@ mod tests {
     #[test]
     fn a_words_line_that_is_not_utf8_or_repeats_a_synset_is_refused_with_its_line() {
         let (_dir, path) = words_file(b"n01440764\ttench\nn01443537\tgold\xfffish\n");
-        let e = load_words(&path).unwrap_err();
+        let e = format_error(load_words(&path));
         assert!(e.ends_with("line 2: not UTF-8"), "{e}");
         let (_dir, path) = words_file(b"n01440764\ttench\nn01443537\tgoldfish\nn01440764\tanother tench\n");
-        let e = load_words(&path).unwrap_err();
+        let e = format_error(load_words(&path));
         assert!(e.ends_with("line 3: synset `n01440764` is already on line 1"), "{e}");
         let (_dir, path) = words_file(b"n01440764\ttench\tTinca tinca\n");
-        let e = load_words(&path).unwrap_err();
+        let e = format_error(load_words(&path));
         assert!(e.ends_with("line 1: expected 2 tab-separated fields"), "{e}");
     }
 }

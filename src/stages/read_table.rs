@@ -383,7 +383,7 @@ fn same_record(raw: &[u8], record: &csv::ByteRecord) -> bool {
 /// compression extension (`.gz`, `.bz2`) is not the format: `x.csv.gz` is a CSV file.
 fn format_of(file: &Path) -> Format {
     let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("").to_ascii_lowercase();
-    let name = [".gz", ".bz2"].iter().find_map(|c| name.strip_suffix(c)).unwrap_or(&name);
+    let name = [".gz", ".gzip", ".bz2", ".bz", ".bzip2"].iter().find_map(|c| name.strip_suffix(c)).unwrap_or(&name);
     match Path::new(name).extension().and_then(|e| e.to_str()) {
         Some("parquet") => Format::Parquet,
         Some("csv") => Format::Csv,

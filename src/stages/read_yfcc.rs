@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{expand_inputs, split_tabs, ChunkIter, LineChunks, LineOutcome, Problems, Reader};
+use super::{expand_inputs, split_tabs, ChunkIter, LineChunks, LineOutcome, LoadError, Problems, Reader};
 use crate::error::Result;
 use crate::io::lines::Lines;
 use crate::io::PathPatterns;
@@ -72,7 +72,11 @@ impl ReadYfccConfig {
         let subset = match subset {
             Some(files) => match load_subset(&files) {
                 Ok(s) => Some(Arc::new(s)),
-                Err(e) => {
+                Err(LoadError::Io(e)) => {
+                    problems.push("subset", e, None);
+                    return None;
+                }
+                Err(LoadError::Format(e)) => {
                     problems.push("subset", e, Some("expected `line_number<TAB>photo_id<TAB>hash` lines".into()));
                     return None;
                 }
@@ -91,11 +95,12 @@ impl ReadYfccConfig {
 }
 
 /// Photo ids listed in subset files. A first line whose second field is not a number is a header.
-fn load_subset(files: &[PathBuf]) -> std::result::Result<HashSet<u64>, String> {
+fn load_subset(files: &[PathBuf]) -> std::result::Result<HashSet<u64>, LoadError> {
+    let io = |e: crate::error::Error| LoadError::Io(e.to_string());
     let mut ids = HashSet::new();
     for f in files {
-        let mut lines = Lines::open(f).map_err(|e| e.to_string())?;
-        while let Some((no, line)) = lines.next_line().map_err(|e| e.to_string())? {
+        let mut lines = Lines::open(f).map_err(io)?;
+        while let Some((no, line)) = lines.next_line().map_err(io)? {
             if line.is_empty() {
                 continue;
             }
@@ -107,7 +112,10 @@ fn load_subset(files: &[PathBuf]) -> std::result::Result<HashSet<u64>, String> {
                     ids.insert(id);
                 }
                 None if no == 1 => {} // header
-                None => return Err(format!("`{}` line {no}: no photo id in the second field", f.display())),
+                None => {
+                    let e = format!("`{}` line {no}: no photo id in the second field", f.display());
+                    return Err(LoadError::Format(e));
+                }
             }
         }
     }
