@@ -17,6 +17,10 @@ use crate::error::{Error, Result};
 /// part of the first line.
 pub const BOM: &[u8] = b"\xEF\xBB\xBF";
 
+/// What follows a bzip2 stream's `BZh` and block-size digit: the magic of its first block, or
+/// that of the stream's end (an empty stream).
+const BZIP2_MAGICS: [&[u8]; 2] = [b"\x31\x41\x59\x26\x53\x59", b"\x17\x72\x45\x38\x50\x90"];
+
 /// How a text input is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compression {
@@ -29,13 +33,12 @@ impl Compression {
     /// The compression a file's first bytes show. bzip2's `BZh` counts only with its block-size
     /// digit and the magic of a block or of the stream's end, so that no text line matches.
     pub fn of(head: &[u8]) -> Compression {
-        let bzip2_magic = |m: &[u8]| m == b"\x31\x41\x59\x26\x53\x59" || m == b"\x17\x72\x45\x38\x50\x90";
         if head.starts_with(b"\x1f\x8b") {
             Compression::Gzip
         } else if head.len() >= 10
             && head.starts_with(b"BZh")
             && (b'1'..=b'9').contains(&head[3])
-            && bzip2_magic(&head[4..10])
+            && BZIP2_MAGICS.contains(&&head[4..10])
         {
             Compression::Bzip2
         } else {
@@ -124,10 +127,7 @@ fn sniff(file: &mut File) -> std::io::Result<Compression> {
     let bzip2_start = head.len() >= 4 && head.starts_with(b"BZh");
     if compression == Compression::None && bzip2_start {
         // A file cut inside the bzip2 magic.
-        let cut = head.len() < 10
-            && [&b"\x31\x41\x59\x26\x53\x59"[..], b"\x17\x72\x45\x38\x50\x90"]
-                .iter()
-                .any(|m| m.starts_with(&head[4..]));
+        let cut = head.len() < 10 && BZIP2_MAGICS.iter().any(|m| m.starts_with(&head[4..]));
         if cut {
             return Ok(Compression::Bzip2);
         }
