@@ -78,6 +78,8 @@ fn binary_kind(path: &Path) -> Option<String> {
     // A damaged stream is reported when it is read.
     text.take(512).read_to_end(&mut inner).ok()?;
     let kind = match Compression::of(&inner) {
+        // (No file end to check for Parquet's second `PAR1` here: a text starting `PAR1` inside
+        // gzip or bzip2 is refused as Parquet.)
         Compression::None => archive_kind(&inner, inner.starts_with(b"PAR1"))?.to_owned(),
         twice => format!("{}-compressed", twice.name()),
     };
