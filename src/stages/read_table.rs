@@ -437,6 +437,31 @@ fn csv_header(path: &Path) -> std::result::Result<Vec<String>, String> {
     Ok(headers.iter().map(|h| String::from_utf8_lossy(h).into_owned()).collect())
 }
 
+/// The chunks of `files`, one file after another: `open` starts a file, `next` gives its next
+/// chunk, or `None` once the file is read. Ids are checked for repeats across all the files.
+fn file_chunks<'a, S: Send + 'a>(
+    mut files: impl Iterator<Item = (&'a PathBuf, &'a [Option<usize>; 6])> + Send + 'a,
+    mut open: impl FnMut(&'a PathBuf, &'a [Option<usize>; 6]) -> Result<S> + Send + 'a,
+    mut next: impl FnMut(&mut S, &mut UniqueIds) -> Result<Option<Chunk>> + Send + 'a,
+) -> ChunkIter<'a> {
+    let mut unique = UniqueIds::default();
+    let mut current: Option<S> = None;
+    Box::new(std::iter::from_fn(move || loop {
+        if current.is_none() {
+            let (f, ix) = files.next()?;
+            match open(f, ix) {
+                Ok(file) => current = Some(file),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        match next(current.as_mut().expect("opened above"), &mut unique) {
+            Ok(Some(chunk)) => return Some(Ok(chunk)),
+            Ok(None) => current = None,
+            Err(e) => return Some(Err(e)),
+        }
+    }))
+}
+
 /// A CSV file being read (see [`ReadTable::open_csv`]): the parser over its text, and where it
 /// is.
 struct CsvFile<'a> {
@@ -583,50 +608,20 @@ impl Reader for ReadTable {
                     });
                 Ok(Box::new(if self.id_mapped { chunks.with_unique_ids() } else { chunks.with_line_ids() }))
             }
-            Format::Csv => {
-                let mut unique = UniqueIds::default();
-                let mut files = self.files.iter().zip(&self.indexes);
-                let mut current: Option<CsvFile<'_>> = None;
-                Ok(Box::new(std::iter::from_fn(move || loop {
-                    if current.is_none() {
-                        let (f, ix) = files.next()?;
-                        match self.open_csv(f, ix) {
-                            Ok(file) => current = Some(file),
-                            Err(e) => return Some(Err(e)),
-                        }
-                    }
-                    match self.csv_chunk(current.as_mut().expect("opened above"), &mut unique) {
-                        Ok(Some(chunk)) => return Some(Ok(chunk)),
-                        Ok(None) => current = None,
-                        Err(e) => return Some(Err(e)),
-                    }
-                })))
-            }
-            Format::Parquet => {
-                // Each file streams in chunks of `CHUNK_ROWS` rows: a table of any size is never
-                // held whole.
-                type Open<'a, I> = (&'a PathBuf, &'a [Option<usize>; 6], I, u64);
-                let mut unique = UniqueIds::default();
-                let mut files = self.files.iter().zip(&self.indexes);
-                let mut current: Option<Open<'_, _>> = None;
-                Ok(Box::new(std::iter::from_fn(move || loop {
-                    if current.is_none() {
-                        let (f, ix) = files.next()?;
-                        match parquet::read_batches(f, CHUNK_ROWS) {
-                            Ok(batches) => current = Some((f, ix, batches, 0)),
-                            Err(e) => return Some(Err(e)),
-                        }
-                    }
-                    let (f, ix, batches, row) = current.as_mut().expect("opened above");
-                    match batches.next() {
-                        None => current = None,
-                        Some(batch) => {
-                            let chunk = batch.and_then(|b| self.parquet_chunk(f, ix, &b, row, &mut unique));
-                            return Some(chunk);
-                        }
-                    }
-                })))
-            }
+            Format::Csv => Ok(file_chunks(
+                self.files.iter().zip(&self.indexes),
+                |f, ix| self.open_csv(f, ix),
+                |file, unique| self.csv_chunk(file, unique),
+            )),
+            // Each file streams in chunks of `CHUNK_ROWS` rows: a table of any size is never
+            // held whole.
+            Format::Parquet => Ok(file_chunks(
+                self.files.iter().zip(&self.indexes),
+                |f, ix| parquet::read_batches(f, CHUNK_ROWS).map(|batches| (f, ix, batches, 0)),
+                |(f, ix, batches, row), unique| {
+                    batches.next().map(|b| b.and_then(|b| self.parquet_chunk(f, ix, &b, row, unique))).transpose()
+                },
+            )),
         }
     }
 }
@@ -822,5 +817,30 @@ impl ReadTable {
             *row += 1;
         }
         Ok(chunk_of(out.finish(), rejects))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_format_is_the_extension_before_a_compression_extension() {
+        let cases = [
+            ("t.parquet", Format::Parquet),
+            ("t.CSV", Format::Csv),
+            ("t.tsv", Format::Tsv),
+            ("t.txt", Format::Tsv),
+            ("t.csv.gz", Format::Csv),
+            ("t.csv.GZIP", Format::Csv),
+            ("t.csv.bz2", Format::Csv),
+            ("t.csv.bz", Format::Csv),
+            ("t.csv.bzip2", Format::Csv),
+            ("t.tsv.gz", Format::Tsv),
+            ("t.gz", Format::Tsv),
+        ];
+        for (name, format) in cases {
+            assert_eq!(format_of(Path::new(name)), format, "{name}");
+        }
     }
 }
