@@ -90,7 +90,7 @@ fn decoding_error(compression: Compression, e: std::io::Error) -> std::io::Error
 
 /// Opens a text input (see [`TextFile`]): gzip (several members, as `cat a.gz b.gz` makes,
 /// read as one text) and bzip2 (several streams, as parallel compressors write) are
-/// decompressed on the fly.
+/// decompressed on the fly, bzip2 on every core ([`super::bzip2_blocks`]).
 pub fn open_text(path: &Path) -> std::io::Result<TextFile> {
     use std::io::{Seek, SeekFrom};
     let mut file = File::open(path)?;
@@ -102,7 +102,7 @@ pub fn open_text(path: &Path) -> std::io::Result<TextFile> {
             return Ok(TextFile { inner: Inner::Plain(file), compression });
         }
         Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(BufReader::with_capacity(1 << 20, file))),
-        Compression::Bzip2 => Box::new(bzip2::read::MultiBzDecoder::new(BufReader::with_capacity(1 << 20, file))),
+        Compression::Bzip2 => Box::new(super::bzip2_blocks::ParallelBzDecoder::new(file)?),
     };
     // The first three bytes of the text: a BOM is dropped, anything else is read again.
     let mut start = Vec::with_capacity(3);

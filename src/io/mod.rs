@@ -1,7 +1,9 @@
-//! Files: input path patterns, text inputs (plain or compressed), Parquet inputs and output
-//! shards, tar shards, atomic writes, input fingerprints, and waiting on the rayon pool from
-//! inside it. Stages use these; nothing here knows about stages.
+//! Files: input path patterns, text inputs (plain or compressed; bzip2 decoded in parallel by
+//! [`bzip2_blocks`]), Parquet inputs and output shards, tar shards, atomic writes, input
+//! fingerprints, and waiting on the rayon pool from inside it. Stages use these; nothing here
+//! knows about stages.
 
+pub mod bzip2_blocks;
 pub mod lines;
 pub mod parquet;
 pub mod tar_shards;
