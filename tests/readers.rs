@@ -1612,6 +1612,66 @@ fn large_parquet_and_csv_tables_stream_in_chunks() {
 }
 
 #[test]
+fn a_csv_file_streams_with_each_records_line_and_raw_bytes() {
+    // A CSV file streams (its text is let go of behind the parser, 1 MiB at a time): over
+    // 2 MiB of CRLF, LF and lone-CR line ends, blank lines and captions quoted over two
+    // lines, every reject still has its exact line and raw bytes, from either end of the file.
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = b"id,caption,url\r\n".to_vec();
+    let (mut line, mut want_rejects, mut rows) = (2u64, Vec::new(), 0);
+    for i in 0..60_000u64 {
+        let end: &[u8] = [&b"\r\n"[..], b"\n", b"\r"][(i % 3) as usize];
+        if i % 997 == 0 {
+            text.extend_from_slice(end);
+            line += 1;
+        }
+        let record = if i % 1009 == 0 {
+            format!("{i},\"a caption{}over two lines\",http://u/{i}", ["\r\n", "\n"][(i % 2) as usize])
+        } else if i % 1013 == 0 {
+            format!("{i},too few fields")
+        } else {
+            format!("{i},\"a dog, {i}\",http://u/{i}")
+        };
+        if i % 1013 == 0 && i % 1009 != 0 {
+            want_rejects.push((line, record.clone()));
+        } else {
+            rows += 1;
+        }
+        line += 1 + record.matches('\n').count() as u64;
+        text.extend_from_slice(record.as_bytes());
+        text.extend_from_slice(end);
+    }
+    assert!(text.len() > 2 << 20);
+    let path = dir.path().join("big.csv");
+    std::fs::write(&path, &text).unwrap();
+    let (_out, data, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"id\", caption = \"caption\", url = \"url\" }}",
+        path.display()
+    )));
+    let ids = strs(&data, "sample_id");
+    assert_eq!(ids.len(), rows);
+    let captions = strs(&data, "caption");
+    assert_eq!(captions[1009], "a caption\nover two lines");
+    assert_eq!(captions[1010], "a dog, 1010");
+    // The last row: one reject (1013 x k) for each multiple of 1013 that is not one of 1009.
+    let rejected = (1..60_000u64).filter(|i| i % 1013 == 0 && i % 1009 != 0).count();
+    assert_eq!(captions[rows - 1], format!("a dog, {}", 59_999));
+    assert_eq!(rows, 60_000 - rejected);
+    let raws: Vec<String> = rejects
+        .iter()
+        .flat_map(|b| {
+            let r = arrow_array::cast::AsArray::as_binary::<i32>(b.column_by_name("raw").unwrap());
+            (0..b.num_rows()).map(|i| String::from_utf8(r.value(i).to_vec()).unwrap()).collect::<Vec<_>>()
+        })
+        .collect();
+    let got: Vec<(u64, String)> = reasons(&rejects).into_iter().map(|(_, row)| row).zip(raws).collect();
+    assert_eq!(got.len(), want_rejects.len());
+    assert_eq!(got, want_rejects);
+    let two_lines = strs(&data, "caption").into_iter().filter(|c| c.contains("over two lines")).count();
+    assert_eq!(two_lines, 60_000usize.div_ceil(1009));
+}
+
+#[test]
 fn archives_and_files_compressed_twice_are_not_read_as_text() {
     // Inside gzip or bzip2, a zstd file, a zip or a tar archive (a webdataset shard) is refused
     // as it is outside: read as text, its bytes would become rows.

@@ -7,6 +7,7 @@
 //! `image_root`, or else the table's own folder; with `check_files` a row whose image file does
 //! not exist is a `missing_file` reject.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use arrow_array::cast::AsArray;
@@ -19,6 +20,7 @@ use super::{
     ChunkIter, LineChunks, LineOutcome, Problems, Reader, UniqueIds, CHUNK_ROWS, DUPLICATE_ID,
 };
 use crate::error::{did_you_mean, Error, Result};
+use crate::io::lines::TextFile;
 use crate::io::{file_name, parquet, PathPatterns};
 use crate::schema::{Chunk, PairRow, PairsBuilder, Reject};
 
@@ -405,10 +407,10 @@ fn line_ends(bytes: &[u8]) -> u64 {
     (lf + lone_cr) as u64
 }
 
-/// The most common field count among the first `n` records of a headerless CSV (the wider on a
-/// tie; 0 for no record).
-fn usual_csv_width(body: &[u8], n: usize) -> usize {
-    let mut rdr = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(body);
+/// The most common field count among the first `n` records of a headerless CSV text (the wider
+/// on a tie; 0 for no record).
+fn usual_csv_width(text: impl Read, n: usize) -> usize {
+    let mut rdr = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(text);
     super::usual_width(rdr.byte_records().take(n).map_while(|r| r.ok()).map(|r| r.len())).unwrap_or(0)
 }
 
@@ -462,18 +464,59 @@ fn file_chunks<'a, S: Send + 'a>(
     }))
 }
 
+/// A CSV file's text as its parser reads it, kept from the record being read on, so that each
+/// record's raw bytes and line are known exactly while the file streams.
+struct SeenText {
+    file: TextFile,
+    /// The text from byte `from` on, up to where the parser has read.
+    bytes: Vec<u8>,
+    from: u64,
+    /// The parser has read to the end of the text.
+    eof: bool,
+}
+
+impl Read for SeenText {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read(buf)?;
+        self.eof |= n == 0 && !buf.is_empty();
+        self.bytes.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+}
+
+impl SeenText {
+    /// Where the bytes read so far end, in the text.
+    fn end(&self) -> u64 {
+        self.from + self.bytes.len() as u64
+    }
+
+    /// Bytes `a..b` of the text (both at or after `from`).
+    fn slice(&self, a: u64, b: u64) -> &[u8] {
+        &self.bytes[(a - self.from) as usize..(b - self.from) as usize]
+    }
+
+    /// Lets go of the text before byte `at`, once that is 1 MiB or more.
+    fn forget_before(&mut self, at: u64) {
+        let k = (at - self.from) as usize;
+        if k >= 1 << 20 {
+            self.bytes.drain(..k);
+            self.from = at;
+        }
+    }
+}
+
 /// A CSV file being read (see [`ReadTable::open_csv`]): the parser over its text, and where it
 /// is.
 struct CsvFile<'a> {
     path: &'a Path,
     indexes: &'a [Option<usize>; 6],
-    rdr: csv::Reader<std::io::Cursor<Vec<u8>>>,
+    rdr: csv::Reader<SeenText>,
     /// Fields every record must have.
     expected: usize,
     /// Fields a record needs for every mapped column.
     need: usize,
     /// Text bytes whose line ends are counted in `line`.
-    counted: usize,
+    counted: u64,
     /// Line of the byte at `counted` (1-based).
     line: u64,
     done: bool,
@@ -669,15 +712,16 @@ impl ReadTable {
         }
     }
 
-    /// Opens a CSV file for [`ReadTable::csv_chunk`]: its text is held in memory so that each
-    /// record's line (where it starts, counting blank lines; a line ends at LF, CRLF or a lone
-    /// CR, as the CSV parser's records do) and raw bytes are known exactly. Every record must
-    /// have as many fields as the header, or, without one, as most of the first 100 records.
+    /// Opens a CSV file for [`ReadTable::csv_chunk`]: its text streams through [`SeenText`], so
+    /// that each record's line (where it starts, counting blank lines; a line ends at LF, CRLF
+    /// or a lone CR, as the CSV parser's records do) and raw bytes are known exactly. Every
+    /// record must have as many fields as the header, or, without one, as most of the first 100
+    /// records.
     fn open_csv<'a>(&self, path: &'a Path, indexes: &'a [Option<usize>; 6]) -> Result<CsvFile<'a>> {
-        let body = crate::io::lines::read_text(path).map_err(|e| Error::io("cannot read", path, e))?;
-        let width = (!self.header).then(|| usual_csv_width(&body, FIRST_LINES));
-        let mut rdr =
-            csv::ReaderBuilder::new().has_headers(self.header).flexible(true).from_reader(std::io::Cursor::new(body));
+        let open = || crate::io::lines::open_text(path).map_err(|e| Error::io("cannot read", path, e));
+        let width = if self.header { None } else { Some(usual_csv_width(open()?, FIRST_LINES)) };
+        let text = SeenText { file: open()?, bytes: Vec::new(), from: 0, eof: false };
+        let mut rdr = csv::ReaderBuilder::new().has_headers(self.header).flexible(true).from_reader(text);
         let expected = match width {
             None => rdr.byte_headers().map(|h| h.len()).unwrap_or(0),
             Some(width) => width,
@@ -687,7 +731,7 @@ impl ReadTable {
     }
 
     /// The next chunk of `file` ([`CHUNK_ROWS`] rows, with the rejects among them), or `None`
-    /// once the file is read: rows stream, where the file's text is in memory.
+    /// once the file is read.
     fn csv_chunk(&self, file: &mut CsvFile<'_>, unique: &mut UniqueIds) -> Result<Option<Chunk>> {
         if file.done {
             return Ok(None);
@@ -706,27 +750,30 @@ impl ReadTable {
                 Ok(true) => {}
                 Err(e) => return Err(Error::data(format!("`{}`: {e}", path.display()))),
             }
-            let body = &file.rdr.get_ref().get_ref()[..];
-            let end = (file.rdr.position().byte() as usize).min(body.len());
+            let text = file.rdr.get_ref();
+            let end = file.rdr.position().byte().min(text.end());
             // A record's position can be that of the line ends (blank lines, the `\n` of a CRLF)
             // before it.
-            let mut start = record.position().map_or(0, |p| p.byte() as usize).min(end);
-            while start < end && matches!(body[start], b'\r' | b'\n') {
+            let mut start = record.position().map_or(0, |p| p.byte()).clamp(file.counted, end);
+            while start < end && matches!(text.slice(start, start + 1), b"\r" | b"\n") {
                 start += 1;
             }
             // `line` is the line of byte `counted` of the text.
-            file.line += line_ends(&body[file.counted..start]);
+            file.line += line_ends(text.slice(file.counted, start));
             file.counted = start;
             let line = file.line;
-            let mut raw = &body[start..end];
+            let whole = text.slice(start, end);
+            let mut raw = whole;
             while let Some(r) = raw.strip_suffix(b"\n").or_else(|| raw.strip_suffix(b"\r")) {
                 raw = r;
             }
             // The last record may end inside an open quote: its line ends are then the field's.
-            if end == body.len() && raw.len() < end - start && raw.contains(&b'"') && !same_record(raw, &record) {
-                raw = &body[start..end];
+            let last = text.eof && end == text.end();
+            if last && raw.len() < whole.len() && raw.contains(&b'"') && !same_record(raw, &record) {
+                raw = whole;
             }
             let raw = raw.to_vec();
+            file.rdr.get_mut().forget_before(start);
             // The mapped id, where it can be read: rejects carry it.
             let id = indexes[0]
                 .filter(|_| has_id_field(record.len(), expected))
