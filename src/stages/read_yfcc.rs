@@ -283,9 +283,9 @@ pub fn clean(text: &str, strip_html: bool) -> String {
             no_tags = decode_references(&no_tags);
         }
     } else {
-        no_tags.push_str(text);
+        return crate::text::collapse_whitespace(text);
     }
-    no_tags.split(crate::text::is_python_whitespace).filter(|p| !p.is_empty()).collect::<Vec<_>>().join(" ")
+    crate::text::collapse_whitespace(&no_tags)
 }
 
 /// Decodes the character references [`clean`] names, as Python's `html.unescape` does.

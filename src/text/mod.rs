@@ -24,6 +24,43 @@ pub fn is_python_whitespace(c: char) -> bool {
     c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
 }
 
+/// `text` with each run of whitespace ([`is_python_whitespace`]) made one space, and none at
+/// either end: Python's `" ".join(text.split())`. Runs of other characters are copied whole.
+pub fn collapse_whitespace(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut word: Option<usize> = None;
+    let end_word = |out: &mut String, start: usize, end: usize| {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(&text[start..end]);
+    };
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let (space, len) = match bytes[i] {
+            b if b.is_ascii() => (is_python_whitespace(b as char), 1),
+            _ => {
+                let c = text[i..].chars().next().expect("a char starts here");
+                (is_python_whitespace(c), c.len_utf8())
+            }
+        };
+        match (space, word) {
+            (true, Some(start)) => {
+                end_word(&mut out, start, i);
+                word = None;
+            }
+            (false, None) => word = Some(i),
+            _ => {}
+        }
+        i += len;
+    }
+    if let Some(start) = word {
+        end_word(&mut out, start, text.len());
+    }
+    out
+}
+
 /// Lower-cases `caption`, borrowing when it has no upper-case character (CC3M is already lower
 /// case, so the common path allocates nothing).
 pub fn lowercase(caption: &str) -> Cow<'_, str> {
@@ -292,6 +329,24 @@ impl std::fmt::Debug for Stemmer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn collapsed_whitespace_is_pythons_split_and_join() {
+        let reference = |t: &str| t.split(is_python_whitespace).filter(|p| !p.is_empty()).collect::<Vec<_>>().join(" ");
+        for t in [
+            "",
+            " ",
+            "a",
+            "  a  b\t\tc\n",
+            "caf\u{e9}\u{a0}au\u{2003}lait\u{3000}",
+            "x\u{1c}y\u{1f}z\u{85}w",
+            "\u{200b}zero width is no space\u{200b}",
+            "\r\n\u{b}\u{c}end",
+            "\u{1f600} \u{1f600}",
+        ] {
+            assert_eq!(collapse_whitespace(t), reference(t), "{t:?}");
+        }
+    }
 
     #[test]
     fn splits_like_python_str_split() {
