@@ -1556,6 +1556,21 @@ fn a_damaged_compressed_input_fails_the_run_naming_the_file() {
         assert_eq!(shards_in(&out.join("data")), Vec::<String>::new(), "{kind} {damage}");
         assert!(!out.join("manifest.json").exists());
     }
+    // A CSV table streams through its parser: the error is still the file's.
+    let csv: Vec<u8> = (0..20_000).flat_map(|i| format!("{i},a dog {i},http://u/{i}\n").into_bytes()).collect();
+    let mut bytes = compressed(&csv, "gz", 1);
+    bytes.truncate(bytes.len() / 2);
+    let input = dir.path().join("t.csv.gz");
+    std::fs::write(&input, &bytes).unwrap();
+    let toml = read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\nheader = false\ncolumns = {{ caption = 1, url = 2 }}",
+        input.display()
+    ))
+    .replace("{out}", &dir.path().join("out_csv").to_string_lossy());
+    let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
+    let plan = curate::pipeline::plan::compile_doc(&doc).unwrap();
+    let err = curate::pipeline::run(plan, &Default::default()).unwrap_err().to_string();
+    assert!(err.contains("cannot read `") && err.contains("t.csv.gz`: its gzip data is damaged or cut short"), "{err}");
 }
 
 #[test]

@@ -562,7 +562,7 @@ impl<R: Read> Parser<R> {
                                 } else if too_long {
                                     "no block ends within 2 MiB of where it starts"
                                 } else {
-                                    "the file ends inside a stream (it is cut short)"
+                                    "the file ends inside a stream"
                                 }));
                             }
                         }

@@ -748,6 +748,11 @@ impl ReadTable {
                     break;
                 }
                 Ok(true) => {}
+                // The text could not be read (a compressed file damaged past its start).
+                Err(e) if e.is_io_error() => {
+                    let csv::ErrorKind::Io(e) = e.into_kind() else { unreachable!("an I/O error") };
+                    return Err(Error::io("cannot read", path, e));
+                }
                 Err(e) => return Err(Error::data(format!("`{}`: {e}", path.display()))),
             }
             let text = file.rdr.get_ref();
