@@ -143,13 +143,6 @@ fn sniff(file: &mut File) -> std::io::Result<Compression> {
     Ok(compression)
 }
 
-/// The whole text of a text input (see [`open_text`]), without a leading [`BOM`].
-pub fn read_text(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut text = Vec::new();
-    open_text(path)?.read_to_end(&mut text)?;
-    Ok(text)
-}
-
 /// Moves past a [`BOM`] at the start of `file`, if there is one.
 fn skip_bom(file: &mut File) -> std::io::Result<()> {
     use std::io::Seek;
@@ -206,6 +199,13 @@ impl Lines {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The whole text of a text input, as a reader reads it.
+    fn read_text(path: &Path) -> std::io::Result<Vec<u8>> {
+        let mut text = Vec::new();
+        open_text(path)?.read_to_end(&mut text)?;
+        Ok(text)
+    }
 
     #[test]
     fn numbers_lines_and_strips_terminators() {
