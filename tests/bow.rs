@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use arrow_array::RecordBatch;
 use curate::schema::{self, Chunk, PairRow, PairsBuilder};
 use curate::stages::bow::BowConfig;
-use curate::stages::{Problems, Transform};
+use curate::stages::{Problems, StageStats, Transform};
 use curate::text::{is_content_word, Tokenizer};
 use proptest::prelude::*;
 
@@ -45,11 +45,13 @@ fn run_bow(toml: &str, captions: &[String], chunk: usize) -> (Vec<Row>, Vec<Stri
     let mut rows = Vec::new();
     let mut rejected = Vec::new();
     let mut first = 0;
+    let mut stats = StageStats::None;
     for b in &batches {
         let n = b.num_rows() as u64;
-        let out = bow
+        let (out, chunk_stats) = bow
             .apply(Chunk { batch: b.clone(), rejects: Default::default(), skipped: Default::default() }, first)
             .unwrap();
+        stats.merge(chunk_stats);
         first += n;
         let cols: Vec<Vec<String>> = [schema::SAMPLE_ID, schema::CAPTION, schema::ORIGINAL_CAPTION, schema::SPLIT]
             .iter()
@@ -61,7 +63,7 @@ fn run_bow(toml: &str, captions: &[String], chunk: usize) -> (Vec<Row>, Vec<Stri
         }
         rejected.extend(out.rejects.iter().map(|r| r.sample_id.unwrap().to_owned()));
     }
-    (rows, rejected, bow.report())
+    (rows, rejected, bow.report(&stats))
 }
 
 fn words(s: &str) -> Vec<String> {
@@ -393,13 +395,13 @@ impl Transform for FitsOnce {
     fn fit_passes(&self) -> usize {
         1
     }
-    fn apply(&self, chunk: Chunk, _first_row: u64) -> curate::Result<Chunk> {
-        Ok(chunk)
+    fn apply(&self, chunk: Chunk, _first_row: u64) -> curate::Result<(Chunk, StageStats)> {
+        Ok((chunk, StageStats::None))
     }
     fn output_schema(&self) -> arrow_schema::SchemaRef {
         self.0.clone()
     }
-    fn report(&self) -> serde_json::Value {
+    fn report(&self, _: &StageStats) -> serde_json::Value {
         serde_json::json!({})
     }
 }

@@ -164,6 +164,10 @@ pub struct RunArgs {
     /// Does not change the output.
     #[arg(long, default_value_t = crate::pipeline::execute::DEFAULT_CACHE_BYTES >> 20)]
     pub cache_mib: usize,
+    /// Start over, even where a killed run of the same pipeline, settings and inputs left its
+    /// finished shards and a checkpoint in `output_dir` (by default the run goes on from them).
+    #[arg(long)]
+    pub restart: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -228,7 +232,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             )?;
             let out = plan.output_dir.clone();
             let data_dir = out.join(&plan.write.dir);
-            let s = pipeline::run(plan, &RunOptions { progress, cache_bytes: args.cache_mib.saturating_mul(1 << 20) })?;
+            let opts =
+                RunOptions { progress, cache_bytes: args.cache_mib.saturating_mul(1 << 20), restart: args.restart };
+            let s = pipeline::run(plan, &opts)?;
             say!(
                 "wrote {} rows to `{}` ({} shard(s)); {} rejected, {} skipped; {:.2} s",
                 s.rows_written,

@@ -24,7 +24,7 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::writer::SerializedFileWriter;
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::tmp_path;
 use crate::error::{Error, Result};
@@ -63,7 +63,7 @@ fn properties(metadata: &[(String, String)]) -> WriterProperties {
 }
 
 /// One finished output file.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ShardInfo {
     pub file: String,
     pub rows: u64,
@@ -179,6 +179,19 @@ impl ShardedWriter {
         rows_per_shard: usize,
         metadata: &[(String, String)],
     ) -> Result<Self> {
+        Self::after(dir, stem, schema, rows_per_shard, metadata, Vec::new())
+    }
+
+    /// A writer that goes on after `shards`, finished by an earlier (killed) run of the same
+    /// output: the next shard is numbered after them, and they are counted as this writer's.
+    pub fn after(
+        dir: &Path,
+        stem: &str,
+        schema: SchemaRef,
+        rows_per_shard: usize,
+        metadata: &[(String, String)],
+        shards: Vec<ShardInfo>,
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("cannot create folder", dir, e))?;
         Ok(ShardedWriter {
             dir: dir.to_owned(),
@@ -187,9 +200,30 @@ impl ShardedWriter {
             rows_per_shard: rows_per_shard.max(1),
             props: properties(metadata),
             current: None,
-            shards: Vec::new(),
+            shards,
             renames: Vec::new(),
         })
+    }
+
+    /// Rows the shard being written can still take before it is full (a whole shard's when
+    /// none is open).
+    pub fn room(&self) -> usize {
+        self.current.as_ref().map_or(self.rows_per_shard, |o| self.rows_per_shard.saturating_sub(o.rows))
+    }
+
+    /// Ends the shard being written, if any, however many rows it has, and waits until every
+    /// finished shard has its final name: they are all in place when this returns.
+    pub fn end_shard(&mut self) -> Result<()> {
+        self.close_current().map_err(|e| self.in_folder(e))?;
+        for rename in self.renames.drain(..) {
+            rename.join().expect("rename thread does not panic")?;
+        }
+        Ok(())
+    }
+
+    /// The shards finished so far.
+    pub fn shards(&self) -> &[ShardInfo] {
+        &self.shards
     }
 
     fn open_next(&mut self) -> Result<()> {
@@ -389,6 +423,33 @@ mod tests {
         assert_eq!(shards[2].file, "part-00002.parquet");
         let back = read_file(&dir.path().join("part-00001.parquet")).unwrap();
         assert_eq!(back[0].slice(0, 2), batch.slice(2, 2));
+    }
+
+    #[test]
+    fn a_writer_after_earlier_shards_numbers_on_and_ends_shards_on_demand() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = ShardedWriter::new(dir.path(), "part", pairs(), 3, &[]).unwrap();
+        assert_eq!(w.room(), 3);
+        w.write(&dogs(2)).unwrap();
+        assert_eq!(w.room(), 1);
+        // Ended early, and in place (renamed) when `end_shard` returns.
+        w.end_shard().unwrap();
+        assert_eq!(w.shards(), [ShardInfo { file: "part-00000.parquet".into(), rows: 2 }]);
+        assert!(dir.path().join("part-00000.parquet").exists());
+        assert_eq!(w.room(), 3);
+        w.end_shard().unwrap();
+        assert_eq!(w.shards().len(), 1, "no shard open: nothing to end");
+        drop(w);
+        // A later writer keeps that shard and goes on with `part-00001`.
+        let kept = vec![ShardInfo { file: "part-00000.parquet".into(), rows: 2 }];
+        let mut w = ShardedWriter::after(dir.path(), "part", pairs(), 3, &[], kept).unwrap();
+        w.write(&dogs(4)).unwrap();
+        let shards = w.finish().unwrap();
+        assert_eq!(
+            shards.iter().map(|s| (s.file.as_str(), s.rows)).collect::<Vec<_>>(),
+            [("part-00000.parquet", 2), ("part-00001.parquet", 3), ("part-00002.parquet", 1)]
+        );
+        assert_eq!(read_file(&dir.path().join("part-00002.parquet")).unwrap()[0], dogs(4).slice(3, 1));
     }
 
     #[test]

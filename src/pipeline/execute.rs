@@ -1,7 +1,8 @@
 //! Running a [`Plan`]: fit passes for the transforms that need them, then one streaming pass in
 //! which a reader thread parses, chunks are transformed in parallel (rayon) and a writer thread
-//! stores data and rejects in input order. Outputs: `config.json` (before any work),
-//! `data/part-*.parquet`, `rejects/part-*.parquet`, `manifest.json`, and the report.
+//! stores data and rejects in input order, saving a checkpoint at each finished data shard (see
+//! [`super::checkpoint`]). Outputs: `config.json` (before any work), `data/part-*.parquet`,
+//! `rejects/part-*.parquet`, `manifest.json`, and the report.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -12,6 +13,7 @@ use serde::Serialize;
 use serde_json::json;
 use std::path::Path;
 
+use super::checkpoint::{self, Checkpoint, Position, RunIdentity};
 use super::plan::Plan;
 use super::progress::Progress;
 use crate::error::{Error, Result};
@@ -19,7 +21,7 @@ use crate::io::parquet::{ShardInfo, ShardedWriter};
 use crate::io::{fingerprint, fingerprint_listing, write_atomic};
 use crate::report;
 use crate::schema::{self, Chunk};
-use crate::stages::{write_parquet, ChunkIter, Reader, Transform};
+use crate::stages::{write_parquet, ChunkIter, Reader, StageStats, Transform};
 
 /// Chunks in flight between the reader and the writer (being transformed, or waiting for an
 /// earlier one), and the reader's lead in the fit passes: enough to keep every core of the
@@ -38,11 +40,13 @@ pub struct RunOptions {
     /// Parsed input kept in memory between a fit pass and the passes after it, so the input is
     /// read and parsed once; an input that does not fit is read again for each pass. 0 = never.
     pub cache_bytes: usize,
+    /// Start over even where a killed run of the same pipeline left a checkpoint to go on from.
+    pub restart: bool,
 }
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { progress: false, cache_bytes: DEFAULT_CACHE_BYTES }
+        RunOptions { progress: false, cache_bytes: DEFAULT_CACHE_BYTES, restart: false }
     }
 }
 
@@ -128,7 +132,8 @@ impl RunSummary {
 /// Runs `plan`, writing everything under its `output_dir`. One run at a time writes to a folder
 /// (a second one fails at once), and a run that fails once it has begun clearing the folder
 /// leaves no shard of its own behind: a folder holds a whole run's output, with its manifest,
-/// or none.
+/// or none — or, once a run was killed, the shards it finished and its checkpoint, which the
+/// next run of the same pipeline goes on from.
 pub fn run(plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     let out = plan.output_dir.clone();
     std::fs::create_dir_all(&out).map_err(|e| Error::io("cannot create output folder", &out, e))?;
@@ -137,6 +142,7 @@ pub fn run(plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     let cleared = std::cell::Cell::new(false);
     let result = run_locked(plan, opts, &cleared);
     if result.is_err() && cleared.get() {
+        checkpoint::remove(&out);
         for dir in &shard_dirs {
             remove_run_shards(dir);
         }
@@ -194,6 +200,23 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     let earlier_dir = previous_data_dir(&out).map(|d| out.join(d)).filter(|d| *d != data_dir);
     let mut shard_dirs = vec![data_dir.as_path(), rejects_dir.as_path()];
     shard_dirs.extend(earlier_dir.as_deref());
+    // The hash names what made the data, so it leaves out where the data was written: the same
+    // input and config give byte-identical files in any output folder.
+    let mut hashed = plan.resolved.clone();
+    if let Some(m) = hashed.as_object_mut() {
+        m.remove("output_dir");
+    }
+    let config_hash = format!("xxh3-64:{:016x}", xxhash_rust::xxh3::xxh3_64(hashed.to_string().as_bytes()));
+    let inputs = plan.reader.inputs();
+    let pipeline_name = plan.name.clone();
+    let identity = RunIdentity {
+        config_hash: &config_hash,
+        pipeline: &pipeline_name,
+        inputs: &inputs,
+        data_dir: &data_dir,
+        rejects_dir: &rejects_dir,
+    };
+    let resume: Option<Checkpoint> = if opts.restart { None } else { checkpoint::load(&out, &identity) };
     // Re-reading an earlier run's shards in place would delete them before they are read.
     if let Some(f) = inputs_a_run_clears(&shard_dirs, &plan.reader.inputs()).first() {
         return Err(Error::data(format!(
@@ -204,19 +227,27 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         )));
     }
     cleared.set(true);
-    let clearing = clear_previous_run(&out, &shard_dirs)?;
+    let mut kept: Vec<std::path::PathBuf> = Vec::new();
+    match &resume {
+        Some(c) => {
+            kept.extend(c.data_shards.iter().map(|s| data_dir.join(&s.info.file)));
+            kept.extend(c.reject_shards.iter().map(|s| rejects_dir.join(&s.info.file)));
+            say!(
+                "resuming the run that was killed in `{}`: its {} data shard(s) ({} rows) stay; the input is read \
+                 again, and the stages go on from its chunk {} (--restart starts over)",
+                out.display(),
+                c.data_shards.len(),
+                c.data_shards.iter().map(|s| s.info.rows).sum::<u64>(),
+                c.chunk + 1
+            );
+        }
+        None => checkpoint::remove(&out),
+    }
+    let clearing = clear_previous_run(&out, &shard_dirs, &kept)?;
     let config_json = serde_json::to_string_pretty(&plan.resolved).expect("JSON value serializes");
     write_atomic(&out.join("config.json"), config_json.as_bytes())?;
-    // The hash names what made the data, so it leaves out where the data was written: the same
-    // input and config give byte-identical files in any output folder.
-    let mut hashed = plan.resolved.clone();
-    if let Some(m) = hashed.as_object_mut() {
-        m.remove("output_dir");
-    }
-    let config_hash = format!("xxh3-64:{:016x}", xxhash_rust::xxh3::xxh3_64(hashed.to_string().as_bytes()));
 
     let mut timings = BTreeMap::new();
-    let inputs = plan.reader.inputs();
     // The fingerprint reads every input byte once more: on a thread of its own, beside the
     // passes, so it costs no wall time while a core is free.
     let fingerprinting = {
@@ -253,10 +284,29 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     ];
     let stage_metadata: Vec<(String, String)> = plan.transforms.iter().flat_map(|(_, t)| t.metadata()).collect();
     metadata.extend(stage_metadata.iter().cloned());
-    let mut data =
-        ShardedWriter::new(&data_dir, "part", plan.output_schema.clone(), plan.write.rows_per_shard, &metadata)?;
-    let mut rejects =
-        ShardedWriter::new(&rejects_dir, "part", schema::rejects(), plan.write.rows_per_shard, &metadata)?;
+    let (kept_data, kept_rejects) = match &resume {
+        Some(c) => (
+            c.data_shards.iter().map(|s| s.info.clone()).collect(),
+            c.reject_shards.iter().map(|s| s.info.clone()).collect(),
+        ),
+        None => (Vec::new(), Vec::new()),
+    };
+    let mut data = ShardedWriter::after(
+        &data_dir,
+        "part",
+        plan.output_schema.clone(),
+        plan.write.rows_per_shard,
+        &metadata,
+        kept_data,
+    )?;
+    let mut rejects = ShardedWriter::after(
+        &rejects_dir,
+        "part",
+        schema::rejects(),
+        plan.write.rows_per_shard,
+        &metadata,
+        kept_rejects,
+    )?;
     let columns: Option<Vec<usize>> = plan.write.columns.as_ref().map(|cols| {
         let last = plan.transforms.last().map_or_else(schema::pairs, |(_, t)| t.output_schema());
         cols.iter().map(|c| last.index_of(c).expect("checked at plan time")).collect()
@@ -265,34 +315,97 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     let reader_name = schema::stage_name(&plan.reader_name);
     let cached: Option<Vec<Chunk>> = cache.and_then(|c| c.chunks);
     let transforms: &[(String, Box<dyn Transform>)] = &plan.transforms;
+    let start = StreamStart {
+        chunk: resume.as_ref().map_or(0, |c| c.chunk),
+        first_rows: resume.as_ref().map_or_else(|| vec![0; transforms.len()], |c| c.first_rows.clone()),
+    };
+    let resumed = resume.as_ref().map(|c| {
+        json!({
+            "data_shards_kept": c.data_shards.len(),
+            "reject_shards_kept": c.reject_shards.len(),
+            "chunks_skipped": c.chunk,
+        })
+    });
+    let mut o = WriterOutcome::default();
+    if let Some(c) = resume {
+        o.earlier_rejects = c.rejects;
+        o.skipped = c.skipped;
+        o.stats = c.stats;
+        o.rows_into_first = c.rows_into_chunk;
+    } else {
+        o.stats = vec![StageStats::None; transforms.len()];
+    }
+    let (out_dir, identity) = (&out, &identity);
 
     let streamed = std::thread::scope(|s| -> Result<(u64, WriterOutcome)> {
-        // Each chunk travels with its rejects already in columns (built on the worker threads).
         // `None` says the stream ended well: without it (a reader or transform failed) the
         // writer removes what it wrote instead of finishing shards that look complete.
-        let (wtx, wrx) = sync_channel::<Option<(Chunk, Option<RecordBatch>)>>(GROUP);
+        let (wtx, wrx) = sync_channel::<Option<Finished>>(GROUP);
         let spawn_writer = std::thread::Builder::new().name("curate-write".into());
+        let first_chunk = start.chunk;
         let writer = spawn_writer
             .spawn_scoped(s, move || -> Result<WriterOutcome> {
-                let mut o = WriterOutcome::default();
+                let mut saved = 0;
+                let mut chunk_no = first_chunk;
                 let stream = || -> Result<bool> {
                     for message in wrx {
-                        let Some((chunk, rejects_batch)) = message else { return Ok(true) };
+                        let Some(f) = message else { return Ok(true) };
                         let batch = match &columns {
-                            Some(idx) => chunk.batch.project(idx)?,
-                            None => chunk.batch,
+                            Some(idx) => f.chunk.batch.project(idx)?,
+                            None => f.chunk.batch,
                         };
-                        o.written += batch.num_rows() as u64;
-                        data.write(&batch)?;
-                        if !chunk.rejects.is_empty() {
-                            for key in chunk.rejects.reasons() {
+                        // Resuming: the rows of the first chunk a killed run wrote already.
+                        let done_before = std::mem::take(&mut o.rows_into_first) as usize;
+                        if done_before > batch.num_rows() {
+                            return Err(Error::data(format!(
+                                "the checkpoint in `{}` does not match the stream (chunk {} has {} rows, not over {}); \
+                                 run with --restart",
+                                out_dir.display(),
+                                chunk_no + 1,
+                                batch.num_rows(),
+                                done_before
+                            )));
+                        }
+                        let batch = batch.slice(done_before, batch.num_rows() - done_before);
+                        // Written up to each shard's end, where the rejects shard ends too and the
+                        // checkpoint is saved: every chunk before this one is then in finished
+                        // shards, and `done_before + offset` rows of this one.
+                        let mut offset = 0;
+                        while offset < batch.num_rows() {
+                            let take = data.room().min(batch.num_rows() - offset);
+                            data.write(&batch.slice(offset, take))?;
+                            offset += take;
+                            if data.room() == 0 {
+                                data.end_shard()?;
+                                rejects.end_shard()?;
+                                let at = Position {
+                                    chunk: chunk_no,
+                                    rows_into_chunk: (done_before + offset) as u64,
+                                    first_rows: &f.first_rows,
+                                    data_shards: data.shards(),
+                                    reject_shards: rejects.shards(),
+                                    rejects: o.reject_counts(),
+                                    skipped: &o.skipped,
+                                    stats: &o.stats,
+                                };
+                                checkpoint::save(out_dir, identity, at)?;
+                                saved += 1;
+                                kill_point(saved);
+                            }
+                        }
+                        if !f.chunk.rejects.is_empty() {
+                            for key in f.chunk.rejects.reasons() {
                                 *o.rejects.entry(key).or_insert(0) += 1;
                             }
-                            rejects.write(&rejects_batch.unwrap_or_else(|| chunk.rejects.to_batch()))?;
+                            rejects.write(&f.rejects.unwrap_or_else(|| f.chunk.rejects.to_batch()))?;
                         }
-                        for (k, v) in chunk.skipped {
+                        for (k, v) in f.chunk.skipped {
                             *o.skipped.entry(k.to_owned()).or_insert(0) += v;
                         }
+                        for (all, one) in o.stats.iter_mut().zip(f.stats) {
+                            all.merge(one);
+                        }
+                        chunk_no += 1;
                     }
                     Ok(false)
                 };
@@ -308,8 +421,8 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
             })
             .map_err(|e| Error::io("cannot start a thread", "curate-write", e))?;
         let writer_gone = std::cell::Cell::new(false);
-        let read = transform_stream(s, reader, reader_name, cached, transforms, &bar, |c| {
-            wtx.send(Some(c)).map_err(|_| {
+        let read = transform_stream(s, reader, reader_name, cached, transforms, &start, &bar, |f| {
+            wtx.send(Some(f)).map_err(|_| {
                 writer_gone.set(true);
                 Error::data("the writer stopped")
             })
@@ -341,11 +454,11 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
 
     let t = Instant::now();
     let stage_reports: Vec<(String, serde_json::Value)> =
-        plan.transforms.iter().map(|(name, t)| (name.clone(), t.report())).collect();
+        plan.transforms.iter().zip(&w.stats).map(|((name, t), stats)| (name.clone(), t.report(stats))).collect();
     let summary = RunSummary {
         rows_read,
-        rows_written: w.written,
-        rejects: w.rejects.iter().map(|((stage, reason), n)| (format!("{stage}/{reason}"), *n)).collect(),
+        rows_written: w.data_shards.iter().map(|s| s.rows).sum(),
+        rejects: w.reject_counts(),
         skipped: w.skipped,
         data_shards: w.data_shards,
         timings_s: BTreeMap::new(),
@@ -376,10 +489,12 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         "data_shards": summary.data_shards,
         "reject_shards": w.reject_shards,
         "input_cache": input_cache,
+        "resumed": resumed,
         "timings_s": summary.timings_s,
     });
     let text = serde_json::to_string_pretty(&manifest).expect("JSON value serializes");
     write_atomic(&out.join("manifest.json"), text.as_bytes())?;
+    checkpoint::remove(&out);
     Ok(summary)
 }
 
@@ -440,7 +555,8 @@ fn fit_passes(
                     let mut c = chunk;
                     for (j, (_, earlier)) in before.iter().enumerate() {
                         let n = c.batch.num_rows() as u64;
-                        c = earlier.apply(c, offsets[j])?;
+                        // Its statistics are of the streaming pass's only.
+                        c = earlier.apply(c, offsets[j])?.0;
                         offsets[j] += n;
                     }
                     stage.fit(pass, &c.batch, offsets[i])?;
@@ -548,12 +664,40 @@ fn internal_error(what: &str, panic: &(dyn std::any::Any + Send)) -> Error {
 
 #[derive(Default)]
 struct WriterOutcome {
-    written: u64,
     /// By (stage, reason): no string is made per reject.
     rejects: BTreeMap<(&'static str, &'static str), u64>,
+    /// Resuming: the rejects counted by the killed run, by `stage/reason`.
+    earlier_rejects: BTreeMap<String, u64>,
     skipped: BTreeMap<String, u64>,
+    /// Each transform's report statistics, merged in input order.
+    stats: Vec<StageStats>,
+    /// Resuming: rows of the first chunk the killed run wrote already.
+    rows_into_first: u64,
     data_shards: Vec<ShardInfo>,
     reject_shards: Vec<ShardInfo>,
+}
+
+impl WriterOutcome {
+    /// Rejects counted so far, by `stage/reason`.
+    fn reject_counts(&self) -> BTreeMap<String, u64> {
+        let mut all = self.earlier_rejects.clone();
+        for ((stage, reason), n) in &self.rejects {
+            *all.entry(format!("{stage}/{reason}")).or_insert(0) += n;
+        }
+        all
+    }
+}
+
+/// For the resume tests: with `CURATE_KILL_AFTER_CHECKPOINTS=N` in its environment, a run kills
+/// itself (SIGKILL, as a user, a scheduler or the out-of-memory killer would) once it has saved
+/// its `N`th checkpoint.
+fn kill_point(saved: usize) {
+    if std::env::var("CURATE_KILL_AFTER_CHECKPOINTS").is_ok_and(|n| n.trim() == saved.to_string()) {
+        // SAFETY: signals this process; no memory is touched.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
 }
 
 /// The stream's result from the reading side's and the writer's: where both failed, the first
@@ -569,10 +713,15 @@ fn first_failure<R, W>(read: Result<R>, written: Result<W>, writer_gone: bool) -
 
 /// Moves what an earlier run left in `out` out of the way before this run writes anything: its
 /// manifest and report (so a folder whose run stopped part-way has no manifest), its plots, and
-/// its shards and unfinished temporary shards in `shard_dirs` (other files there stay). The
+/// its shards and unfinished temporary shards in `shard_dirs` but those in `keep` (a killed
+/// run's, which this run goes on from; other files there stay too). The
 /// shards go to a folder that a thread deletes beside the run: deleting a large file frees its
 /// cached pages, which takes time better spent while the first pass reads.
-fn clear_previous_run(out: &Path, shard_dirs: &[&Path]) -> Result<std::thread::JoinHandle<Result<()>>> {
+fn clear_previous_run(
+    out: &Path,
+    shard_dirs: &[&Path],
+    keep: &[std::path::PathBuf],
+) -> Result<std::thread::JoinHandle<Result<()>>> {
     let remove = |p: &Path| match std::fs::remove_file(p) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io("cannot remove", p, e)),
         _ => Ok(()),
@@ -597,7 +746,7 @@ fn clear_previous_run(out: &Path, shard_dirs: &[&Path]) -> Result<std::thread::J
     let trash = out.join(crate::stages::write_parquet::STALE_DIR);
     for (i, dir) in shard_dirs.iter().enumerate() {
         for (name, path) in list(dir)? {
-            if is_run_shard(&name) {
+            if is_run_shard(&name) && !keep.contains(&path) {
                 std::fs::create_dir_all(&trash).map_err(|e| Error::io("cannot create folder", &trash, e))?;
                 let to = trash.join(format!("{i}-{name}"));
                 // A data folder on another file system (a link to scratch space) cannot rename
@@ -619,21 +768,47 @@ fn clear_previous_run(out: &Path, shard_dirs: &[&Path]) -> Result<std::thread::J
         .map_err(|e| Error::io("cannot start a thread", "curate-clear", e))
 }
 
+/// Where the streaming pass starts: at the input's start, or after the chunks a killed run
+/// wrote (see [`super::checkpoint`]).
+#[derive(Debug, Clone, Default)]
+struct StreamStart {
+    /// Reader chunks before this one are read (for the reader's state: ids seen, line numbers)
+    /// but not transformed.
+    chunk: usize,
+    /// The index of that chunk's first row in each transform's input.
+    first_rows: Vec<u64>,
+}
+
+/// A chunk on its way through the transforms, and out of them, to the writer.
+struct Finished {
+    chunk: Chunk,
+    /// Its rejects in columns (built on a worker thread), once through the last transform, when
+    /// it has any.
+    rejects: Option<RecordBatch>,
+    /// Each transform's statistics of the chunk, so far.
+    stats: Vec<StageStats>,
+    /// The index of the chunk's first row in each transform's input, so far.
+    first_rows: Vec<u64>,
+}
+
 /// Runs every transform on the chunks from the reader and hands each chunk, with its rejects
-/// already in columns, to `sink` in input order. Returns the number of input rows.
+/// already in columns, to `sink` in input order, from the chunk `start` says on. Returns the
+/// number of input rows (of every chunk, skipped or not).
 ///
 /// Each (chunk, transform) is one rayon job, started as soon as the chunk has come out of the
 /// transform before and the chunks ahead of it have been through this one (which fixes its
 /// first row index), so a slow chunk never holds the others back. At most [`GROUP`] chunks are
 /// between the reader and `sink` at once: the reader waits for a credit before each chunk.
+#[allow(clippy::too_many_arguments)]
 fn transform_stream<'s>(
     s: &'s std::thread::Scope<'s, '_>,
     reader: &'s dyn Reader,
     reader_name: &'static str,
     cached: Option<Vec<Chunk>>,
     transforms: &[(String, Box<dyn Transform>)],
+    start: &StreamStart,
     bar: &super::progress::PassBar,
-    mut sink: impl FnMut((Chunk, Option<RecordBatch>)) -> Result<()>,
+    mut sink: impl FnMut(Finished) -> Result<()>,
 ) -> Result<u64> {
     enum Event {
         Input(Result<Chunk>),
@@ -643,7 +818,7 @@ fn transform_stream<'s>(
         Done {
             stage: usize,
             idx: usize,
-            result: Result<(Chunk, Option<RecordBatch>)>,
+            result: Result<Finished>,
         },
     }
     let (events, inbox) = std::sync::mpsc::channel::<Event>();
@@ -660,36 +835,37 @@ fn transform_stream<'s>(
     // With no transform there is still one step: the rejects into columns.
     let steps = transforms.len().max(1);
     // `ready[j]`: chunks waiting for step `j`, by index; `next[j]`: the next index it takes.
-    let mut ready: Vec<BTreeMap<usize, Chunk>> = (0..steps).map(|_| BTreeMap::new()).collect();
-    let mut finished: BTreeMap<usize, (Chunk, Option<RecordBatch>)> = BTreeMap::new();
-    let mut next = vec![0usize; steps];
-    let mut offsets = vec![0u64; steps];
+    let mut ready: Vec<BTreeMap<usize, Finished>> = (0..steps).map(|_| BTreeMap::new()).collect();
+    let mut finished: BTreeMap<usize, Finished> = BTreeMap::new();
+    let mut next = vec![start.chunk; steps];
+    let mut offsets = start.first_rows.clone();
+    offsets.resize(steps, 0);
     // Input rows of each chunk not yet handed to `sink`, in order.
     let mut pending_rows = std::collections::VecDeque::new();
     let (mut read, mut sunk, mut rows, mut input_done) = (0usize, 0usize, 0u64, false);
     rayon::in_place_scope(|scope| -> Result<u64> {
         let start_ready =
-            |j: usize, ready: &mut Vec<BTreeMap<usize, Chunk>>, next: &mut Vec<usize>, offsets: &mut Vec<u64>| {
-                while let Some(chunk) = ready[j].remove(&next[j]) {
+            |j: usize, ready: &mut Vec<BTreeMap<usize, Finished>>, next: &mut Vec<usize>, offsets: &mut Vec<u64>| {
+                while let Some(mut f) = ready[j].remove(&next[j]) {
                     let (idx, first_row) = (next[j], offsets[j]);
                     next[j] += 1;
-                    offsets[j] += chunk.batch.num_rows() as u64;
+                    offsets[j] += f.chunk.batch.num_rows() as u64;
                     let done = events.clone();
                     scope.spawn(move |_| {
                         // A panic would leave the loop below waiting for this chunk forever.
                         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            let before = chunk.rejects.len();
-                            match transforms.get(j) {
-                                Some((name, t)) => t.apply(chunk, first_row).map(|mut c| {
-                                    c.rejects.name_stage_from(before, schema::stage_name(name));
-                                    c
-                                }),
-                                None => Ok(chunk),
+                            if let Some((name, t)) = transforms.get(j) {
+                                let before = f.chunk.rejects.len();
+                                let (mut chunk, stats) = t.apply(f.chunk, first_row)?;
+                                chunk.rejects.name_stage_from(before, schema::stage_name(name));
+                                f = Finished { chunk, stats: f.stats, first_rows: f.first_rows, rejects: None };
+                                f.stats.push(stats);
+                                f.first_rows.push(first_row);
                             }
-                            .map(|c| {
-                                let rejects = (j + 1 == steps && !c.rejects.is_empty()).then(|| c.rejects.to_batch());
-                                (c, rejects)
-                            })
+                            if j + 1 == steps && !f.chunk.rejects.is_empty() {
+                                f.rejects = Some(f.chunk.rejects.to_batch());
+                            }
+                            Ok(f)
                         }))
                         .unwrap_or_else(|p| {
                             let stage = transforms.get(j).map_or("writing", |(name, _)| name.as_str());
@@ -703,22 +879,31 @@ fn transform_stream<'s>(
             match crate::io::recv_in_pool(&inbox).expect("the caller holds a sender") {
                 Event::Input(chunk) => {
                     let mut chunk = chunk?;
-                    chunk.rejects.name_stage_from(0, reader_name);
                     let n = (chunk.batch.num_rows() + chunk.rejects.len()) as u64 + chunk.skipped.values().sum::<u64>();
                     rows += n;
+                    if read < start.chunk {
+                        // Written by the killed run this one resumes.
+                        read += 1;
+                        sunk += 1;
+                        bar.inc(n);
+                        let _ = credit.try_send(());
+                        continue;
+                    }
+                    chunk.rejects.name_stage_from(0, reader_name);
                     pending_rows.push_back(n);
-                    ready[0].insert(read, chunk);
+                    let f = Finished { chunk, rejects: None, stats: Vec::new(), first_rows: Vec::new() };
+                    ready[0].insert(read, f);
                     read += 1;
                     start_ready(0, &mut ready, &mut next, &mut offsets);
                 }
                 Event::InputEnd => input_done = true,
                 Event::Done { stage, idx, result } => {
-                    let (chunk, rejects) = result?;
+                    let f = result?;
                     if stage < steps {
-                        ready[stage].insert(idx, chunk);
+                        ready[stage].insert(idx, f);
                         start_ready(stage, &mut ready, &mut next, &mut offsets);
                     } else {
-                        finished.insert(idx, (chunk, rejects));
+                        finished.insert(idx, f);
                         while let Some(done) = finished.remove(&sunk) {
                             sink(done)?;
                             sunk += 1;
@@ -790,35 +975,49 @@ mod tests {
     struct DropEvery(u64);
 
     impl Transform for DropEvery {
-        fn apply(&self, chunk: Chunk, first_row: u64) -> Result<Chunk> {
+        fn apply(&self, chunk: Chunk, first_row: u64) -> Result<(Chunk, StageStats)> {
             let n = chunk.batch.num_rows() as u64;
             if (first_row / 7).is_multiple_of(3) {
                 std::thread::sleep(std::time::Duration::from_millis(3));
             }
             let keep: BooleanArray = (first_row..first_row + n).map(|i| Some(i % self.0 != 0)).collect();
             let batch = arrow_select::filter::filter_record_batch(&chunk.batch, &keep)?;
-            Ok(Chunk { batch, ..chunk })
+            Ok((Chunk { batch, ..chunk }, StageStats::None))
         }
         fn output_schema(&self) -> SchemaRef {
             schema()
         }
-        fn report(&self) -> serde_json::Value {
+        fn report(&self, _: &StageStats) -> serde_json::Value {
             serde_json::Value::Null
         }
     }
 
-    fn stream(sizes: &[usize], transforms: &[(String, Box<dyn Transform>)]) -> (u64, Vec<u64>) {
+    /// A chunk out of the stream: its first rows (one per transform) and its values.
+    type ChunkOut = (Vec<u64>, Vec<u64>);
+
+    /// The rows out of the stream, chunk by chunk.
+    fn stream_from(
+        sizes: &[usize],
+        transforms: &[(String, Box<dyn Transform>)],
+        start: &StreamStart,
+    ) -> (u64, Vec<ChunkOut>) {
         let reader = Numbers(sizes.to_vec());
         let bar = super::super::progress::Progress::new(false, 1).pass(1, "test", None);
         let mut out = Vec::new();
         let rows = std::thread::scope(|s| {
-            transform_stream(s, &reader, "numbers", None, transforms, &bar, |(c, _)| {
-                out.extend(c.batch.column(0).as_primitive::<UInt64Type>().values().iter().copied());
+            transform_stream(s, &reader, "numbers", None, transforms, start, &bar, |f| {
+                let values = f.chunk.batch.column(0).as_primitive::<UInt64Type>().values().to_vec();
+                out.push((f.first_rows, values));
                 Ok(())
             })
         })
         .unwrap();
         (rows, out)
+    }
+
+    fn stream(sizes: &[usize], transforms: &[(String, Box<dyn Transform>)]) -> (u64, Vec<u64>) {
+        let (rows, chunks) = stream_from(sizes, transforms, &StreamStart::default());
+        (rows, chunks.into_iter().flat_map(|(_, v)| v).collect())
     }
 
     #[test]
@@ -840,18 +1039,37 @@ mod tests {
         assert_eq!(stream(&sizes, &[]).1, (0..total as u64).collect::<Vec<_>>());
     }
 
+    #[test]
+    fn a_stream_started_at_a_chunk_gives_the_rest_of_the_whole_stream() {
+        let sizes: Vec<usize> = (0..30).map(|i| 1 + (i * 37) % 23).collect();
+        let transforms: Vec<(String, Box<dyn Transform>)> =
+            vec![("a".into(), Box::new(DropEvery(3))), ("b".into(), Box::new(DropEvery(2)))];
+        let (rows, whole) = stream_from(&sizes, &transforms, &StreamStart::default());
+        for k in [0, 1, 13, 29, 30] {
+            // Where a killed run's checkpoint would put it: chunk `k` and its first rows.
+            let first_rows = whole.get(k).map_or_else(Vec::new, |(f, _)| f.clone());
+            let start = StreamStart { chunk: k, first_rows };
+            let (rows_k, rest) = stream_from(&sizes, &transforms, &start);
+            assert_eq!(rows_k, rows, "every input row is counted, skipped or not");
+            assert_eq!(rest, whole[k..], "from chunk {k}");
+        }
+        // The first rows are each transform's running input count.
+        assert_eq!(whole[0].0, [0, 0]);
+        assert_eq!(whole[1].0, [sizes[0] as u64, (sizes[0] - sizes[0].div_ceil(3)) as u64]);
+    }
+
     /// A stage that panics on its third chunk, and a reader that panics after two chunks.
     struct PanicsAt(u64);
 
     impl Transform for PanicsAt {
-        fn apply(&self, chunk: Chunk, first_row: u64) -> Result<Chunk> {
+        fn apply(&self, chunk: Chunk, first_row: u64) -> Result<(Chunk, StageStats)> {
             assert!(first_row < self.0, "stage bug");
-            Ok(chunk)
+            Ok((chunk, StageStats::None))
         }
         fn output_schema(&self) -> SchemaRef {
             schema()
         }
-        fn report(&self) -> serde_json::Value {
+        fn report(&self, _: &StageStats) -> serde_json::Value {
             serde_json::Value::Null
         }
     }
@@ -873,9 +1091,11 @@ mod tests {
         let bar = super::super::progress::Progress::new(false, 1).pass(1, "test", None);
         let transforms: Vec<(String, Box<dyn Transform>)> = vec![("p".into(), Box::new(PanicsAt(10)))];
         let run = |reader: &dyn Reader, transforms: &[(String, Box<dyn Transform>)]| {
-            std::thread::scope(|s| transform_stream(s, reader, "numbers", None, transforms, &bar, |_| Ok(())))
-                .expect_err("the panic is an error")
-                .to_string()
+            std::thread::scope(|s| {
+                transform_stream(s, reader, "numbers", None, transforms, &StreamStart::default(), &bar, |_| Ok(()))
+            })
+            .expect_err("the panic is an error")
+            .to_string()
         };
         for threads in [1, 2] {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();

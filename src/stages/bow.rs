@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use arrow_array::builder::StringBuilder;
 use arrow_array::{Array, ArrayRef, RecordBatch};
@@ -31,7 +31,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{Problems, Transform};
+use super::{Problems, StageStats, Transform};
 use crate::error::Result;
 use crate::rng::{row_key, RowRng};
 use crate::schema::{self, str_col, Chunk};
@@ -215,7 +215,6 @@ impl BowConfig {
             table: WordTable::default(),
             top: Vec::new(),
             top_set: FxHashSet::default(),
-            stats: Mutex::new(Stats::default()),
             schema: output_schema(),
             warnings,
         })
@@ -239,8 +238,8 @@ pub fn output_schema() -> SchemaRef {
 /// Statistics gathered while applying (merged from chunks; every merge is a sum, so the
 /// result does not depend on the order chunks finish in). Word counts are dense vectors
 /// indexed by [`WordTable`] id, plus a map for words outside the table.
-#[derive(Debug, Default)]
-struct Stats {
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub struct Stats {
     rows_in: u64,
     no_caption: u64,
     base: u64,
@@ -270,7 +269,7 @@ const AFTER: usize = 1;
 const DEFORMED_AFTER: usize = 2;
 
 impl Stats {
-    fn merge(&mut self, o: Stats) {
+    pub(crate) fn merge(&mut self, o: Stats) {
         self.rows_in += o.rows_in;
         self.no_caption += o.no_caption;
         self.base += o.base;
@@ -285,6 +284,14 @@ impl Stats {
         self.before_other.merge(o.before_other);
         self.after_other.merge(o.after_other);
         self.deformed_other.merge(o.deformed_other);
+        if self.ids.len() < o.ids.len() {
+            self.ids.resize(o.ids.len(), [0; 3]);
+        }
+        for (a, b) in self.ids.iter_mut().zip(&o.ids) {
+            for (x, y) in a.iter_mut().zip(b) {
+                *x += y;
+            }
+        }
     }
 
     /// Adds a chunk's counts by table id.
@@ -552,7 +559,6 @@ pub struct Bow {
     top: Vec<(String, u64)>,
     top_set: FxHashSet<Box<str>>,
     table: WordTable,
-    stats: Mutex<Stats>,
     schema: SchemaRef,
     /// Things the report should point out (a setting that empties the output).
     warnings: Vec<String>,
@@ -868,7 +874,7 @@ impl Transform for Bow {
         Ok(())
     }
 
-    fn apply(&self, chunk: Chunk, first_row: u64) -> Result<Chunk> {
+    fn apply(&self, chunk: Chunk, first_row: u64) -> Result<(Chunk, StageStats)> {
         let Chunk { batch, mut rejects, skipped } = chunk;
         let ids = str_col(&batch, schema::SAMPLE_ID);
         let caps = str_col(&batch, schema::CAPTION);
@@ -1001,23 +1007,20 @@ impl Transform for Bow {
         }
         let full = RecordBatch::try_new(self.schema.clone(), columns)?;
         let batch = schema::keep_rows(&full, &in_output)?;
-        let mut all = self.stats.lock().expect("stats lock");
-        all.add_counts(&counts);
-        all.merge(st);
-        Ok(Chunk { batch, rejects, skipped })
-    }
-
-    fn start_stream(&mut self) -> Result<()> {
-        *self.stats.get_mut().expect("stats lock") = Stats::default();
-        Ok(())
+        st.add_counts(&counts);
+        Ok((Chunk { batch, rejects, skipped }, StageStats::Bow(Box::new(st))))
     }
 
     fn output_schema(&self) -> SchemaRef {
         self.schema.clone()
     }
 
-    fn report(&self) -> serde_json::Value {
-        let st = self.stats.lock().expect("stats lock");
+    fn report(&self, stats: &StageStats) -> serde_json::Value {
+        let none = Stats::default();
+        let st = match stats {
+            StageStats::Bow(s) => s,
+            _ => &none,
+        };
         let n_in = st.base + st.deformed_in;
         let n_out = st.base + st.deformed_out;
         let (ranked_before, vocab_before) = st.ranked(BEFORE);
@@ -1190,6 +1193,7 @@ mod tests {
         let chunk = |bow: &Bow| {
             bow.apply(Chunk { batch: b.clone(), rejects: Default::default(), skipped: Default::default() }, 0)
                 .unwrap()
+                .0
                 .batch
         };
         assert_eq!(chunk(&cached), chunk(&reread));
@@ -1245,7 +1249,7 @@ mod tests {
         let mut bow = config.build(5, &schema::pairs(), &mut Problems::default()).unwrap();
         bow.fit(0, &batch(100), 0).unwrap();
         bow.end_pass(0).unwrap();
-        let w = bow.report()["warnings"][0].as_str().unwrap().to_owned();
+        let w = bow.report(&StageStats::None)["warnings"][0].as_str().unwrap().to_owned();
         assert!(w.contains("0 base captions") && w.contains("raise `base_fraction`"), "{w}");
         // Without LimitToBaseVocab, no base caption is no problem; with 10%, no warning.
         for config in ["base_fraction = 0.001\nlimit_to_base_vocab = false", ""] {
@@ -1253,7 +1257,7 @@ mod tests {
             let mut bow = config.build(5, &schema::pairs(), &mut Problems::default()).unwrap();
             bow.fit(0, &batch(100), 0).unwrap();
             bow.end_pass(0).unwrap();
-            assert_eq!(bow.report()["warnings"], json!([]));
+            assert_eq!(bow.report(&StageStats::None)["warnings"], json!([]));
         }
     }
 
@@ -1270,6 +1274,7 @@ mod tests {
         let chunk = |bow: &Bow| {
             bow.apply(Chunk { batch: b.clone(), rejects: Default::default(), skipped: Default::default() }, 0)
                 .unwrap()
+                .0
                 .batch
         };
         assert_eq!(chunk(&cached), chunk(&reread));

@@ -21,7 +21,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::images::{self, Failure, ImageRows};
-use super::{Problems, Transform};
+use super::{Problems, StageStats, Transform};
 use crate::error::Result;
 use crate::models::image_encoder::{ImageArch, ImageEncoder};
 use crate::models::preprocess::PreprocessPreset;
@@ -108,7 +108,7 @@ pub struct EncodeImage {
 }
 
 impl Transform for EncodeImage {
-    fn apply(&self, chunk: Chunk, first_row: u64) -> Result<Chunk> {
+    fn apply(&self, chunk: Chunk, first_row: u64) -> Result<(Chunk, StageStats)> {
         let Chunk { batch, mut rejects, skipped } = chunk;
         let ids = str_col(&batch, schema::SAMPLE_ID);
         let refs = ImageRows::new(&batch, &self.references, self.config.shards_dir.as_deref());
@@ -173,7 +173,7 @@ impl Transform for EncodeImage {
         let mut out: Vec<ArrayRef> = vec![Arc::new(keep_ids.finish())];
         out.extend(keep_refs.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
         out.push(Arc::new(emb.finish()));
-        Ok(Chunk { batch: RecordBatch::try_new(self.schema.clone(), out)?, rejects, skipped })
+        Ok((Chunk { batch: RecordBatch::try_new(self.schema.clone(), out)?, rejects, skipped }, StageStats::None))
     }
 
     fn output_schema(&self) -> SchemaRef {
@@ -188,7 +188,7 @@ impl Transform for EncodeImage {
         ]
     }
 
-    fn report(&self) -> serde_json::Value {
+    fn report(&self, _stats: &StageStats) -> serde_json::Value {
         serde_json::json!({
             "model": self.config.model,
             "arch": self.encoder.arch.name(),

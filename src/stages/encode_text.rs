@@ -13,7 +13,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 
-use super::{Problems, Transform};
+use super::{Problems, StageStats, Transform};
 use crate::error::Result;
 use crate::models::pooling::Pooling;
 use crate::models::text_encoder::TextEncoder;
@@ -110,7 +110,7 @@ pub struct EncodeText {
 }
 
 impl Transform for EncodeText {
-    fn apply(&self, chunk: Chunk, first_row: u64) -> Result<Chunk> {
+    fn apply(&self, chunk: Chunk, first_row: u64) -> Result<(Chunk, StageStats)> {
         let Chunk { batch, mut rejects, skipped } = chunk;
         let ids = str_col(&batch, schema::SAMPLE_ID);
         let texts = str_col(&batch, &self.config.column);
@@ -149,7 +149,7 @@ impl Transform for EncodeText {
         }
         let cols: Vec<ArrayRef> =
             vec![Arc::new(keep_ids.finish()), Arc::new(keep_texts.finish()), Arc::new(emb.finish())];
-        Ok(Chunk { batch: RecordBatch::try_new(self.schema.clone(), cols)?, rejects, skipped })
+        Ok((Chunk { batch: RecordBatch::try_new(self.schema.clone(), cols)?, rejects, skipped }, StageStats::None))
     }
 
     fn output_schema(&self) -> SchemaRef {
@@ -160,7 +160,7 @@ impl Transform for EncodeText {
         vec![("curate.model".into(), self.config.model.clone())]
     }
 
-    fn report(&self) -> serde_json::Value {
+    fn report(&self, _stats: &StageStats) -> serde_json::Value {
         serde_json::json!({ "model": self.config.model, "dim": self.encoder.dim, "max_tokens": self.encoder.max_tokens() })
     }
 }

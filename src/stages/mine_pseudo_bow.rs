@@ -21,7 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use arrow_array::builder::{BooleanBuilder, StringBuilder};
@@ -37,7 +37,7 @@ use serde_json::json;
 
 use super::bow::StemmerChoice;
 use super::images::{self, ImageRows};
-use super::{Problems, Transform};
+use super::{Problems, StageStats, Transform};
 use crate::error::{Error, Result};
 use crate::io::PathPatterns;
 use crate::models::preprocess::decode;
@@ -253,7 +253,6 @@ impl MinePseudoBowConfig {
             label,
             schema: Arc::new(Schema::new(fields)),
             pool: None,
-            stats: Mutex::new(Stats::default()),
         })
     }
 }
@@ -270,7 +269,7 @@ struct Pool {
 }
 
 /// One report example: an image and its pseudo caption under every strategy.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Example {
     sample_id: String,
     image: Option<String>,
@@ -279,8 +278,8 @@ struct Example {
 }
 
 /// Report accumulators (merged from chunks applied in parallel).
-#[derive(Debug, Default)]
-struct Stats {
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub struct Stats {
     images: u64,
     crops: u64,
     mined: u64,
@@ -294,8 +293,9 @@ struct Stats {
     empty: [u64; 4],
     search_seconds: f64,
     embed_seconds: f64,
-    /// Lowest input rows first.
+    /// Lowest input rows first, at most `examples_kept`.
     examples: BTreeMap<u64, Example>,
+    examples_kept: usize,
 }
 
 pub struct MinePseudoBow {
@@ -310,7 +310,6 @@ pub struct MinePseudoBow {
     label: Option<String>,
     schema: SchemaRef,
     pool: Option<Pool>,
-    stats: Mutex<Stats>,
 }
 
 /// `sample_id`s and captions of the aligned tables, and the caption column used.
@@ -445,12 +444,11 @@ impl Transform for MinePseudoBow {
     /// pass, just before the stream. Its embedding time is reported on its own
     /// (`aligned_embed_seconds`), apart from the crops'.
     fn start_stream(&mut self) -> Result<()> {
-        *self.stats.get_mut().expect("not poisoned") = Stats::default();
         self.pool = Some(self.build_pool()?);
         Ok(())
     }
 
-    fn apply(&self, chunk: Chunk, first_row: u64) -> Result<Chunk> {
+    fn apply(&self, chunk: Chunk, first_row: u64) -> Result<(Chunk, StageStats)> {
         let pool = self.pool.as_ref().expect("the pool is built before the stream");
         let c = &self.config;
         let Chunk { batch, mut rejects, skipped } = chunk;
@@ -549,7 +547,7 @@ impl Transform for MinePseudoBow {
         // 4. Output rows, rejects and report statistics.
         let mut keep = BooleanBuilder::with_capacity(n);
         let mut mined_by_row: Vec<Option<&Mined>> = vec![None; n];
-        let mut stats = Stats::default();
+        let mut stats = Stats { examples_kept: c.examples, ..Stats::default() };
         for (&r, (m, all)) in good.iter().zip(&ranked) {
             if let Some(labels) = labels.filter(|l| l.is_valid(r)) {
                 let label = self.label_words(labels.value(r));
@@ -607,7 +605,6 @@ impl Transform for MinePseudoBow {
         stats.words_out = kept_rows.iter().map(|m| m.kept.len() as u64).sum();
         stats.search_seconds = search_seconds;
         stats.embed_seconds = embed_seconds;
-        self.merge_stats(stats);
 
         let mask = keep.finish();
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
@@ -619,7 +616,8 @@ impl Transform for MinePseudoBow {
         columns.push(words_column(&pool.words, &kept_rows));
         columns.push(neighbors_column(&pool.ids, &kept_rows));
         columns.push(Arc::new(StringArray::from_iter_values(kept_rows.iter().map(|_| c.strategy.name()))));
-        Ok(Chunk { batch: RecordBatch::try_new(self.schema.clone(), columns)?, rejects, skipped })
+        let chunk = Chunk { batch: RecordBatch::try_new(self.schema.clone(), columns)?, rejects, skipped };
+        Ok((chunk, StageStats::MinePseudoBow(Box::new(stats))))
     }
 
     fn output_schema(&self) -> SchemaRef {
@@ -637,8 +635,12 @@ impl Transform for MinePseudoBow {
         ]
     }
 
-    fn report(&self) -> serde_json::Value {
-        let s = self.stats.lock().expect("not poisoned");
+    fn report(&self, stats: &StageStats) -> serde_json::Value {
+        let none = Stats::default();
+        let s = match stats {
+            StageStats::MinePseudoBow(s) => s,
+            _ => &none,
+        };
         let c = &self.config;
         let pool = self.pool.as_ref();
         let rate = |x: u64| if s.labelled > 0 { x as f64 / s.labelled as f64 } else { f64::NAN };
@@ -694,9 +696,10 @@ impl Transform for MinePseudoBow {
     }
 }
 
-impl MinePseudoBow {
-    fn merge_stats(&self, add: Stats) {
-        let mut s = self.stats.lock().expect("not poisoned");
+impl Stats {
+    pub(crate) fn merge(&mut self, add: Stats) {
+        let s = self;
+        s.examples_kept = s.examples_kept.max(add.examples_kept);
         s.images += add.images;
         s.crops += add.crops;
         s.mined += add.mined;
@@ -711,7 +714,7 @@ impl MinePseudoBow {
         s.search_seconds += add.search_seconds;
         s.embed_seconds += add.embed_seconds;
         s.examples.extend(add.examples);
-        while s.examples.len() > self.config.examples {
+        while s.examples.len() > s.examples_kept {
             s.examples.pop_last();
         }
     }

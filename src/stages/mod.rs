@@ -28,6 +28,7 @@ use std::path::PathBuf;
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
+use serde::{Deserialize, Serialize};
 
 pub use inputs::{
     expand_inputs, header_fields, refuse_non_text, usual_width, usual_width_of_first_lines, widest_of_first_lines,
@@ -81,21 +82,47 @@ pub trait Transform: Send + Sync {
     fn end_pass(&mut self, _pass: usize) -> Result<()> {
         Ok(())
     }
-    /// Called once, after every fit pass and before the streaming pass: to get ready for it
-    /// (from files of the stage's own, say), and to drop statistics `apply` counted in the fit
-    /// passes of later stages (where it runs to give them the stream they will see), so that
-    /// the report counts each row once.
+    /// Called once, after every fit pass and before the streaming pass, to get ready for it
+    /// (from files of the stage's own, say).
     fn start_stream(&mut self) -> Result<()> {
         Ok(())
     }
-    /// Transforms one chunk. Called from several threads at once; must be deterministic.
-    fn apply(&self, chunk: Chunk, first_row: u64) -> Result<Chunk>;
+    /// Transforms one chunk, and counts what it did for the report. Called from several
+    /// threads at once; must be deterministic.
+    fn apply(&self, chunk: Chunk, first_row: u64) -> Result<(Chunk, StageStats)>;
     fn output_schema(&self) -> SchemaRef;
-    /// Statistics for the report, after all chunks were applied.
-    fn report(&self) -> serde_json::Value;
+    /// The report's section of this stage, from the statistics of every chunk it applied to,
+    /// merged.
+    fn report(&self, stats: &StageStats) -> serde_json::Value;
     /// Key-value pairs for the output files' metadata and the manifest (e.g. the model used).
     fn metadata(&self) -> Vec<(String, String)> {
         Vec::new()
+    }
+}
+
+/// What one stage counted for its report in some chunks: `apply` returns a chunk's, and the
+/// writer merges them in input order, so that what it has merged at any point covers exactly the
+/// chunks written (a checkpoint saves it: see `pipeline::checkpoint`). Counts and bounded sets
+/// only, so that the merge order changes nothing.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub enum StageStats {
+    /// A stage that counts nothing (its report comes from its settings), or no chunk yet.
+    #[default]
+    None,
+    Bow(Box<bow::Stats>),
+    MinePseudoBow(Box<mine_pseudo_bow::Stats>),
+}
+
+impl StageStats {
+    /// Adds the counts of `later`, a stage's statistics of other chunks.
+    pub fn merge(&mut self, later: StageStats) {
+        match (self, later) {
+            (_, StageStats::None) => {}
+            (s @ StageStats::None, later) => *s = later,
+            (StageStats::Bow(a), StageStats::Bow(b)) => a.merge(*b),
+            (StageStats::MinePseudoBow(a), StageStats::MinePseudoBow(b)) => a.merge(*b),
+            _ => unreachable!("one stage counts one kind of statistics"),
+        }
     }
 }
 

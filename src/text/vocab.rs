@@ -31,7 +31,7 @@ impl Candidates {
 }
 
 /// Word counts over a set of captions: either occurrences or documents containing the word.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Counts {
     map: FxHashMap<Box<str>, u64>,
     /// Calls to [`Counts::add_occurrences`] and [`Counts::add_document`] (and what merged

@@ -1,0 +1,197 @@
+//! Resuming a killed run: the checkpoint a run keeps in its `output_dir` while it streams, and
+//! the check that a later run of the same pipeline may go on from it.
+//!
+//! Each time a data shard is finished, the writer also ends the rejects shard it is filling and
+//! saves (atomically) where the stream stands: the reader chunk being written and how many of
+//! its output rows are in finished shards, each transform's first row for that chunk, the
+//! shards finished, the reject and skip counts and each stage's report statistics of the
+//! chunks before it. A run started on a folder holding a checkpoint with the same config hash,
+//! curate version and inputs (paths, sizes, modification times), whose shards are all there
+//! with their sizes, keeps those shards: it runs the fit passes again (they are deterministic),
+//! reads the input again without transforming the chunks already written, and writes on from
+//! the checkpoint. The output is byte-identical to an uninterrupted run's. A finished run
+//! removes its checkpoint after writing `manifest.json`; `--restart` ignores one.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::io::parquet::ShardInfo;
+use crate::io::write_atomic;
+use crate::stages::StageStats;
+
+/// The checkpoint's file name in `output_dir`.
+pub const FILE: &str = ".curate-checkpoint.json";
+
+/// An input file as the checkpoint saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputStamp {
+    pub path: PathBuf,
+    pub bytes: u64,
+    /// Modification time, nanoseconds since the Unix epoch (0 where the file system has none).
+    pub modified_ns: u128,
+}
+
+impl InputStamp {
+    /// The stamps of `inputs` now (`None` for one that cannot be read).
+    pub fn of(inputs: &[PathBuf]) -> Vec<Option<InputStamp>> {
+        inputs
+            .iter()
+            .map(|p| {
+                let m = std::fs::metadata(p).ok()?;
+                let modified_ns = m
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_nanos());
+                Some(InputStamp { path: p.clone(), bytes: m.len(), modified_ns })
+            })
+            .collect()
+    }
+}
+
+/// A finished shard and its size, to recognize it on resume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptShard {
+    #[serde(flatten)]
+    pub info: ShardInfo,
+    pub bytes: u64,
+}
+
+impl KeptShard {
+    fn list(dir: &Path, shards: &[ShardInfo]) -> Vec<KeptShard> {
+        shards
+            .iter()
+            .map(|info| KeptShard {
+                info: info.clone(),
+                bytes: std::fs::metadata(dir.join(&info.file)).map_or(0, |m| m.len()),
+            })
+            .collect()
+    }
+
+    /// Why `shards` in `dir` are not as saved, if they are not.
+    fn missing(dir: &Path, shards: &[KeptShard]) -> Option<String> {
+        shards.iter().find_map(|s| {
+            let path = dir.join(&s.info.file);
+            match std::fs::metadata(&path) {
+                Ok(m) if m.len() == s.bytes => None,
+                Ok(_) => Some(format!("`{}` changed size", path.display())),
+                Err(_) => Some(format!("`{}` is gone", path.display())),
+            }
+        })
+    }
+}
+
+/// Where a killed run's stream stood when it last finished a data shard.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub curate_version: String,
+    pub config_hash: String,
+    /// The pipeline's name (in the shards' metadata, beside the config hash).
+    pub pipeline: String,
+    pub inputs: Vec<InputStamp>,
+    /// The reader chunk (0-based) being written: every chunk before it is in finished shards,
+    /// data and rejects.
+    pub chunk: usize,
+    /// Output rows of that chunk already in finished data shards (its rejects are not written).
+    pub rows_into_chunk: u64,
+    /// The index of that chunk's first row in each transform's input.
+    pub first_rows: Vec<u64>,
+    pub data_shards: Vec<KeptShard>,
+    pub reject_shards: Vec<KeptShard>,
+    /// Rejects of the chunks before `chunk`, by `stage/reason`.
+    pub rejects: BTreeMap<String, u64>,
+    /// Skipped rows of the chunks before `chunk`, by reason.
+    pub skipped: BTreeMap<String, u64>,
+    /// Each transform's report statistics of the chunks before `chunk`.
+    pub stats: Vec<StageStats>,
+}
+
+/// What stays the same between a run and the run that resumes it.
+pub struct RunIdentity<'a> {
+    pub config_hash: &'a str,
+    pub pipeline: &'a str,
+    pub inputs: &'a [PathBuf],
+    pub data_dir: &'a Path,
+    pub rejects_dir: &'a Path,
+}
+
+/// Where the stream stands, as the writer sees it, for [`save`].
+pub struct Position<'a> {
+    pub chunk: usize,
+    pub rows_into_chunk: u64,
+    pub first_rows: &'a [u64],
+    pub data_shards: &'a [ShardInfo],
+    pub reject_shards: &'a [ShardInfo],
+    pub rejects: BTreeMap<String, u64>,
+    pub skipped: &'a BTreeMap<String, u64>,
+    pub stats: &'a [StageStats],
+}
+
+/// Saves `at` in `out` (atomically: a run killed while saving keeps the checkpoint before).
+pub fn save(out: &Path, run: &RunIdentity<'_>, at: Position<'_>) -> Result<()> {
+    let checkpoint = Checkpoint {
+        curate_version: env!("CARGO_PKG_VERSION").to_owned(),
+        config_hash: run.config_hash.to_owned(),
+        pipeline: run.pipeline.to_owned(),
+        inputs: InputStamp::of(run.inputs).into_iter().flatten().collect(),
+        chunk: at.chunk,
+        rows_into_chunk: at.rows_into_chunk,
+        first_rows: at.first_rows.to_vec(),
+        data_shards: KeptShard::list(run.data_dir, at.data_shards),
+        reject_shards: KeptShard::list(run.rejects_dir, at.reject_shards),
+        rejects: at.rejects,
+        skipped: at.skipped.clone(),
+        stats: at.stats.to_vec(),
+    };
+    let text = serde_json::to_vec(&checkpoint).expect("a checkpoint serializes");
+    write_atomic(&out.join(FILE), &text)
+}
+
+/// The checkpoint in `out` this run can go on from, if there is one: else `None`, with a note
+/// on stderr saying why one that is there does not serve.
+pub fn load(out: &Path, run: &RunIdentity<'_>) -> Option<Checkpoint> {
+    let path = out.join(FILE);
+    let text = std::fs::read(&path).ok()?;
+    let why_not = match serde_json::from_slice::<Checkpoint>(&text) {
+        Err(e) => Err(format!("it cannot be read ({e})")),
+        Ok(c) => usable(&c, run).map(|()| c),
+    };
+    match why_not {
+        Ok(c) => Some(c),
+        Err(why) => {
+            say!("note: `{}` holds a killed run's checkpoint, but {why}: starting over", out.display());
+            None
+        }
+    }
+}
+
+/// Whether this run may go on from `c`, or why not.
+fn usable(c: &Checkpoint, run: &RunIdentity<'_>) -> std::result::Result<(), String> {
+    if c.curate_version != env!("CARGO_PKG_VERSION") {
+        return Err(format!("it was made by curate {}", c.curate_version));
+    }
+    if c.config_hash != run.config_hash || c.pipeline != run.pipeline {
+        return Err("the pipeline's settings changed since".to_owned());
+    }
+    let now: Vec<Option<InputStamp>> = InputStamp::of(run.inputs);
+    if now.len() != c.inputs.len() || now.iter().zip(&c.inputs).any(|(a, b)| a.as_ref() != Some(b)) {
+        return Err("the input files changed since (paths, sizes or modification times)".to_owned());
+    }
+    if c.stats.len() != c.first_rows.len() {
+        return Err("it does not match the pipeline's stages".to_owned());
+    }
+    if let Some(why) = KeptShard::missing(run.data_dir, &c.data_shards)
+        .or_else(|| KeptShard::missing(run.rejects_dir, &c.reject_shards))
+    {
+        return Err(format!("a shard it kept is not as it was: {why}"));
+    }
+    Ok(())
+}
+
+/// Removes the checkpoint of `out` (best effort: the run is over, finished or failed).
+pub fn remove(out: &Path) {
+    let _ = std::fs::remove_file(out.join(FILE));
+}

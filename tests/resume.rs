@@ -1,0 +1,231 @@
+//! A killed `curate run` goes on from its last checkpoint: the real binary, killed (SIGKILL) by
+//! its own test hook right after its Nth checkpoint, then run again. The resumed output must be
+//! byte-identical to an uninterrupted run's; a changed pipeline, input or shard, or
+//! `--restart`, starts over.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Rows of the generated input, in files of `FILE_ROWS`: the reader makes a chunk of each (a
+/// TSV chunk is up to 8 MB of one file), so that the checkpoints, every 15,000 output rows,
+/// fall inside the first, second, ... chunk.
+const ROWS: usize = 70_000;
+const FILE_ROWS: usize = 14_000;
+
+/// CC-format TSV files of `ROWS` lines in all with every kind of reject: lines with three fields
+/// (reader `wrong_field_count`), empty captions (reader `empty_caption`), and captions of
+/// stopwords only, which the BoW cascade empties (`empty_after_bow`, when deformed). Returns
+/// the files.
+fn write_input(dir: &Path) -> Vec<PathBuf> {
+    let words = [
+        "dog", "cat", "park", "red", "beach", "tree", "runs", "city", "car", "boat", "sky", "girl", "man", "ball",
+        "river", "sunset", "house", "bird", "flower", "road", "the", "a", "of", "in", "on", "with", "and", "is",
+    ];
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut text = String::with_capacity(ROWS * 48);
+    for i in 0..ROWS {
+        let caption = if i % 89 == 5 {
+            "the of and a".to_owned()
+        } else if i % 1231 == 7 {
+            " ".to_owned()
+        } else {
+            let n = 3 + next() % 9;
+            (0..n).map(|_| words[(next() % words.len() as u64) as usize]).collect::<Vec<_>>().join(" ")
+        };
+        if i % 997 == 3 {
+            text.push_str(&format!("{caption}\thttp://img/{i}.jpg\textra\n"));
+        } else {
+            text.push_str(&format!("{caption}\thttp://img/{i}.jpg\n"));
+        }
+    }
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let mut files = Vec::new();
+    for (k, part) in lines.chunks(FILE_ROWS).enumerate() {
+        let path = dir.join(format!("captions{k}.tsv"));
+        std::fs::write(&path, part.concat()).unwrap();
+        files.push(path);
+    }
+    files
+}
+
+struct Case {
+    dir: tempfile::TempDir,
+    pipeline: PathBuf,
+}
+
+impl Case {
+    fn new() -> Case {
+        let dir = tempfile::tempdir().unwrap();
+        let inputs: Vec<String> =
+            write_input(dir.path()).iter().map(|p| format!("{:?}", p.to_string_lossy())).collect();
+        let pipeline = dir.path().join("resume.toml");
+        let toml = format!(
+            "output_dir = \"out\"\nseed = 3\n\n[[stage]]\ntype = \"read_cc_tsv\"\npath = [{}]\n\n[[stage]]\ntype = \"bow\"\nrm_top_freq = 3\n\n[[stage]]\ntype = \"write_parquet\"\nrows_per_shard = 15000\n",
+            inputs.join(", ")
+        );
+        std::fs::write(&pipeline, toml).unwrap();
+        Case { dir, pipeline }
+    }
+
+    fn out(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Runs `curate run` into `out/<name>` with `args`, killed after checkpoint `kill_after`;
+    /// returns whether it exited well and its stderr.
+    fn run(&self, name: &str, kill_after: Option<usize>, args: &[&str]) -> (bool, String) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_curate"));
+        cmd.arg("run").arg(&self.pipeline).arg("--set").arg(format!("output_dir={:?}", self.out(name)));
+        cmd.args(args).env("NO_COLOR", "1").env_remove("CURATE_KILL_AFTER_CHECKPOINTS");
+        if let Some(n) = kill_after {
+            cmd.env("CURATE_KILL_AFTER_CHECKPOINTS", n.to_string());
+        }
+        let out = cmd.output().expect("curate runs");
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// Every file under `dir` by relative path: its bytes, with `dir` itself written as `<out>` in
+/// the text files (config, report), and `manifest.json` without what differs between runs
+/// (timings) or says how this run came about (`resumed`).
+fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            let rel = p.strip_prefix(dir).unwrap().to_string_lossy().into_owned();
+            let mut bytes = std::fs::read(&p).unwrap();
+            if !rel.ends_with(".parquet") {
+                let text = String::from_utf8(bytes).unwrap();
+                bytes = text.replace(&*dir.to_string_lossy(), "<out>").into_bytes();
+            }
+            if rel == "manifest.json" {
+                let mut m: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+                let m = m.as_object_mut().unwrap();
+                m.remove("timings_s");
+                m.remove("resumed");
+                bytes = serde_json::to_vec_pretty(m).unwrap();
+            }
+            out.insert(rel, bytes);
+        }
+    }
+    out
+}
+
+/// Asserts that `got` and `want` hold the same files with the same bytes (naming the first that
+/// differs, not printing bytes).
+fn same_files(got: &BTreeMap<String, Vec<u8>>, want: &BTreeMap<String, Vec<u8>>, case: &str) {
+    assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "{case}");
+    for (file, bytes) in want {
+        assert!(got[file] == *bytes, "{case}: `{file}` differs");
+    }
+}
+
+fn manifest(dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap()
+}
+
+fn shards(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("part-"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_killed_run_resumes_to_the_same_bytes_as_an_uninterrupted_one() {
+    let case = Case::new();
+    let (ok, _) = case.run("whole", None, &[]);
+    assert!(ok);
+    let whole = files(&case.out("whole"));
+    let m = manifest(&case.out("whole"));
+    assert_eq!(m["resumed"], serde_json::Value::Null);
+    // The input has rejects of the reader and of the BoW stage, and 4+ data shards.
+    let reasons = m["rejects_by_reason"].as_object().unwrap();
+    for r in ["read_cc_tsv/wrong_field_count", "read_cc_tsv/empty_caption", "bow/empty_after_bow"] {
+        assert!(reasons.get(r).and_then(|n| n.as_u64()).unwrap_or(0) > 0, "{r}: {reasons:?}");
+    }
+    // A checkpoint at each full shard: 4 at least.
+    let full = m["data_shards"].as_array().unwrap().iter().filter(|s| s["rows"] == 15000).count();
+    assert!(full >= 4, "{full} full shards");
+    assert!(!case.out("whole").join(".curate-checkpoint.json").exists(), "a finished run removes its checkpoint");
+
+    // Killed after its 1st, 2nd, ... checkpoint: inside its 2nd, 3rd, ... chunk.
+    for kill_after in 1..=full {
+        let name = format!("killed{kill_after}");
+        let out = case.out(&name);
+        let (ok, _) = case.run(&name, Some(kill_after), &[]);
+        assert!(!ok, "killed");
+        assert!(!out.join("manifest.json").exists(), "a killed run has no manifest");
+        let checkpoint: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join(".curate-checkpoint.json")).unwrap()).unwrap();
+        assert_eq!(checkpoint["chunk"], kill_after, "{kill_after}");
+        assert!(checkpoint["rows_into_chunk"].as_u64().unwrap() > 0, "{kill_after}");
+        assert_eq!(shards(&out.join("data")).len(), kill_after, "its finished shards stay");
+        assert_eq!(shards(&out.join("rejects")).len(), kill_after, "a rejects shard ends with each data shard");
+
+        let (ok, stderr) = case.run(&name, None, &[]);
+        assert!(ok, "{stderr}");
+        assert!(stderr.contains("resuming the run that was killed"), "{stderr}");
+        let resumed = manifest(&out);
+        assert_eq!(resumed["resumed"]["data_shards_kept"], kill_after, "{resumed}");
+        same_files(&files(&out), &whole, &format!("killed after checkpoint {kill_after}"));
+    }
+}
+
+#[test]
+fn a_changed_pipeline_input_or_shard_or_restart_starts_over() {
+    let case = Case::new();
+    let kill = |name: &str| {
+        let (ok, _) = case.run(name, Some(2), &[]);
+        assert!(!ok);
+        assert!(case.out(name).join(".curate-checkpoint.json").exists());
+    };
+    let starts_over = |name: &str, args: &[&str], why: &str| {
+        let (ok, stderr) = case.run(name, None, args);
+        assert!(ok, "{stderr}");
+        assert!(!stderr.contains("resuming"), "{name}: {stderr}");
+        assert!(stderr.contains(why), "{name}: wanted `{why}` in: {stderr}");
+        assert_eq!(manifest(&case.out(name))["resumed"], serde_json::Value::Null);
+        assert!(!case.out(name).join(".curate-checkpoint.json").exists());
+    };
+
+    // Other settings: the hash differs.
+    kill("settings");
+    starts_over("settings", &["--set", "bow.rm_top_freq=4"], "the pipeline's settings changed since");
+    let (ok, _) = case.run("settings_fresh", None, &["--set", "bow.rm_top_freq=4"]);
+    assert!(ok);
+    same_files(&files(&case.out("settings")), &files(&case.out("settings_fresh")), "other settings");
+
+    // A kept shard deleted.
+    kill("shard");
+    std::fs::remove_file(case.out("shard").join("data/part-00001.parquet")).unwrap();
+    starts_over("shard", &[], "is gone");
+
+    // `--restart`, with nothing else changed.
+    kill("restart");
+    starts_over("restart", &["--restart"], "");
+
+    // The input rewritten (other size and time): last, since it changes the input for all.
+    kill("input");
+    let input = case.dir.path().join("captions3.tsv");
+    let mut text = std::fs::read_to_string(&input).unwrap();
+    text.push_str("one more caption\thttp://img/x.jpg\n");
+    std::fs::write(&input, text).unwrap();
+    starts_over("input", &[], "the input files changed since");
+}
