@@ -163,7 +163,7 @@ fn a_killed_run_resumes_to_the_same_bytes_as_an_uninterrupted_one() {
     // A checkpoint at each full shard: 4 at least.
     let full = m["data_shards"].as_array().unwrap().iter().filter(|s| s["rows"] == 15000).count();
     assert!(full >= 4, "{full} full shards");
-    assert!(!case.out("whole").join(".curate-checkpoint.json").exists(), "a finished run removes its checkpoint");
+    assert!(!case.out("whole").join(".curate-checkpoint").exists(), "a finished run removes its checkpoint");
 
     // Killed after its 1st, 2nd, ... checkpoint: inside its 2nd, 3rd, ... chunk.
     for kill_after in 1..=full {
@@ -172,8 +172,9 @@ fn a_killed_run_resumes_to_the_same_bytes_as_an_uninterrupted_one() {
         let (ok, _) = case.run(&name, Some(kill_after), &[]);
         assert!(!ok, "killed");
         assert!(!out.join("manifest.json").exists(), "a killed run has no manifest");
-        let checkpoint: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(out.join(".curate-checkpoint.json")).unwrap()).unwrap();
+        // A digest line, then the JSON.
+        let text = std::fs::read_to_string(out.join(".curate-checkpoint")).unwrap();
+        let checkpoint: serde_json::Value = serde_json::from_str(text.split_once('\n').unwrap().1).unwrap();
         assert_eq!(checkpoint["chunk"], kill_after, "{kill_after}");
         assert!(checkpoint["rows_into_chunk"].as_u64().unwrap() > 0, "{kill_after}");
         assert_eq!(shards(&out.join("data")).len(), kill_after, "its finished shards stay");
@@ -194,7 +195,7 @@ fn a_changed_pipeline_input_or_shard_or_restart_starts_over() {
     let kill = |name: &str| {
         let (ok, _) = case.run(name, Some(2), &[]);
         assert!(!ok);
-        assert!(case.out(name).join(".curate-checkpoint.json").exists());
+        assert!(case.out(name).join(".curate-checkpoint").exists());
     };
     let starts_over = |name: &str, args: &[&str], why: &str| {
         let (ok, stderr) = case.run(name, None, args);
@@ -202,7 +203,7 @@ fn a_changed_pipeline_input_or_shard_or_restart_starts_over() {
         assert!(!stderr.contains("resuming"), "{name}: {stderr}");
         assert!(stderr.contains(why), "{name}: wanted `{why}` in: {stderr}");
         assert_eq!(manifest(&case.out(name))["resumed"], serde_json::Value::Null);
-        assert!(!case.out(name).join(".curate-checkpoint.json").exists());
+        assert!(!case.out(name).join(".curate-checkpoint").exists());
     };
 
     // Other settings: the hash differs.
@@ -216,6 +217,13 @@ fn a_changed_pipeline_input_or_shard_or_restart_starts_over() {
     kill("shard");
     std::fs::remove_file(case.out("shard").join("data/part-00001.parquet")).unwrap();
     starts_over("shard", &[], "is gone");
+
+    // The checkpoint edited by hand (a chunk further on).
+    kill("edited");
+    let path = case.out("edited").join(".curate-checkpoint");
+    let text = std::fs::read_to_string(&path).unwrap().replace("\"chunk\":2", "\"chunk\":4");
+    std::fs::write(&path, text).unwrap();
+    starts_over("edited", &[], "it was changed or damaged since it was saved");
 
     // `--restart`, with nothing else changed.
     kill("restart");

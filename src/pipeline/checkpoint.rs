@@ -2,15 +2,16 @@
 //! the check that a later run of the same pipeline may go on from it.
 //!
 //! Each time a data shard is finished, the writer also ends the rejects shard it is filling and
-//! saves (atomically) where the stream stands: the reader chunk being written and how many of
-//! its output rows are in finished shards, each transform's first row for that chunk, the
-//! shards finished, the reject and skip counts and each stage's report statistics of the
-//! chunks before it. A run started on a folder holding a checkpoint with the same config hash,
-//! curate version and inputs (paths, sizes, modification times), whose shards are all there
-//! with their sizes, keeps those shards: it runs the fit passes again (they are deterministic),
-//! reads the input again without transforming the chunks already written, and writes on from
-//! the checkpoint. The output is byte-identical to an uninterrupted run's. A finished run
-//! removes its checkpoint after writing `manifest.json`; `--restart` ignores one.
+//! saves (atomically) where the stream stands: the reader chunk being written and how many of its
+//! output rows are in finished shards, each transform's first row for that chunk, the shards
+//! finished, the reject and skip counts and each stage's report statistics of the chunks before it.
+//! A run started on a folder holding an unaltered checkpoint (its digest line checks) with the same
+//! config hash, pipeline name, curate version and inputs (paths, sizes, modification times, as they
+//! were before the killed run read them), whose shards are all there with their sizes, keeps those
+//! shards: it runs the fit passes again (they are deterministic), reads the input again without
+//! transforming the chunks already written, and writes on from the checkpoint. The output is byte-
+//! identical to an uninterrupted run's. A finished run removes its checkpoint after writing
+//! `manifest.json`; `--restart` ignores one.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -22,8 +23,8 @@ use crate::io::parquet::ShardInfo;
 use crate::io::write_atomic;
 use crate::stages::StageStats;
 
-/// The checkpoint's file name in `output_dir`.
-pub const FILE: &str = ".curate-checkpoint.json";
+/// The checkpoint's file name in `output_dir`: a digest line, then JSON.
+pub const FILE: &str = ".curate-checkpoint";
 
 /// An input file as the checkpoint saw it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,11 +110,19 @@ pub struct Checkpoint {
     pub stats: Vec<StageStats>,
 }
 
+/// The digest line that heads the checkpoint file, of the JSON after it: a file edited or
+/// damaged by hand does not steer a run.
+fn digest(json: &[u8]) -> String {
+    format!("xxh3-64:{:016x}", xxhash_rust::xxh3::xxh3_64(json))
+}
+
 /// What stays the same between a run and the run that resumes it.
 pub struct RunIdentity<'a> {
     pub config_hash: &'a str,
     pub pipeline: &'a str,
-    pub inputs: &'a [PathBuf],
+    /// The inputs as the run found them before reading any (an input changed while the run
+    /// reads it fails the run at its end, and must not look unchanged to the next one).
+    pub inputs: &'a [Option<InputStamp>],
     pub data_dir: &'a Path,
     pub rejects_dir: &'a Path,
 }
@@ -136,7 +145,7 @@ pub fn save(out: &Path, run: &RunIdentity<'_>, at: Position<'_>) -> Result<()> {
         curate_version: env!("CARGO_PKG_VERSION").to_owned(),
         config_hash: run.config_hash.to_owned(),
         pipeline: run.pipeline.to_owned(),
-        inputs: InputStamp::of(run.inputs).into_iter().flatten().collect(),
+        inputs: run.inputs.iter().flatten().cloned().collect(),
         chunk: at.chunk,
         rows_into_chunk: at.rows_into_chunk,
         first_rows: at.first_rows.to_vec(),
@@ -146,8 +155,10 @@ pub fn save(out: &Path, run: &RunIdentity<'_>, at: Position<'_>) -> Result<()> {
         skipped: at.skipped.clone(),
         stats: at.stats.to_vec(),
     };
-    let text = serde_json::to_vec(&checkpoint).expect("a checkpoint serializes");
-    write_atomic(&out.join(FILE), &text)
+    let json = serde_json::to_vec(&checkpoint).expect("a checkpoint serializes");
+    let mut file = format!("{}\n", digest(&json)).into_bytes();
+    file.extend_from_slice(&json);
+    write_atomic(&out.join(FILE), &file)
 }
 
 /// The checkpoint in `out` this run can go on from, if there is one: else `None`, with a note
@@ -155,9 +166,15 @@ pub fn save(out: &Path, run: &RunIdentity<'_>, at: Position<'_>) -> Result<()> {
 pub fn load(out: &Path, run: &RunIdentity<'_>) -> Option<Checkpoint> {
     let path = out.join(FILE);
     let text = std::fs::read(&path).ok()?;
-    let why_not = match serde_json::from_slice::<Checkpoint>(&text) {
-        Err(e) => Err(format!("it cannot be read ({e})")),
-        Ok(c) => usable(&c, run).map(|()| c),
+    let (head, json) = text.split_at(text.iter().position(|&b| b == b'\n').unwrap_or(text.len()));
+    let json = json.get(1..).unwrap_or_default();
+    let why_not = if head != digest(json).as_bytes() {
+        Err("it was changed or damaged since it was saved".to_owned())
+    } else {
+        match serde_json::from_slice::<Checkpoint>(json) {
+            Err(e) => Err(format!("it cannot be read ({e})")),
+            Ok(c) => usable(&c, run).map(|()| c),
+        }
     };
     match why_not {
         Ok(c) => Some(c),
@@ -176,7 +193,7 @@ fn usable(c: &Checkpoint, run: &RunIdentity<'_>) -> std::result::Result<(), Stri
     if c.config_hash != run.config_hash || c.pipeline != run.pipeline {
         return Err("the pipeline's settings changed since".to_owned());
     }
-    let now: Vec<Option<InputStamp>> = InputStamp::of(run.inputs);
+    let now = run.inputs;
     if now.len() != c.inputs.len() || now.iter().zip(&c.inputs).any(|(a, b)| a.as_ref() != Some(b)) {
         return Err("the input files changed since (paths, sizes or modification times)".to_owned());
     }

@@ -208,11 +208,12 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     }
     let config_hash = format!("xxh3-64:{:016x}", xxhash_rust::xxh3::xxh3_64(hashed.to_string().as_bytes()));
     let inputs = plan.reader.inputs();
+    let input_stamps = checkpoint::InputStamp::of(&inputs);
     let pipeline_name = plan.name.clone();
     let identity = RunIdentity {
         config_hash: &config_hash,
         pipeline: &pipeline_name,
-        inputs: &inputs,
+        inputs: &input_stamps,
         data_dir: &data_dir,
         rejects_dir: &rejects_dir,
     };
