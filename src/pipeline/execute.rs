@@ -234,12 +234,17 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
             kept.extend(c.data_shards.iter().map(|s| data_dir.join(&s.info.file)));
             kept.extend(c.reject_shards.iter().map(|s| rejects_dir.join(&s.info.file)));
             say!(
-                "resuming the run that was killed in `{}`: its {} data shard(s) ({} rows) stay; the input is read \
-                 again, and the stages go on from its chunk {} (--restart starts over)",
+                "resuming the run that was killed in `{}`: its {} data shard(s) ({} rows) and {} rejects shard(s) \
+                 stay; {}the input is read again up to where it stopped (--restart starts over)",
                 out.display(),
                 c.data_shards.len(),
                 c.data_shards.iter().map(|s| s.info.rows).sum::<u64>(),
-                c.chunk + 1
+                c.reject_shards.len(),
+                if plan.transforms.iter().any(|(_, t)| t.fit_passes() > 0) {
+                    "the fit passes run again, and "
+                } else {
+                    ""
+                }
             );
         }
         None => checkpoint::remove(&out),
