@@ -2,16 +2,16 @@
 //! the check that a later run of the same pipeline may go on from it.
 //!
 //! Each time a data shard is finished, the writer also ends the rejects shard it is filling and
-//! saves (atomically) where the stream stands: the reader chunk being written and how many of its
-//! output rows are in finished shards, each transform's first row for that chunk, the shards
-//! finished, the reject and skip counts and each stage's report statistics of the chunks before it.
-//! A run started on a folder holding an unaltered checkpoint (its digest line checks) with the same
-//! config hash, pipeline name, curate version and inputs (paths, sizes, modification times, as they
-//! were before the killed run read them), whose shards are all there with their sizes, keeps those
-//! shards: it runs the fit passes again (they are deterministic), reads the input again without
-//! transforming the chunks already written, and writes on from the checkpoint. The output is byte-
-//! identical to an uninterrupted run's. A finished run removes its checkpoint after writing
-//! `manifest.json`; `--restart` ignores one.
+//! saves (atomically, at most once a second) where the stream stands: the reader chunk being
+//! written and how many of its output rows are in finished shards, each transform's first row for
+//! that chunk, the shards finished, the reject and skip counts and each stage's report statistics
+//! of the chunks before it. A run started on a folder holding an unaltered checkpoint (its digest
+//! line checks) with the same config hash, pipeline name, curate version and inputs (paths, sizes,
+//! modification times, as they were before the killed run read them), whose shards are all there
+//! with their sizes, keeps those shards: it runs the fit passes again (they are deterministic),
+//! reads the input again without transforming the chunks already written, and writes on from the
+//! checkpoint. The output is byte- identical to an uninterrupted run's. A finished run removes its
+//! checkpoint after writing `manifest.json`; `--restart` ignores one.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
