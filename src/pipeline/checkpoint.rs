@@ -10,7 +10,7 @@
 //! modification times, as they were before the killed run read them), whose shards are all there
 //! with their sizes, keeps those shards: it runs the fit passes again (they are deterministic),
 //! reads the input again without transforming the chunks already written, and writes on from the
-//! checkpoint. The output is byte- identical to an uninterrupted run's. A finished run removes its
+//! checkpoint. The output is byte-identical to an uninterrupted run's. A finished run removes its
 //! checkpoint after writing `manifest.json`; `--restart` ignores one.
 
 use std::collections::BTreeMap;
