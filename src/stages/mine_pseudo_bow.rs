@@ -761,3 +761,40 @@ fn neighbors_column(ids: &[String], rows: &[&Mined]) -> ArrayRef {
     let DataType::List(item) = neighbor_ids_type() else { unreachable!("a list type") };
     Arc::new(ListArray::new(item, OffsetBuffer::new(offsets.into()), Arc::new(values.finish()), None))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example(id: &str) -> Example {
+        Example { sample_id: id.into(), image: Some(format!("{id}.jpg")), label: None, captions: vec!["dog".into()] }
+    }
+
+    #[test]
+    fn chunk_statistics_merge_keep_the_lowest_examples_and_survive_a_checkpoint() {
+        let chunk = |first: u64, seconds: f64| {
+            let mut s = Stats { images: 3, mined: 2, examples_kept: 2, search_seconds: seconds, ..Stats::default() };
+            s.hit_any[1] = 1;
+            for r in first..first + 2 {
+                s.examples.insert(r, example(&format!("s{r}")));
+            }
+            StageStats::MinePseudoBow(Box::new(s))
+        };
+        // Merged in either order: the same counts and the two lowest rows' examples.
+        let (mut a, mut b) = (StageStats::None, StageStats::None);
+        for c in [chunk(10, 0.5), chunk(0, 0.25), chunk(5, 0.125)] {
+            a.merge(c);
+        }
+        for c in [chunk(5, 0.125), chunk(10, 0.5), chunk(0, 0.25)] {
+            b.merge(c);
+        }
+        let StageStats::MinePseudoBow(s) = &a else { panic!("{a:?}") };
+        assert_eq!((s.images, s.mined, s.hit_any[1], s.search_seconds), (9, 6, 3, 0.875));
+        assert_eq!(s.examples.keys().copied().collect::<Vec<_>>(), [0, 1]);
+        let json = serde_json::to_string(&a).unwrap();
+        assert_eq!(json, serde_json::to_string(&b).unwrap());
+        // A checkpoint's JSON gives them back as they were.
+        let back: StageStats = serde_json::from_str(&json).unwrap();
+        assert_eq!(serde_json::to_string(&back).unwrap(), json);
+    }
+}
