@@ -213,10 +213,14 @@ fn a_changed_pipeline_input_or_shard_or_restart_starts_over() {
     assert!(ok);
     same_files(&files(&case.out("settings")), &files(&case.out("settings_fresh")), "other settings");
 
-    // A kept shard deleted.
+    // A kept shard deleted, or overwritten with as many zeros.
     kill("shard");
     std::fs::remove_file(case.out("shard").join("data/part-00001.parquet")).unwrap();
     starts_over("shard", &[], "is gone");
+    kill("zeros");
+    let shard = case.out("zeros").join("rejects/part-00000.parquet");
+    std::fs::write(&shard, vec![0u8; std::fs::metadata(&shard).unwrap().len() as usize]).unwrap();
+    starts_over("zeros", &[], "is no longer a readable Parquet file");
 
     // The checkpoint edited by hand (a chunk further on).
     kill("edited");
@@ -228,6 +232,24 @@ fn a_changed_pipeline_input_or_shard_or_restart_starts_over() {
     // `--restart`, with nothing else changed.
     kill("restart");
     starts_over("restart", &["--restart"], "");
+
+    // An input's content changed, its size and modification time kept: the resumed run finds
+    // another fingerprint at its end and fails, removing its output; the next run starts over.
+    kill("content");
+    let text = std::fs::read_to_string(case.out("content").join(".curate-checkpoint")).unwrap();
+    let saved: serde_json::Value = serde_json::from_str(text.split_once('\n').unwrap().1).unwrap();
+    assert!(saved["input_fingerprint"].is_string(), "the fingerprint was known by the 2nd checkpoint");
+    let input = case.dir.path().join("captions1.tsv");
+    let (bytes, modified) = (std::fs::read(&input).unwrap(), std::fs::metadata(&input).unwrap().modified().unwrap());
+    let swapped: Vec<u8> = bytes.iter().map(|&b| if b == b'd' { b'D' } else { b }).collect();
+    std::fs::write(&input, &swapped).unwrap();
+    std::fs::File::options().write(true).open(&input).unwrap().set_modified(modified).unwrap();
+    let (ok, stderr) = case.run("content", None, &[]);
+    assert!(!ok && stderr.contains("the input's content changed since the killed run"), "{stderr}");
+    assert!(shards(&case.out("content").join("data")).is_empty());
+    assert!(!case.out("content").join(".curate-checkpoint").exists());
+    std::fs::write(&input, &bytes).unwrap();
+    std::fs::File::options().write(true).open(&input).unwrap().set_modified(modified).unwrap();
 
     // The input rewritten (other size and time): last, since it changes the input for all.
     kill("input");

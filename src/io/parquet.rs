@@ -398,6 +398,13 @@ pub fn read_schema(path: &Path) -> Result<SchemaRef> {
     Ok(ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| unreadable(path, e))?.schema().clone())
 }
 
+/// The rows of a Parquet file, from its footer (no data is read).
+pub fn row_count(path: &Path) -> Result<u64> {
+    let file = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| unreadable(path, e))?;
+    Ok(builder.metadata().file_metadata().num_rows().max(0) as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -72,13 +72,18 @@ impl KeptShard {
             .collect()
     }
 
-    /// Why `shards` in `dir` are not as saved, if they are not.
+    /// Why `shards` in `dir` are not as saved, if they are not: each must be there, with its
+    /// size, and a Parquet file (its footer read) of its rows.
     fn missing(dir: &Path, shards: &[KeptShard]) -> Option<String> {
         shards.iter().find_map(|s| {
             let path = dir.join(&s.info.file);
             match std::fs::metadata(&path) {
-                Ok(m) if m.len() == s.bytes => None,
-                Ok(_) => Some(format!("`{}` changed size", path.display())),
+                Ok(m) if m.len() != s.bytes => Some(format!("`{}` changed size", path.display())),
+                Ok(_) => match crate::io::parquet::row_count(&path) {
+                    Ok(rows) if rows == s.info.rows => None,
+                    Ok(rows) => Some(format!("`{}` has {rows} rows, not {}", path.display(), s.info.rows)),
+                    Err(_) => Some(format!("`{}` is no longer a readable Parquet file", path.display())),
+                },
                 Err(_) => Some(format!("`{}` is gone", path.display())),
             }
         })
@@ -108,6 +113,11 @@ pub struct Checkpoint {
     pub skipped: BTreeMap<String, u64>,
     /// Each transform's report statistics of the chunks before `chunk`.
     pub stats: Vec<StageStats>,
+    /// The inputs' fingerprint (as in the manifest), once the run had it: the run that resumes
+    /// fails at its end if it finds another, so content changed under an unchanged size and
+    /// time is caught.
+    #[serde(default)]
+    pub input_fingerprint: Option<String>,
 }
 
 /// The digest line that heads the checkpoint file, of the JSON after it: a file edited or
@@ -137,6 +147,7 @@ pub struct Position<'a> {
     pub rejects: BTreeMap<String, u64>,
     pub skipped: &'a BTreeMap<String, u64>,
     pub stats: &'a [StageStats],
+    pub input_fingerprint: Option<String>,
 }
 
 /// Saves `at` in `out` (atomically: a run killed while saving keeps the checkpoint before).
@@ -154,6 +165,7 @@ pub fn save(out: &Path, run: &RunIdentity<'_>, at: Position<'_>) -> Result<()> {
         rejects: at.rejects,
         skipped: at.skipped.clone(),
         stats: at.stats.to_vec(),
+        input_fingerprint: at.input_fingerprint,
     };
     let json = serde_json::to_vec(&checkpoint).expect("a checkpoint serializes");
     let mut file = format!("{}\n", digest(&json)).into_bytes();

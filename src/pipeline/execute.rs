@@ -256,14 +256,21 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     let mut timings = BTreeMap::new();
     // The fingerprint reads every input byte once more: on a thread of its own, beside the
     // passes, so it costs no wall time while a core is free.
+    // Checkpoints save it once it is known, so that a resumed run can tell an input whose
+    // content changed though its size and time did not.
+    let fingerprint_known = std::sync::Arc::new(std::sync::OnceLock::<String>::new());
     let fingerprinting = {
         let inputs = inputs.clone();
         let listing_only = plan.reader.fingerprint_listing_only();
+        let known = fingerprint_known.clone();
         std::thread::Builder::new()
             .name("curate-fingerprint".into())
             .spawn(move || {
                 let t = Instant::now();
                 let f = if listing_only { fingerprint_listing(&inputs) } else { fingerprint(&inputs) };
+                if let Ok(f) = &f {
+                    let _ = known.set(f.clone());
+                }
                 f.map(|f| (f, t.elapsed().as_secs_f64()))
             })
             .map_err(|e| Error::io("cannot start a thread", "curate-fingerprint", e))?
@@ -325,6 +332,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         chunk: resume.as_ref().map_or(0, |c| c.chunk),
         first_rows: resume.as_ref().map_or_else(|| vec![0; transforms.len()], |c| c.first_rows.clone()),
     };
+    let resumed_fingerprint = resume.as_ref().and_then(|c| c.input_fingerprint.clone());
     let resumed = resume.as_ref().map(|c| {
         json!({
             "data_shards_kept": c.data_shards.len(),
@@ -341,7 +349,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     } else {
         o.stats = vec![StageStats::None; transforms.len()];
     }
-    let (out_dir, identity) = (&out, &identity);
+    let (out_dir, identity, fingerprint_known) = (&out, &identity, &fingerprint_known);
 
     let streamed = std::thread::scope(|s| -> Result<(u64, WriterOutcome)> {
         // `None` says the stream ended well: without it (a reader or transform failed) the
@@ -397,6 +405,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                                     rejects: o.reject_counts(),
                                     skipped: &o.skipped,
                                     stats: &o.stats,
+                                    input_fingerprint: fingerprint_known.get().cloned(),
                                 };
                                 checkpoint::save(out_dir, identity, at)?;
                                 last_saved = Instant::now();
@@ -456,6 +465,14 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
 
     let (input_fingerprint, secs) = fingerprinting.join().expect("fingerprint thread does not panic")?;
     timings.insert("fingerprint".to_owned(), secs);
+    if resumed_fingerprint.is_some_and(|f| f != input_fingerprint) {
+        return Err(Error::data(
+            "the input's content changed since the killed run this one resumed (its fingerprint differs, though \
+             its files' sizes and modification times do not): the shards kept from that run come from the \
+             other content, so this run's output is removed; run again to start over"
+                .to_owned(),
+        ));
+    }
     // The passes and the fingerprint must all have seen the same bytes.
     let inputs_now = stamps(&inputs);
     if let Some(i) = (0..inputs.len()).find(|&i| inputs_before[i] != inputs_now[i]) {
