@@ -81,8 +81,13 @@ impl Case {
     /// Runs `curate run` into `out/<name>` with `args`, killed after checkpoint `kill_after`;
     /// returns whether it exited well and its stderr.
     fn run(&self, name: &str, kill_after: Option<usize>, args: &[&str]) -> (bool, String) {
+        self.run_file(&self.pipeline, name, kill_after, args)
+    }
+
+    /// [`Case::run`] of another pipeline file.
+    fn run_file(&self, pipeline: &Path, name: &str, kill_after: Option<usize>, args: &[&str]) -> (bool, String) {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_curate"));
-        cmd.arg("run").arg(&self.pipeline).arg("--set").arg(format!("output_dir={:?}", self.out(name)));
+        cmd.arg("run").arg(pipeline).arg("--set").arg(format!("output_dir={:?}", self.out(name)));
         cmd.args(args).env("NO_COLOR", "1").env_remove("CURATE_KILL_AFTER_CHECKPOINTS");
         if let Some(n) = kill_after {
             cmd.env("CURATE_KILL_AFTER_CHECKPOINTS", n.to_string());
@@ -231,7 +236,16 @@ fn a_changed_pipeline_input_or_shard_or_restart_starts_over() {
 
     // `--restart`, with nothing else changed.
     kill("restart");
-    starts_over("restart", &["--restart"], "");
+    starts_over("restart", &["--restart"], "--restart: the checkpoint of a killed run");
+
+    // The same settings under another pipeline name (the file's, without a `name`): the shards'
+    // metadata would differ.
+    kill("renamed");
+    let renamed = case.dir.path().join("renamed.toml");
+    std::fs::copy(&case.pipeline, &renamed).unwrap();
+    let (ok, stderr) = case.run_file(&renamed, "renamed", None, &[]);
+    assert!(ok && stderr.contains("it is of pipeline `resume`, not `renamed`"), "{stderr}");
+    assert!(!stderr.contains("resuming"), "{stderr}");
 
     // An input's content changed, its size and modification time kept: the resumed run finds
     // another fingerprint at its end and fails, removing its output; the next run starts over.

@@ -202,7 +202,13 @@ fn usable(c: &Checkpoint, run: &RunIdentity<'_>) -> std::result::Result<(), Stri
     if c.curate_version != env!("CARGO_PKG_VERSION") {
         return Err(format!("it was made by curate {}", c.curate_version));
     }
-    if c.config_hash != run.config_hash || c.pipeline != run.pipeline {
+    if c.pipeline != run.pipeline {
+        return Err(format!(
+            "it is of pipeline `{}`, not `{}` (the pipeline's `name`, or its file's name without one)",
+            c.pipeline, run.pipeline
+        ));
+    }
+    if c.config_hash != run.config_hash {
         return Err("the pipeline's settings changed since".to_owned());
     }
     let now = run.inputs;

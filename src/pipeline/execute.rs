@@ -217,7 +217,14 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         data_dir: &data_dir,
         rejects_dir: &rejects_dir,
     };
-    let resume: Option<Checkpoint> = if opts.restart { None } else { checkpoint::load(&out, &identity) };
+    let resume: Option<Checkpoint> = if opts.restart {
+        if out.join(checkpoint::FILE).exists() {
+            say!("note: --restart: the checkpoint of a killed run in `{}` is not used", out.display());
+        }
+        None
+    } else {
+        checkpoint::load(&out, &identity)
+    };
     // Re-reading an earlier run's shards in place would delete them before they are read.
     if let Some(f) = inputs_a_run_clears(&shard_dirs, &plan.reader.inputs()).first() {
         return Err(Error::data(format!(
@@ -364,7 +371,18 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                 let mut chunk_no = first_chunk;
                 let stream = || -> Result<bool> {
                     for message in wrx {
-                        let Some(f) = message else { return Ok(true) };
+                        let Some(f) = message else {
+                            // A resumed stream has the chunk the checkpoint names, at least.
+                            if chunk_no == first_chunk && first_chunk > 0 {
+                                return Err(Error::data(format!(
+                                    "the checkpoint in `{}` does not match the stream (it ends before chunk {}): the \
+                                     output is removed; run again to start over",
+                                    out_dir.display(),
+                                    first_chunk + 1
+                                )));
+                            }
+                            return Ok(true);
+                        };
                         let batch = match &columns {
                             Some(idx) => f.chunk.batch.project(idx)?,
                             None => f.chunk.batch,
@@ -373,8 +391,8 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                         let done_before = std::mem::take(&mut o.rows_into_first) as usize;
                         if done_before > batch.num_rows() {
                             return Err(Error::data(format!(
-                                "the checkpoint in `{}` does not match the stream (chunk {} has {} rows, not over {}); \
-                                 run with --restart",
+                                "the checkpoint in `{}` does not match the stream (chunk {} has {} rows, not over {}): \
+                                 the output is removed; run again to start over",
                                 out_dir.display(),
                                 chunk_no + 1,
                                 batch.num_rows(),
