@@ -86,11 +86,18 @@ impl Case {
 
     /// [`Case::run`] of another pipeline file.
     fn run_file(&self, pipeline: &Path, name: &str, kill_after: Option<usize>, args: &[&str]) -> (bool, String) {
+        let hook = kill_after.map(|n| ("CURATE_KILL_AFTER_CHECKPOINTS", n));
+        self.run_hooked(pipeline, name, hook, args)
+    }
+
+    /// [`Case::run_file`] with one of the test hooks (`CURATE_*_AFTER_CHECKPOINTS`) set to `N`.
+    fn run_hooked(&self, pipeline: &Path, name: &str, hook: Option<(&str, usize)>, args: &[&str]) -> (bool, String) {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_curate"));
         cmd.arg("run").arg(pipeline).arg("--set").arg(format!("output_dir={:?}", self.out(name)));
-        cmd.args(args).env("NO_COLOR", "1").env_remove("CURATE_KILL_AFTER_CHECKPOINTS");
-        if let Some(n) = kill_after {
-            cmd.env("CURATE_KILL_AFTER_CHECKPOINTS", n.to_string());
+        cmd.args(args).env("NO_COLOR", "1");
+        cmd.env_remove("CURATE_KILL_AFTER_CHECKPOINTS").env_remove("CURATE_FAIL_AFTER_CHECKPOINTS");
+        if let Some((var, n)) = hook {
+            cmd.env(var, n.to_string());
         }
         let out = cmd.output().expect("curate runs");
         (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
@@ -272,4 +279,29 @@ fn a_changed_pipeline_input_or_shard_or_restart_starts_over() {
     text.push_str("one more caption\thttp://img/x.jpg\n");
     std::fs::write(&input, text).unwrap();
     starts_over("input", &[], "the input files changed since");
+}
+
+#[test]
+fn a_failed_run_keeps_its_last_checkpoint_and_the_next_run_goes_on_from_it() {
+    let case = Case::new();
+    let (ok, _) = case.run("whole", None, &[]);
+    assert!(ok);
+    // The writer fails right after its 2nd checkpoint, as on a full disk: the shards that
+    // checkpoint lists stay (2 data, 2 rejects), the rest go.
+    let out = case.out("failed");
+    let (ok, stderr) = case.run_hooked(&case.pipeline, "failed", Some(("CURATE_FAIL_AFTER_CHECKPOINTS", 2)), &[]);
+    assert!(!ok, "{stderr}");
+    assert!(stderr.contains("a write failed after checkpoint 2"), "{stderr}");
+    assert!(stderr.contains("the 4 shard(s) of the run's last checkpoint stay"), "{stderr}");
+    assert_eq!((shards(&out.join("data")).len(), shards(&out.join("rejects")).len()), (2, 2));
+    assert!(out.join(".curate-checkpoint").exists() && !out.join("manifest.json").exists());
+    // The resumed run fails too, at its own 1st checkpoint (the output's 3rd): 3 and 3 stay.
+    let (ok, stderr) = case.run_hooked(&case.pipeline, "failed", Some(("CURATE_FAIL_AFTER_CHECKPOINTS", 1)), &[]);
+    assert!(!ok && stderr.contains("resuming the run"), "{stderr}");
+    assert!(stderr.contains("the 6 shard(s) of the run's last checkpoint stay"), "{stderr}");
+    assert_eq!((shards(&out.join("data")).len(), shards(&out.join("rejects")).len()), (3, 3));
+    // Run again (the cause fixed): it goes on, to the same bytes as the uninterrupted run.
+    let (ok, stderr) = case.run("failed", None, &[]);
+    assert!(ok && stderr.contains("resuming the run"), "{stderr}");
+    same_files(&files(&out), &files(&case.out("whole")), "after failures at checkpoints 2 and 3");
 }

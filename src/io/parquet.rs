@@ -314,10 +314,11 @@ impl ShardedWriter {
         Ok(())
     }
 
-    /// Gives up: the shard being written is dropped and the shards finished so far are
-    /// removed, so a run that failed leaves no complete-looking part of its output. Removal is
-    /// best effort (the run is failing already).
-    pub fn abort(mut self) {
+    /// Gives up: the shard being written is dropped and the shards finished so far but the
+    /// first `keep` (a checkpoint's) are removed, so a run that failed leaves no part of its
+    /// output that a checkpoint does not vouch for. Removal is best effort (the run is failing
+    /// already).
+    pub fn abort(mut self, keep: usize) {
         if let Some(open) = self.current.take() {
             drop(open.file);
             // Encoding jobs still running send to receivers that are gone: they just stop.
@@ -326,7 +327,7 @@ impl ShardedWriter {
         for rename in self.renames.drain(..) {
             let _ = rename.join();
         }
-        for shard in &self.shards {
+        for shard in self.shards.iter().skip(keep) {
             let _ = std::fs::remove_file(self.dir.join(&shard.file));
         }
     }

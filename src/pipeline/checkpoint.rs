@@ -176,18 +176,7 @@ pub fn save(out: &Path, run: &RunIdentity<'_>, at: Position<'_>) -> Result<()> {
 /// The checkpoint in `out` this run can go on from, if there is one: else `None`, with a note
 /// on stderr saying why one that is there does not serve.
 pub fn load(out: &Path, run: &RunIdentity<'_>) -> Option<Checkpoint> {
-    let path = out.join(FILE);
-    let text = std::fs::read(&path).ok()?;
-    let (head, json) = text.split_at(text.iter().position(|&b| b == b'\n').unwrap_or(text.len()));
-    let json = json.get(1..).unwrap_or_default();
-    let why_not = if head != digest(json).as_bytes() {
-        Err("it was changed or damaged since it was saved".to_owned())
-    } else {
-        match serde_json::from_slice::<Checkpoint>(json) {
-            Err(e) => Err(format!("it cannot be read ({e})")),
-            Ok(c) => usable(&c, run).map(|()| c),
-        }
-    };
+    let why_not = read(out)?.and_then(|c| usable(&c, run).map(|()| c));
     match why_not {
         Ok(c) => Some(c),
         Err(why) => {
@@ -195,6 +184,18 @@ pub fn load(out: &Path, run: &RunIdentity<'_>) -> Option<Checkpoint> {
             None
         }
     }
+}
+
+/// The checkpoint in `out` (`None`: there is none), or why it cannot be read.
+fn read(out: &Path) -> Option<std::result::Result<Checkpoint, String>> {
+    let text = std::fs::read(out.join(FILE)).ok()?;
+    let (head, json) = text.split_at(text.iter().position(|&b| b == b'\n').unwrap_or(text.len()));
+    let json = json.get(1..).unwrap_or_default();
+    Some(if head != digest(json).as_bytes() {
+        Err("it was changed or damaged since it was saved".to_owned())
+    } else {
+        serde_json::from_slice::<Checkpoint>(json).map_err(|e| format!("it cannot be read ({e})"))
+    })
 }
 
 /// Whether this run may go on from `c`, or why not.
@@ -224,6 +225,14 @@ fn usable(c: &Checkpoint, run: &RunIdentity<'_>) -> std::result::Result<(), Stri
         return Err(format!("a shard it kept is not as it was: {why}"));
     }
     Ok(())
+}
+
+/// The shard files the checkpoint in `out` lists, if it is intact (none else): what a failed
+/// run leaves for the next one to go on from.
+pub fn kept_files(out: &Path, data_dir: &Path, rejects_dir: &Path) -> Vec<PathBuf> {
+    let Some(c) = read(out).and_then(|r| r.ok()) else { return Vec::new() };
+    let data = c.data_shards.iter().map(|s| data_dir.join(&s.info.file));
+    data.chain(c.reject_shards.iter().map(|s| rejects_dir.join(&s.info.file))).collect()
 }
 
 /// Removes the checkpoint of `out` (best effort: the run is over, finished or failed).

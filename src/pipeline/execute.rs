@@ -130,10 +130,9 @@ impl RunSummary {
 }
 
 /// Runs `plan`, writing everything under its `output_dir`. One run at a time writes to a folder
-/// (a second one fails at once), and a run that fails once it has begun clearing the folder
-/// leaves no shard of its own behind: a folder holds a whole run's output, with its manifest,
-/// or none — or, once a run was killed, the shards it finished and its checkpoint, which the
-/// next run of the same pipeline goes on from.
+/// (a second one fails at once). A folder holds a whole run's output, with its manifest, or a
+/// part of one: the shards of the last checkpoint of a run that was killed or failed (and
+/// nothing else of it), which the next run of the same pipeline goes on from.
 pub fn run(plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     let out = plan.output_dir.clone();
     std::fs::create_dir_all(&out).map_err(|e| Error::io("cannot create output folder", &out, e))?;
@@ -142,9 +141,22 @@ pub fn run(plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     let cleared = std::cell::Cell::new(false);
     let result = run_locked(plan, opts, &cleared);
     if result.is_err() && cleared.get() {
-        checkpoint::remove(&out);
+        // The shards a checkpoint lists stay (with it), so that the same command, run again
+        // once the cause is fixed (a full disk), goes on from there; the others go.
+        let keep = checkpoint::kept_files(&out, &shard_dirs[0], &shard_dirs[1]);
+        if keep.is_empty() {
+            checkpoint::remove(&out);
+        }
         for dir in &shard_dirs {
-            remove_run_shards(dir);
+            remove_run_shards(dir, &keep);
+        }
+        if !keep.is_empty() {
+            say!(
+                "note: the {} shard(s) of the run's last checkpoint stay in `{}`: run the same command again once \
+                 the cause is fixed, and it goes on from there (--restart starts over)",
+                keep.len(),
+                out.display()
+            );
         }
     }
     result
@@ -170,11 +182,11 @@ fn lock_folder(dir: &Path) -> Result<std::fs::File> {
     Ok(f)
 }
 
-/// Deletes the finished and unfinished shards in `dir` (best effort: the run has failed
-/// already, and its error is the one to report).
-fn remove_run_shards(dir: &Path) {
+/// Deletes the finished and unfinished shards in `dir` but those in `keep` (best effort: the
+/// run has failed already, and its error is the one to report).
+fn remove_run_shards(dir: &Path, keep: &[std::path::PathBuf]) {
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if is_run_shard(&entry.file_name().to_string_lossy()) {
+        if is_run_shard(&entry.file_name().to_string_lossy()) && !keep.contains(&entry.path()) {
             let _ = std::fs::remove_file(entry.path());
         }
     }
@@ -364,10 +376,12 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         let (wtx, wrx) = sync_channel::<Option<Finished>>(GROUP);
         let spawn_writer = std::thread::Builder::new().name("curate-write".into());
         let first_chunk = start.chunk;
-        let kill_hook = kill_hook();
+        let hooks = TestHooks::from_env();
         let writer = spawn_writer
             .spawn_scoped(s, move || -> Result<WriterOutcome> {
                 let (mut saved, mut last_saved) = (0, Instant::now());
+                // Shards of the last checkpoint (the resumed one's, to begin with): a failure keeps them.
+                let mut checkpointed = (data.shards().len(), rejects.shards().len());
                 let mut chunk_no = first_chunk;
                 let stream = || -> Result<bool> {
                     for message in wrx {
@@ -411,7 +425,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                             if data.room() == 0 {
                                 data.end_shard()?;
                                 rejects.end_shard()?;
-                                if last_saved.elapsed() < kill_hook.map_or(CHECKPOINT_GAP, |_| Duration::ZERO) {
+                                if last_saved.elapsed() < hooks.checkpoint_gap() {
                                     continue;
                                 }
                                 let at = Position {
@@ -426,12 +440,10 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                                     input_fingerprint: fingerprint_known.get().cloned(),
                                 };
                                 checkpoint::save(out_dir, identity, at)?;
+                                checkpointed = (data.shards().len(), rejects.shards().len());
                                 last_saved = Instant::now();
                                 saved += 1;
-                                if kill_hook == Some(saved) {
-                                    // SAFETY: signals this process; no memory is touched.
-                                    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-                                }
+                                hooks.after_checkpoint(saved)?;
                             }
                         }
                         if !f.chunk.rejects.is_empty() {
@@ -452,8 +464,8 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                 };
                 let ended = stream();
                 if !matches!(ended, Ok(true)) {
-                    data.abort();
-                    rejects.abort();
+                    data.abort(checkpointed.0);
+                    rejects.abort(checkpointed.1);
                     return Err(ended.err().unwrap_or_else(|| Error::data("the run stopped before its end")));
                 }
                 o.data_shards = data.finish()?;
@@ -484,6 +496,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     let (input_fingerprint, secs) = fingerprinting.join().expect("fingerprint thread does not panic")?;
     timings.insert("fingerprint".to_owned(), secs);
     if resumed_fingerprint.is_some_and(|f| f != input_fingerprint) {
+        checkpoint::remove(&out);
         return Err(Error::data(
             "the input's content changed since the killed run this one resumed (its fingerprint differs, though \
              its files' sizes and modification times do not): the shards kept from that run come from the \
@@ -494,6 +507,8 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     // The passes and the fingerprint must all have seen the same bytes.
     let inputs_now = stamps(&inputs);
     if let Some(i) = (0..inputs.len()).find(|&i| inputs_before[i] != inputs_now[i]) {
+        // No run can go on from this one's checkpoint.
+        checkpoint::remove(&out);
         return Err(Error::data(format!(
             "input `{}` changed while the run read it (size, modification time or file): the output would mix \
              two versions of it; run again once it is final",
@@ -742,11 +757,42 @@ impl WriterOutcome {
 /// quadratic. At most one a second costs nothing next to any work worth resuming.
 const CHECKPOINT_GAP: Duration = Duration::from_secs(1);
 
-/// For the resume tests: with `CURATE_KILL_AFTER_CHECKPOINTS=N` in its environment, a run saves a
-/// checkpoint at every full data shard, however soon, and kills itself (SIGKILL, as a user, a
-/// scheduler or the out-of-memory killer would) right after its `N`th.
-fn kill_hook() -> Option<usize> {
-    std::env::var("CURATE_KILL_AFTER_CHECKPOINTS").ok().and_then(|n| n.trim().parse().ok())
+/// For the resume tests, from the environment: `CURATE_KILL_AFTER_CHECKPOINTS=N` makes a run kill
+/// itself (SIGKILL, as a user, a scheduler or the out-of-memory killer would) right after its
+/// `N`th checkpoint, and `CURATE_FAIL_AFTER_CHECKPOINTS=N` makes its writer fail there (as on a
+/// full disk). With either, a checkpoint is saved at every full data shard, however soon.
+#[derive(Debug, Default, Clone, Copy)]
+struct TestHooks {
+    kill_after: Option<usize>,
+    fail_after: Option<usize>,
+}
+
+impl TestHooks {
+    fn from_env() -> Self {
+        let n = |name: &str| std::env::var(name).ok().and_then(|n| n.trim().parse().ok());
+        TestHooks { kill_after: n("CURATE_KILL_AFTER_CHECKPOINTS"), fail_after: n("CURATE_FAIL_AFTER_CHECKPOINTS") }
+    }
+
+    fn checkpoint_gap(self) -> Duration {
+        if self.kill_after.is_some() || self.fail_after.is_some() {
+            Duration::ZERO
+        } else {
+            CHECKPOINT_GAP
+        }
+    }
+
+    fn after_checkpoint(self, saved: usize) -> Result<()> {
+        if self.kill_after == Some(saved) {
+            // SAFETY: signals this process; no memory is touched.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+        if self.fail_after == Some(saved) {
+            return Err(Error::data(format!(
+                "a write failed after checkpoint {saved} (CURATE_FAIL_AFTER_CHECKPOINTS)"
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The stream's result from the reading side's and the writer's: where both failed, the first
