@@ -372,7 +372,8 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
 
     let streamed = std::thread::scope(|s| -> Result<(u64, WriterOutcome)> {
         // `None` says the stream ended well: without it (a reader or transform failed) the
-        // writer removes what it wrote instead of finishing shards that look complete.
+        // writer removes what it wrote since its last checkpoint instead of finishing shards
+        // that look complete.
         let (wtx, wrx) = sync_channel::<Option<Finished>>(GROUP);
         let spawn_writer = std::thread::Builder::new().name("curate-write".into());
         let first_chunk = start.chunk;
@@ -388,6 +389,8 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                         let Some(f) = message else {
                             // A resumed stream has the chunk the checkpoint names, at least.
                             if chunk_no == first_chunk && first_chunk > 0 {
+                                // Not one to go on from again.
+                                checkpoint::remove(out_dir);
                                 return Err(Error::data(format!(
                                     "the checkpoint in `{}` does not match the stream (it ends before chunk {}): the \
                                      output is removed; run again to start over",
@@ -404,6 +407,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                         // Resuming: the rows of the first chunk a killed run wrote already.
                         let done_before = std::mem::take(&mut o.rows_into_first) as usize;
                         if done_before > batch.num_rows() {
+                            checkpoint::remove(out_dir);
                             return Err(Error::data(format!(
                                 "the checkpoint in `{}` does not match the stream (chunk {} has {} rows, not over {}): \
                                  the output is removed; run again to start over",
