@@ -182,8 +182,8 @@ impl ShardedWriter {
         Self::after(dir, stem, schema, rows_per_shard, metadata, Vec::new())
     }
 
-    /// A writer that goes on after `shards`, finished by an earlier (killed) run of the same
-    /// output: the next shard is numbered after them, and they are counted as this writer's.
+    /// A writer that goes on after `shards`, finished by an earlier (killed or failed) run of
+    /// the same output: the next shard is numbered after them, and they count as this writer's.
     pub fn after(
         dir: &Path,
         stem: &str,
