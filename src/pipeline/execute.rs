@@ -389,14 +389,10 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                         let Some(f) = message else {
                             // A resumed stream has the chunk the checkpoint names, at least.
                             if chunk_no == first_chunk && first_chunk > 0 {
-                                // Not one to go on from again.
-                                checkpoint::remove(out_dir);
-                                return Err(Error::data(format!(
-                                    "the checkpoint in `{}` does not match the stream (it ends before chunk {}): the \
-                                     output is removed; run again to start over",
-                                    out_dir.display(),
-                                    first_chunk + 1
-                                )));
+                                return Err(stream_mismatch(
+                                    out_dir,
+                                    &format!("it ends before chunk {}", first_chunk + 1),
+                                ));
                             }
                             return Ok(true);
                         };
@@ -407,15 +403,9 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                         // Resuming: the rows of the first chunk a killed run wrote already.
                         let done_before = std::mem::take(&mut o.rows_into_first) as usize;
                         if done_before > batch.num_rows() {
-                            checkpoint::remove(out_dir);
-                            return Err(Error::data(format!(
-                                "the checkpoint in `{}` does not match the stream (chunk {} has {} rows, not over {}): \
-                                 the output is removed; run again to start over",
-                                out_dir.display(),
-                                chunk_no + 1,
-                                batch.num_rows(),
-                                done_before
-                            )));
+                            let what =
+                                format!("chunk {} has {} rows, not over {done_before}", chunk_no + 1, batch.num_rows());
+                            return Err(stream_mismatch(out_dir, &what));
                         }
                         let batch = batch.slice(done_before, batch.num_rows() - done_before);
                         // Written up to each shard's end, where the rejects shard ends too and a
@@ -754,6 +744,17 @@ impl WriterOutcome {
         }
         all
     }
+}
+
+/// The error for a resumed stream that is not the one the checkpoint in `out` was saved from
+/// (`what` says how); the checkpoint is removed, so that the next run starts over rather than
+/// failing the same way.
+fn stream_mismatch(out: &Path, what: &str) -> Error {
+    checkpoint::remove(out);
+    Error::data(format!(
+        "the checkpoint in `{}` does not match the stream ({what}): the output is removed; run again to start over",
+        out.display()
+    ))
 }
 
 /// The least time between two checkpoints: a checkpoint lists every shard so far and is
