@@ -241,6 +241,20 @@ fn a_changed_pipeline_input_or_shard_or_restart_starts_over() {
     std::fs::write(&path, text).unwrap();
     starts_over("edited", &[], "it was changed or damaged since it was saved");
 
+    // A checkpoint edited and signed again (its digest line made anew), naming a chunk past the
+    // input's end: the stream cannot match it, so the run fails, removes its output and the
+    // checkpoint, and the next run starts over.
+    kill("signed");
+    let path = case.out("signed").join(".curate-checkpoint");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let json = text.split_once('\n').unwrap().1.replace("\"chunk\":2", "\"chunk\":99");
+    let digest = format!("xxh3-64:{:016x}", xxhash_rust::xxh3::xxh3_64(json.as_bytes()));
+    std::fs::write(&path, format!("{digest}\n{json}")).unwrap();
+    let (ok, stderr) = case.run("signed", None, &[]);
+    assert!(!ok && stderr.contains("does not match the stream (it ends before chunk 100)"), "{stderr}");
+    assert!(shards(&case.out("signed").join("data")).is_empty() && !path.exists());
+    starts_over("signed", &[], "");
+
     // `--restart`, with nothing else changed.
     kill("restart");
     starts_over("restart", &["--restart"], "--restart: the checkpoint of a killed run");
