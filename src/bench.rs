@@ -2,7 +2,9 @@
 //! the default BoW cascade (`curate run`) against the I/O floor — reading the same TSV and
 //! writing its caption column to Parquet — each in a child process, alternating, so both see the
 //! same machine state, and each starting with the input in the page cache; it reports
-//! captions/s, CPU seconds, the ratio and the children's peak RSS. `bench knn` times exact
+//! captions/s, CPU seconds, the ratio and the children's peak RSS, then the BoW stage alone on the
+//! input parsed in memory (`bench bow-stage`), beside the time that 2× the floor leaves it.
+//! `bench knn` times exact
 //! top-k search (`knn::exact_top_k`) on matrices from files, for
 //! `benches/knn_bench.py` to compare with faiss.
 
@@ -51,6 +53,61 @@ pub fn io_floor(input: &Path, output: &Path) -> Result<u64> {
     w.write(&RecordBatch::try_new(schema, vec![Arc::new(b.finish()) as ArrayRef])?)?;
     w.finish()?;
     Ok(rows)
+}
+
+/// The BoW stage alone, on an input already parsed into memory (reading is not timed, nothing is
+/// written): the fit passes, then `apply` on every chunk in parallel as the streaming pass runs
+/// it. Prints the process's wall and CPU seconds (user + system) of each part, so that `bench bow`
+/// can set the stage's own cost against the 2× budget.
+pub fn bow_stage(pipeline: &Path) -> Result<()> {
+    use rayon::prelude::*;
+    let mut plan = crate::pipeline::plan::compile(pipeline, &[])?;
+    if plan.transforms.len() != 1 {
+        return Err(Error::data("`bench bow-stage` takes a pipeline of one reader and one transform"));
+    }
+    let chunks: Vec<crate::schema::Chunk> = plan.reader.open()?.collect::<Result<_>>()?;
+    let firsts: Vec<u64> = chunks
+        .iter()
+        .scan(0u64, |acc, c| {
+            let first = *acc;
+            *acc += c.batch.num_rows() as u64;
+            Some(first)
+        })
+        .collect();
+    let cpu = || {
+        // SAFETY: `rusage` is plain data that `getrusage` fills for this process.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+        let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+        tv(u.ru_utime) + tv(u.ru_stime)
+    };
+    let (t0, c0) = (Instant::now(), cpu());
+    let stage = &mut plan.transforms[0].1;
+    for pass in 0..stage.fit_passes() {
+        if stage.wants_pass(pass) {
+            for (c, &first) in chunks.iter().zip(&firsts) {
+                stage.fit(pass, &c.batch, first)?;
+            }
+            stage.end_pass(pass)?;
+        }
+    }
+    stage.start_stream()?;
+    let (t1, c1) = (Instant::now(), cpu());
+    let stage = &plan.transforms[0].1;
+    let kept: u64 = chunks
+        .into_par_iter()
+        .zip(firsts)
+        .map(|(c, first)| Ok(stage.apply(c, first)?.0.batch.num_rows() as u64))
+        .sum::<Result<u64>>()?;
+    let (t2, c2) = (Instant::now(), cpu());
+    outln!(
+        "fit {:.3} s wall {:.3} CPU-s; apply {:.3} s wall {:.3} CPU-s; {kept} rows kept",
+        (t1 - t0).as_secs_f64(),
+        c1 - c0,
+        (t2 - t1).as_secs_f64(),
+        c2 - c1
+    );
+    Ok(())
 }
 
 /// Wall seconds, peak RSS (MiB) and CPU seconds (user + system) of a child process.
@@ -124,6 +181,17 @@ pub fn bow(args: &BowBenchArgs) -> Result<()> {
         warm()?;
         run.push(curate_run(&pipeline)?);
     }
+    // The stage's own cost, on the input parsed in memory (not timed) and with nothing written.
+    let stage = std::process::Command::new(&exe)
+        .args(["bench", "bow-stage"])
+        .arg(&pipeline)
+        .stderr(std::process::Stdio::null())
+        .output()
+        .map_err(|e| Error::io("cannot start", "curate", e))?;
+    if !stage.status.success() {
+        return Err(Error::data("`curate bench bow-stage` failed"));
+    }
+    let stage = String::from_utf8_lossy(&stage.stdout).trim().to_owned();
     let best = |v: &[(f64, f64, f64)]| v.iter().map(|x| x.0).fold(f64::INFINITY, f64::min);
     let peak = |v: &[(f64, f64, f64)]| v.iter().map(|x| x.1).fold(0.0, f64::max);
     // CPU seconds of the run with the best wall time.
@@ -147,6 +215,13 @@ pub fn bow(args: &BowBenchArgs) -> Result<()> {
         cpu(&run) / cpu(&floor),
         br / bp,
         peak(&run)
+    );
+    outln!(
+        "2x the floor leaves {:.2} s (about {:.2} CPU-s on {} threads) beyond the intact run for the BoW stage; \
+         the stage alone, on the input parsed in memory and writing nothing: {stage}",
+        2.0 * bf - bp,
+        (2.0 * bf - bp) * rayon::current_num_threads() as f64,
+        rayon::current_num_threads()
     );
     Ok(())
 }

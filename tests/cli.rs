@@ -195,3 +195,22 @@ fn slips_that_get_a_hint() {
     assert!(out.contains("hint: quote text: `output_dir = \"2024\"`, or `--set 'output_dir=\"2024\"'`"), "{out}");
     assert!(out.contains("hint: quote text: `source = \"12\"`, or `--set 'read_cc_tsv.source=\"12\"'`"), "{out}");
 }
+
+#[test]
+fn bench_bow_stage_applies_the_stage_as_a_run_does() {
+    // `bench bow` sets the stage's own cost against the 2x budget with `bench bow-stage`, which
+    // fits and applies the stage outside the executor: it must keep exactly the rows a run keeps.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let set = format!("output_dir={}", out.display());
+    let (code, _, stderr) = curate(&["run", "pipelines/bow.toml", "--progress", "never", "--set", &set]);
+    assert_eq!(code, 0, "{stderr}");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let written = manifest["rows"]["written"].as_u64().expect("rows.written");
+    assert!(written > 0);
+    let (code, stdout, stderr) = curate(&["bench", "bow-stage", "pipelines/bow.toml"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.starts_with("fit ") && stdout.contains(" CPU-s; apply "), "{stdout}");
+    assert!(stdout.trim_end().ends_with(&format!("; {written} rows kept")), "{stdout} vs {written} written");
+}

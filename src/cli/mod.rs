@@ -185,6 +185,9 @@ pub enum BenchCommand {
     /// The I/O floor alone (used by `bench bow`).
     #[command(hide = true)]
     IoFloor { input: PathBuf, output: PathBuf },
+    /// The BoW stage alone on the input parsed in memory (used by `bench bow`).
+    #[command(hide = true)]
+    BowStage { pipeline: PathBuf },
 }
 
 /// Runs the command line; returns the process exit code.
@@ -331,6 +334,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Bench(BenchCommand::IoFloor { input, output }) => {
             let rows = crate::bench::io_floor(&input, &output)?;
             outln!("{rows}");
+            Ok(0)
+        }
+        Command::Bench(BenchCommand::BowStage { pipeline }) => {
+            crate::bench::bow_stage(&pipeline)?;
             Ok(0)
         }
     }
