@@ -4,8 +4,7 @@
 //! same machine state, and each starting with the input in the page cache; it reports
 //! captions/s, CPU seconds, the ratio and the children's peak RSS, then the BoW stage alone on the
 //! input parsed in memory (`bench bow-stage`), beside the time that 2× the floor leaves it.
-//! `bench knn` times exact
-//! top-k search (`knn::exact_top_k`) on matrices from files, for
+//! `bench knn` times exact top-k search (`knn::exact_top_k`) on matrices from files, for
 //! `benches/knn_bench.py` to compare with faiss.
 
 use std::path::{Path, PathBuf};
