@@ -214,3 +214,16 @@ fn bench_bow_stage_applies_the_stage_as_a_run_does() {
     assert!(stdout.starts_with("fit ") && stdout.contains(" CPU-s; apply "), "{stdout}");
     assert!(stdout.trim_end().ends_with(&format!("; {written} rows kept")), "{stdout} vs {written} written");
 }
+
+#[cfg(feature = "cuda")]
+#[test]
+fn a_cuda_device_that_cannot_start_is_one_error() {
+    // No driver (a CPU machine) or no GPU 99 (any machine): one error naming the cause, exit code
+    // 2, instead of the CUDA runtime's panics on two threads.
+    let (code, stdout, stderr) =
+        curate(&["bench", "text", "--model", "nowhere", "--input", "nowhere", "--device", "cuda:99"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stdout.is_empty());
+    assert!(stderr.contains("`--device cuda:99`: CUDA device 99 cannot be started"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
