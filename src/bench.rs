@@ -77,8 +77,7 @@ pub fn bow_stage(pipeline: &Path) -> Result<()> {
         // SAFETY: `rusage` is plain data that `getrusage` fills for this process.
         let mut u: libc::rusage = unsafe { std::mem::zeroed() };
         unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
-        let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-        tv(u.ru_utime) + tv(u.ru_stime)
+        cpu_seconds(&u)
     };
     let (t0, c0) = (Instant::now(), cpu());
     let stage = &mut plan.transforms[0].1;
@@ -122,8 +121,13 @@ fn measure(cmd: &mut std::process::Command) -> Result<(f64, f64, f64)> {
     if pid < 0 || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
         return Err(Error::data(format!("benchmark child failed: {cmd:?}")));
     }
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    Ok((secs, usage.ru_maxrss as f64 / 1024.0, tv(usage.ru_utime) + tv(usage.ru_stime)))
+    Ok((secs, usage.ru_maxrss as f64 / 1024.0, cpu_seconds(&usage)))
+}
+
+/// User + system seconds of a `rusage`.
+fn cpu_seconds(u: &libc::rusage) -> f64 {
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(u.ru_utime) + secs(u.ru_stime)
 }
 
 pub fn bow(args: &BowBenchArgs) -> Result<()> {

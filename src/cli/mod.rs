@@ -106,41 +106,46 @@ fn device(name: &str) -> anyhow::Result<burn::tensor::Device> {
         #[cfg(feature = "cuda")]
         cuda if cuda == "cuda" || cuda.starts_with("cuda:") => {
             let index: usize = cuda.strip_prefix("cuda:").unwrap_or("0").parse()?;
-            let device = Device::cuda(index);
-            // burn starts the CUDA runtime on first use; without a driver, that GPU or NVRTC it
-            // panics then, on its own thread and then on this one (`RecvError`), each with a
-            // backtrace. One tiny round trip here, with the panics' messages caught, turns that
-            // into one error that says what is missing.
-            let first_panic = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
-            let seen = first_panic.clone();
-            let hook = std::panic::take_hook();
-            std::panic::set_hook(Box::new(move |info| {
-                let mut first = seen.lock().unwrap_or_else(|e| e.into_inner());
-                if first.is_none() {
-                    let message = info.payload().downcast_ref::<&str>().map(|s| s.to_string());
-                    *first = message.or_else(|| info.payload().downcast_ref::<String>().cloned());
-                }
-            }));
-            let probe = device.clone();
-            let started = std::panic::catch_unwind(move || {
-                let one = burn::tensor::TensorData::new(vec![1f32], [1]);
-                burn::tensor::Tensor::<1>::from_data(one, &probe).into_data()
-            });
-            std::panic::set_hook(hook);
-            if started.is_err() {
-                let why = first_panic.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default();
-                anyhow::bail!(
-                    "`--device {cuda}`: CUDA device {index} cannot be started (no NVIDIA driver, no GPU {index}, \
-                     or no libnvrtc): {why}"
-                );
-            }
-            Ok(device)
+            start_cuda(cuda, index)
         }
         other if other.starts_with("cuda") => {
             anyhow::bail!("`--device {other}`: this curate was built without CUDA; rebuild with `--features cuda`")
         }
         other => anyhow::bail!("unknown device `{other}`; use `cpu`, `ndarray` or `cuda[:N]`"),
     }
+}
+
+/// `Device::cuda(index)`, started at once. burn starts the CUDA runtime on first use; without a
+/// driver, that GPU or NVRTC it panics then, on its own thread and then on this one
+/// (`RecvError`), each with a backtrace. One tiny round trip here, with the panics' messages
+/// caught, turns that into one error that says what is missing.
+#[cfg(feature = "cuda")]
+fn start_cuda(name: &str, index: usize) -> anyhow::Result<burn::tensor::Device> {
+    let device = burn::tensor::Device::cuda(index);
+    let first_panic = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+    let seen = first_panic.clone();
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let mut first = seen.lock().unwrap_or_else(|e| e.into_inner());
+        if first.is_none() {
+            let message = info.payload().downcast_ref::<&str>().map(|s| s.to_string());
+            *first = message.or_else(|| info.payload().downcast_ref::<String>().cloned());
+        }
+    }));
+    let probe = device.clone();
+    let started = std::panic::catch_unwind(move || {
+        let one = burn::tensor::TensorData::new(vec![1f32], [1]);
+        burn::tensor::Tensor::<1>::from_data(one, &probe).into_data()
+    });
+    std::panic::set_hook(hook);
+    if started.is_err() {
+        let why = first_panic.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default();
+        anyhow::bail!(
+            "`--device {name}`: CUDA device {index} cannot be started (no NVIDIA driver, no GPU {index}, or no \
+             libnvrtc): {why}"
+        );
+    }
+    Ok(device)
 }
 
 #[derive(Debug, Args)]
