@@ -69,8 +69,6 @@ pub enum Location {
     File { path: PathBuf, line: usize, column: usize, text: String },
     /// A `--set key=value` command-line override.
     Override { arg: String },
-    /// A key of a pipeline file without line numbers to show (a JSON file, read as TOML).
-    Key { path: PathBuf, key: String },
 }
 
 /// One configuration problem.
@@ -117,7 +115,6 @@ impl fmt::Display for Diagnostic {
                 writeln!(f, "{pad} | {caret_pad}^")?;
             }
             Some(Location::Override { arg }) => writeln!(f, "  --> --set {arg}")?,
-            Some(Location::Key { path, key }) => writeln!(f, "  --> {}: `{key}`", path.display())?,
             None => {}
         }
         if let Some(h) = &self.hint {

@@ -92,9 +92,11 @@ fn an_output_dir_that_is_a_file() {
 }
 
 #[test]
-fn a_json_pipeline_names_keys_not_lines() {
-    // A run's `config.json` is a pipeline too; its problems are placed by key.
+fn a_json_pipeline_is_placed_by_line() {
+    // A run's `config.json` is a pipeline too; its problems are placed by line and column.
     insta::assert_snapshot!(validate("config_json_errors.json", &[]));
+    // And so is a slip in its syntax (a comma too many).
+    insta::assert_snapshot!(validate("config_json_syntax_error.json", &[]));
 }
 
 #[test]

@@ -34,8 +34,6 @@ pub struct ConfigDoc {
     origins: HashMap<String, Origin>,
     /// Problems with `--set` arguments; reported together with the file's own problems.
     pub override_errors: Vec<Diagnostic>,
-    /// The file is JSON, read as TOML text of our own: places are named by key, not line.
-    from_json: bool,
 }
 
 impl ConfigDoc {
@@ -47,26 +45,18 @@ impl ConfigDoc {
                 .hint("check the path; pipelines live in `pipelines/`")]
         })?;
         if path.extension().is_some_and(|e| e == "json") {
-            let mut doc = Self::parse(path, json_as_toml(path, &source)?, overrides)?;
-            doc.from_json = true;
-            return Ok(doc);
+            let root = json_as_table(path, &source)?;
+            let origins = json_spans(&source);
+            return Ok(Self::assemble(path, source, root, origins, overrides));
         }
         Self::parse(path, source, overrides)
     }
 
     pub fn parse(path: &Path, source: String, overrides: &[String]) -> Result<ConfigDoc, Vec<Diagnostic>> {
-        let mut doc = ConfigDoc {
-            path: path.to_owned(),
-            source,
-            root: Table::new(),
-            origins: HashMap::new(),
-            override_errors: Vec::new(),
-            from_json: false,
-        };
-        let parsed = match DeTable::parse(&doc.source) {
+        let parsed = match DeTable::parse(&source) {
             Ok(t) => t,
             Err(e) => {
-                let loc = e.span().map(|s| doc.file_location(s.start));
+                let loc = e.span().map(|s| location_in(path, &source, s.start));
                 let first = e.message().lines().next().unwrap_or("invalid TOML").to_owned();
                 return Err(vec![Diagnostic::new(format!("invalid TOML: {first}"))
                     .at(loc)
@@ -75,24 +65,29 @@ impl ConfigDoc {
         };
         let mut origins = HashMap::new();
         record_spans(&mut origins, "", parsed.get_ref());
-        doc.origins = origins;
-        doc.root = toml::from_str(&doc.source).expect("DeTable parsed it, so the Table parse succeeds");
+        let root = toml::from_str(&source).expect("DeTable parsed it, so the Table parse succeeds");
+        Ok(Self::assemble(path, source, root, origins, overrides))
+    }
+
+    /// The document from its values and their places in `source`, with `overrides` applied.
+    fn assemble(
+        path: &Path,
+        source: String,
+        root: Table,
+        origins: HashMap<String, Origin>,
+        overrides: &[String],
+    ) -> ConfigDoc {
+        let mut doc = ConfigDoc { path: path.to_owned(), source, root, origins, override_errors: Vec::new() };
         for arg in overrides {
             if let Err(d) = doc.apply_override(arg) {
                 doc.override_errors.push(d);
             }
         }
-        Ok(doc)
+        doc
     }
 
     fn file_location(&self, offset: usize) -> Location {
-        let offset = offset.min(self.source.len());
-        let before = &self.source[..offset];
-        let line = before.matches('\n').count() + 1;
-        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-        let column = self.source[line_start..offset].chars().count() + 1;
-        let text = self.source[line_start..].lines().next().unwrap_or("").to_owned();
-        Location::File { path: self.path.clone(), line, column, text }
+        location_in(&self.path, &self.source, offset)
     }
 
     /// Location of the value at `path`, or of its closest enclosing value.
@@ -110,9 +105,6 @@ impl ConfigDoc {
         loop {
             if let Some(o) = self.origins.get(p) {
                 return Some(match o {
-                    Origin::Span { .. } if self.from_json => {
-                        Location::Key { path: self.path.clone(), key: p.to_owned() }
-                    }
                     Origin::Span { key: k, value: v } => self.file_location(if key { k.start } else { v.start }),
                     Origin::Override(arg) => Location::Override { arg: arg.clone() },
                 });
@@ -263,12 +255,38 @@ impl ConfigDoc {
     }
 }
 
+/// Line, column and text of byte `offset` in `source`, the file at `path`.
+fn location_in(path: &Path, source: &str, offset: usize) -> Location {
+    let mut offset = offset.min(source.len());
+    while !source.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let before = &source[..offset];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = source[line_start..offset].chars().count() + 1;
+    let text = source[line_start..].lines().next().unwrap_or("").to_owned();
+    Location::File { path: path.to_owned(), line, column, text }
+}
+
 /// A pipeline written as JSON — above all a run's own `config.json`, so that `curate run
-/// out/bow/config.json` repeats that run — as TOML text. JSON nulls (a setting left at "none")
-/// are left out, as TOML has no null. Error lines then refer to this text, not the JSON.
-fn json_as_toml(path: &Path, source: &str) -> Result<String, Vec<Diagnostic>> {
-    let bad = |e: String| {
-        vec![Diagnostic::new(format!("cannot read pipeline file `{}` as JSON: {e}", path.display()))
+/// out/bow/config.json` repeats that run — as the TOML table it stands for. JSON nulls (a
+/// setting left at "none") are left out, as TOML has no null.
+fn json_as_table(path: &Path, source: &str) -> Result<Table, Vec<Diagnostic>> {
+    let bad = |e: serde_json::Error| {
+        let message = e.to_string();
+        // serde_json ends its messages with the place, which the location shows.
+        let message = match message.rfind(" at line ") {
+            Some(i) if e.line() > 0 => message[..i].to_owned(),
+            _ => message,
+        };
+        let at = (e.line() > 0).then(|| {
+            let line_start: usize = source.split_inclusive('\n').take(e.line() - 1).map(str::len).sum();
+            let text = source[line_start..].lines().next().unwrap_or("").to_owned();
+            Location::File { path: path.to_owned(), line: e.line(), column: e.column().max(1), text }
+        });
+        vec![Diagnostic::new(format!("invalid JSON: {message}"))
+            .at(at)
             .hint("a JSON pipeline has the layout of a run's `config.json`")]
     };
     fn drop_nulls(v: &mut serde_json::Value) {
@@ -281,10 +299,94 @@ fn json_as_toml(path: &Path, source: &str) -> Result<String, Vec<Diagnostic>> {
             _ => {}
         }
     }
-    let mut value: serde_json::Value = serde_json::from_str(source).map_err(|e| bad(e.to_string()))?;
+    let mut value: serde_json::Value = serde_json::from_str(source).map_err(bad)?;
     drop_nulls(&mut value);
-    let table: Table = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
-    toml::to_string(&table).map_err(|e| bad(e.to_string()))
+    serde_json::from_value(value).map_err(bad)
+}
+
+/// Where each key and value of a JSON document sits in its text, by the paths TOML's values get
+/// (`stage[1].keep_words`), so that a JSON pipeline's problems are placed by line as a TOML
+/// file's are. `source` is valid JSON (serde_json has read it); the walk stops early otherwise.
+fn json_spans(source: &str) -> HashMap<String, Origin> {
+    struct Walk<'a> {
+        s: &'a [u8],
+        i: usize,
+        out: HashMap<String, Origin>,
+    }
+    impl Walk<'_> {
+        fn peek(&mut self) -> Option<u8> {
+            while self.s.get(self.i).is_some_and(|b| b.is_ascii_whitespace()) {
+                self.i += 1;
+            }
+            self.s.get(self.i).copied()
+        }
+        /// Skips a string at `self.i` (its opening quote) and returns its text.
+        fn string(&mut self) -> Option<String> {
+            let start = self.i;
+            self.i += 1;
+            loop {
+                match *self.s.get(self.i)? {
+                    b'\\' => self.i += 2,
+                    b'"' => break,
+                    _ => self.i += 1,
+                }
+            }
+            self.i += 1;
+            serde_json::from_slice(&self.s[start..self.i]).ok()
+        }
+        fn value(&mut self, path: String, key: Range<usize>) -> Option<()> {
+            let first = self.peek()?;
+            let start = self.i;
+            match first {
+                b'{' => {
+                    self.i += 1;
+                    while self.peek()? != b'}' {
+                        let k = self.i;
+                        let name = self.string()?;
+                        let key = k..self.i;
+                        (self.peek()? == b':').then_some(())?;
+                        self.i += 1;
+                        let child = if path.is_empty() { name } else { format!("{path}.{name}") };
+                        self.value(child, key)?;
+                        if self.peek()? == b',' {
+                            self.i += 1;
+                        }
+                    }
+                    self.i += 1;
+                }
+                b'[' => {
+                    self.i += 1;
+                    let mut n = 0;
+                    while self.peek()? != b']' {
+                        let item = self.i;
+                        self.value(format!("{path}[{n}]"), item..item)?;
+                        n += 1;
+                        if self.peek()? == b',' {
+                            self.i += 1;
+                        }
+                    }
+                    self.i += 1;
+                }
+                b'"' => {
+                    self.string()?;
+                }
+                _ => {
+                    while self.s.get(self.i).is_some_and(|b| !b",}] \t\r\n".contains(b)) {
+                        self.i += 1;
+                    }
+                }
+            }
+            if !path.is_empty() {
+                self.out.insert(path, Origin::Span { key, value: start..self.i });
+            }
+            Some(())
+        }
+    }
+    let mut walk = Walk { s: source.as_bytes(), i: 0, out: HashMap::new() };
+    walk.peek();
+    let start = walk.i;
+    walk.value(String::new(), start..start);
+    walk.out
 }
 
 fn record_spans(origins: &mut HashMap<String, Origin>, prefix: &str, table: &DeTable<'_>) {
@@ -525,6 +627,41 @@ mod tests {
         let d = doc("[[stage]]\na = \"x\"\nb = true\n", &[]);
         let (s, dropped) = d.extract_recovering::<S>("stage[0]", &Value::Table(d.stages()[0].clone()), &mut diags);
         assert_eq!((s, dropped.len()), (None, 1));
+    }
+
+    #[test]
+    fn json_values_are_placed_where_toml_values_would_be() {
+        let json = "{\"seed\": 7,\n \"stage\": [\n  {\"type\": \"bow\", \"columns\": {\"caption\": \"text\"}},\n  \
+                    {\"a\\u0062\": [1, 2], \"s\": \"x,}\\\"]\"}\n ]\n}";
+        let spans = json_spans(json);
+        let at = |path: &str| match &spans[path] {
+            Origin::Span { key, value } => (&json[key.clone()], &json[value.clone()]),
+            Origin::Override(_) => unreachable!(),
+        };
+        assert_eq!(at("seed"), ("\"seed\"", "7"));
+        assert_eq!(at("stage[0].type"), ("\"type\"", "\"bow\""));
+        assert_eq!(at("stage[0].columns.caption"), ("\"caption\"", "\"text\""));
+        assert_eq!(at("stage[0].columns").1, "{\"caption\": \"text\"}");
+        // An escaped key is found by its meaning; strings may hold `,`, `}` and quotes.
+        assert_eq!(at("stage[1].ab").1, "[1, 2]");
+        assert_eq!(at("stage[1].ab[1]").1, "2");
+        assert_eq!(at("stage[1].s").1, "\"x,}\\\"]\"");
+        assert!(at("stage").1.starts_with('[') && at("stage").1.ends_with(']'));
+        assert_eq!(spans.len(), 11, "{:?}", spans.keys().collect::<Vec<_>>());
+        // Read as a pipeline, the places are lines and columns of the JSON text.
+        let dir = std::env::temp_dir().join(format!("curate-json-spans-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("p.json");
+        std::fs::write(&file, json).unwrap();
+        let d = ConfigDoc::load(&file, &["seed=3".to_owned()]).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        match d.location("stage[1].s") {
+            Some(Location::File { line: 4, column, text, .. }) => assert_eq!(&text[column - 1..][..2], "\"x"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(d.key_location("stage[0].columns.caption"), Some(Location::File { line: 3, column: 31, .. })));
+        assert!(matches!(d.location("seed"), Some(Location::Override { .. })));
+        assert_eq!(d.root["seed"].as_integer(), Some(3));
     }
 
     #[test]
