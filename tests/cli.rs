@@ -97,6 +97,10 @@ fn a_json_pipeline_is_placed_by_line() {
     insta::assert_snapshot!(validate("config_json_errors.json", &[]));
     // And so is a slip in its syntax (a comma too many).
     insta::assert_snapshot!(validate("config_json_syntax_error.json", &[]));
+    // Valid JSON that is not a table of settings has no place to show, but says what is wrong.
+    let out = validate("config_json_not_an_object.json", &[]);
+    assert!(out.contains("is JSON but not a pipeline: invalid type: array, expected an object"), "{out}");
+    assert!(out.starts_with("exit code: 2\n"), "{out}");
 }
 
 #[test]

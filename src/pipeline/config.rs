@@ -285,9 +285,17 @@ fn json_as_table(path: &Path, source: &str) -> Result<Table, Vec<Diagnostic>> {
             let text = source[line_start..].lines().next().unwrap_or("").to_owned();
             Location::File { path: path.to_owned(), line: e.line(), column: e.column().max(1), text }
         });
-        vec![Diagnostic::new(format!("invalid JSON: {message}"))
-            .at(at)
-            .hint("a JSON pipeline has the layout of a run's `config.json`")]
+        // Without a line, the text is JSON but not a table of settings (an array at the top, a
+        // number past TOML's integers).
+        let layout = "a JSON pipeline is an object with the layout of a run's `config.json`";
+        vec![match at {
+            Some(_) => Diagnostic::new(format!("invalid JSON: {message}")).at(at).hint(layout),
+            None => {
+                let message = message.replace("sequence", "array").replace("a map", "an object");
+                Diagnostic::new(format!("`{}` is JSON but not a pipeline: {message}", path.display()))
+                    .hint(format!("{layout}, with integers up to {}", i64::MAX))
+            }
+        }]
     };
     fn drop_nulls(v: &mut serde_json::Value) {
         match v {
