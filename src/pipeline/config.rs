@@ -280,10 +280,10 @@ fn json_as_table(path: &Path, source: &str) -> Result<Table, Vec<Diagnostic>> {
             Some(i) if e.line() > 0 => message[..i].to_owned(),
             _ => message,
         };
+        // serde_json counts lines from 1 and columns in bytes from 1.
         let at = (e.line() > 0).then(|| {
             let line_start: usize = source.split_inclusive('\n').take(e.line() - 1).map(str::len).sum();
-            let text = source[line_start..].lines().next().unwrap_or("").to_owned();
-            Location::File { path: path.to_owned(), line: e.line(), column: e.column().max(1), text }
+            location_in(path, source, line_start + e.column().saturating_sub(1))
         });
         // Without a line, the text is JSON but not a table of settings (an array at the top, a
         // number past TOML's integers).
