@@ -673,6 +673,19 @@ mod tests {
     }
 
     #[test]
+    fn a_json_syntax_error_is_placed_by_character() {
+        // serde_json counts the column in bytes; `ß` is two of them but one character.
+        let e = json_as_table(Path::new("p.json"), "{\"ß\": 1,\n \"x\": 1 y}").unwrap_err();
+        assert_eq!(e[0].message, "invalid JSON: expected `,` or `}`");
+        match &e[0].location {
+            Some(Location::File { line: 2, column: 9, text, .. }) => assert_eq!(text, " \"x\": 1 y}"),
+            other => panic!("{other:?}"),
+        }
+        let e = json_as_table(Path::new("p.json"), "{\"ß\": 1 y}").unwrap_err();
+        assert!(matches!(e[0].location, Some(Location::File { line: 1, column: 9, .. })), "{e:?}");
+    }
+
+    #[test]
     fn type_errors_use_the_words_of_a_config_file() {
         let (msg, hint) = explain_serde_error("invalid type: string \"four\", expected usize", "stage[1].keep_words");
         assert_eq!(
