@@ -104,6 +104,12 @@ fn a_json_pipeline_is_placed_by_line() {
 }
 
 #[test]
+fn a_json_pipeline_gets_json_hints() {
+    // Its hints are written as JSON (`"stage": [...]`, not `[[stage]]`).
+    insta::assert_snapshot!(validate("config_json_stage_not_a_list.json", &[]));
+}
+
+#[test]
 fn broken_stage_and_two_readers() {
     insta::assert_snapshot!(validate("broken_stage_and_two_readers.toml", &[]));
 }

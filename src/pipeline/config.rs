@@ -86,6 +86,24 @@ impl ConfigDoc {
         doc
     }
 
+    /// Whether the file is JSON (above all a run's `config.json`).
+    pub fn is_json(&self) -> bool {
+        self.path.extension().is_some_and(|e| e == "json")
+    }
+
+    /// `diags` with their hints in the file's own syntax: a JSON file's problems say
+    /// `"keep_words": 4` where a TOML file's say `keep_words = 4`. Problems of `--set` arguments
+    /// keep TOML, the syntax of `--set` values.
+    pub fn in_file_syntax(&self, mut diags: Vec<Diagnostic>) -> Vec<Diagnostic> {
+        if self.is_json() {
+            for d in diags.iter_mut().filter(|d| !matches!(d.location, Some(Location::Override { .. }))) {
+                d.message = json_type_names(&d.message);
+                d.hint = d.hint.as_deref().map(json_flavoured);
+            }
+        }
+        diags
+    }
+
     fn file_location(&self, offset: usize) -> Location {
         location_in(&self.path, &self.source, offset)
     }
@@ -312,6 +330,95 @@ fn json_as_table(path: &Path, source: &str) -> Result<Table, Vec<Diagnostic>> {
     serde_json::from_value(value).map_err(bad)
 }
 
+/// A hint written for TOML files, as a JSON file's user would read it: `key = value` snippets
+/// become `"key": value`, and the phrases about `[[stage]]` tables speak of the `stage` list.
+fn json_flavoured(hint: &str) -> String {
+    const PHRASES: [(&str, &str); 6] = [
+        (
+            "begin each stage with `[[stage]]` (double brackets: a list of stages)",
+            "`stage` is a list of tables: `\"stage\": [{...}, ...]`",
+        ),
+        ("add `[[stage]]` tables:", "add a `stage` list of tables:"),
+        ("end the file with a `[[stage]]` of", "end the `stage` list with a table of"),
+        ("stage keys go under `[[stage]]`", "stage keys go in the tables of the `stage` list"),
+        ("at the top of the file", "to the top-level object"),
+        ("TOML ", "JSON "),
+    ];
+    let mut hint = hint.to_owned();
+    for (toml, json) in PHRASES {
+        hint = hint.replace(toml, json);
+    }
+    // Between backticks (odd pieces), `key = value` as JSON; anything else (`--set` lines,
+    // names, JSON already) as it is.
+    hint.split('`')
+        .enumerate()
+        .map(
+            |(i, piece)| {
+                if i % 2 == 1 {
+                    json_assignment(piece).unwrap_or_else(|| piece.to_owned())
+                } else {
+                    piece.to_owned()
+                }
+            },
+        )
+        .collect::<Vec<_>>()
+        .join("`")
+}
+
+/// A message's words for TOML's values as JSON's: tables are objects, and an inline table
+/// shown as an example (`{ sample_id = "id" }`) is written as one.
+fn json_type_names(message: &str) -> String {
+    let message = message
+        .replace("invalid type: table", "invalid type: object")
+        .replace("expected a table", "expected an object");
+    // Only examples are spans that open with `{ `; values the user wrote are quoted otherwise.
+    message
+        .split('`')
+        .enumerate()
+        .map(|(i, piece)| match i % 2 == 1 && piece.starts_with("{ ") {
+            true => toml::from_str::<Table>(&format!("v = {piece}"))
+                .ok()
+                .and_then(|t| t.get("v").map(json_text))
+                .unwrap_or_else(|| piece.to_owned()),
+            false => piece.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("`")
+}
+
+/// `key = value` (a TOML assignment, `...` standing for any value) as `"key": value`.
+fn json_assignment(code: &str) -> Option<String> {
+    let (key, value) = code.split_once(" = ")?;
+    if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        return None;
+    }
+    let value = if value == "..." {
+        value.to_owned()
+    } else {
+        json_text(toml::from_str::<Table>(&format!("v = {value}")).ok()?.get("v")?)
+    };
+    Some(format!("\"{key}\": {value}"))
+}
+
+/// A TOML value written as JSON, spaced as the hints are (`{"a": 1, "b": [2, 3]}`).
+fn json_text(v: &Value) -> String {
+    let quote = |s: &str| serde_json::Value::from(s).to_string();
+    match v {
+        Value::String(s) => quote(s),
+        Value::Integer(i) => i.to_string(),
+        Value::Float(f) => serde_json::Value::from(*f).to_string(),
+        Value::Boolean(b) => b.to_string(),
+        Value::Datetime(d) => quote(&d.to_string()),
+        Value::Array(a) => format!("[{}]", a.iter().map(json_text).collect::<Vec<_>>().join(", ")),
+        Value::Table(t) => {
+            format!(
+                "{{{}}}",
+                t.iter().map(|(k, v)| format!("{}: {}", quote(k), json_text(v))).collect::<Vec<_>>().join(", ")
+            )
+        }
+    }
+}
+
 /// Where each key and value of a JSON document sits in its text, by the paths TOML's values get
 /// (`stage[1].keep_words`), so that a JSON pipeline's problems are placed by line as a TOML
 /// file's are. `source` is valid JSON (serde_json has read it); the walk stops early otherwise.
@@ -492,7 +599,7 @@ fn explain_serde_error(message: &str, shown: &str) -> (String, Option<String>) {
                 Some(format!("write `{key} = true` or `{key} = false`"))
             }
             // `[stage]` where `[[stage]]` was meant: one table, not an array of them.
-            _ if shown == "stage" && message.starts_with("invalid type: map") => {
+            _ if shown == "stage" && message.starts_with("invalid type: table") => {
                 Some("begin each stage with `[[stage]]` (double brackets: a list of stages)".into())
             }
             // `--set output_dir=2024`: TOML reads a bare number as a number.
@@ -522,7 +629,12 @@ fn plain_type_names(message: &str) -> String {
         ("f64", "a number"),
         ("f32", "a number"),
     ];
-    let mut out = message.to_owned();
+    // serde's words for TOML's tables and arrays.
+    let mut out = message
+        .replace("invalid type: map", "invalid type: table")
+        .replace("expected a map", "expected a table")
+        .replace("invalid type: sequence", "invalid type: array")
+        .replace("expected a sequence", "expected an array");
     for (rust, words) in names {
         // Whole words only: `expected u64`, `expected u64 at ...`.
         let pattern = format!("expected {rust}");
@@ -683,6 +795,65 @@ mod tests {
         }
         let e = json_as_table(Path::new("p.json"), "{\"ß\": 1 y}").unwrap_err();
         assert!(matches!(e[0].location, Some(Location::File { line: 1, column: 9, .. })), "{e:?}");
+    }
+
+    #[test]
+    fn hints_speak_json_to_a_json_file() {
+        let cases = [
+            ("write `shuffle = true` or `shuffle = false`", r#"write `"shuffle": true` or `"shuffle": false`"#),
+            (
+                "TOML numbers and booleans are written without quotes: `keep_words = 4`",
+                r#"JSON numbers and booleans are written without quotes: `"keep_words": 4`"#,
+            ),
+            ("add `output_dir = ...` at the top of the file", r#"add `"output_dir": ...` to the top-level object"#),
+            ("set `rm_top_freq = 0`, or `mode = \"mostly\"`", r#"set `"rm_top_freq": 0`, or `"mode": "mostly"`"#),
+            (
+                "e.g. `columns = { caption = \"text\", path = \"image\" }`",
+                r#"e.g. `"columns": {"caption": "text", "path": "image"}`"#,
+            ),
+            ("`x = [1, 0.5, 'a\"b']`", r#"`"x": [1, 0.5, "a\"b"]`"#),
+            (
+                "quote text: `output_dir = \"2024\"`, or `--set 'output_dir=\"2024\"'`",
+                r#"quote text: `"output_dir": "2024"`, or `--set 'output_dir="2024"'`"#,
+            ),
+            (
+                "end the file with a `[[stage]]` of `type = \"write_parquet\"`",
+                r#"end the `stage` list with a table of `"type": "write_parquet"`"#,
+            ),
+            (
+                "begin each stage with `[[stage]]` (double brackets: a list of stages)",
+                r#"`stage` is a list of tables: `"stage": [{...}, ...]`"#,
+            ),
+            // Not assignments: names, `--set` lines and unparsable values stay as written.
+            ("did you mean `keep_words`?", "did you mean `keep_words`?"),
+            ("write `--set key.path=value`", "write `--set key.path=value`"),
+            ("`a = b c`", "`a = b c`"),
+        ];
+        for (toml, json) in cases {
+            assert_eq!(json_flavoured(toml), json, "{toml}");
+        }
+        assert_eq!(
+            json_type_names("`c`: wrong type: invalid type: array, expected a table such as `{ a = \"x\", b = 1 }`"),
+            r#"`c`: wrong type: invalid type: array, expected an object such as `{"a": "x", "b": 1}`"#
+        );
+        assert_eq!(json_type_names("unknown value `{a}`"), "unknown value `{a}`");
+        // Only a JSON file's own problems; a `--set` argument's keep TOML.
+        let dir = std::env::temp_dir().join(format!("curate-hints-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("p.json");
+        std::fs::write(&file, "{\"seed\": 1}").unwrap();
+        let d = ConfigDoc::load(&file, &[]).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let at_file = Diagnostic::new("x").at(d.location("seed")).hint("write `seed = 1`");
+        let at_set =
+            Diagnostic::new("y").at(Some(Location::Override { arg: "seed=x".into() })).hint("write `seed = 1`");
+        let hints: Vec<_> = d.in_file_syntax(vec![at_file, at_set]).into_iter().map(|d| d.hint.unwrap()).collect();
+        assert_eq!(hints, ["write `\"seed\": 1`", "write `seed = 1`"]);
+        let toml = ConfigDoc::parse(Path::new("p.toml"), "seed = 1".into(), &[]).unwrap();
+        assert_eq!(
+            toml.in_file_syntax(vec![Diagnostic::new("x").hint("`seed = 1`")])[0].hint.as_deref(),
+            Some("`seed = 1`")
+        );
     }
 
     #[test]

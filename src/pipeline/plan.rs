@@ -281,7 +281,7 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
     check_inputs_are_not_cleared(doc, &built, top.as_ref(), &mut diags);
 
     if !diags.is_empty() {
-        return Err(Error::Config(diags));
+        return Err(Error::Config(doc.in_file_syntax(diags)));
     }
     let top = top.expect("no diagnostics, so the top level parsed");
     let mut reader = None;
