@@ -89,6 +89,16 @@ fn an_output_dir_that_is_a_file() {
     insta::assert_snapshot!(validate("output_places.toml", &["output_dir=Cargo.toml"]));
     // Or a folder that could not be made: a file stands where a parent folder should.
     insta::assert_snapshot!(validate("output_places.toml", &["output_dir=Cargo.toml/out"]));
+    // Or a folder on the kernel's file systems, which no one (root neither) can make.
+    if std::path::Path::new("/proc/self").exists() {
+        let out = validate("output_places.toml", &["output_dir=/proc/curate-out"]);
+        assert!(
+            out.contains(
+                "`output_dir` `/proc/curate-out` cannot be written: `/proc` is on the kernel's proc file system"
+            ),
+            "{out}"
+        );
+    }
 }
 
 #[test]

@@ -561,6 +561,24 @@ fn unwritable(dir: &Path) -> Option<String> {
     }
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(existing.as_os_str().as_bytes()).ok()?;
+    // The kernel's own file systems: `access` lets root through, but nothing can be made there.
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `c` is a NUL-terminated path; `fs` is written by the call before it is read.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statfs(c.as_ptr(), &mut fs) } == 0 {
+            let kind = match fs.f_type as i64 {
+                0x9fa0 => Some("proc"),
+                0x6265_6572 => Some("sysfs"),
+                0x6367_7270 | 0x0027_e0eb => Some("cgroup"),
+                0x6462_6720 => Some("debugfs"),
+                _ => None,
+            };
+            if let Some(kind) = kind {
+                return Some(format!("`{}` is on the kernel's {kind} file system", existing.display()));
+            }
+        }
+    }
     // SAFETY: `c` is a NUL-terminated path that outlives the call.
     let ok = unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0;
     (!ok).then(|| match existing == dir {
