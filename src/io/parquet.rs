@@ -268,6 +268,9 @@ impl ShardedWriter {
             let rename = std::thread::Builder::new()
                 .name("curate-rename".into())
                 .spawn(move || {
+                    // On disk before it gets its name, so a crash leaves the old shard or the
+                    // whole new one (and a disk that fills up late says so here).
+                    File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io("cannot write", &tmp, e))?;
                     std::fs::rename(&tmp, &path).map_err(|e| Error::io("cannot rename into place", &path, e))
                 })
                 .map_err(|e| Error::io("cannot start a thread", "curate-rename", e))?;
@@ -341,6 +344,9 @@ impl ShardedWriter {
         for rename in self.renames.drain(..) {
             rename.join().expect("rename thread does not panic")?;
         }
+        // The renames themselves. Some file systems cannot sync a folder; the shards are whole
+        // there all the same.
+        let _ = File::open(&self.dir).and_then(|d| d.sync_all());
         Ok(std::mem::take(&mut self.shards))
     }
 }
@@ -361,6 +367,7 @@ pub fn write_file(
         rows += b.num_rows() as u64;
     }
     w.close()?;
+    File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io("cannot write", &tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename into place", path, e))?;
     Ok(rows)
 }
