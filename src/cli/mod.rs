@@ -83,7 +83,7 @@ pub struct EvalArgs {
 
 #[derive(Debug, Args)]
 pub struct PipelineArgs {
-    /// The pipeline file (TOML).
+    /// The pipeline file: TOML, or JSON with the layout of a run's `config.json` (which repeats that run).
     pub file: PathBuf,
     /// Override a key: `--set bow.rm_top_freq=500`, `--set output_dir=out/x` (repeatable).
     #[arg(long = "set", value_name = "KEY.PATH=VALUE")]
