@@ -561,7 +561,7 @@ fn unwritable(dir: &Path) -> Option<String> {
     }
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(existing.as_os_str().as_bytes()).ok()?;
-    // The kernel's own file systems: `access` lets root through, but nothing can be made there.
+    // The kernel's own file systems: `access` lets root through, but shards cannot be written there.
     #[cfg(target_os = "linux")]
     {
         // SAFETY: `c` is a NUL-terminated path; `fs` is written by the call before it is read.
