@@ -348,19 +348,15 @@ fn json_flavoured(hint: &str) -> String {
     for (toml, json) in PHRASES {
         hint = hint.replace(toml, json);
     }
-    // Between backticks (odd pieces), `key = value` as JSON; anything else (`--set` lines,
-    // names, JSON already) as it is.
-    hint.split('`')
+    // `key = value` as JSON; other code (`--set` lines, names, JSON already) as it is.
+    map_code_spans(&hint, json_assignment)
+}
+
+/// `text` with each code span (between backticks) that `f` rewrites replaced.
+fn map_code_spans(text: &str, f: impl Fn(&str) -> Option<String>) -> String {
+    text.split('`')
         .enumerate()
-        .map(
-            |(i, piece)| {
-                if i % 2 == 1 {
-                    json_assignment(piece).unwrap_or_else(|| piece.to_owned())
-                } else {
-                    piece.to_owned()
-                }
-            },
-        )
+        .map(|(i, piece)| if i % 2 == 1 { f(piece) } else { None }.unwrap_or_else(|| piece.to_owned()))
         .collect::<Vec<_>>()
         .join("`")
 }
@@ -372,18 +368,12 @@ fn json_type_names(message: &str) -> String {
         .replace("invalid type: table", "invalid type: object")
         .replace("expected a table", "expected an object");
     // Only examples are spans that open with `{ `; values the user wrote are quoted otherwise.
-    message
-        .split('`')
-        .enumerate()
-        .map(|(i, piece)| match i % 2 == 1 && piece.starts_with("{ ") {
-            true => toml::from_str::<Table>(&format!("v = {piece}"))
-                .ok()
-                .and_then(|t| t.get("v").map(json_text))
-                .unwrap_or_else(|| piece.to_owned()),
-            false => piece.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join("`")
+    map_code_spans(&message, |code| code.starts_with("{ ").then(|| toml_value(code)).flatten().map(|v| json_text(&v)))
+}
+
+/// `code` read as one TOML value.
+fn toml_value(code: &str) -> Option<Value> {
+    toml::from_str::<Table>(&format!("v = {code}")).ok()?.remove("v")
 }
 
 /// `key = value` (a TOML assignment, `...` standing for any value) as `"key": value`.
@@ -392,11 +382,7 @@ fn json_assignment(code: &str) -> Option<String> {
     if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
         return None;
     }
-    let value = if value == "..." {
-        value.to_owned()
-    } else {
-        json_text(toml::from_str::<Table>(&format!("v = {value}")).ok()?.get("v")?)
-    };
+    let value = if value == "..." { value.to_owned() } else { json_text(&toml_value(value)?) };
     Some(format!("\"{key}\": {value}"))
 }
 
@@ -527,11 +513,7 @@ fn record_value(origins: &mut HashMap<String, Origin>, path: String, key: Range<
 /// A `--set` value is TOML (`4`, `true`, `"x"`, `[1, 2]`, `{a = 1}`); anything that does not
 /// parse as TOML is taken as a bare string, so `--set output_dir=out/x` works unquoted.
 fn parse_override_value(raw: &str) -> Value {
-    let doc = format!("v = {raw}");
-    match toml::from_str::<Table>(&doc) {
-        Ok(mut t) => t.remove("v").unwrap_or(Value::String(raw.to_owned())),
-        Err(_) => Value::String(raw.to_owned()),
-    }
+    toml_value(raw).unwrap_or_else(|| Value::String(raw.to_owned()))
 }
 
 fn remove_path(value: &mut Value, path: &str) -> bool {
