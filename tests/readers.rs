@@ -1739,3 +1739,89 @@ fn archives_and_files_compressed_twice_are_not_read_as_text() {
     )));
     assert!(err.contains("its bzip2 data is damaged or cut short") && !err.contains("expected `line_number"), "{err}");
 }
+
+/// One CC TSV line as the spec reads it, written independently of the reader: a row
+/// `(caption, url)`, or the reason it is rejected.
+fn cc_line_model(line: &[u8]) -> Result<(String, String), &'static str> {
+    let fields: Vec<&[u8]> = line.split(|&b| b == b'\t').collect();
+    if fields.len() != 2 {
+        return Err("wrong_field_count");
+    }
+    let (Ok(caption), Ok(url)) = (std::str::from_utf8(fields[0]), std::str::from_utf8(fields[1])) else {
+        return Err("invalid_utf8");
+    };
+    // Python's `str.isspace` for the characters the strategy below writes.
+    let blank = |s: &str| s.chars().all(|c| matches!(c, ' ' | '\r' | '\u{1c}' | '\u{3000}'));
+    if blank(caption) {
+        return Err("empty_caption");
+    }
+    if blank(url) {
+        return Err("missing_url");
+    }
+    Ok((caption.to_owned(), url.to_owned()))
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Nothing is lost: on any text — tabs anywhere, CRs mid-line and before the LF, invalid
+    /// UTF-8, Unicode blanks, empty lines, with or without a last LF — every line is a row or a
+    /// reject, in order, with the reason and the raw bytes the spec gives it.
+    #[test]
+    fn cc_tsv_accounts_for_every_line(
+        lines in proptest::collection::vec(
+            proptest::collection::vec(
+                proptest::sample::select(vec!["a", "b", "é", " ", "\t", "\r", "\u{1c}", "\u{3000}", "\u{ff}"]),
+                0..7,
+            ),
+            2..12,
+        ),
+        crlf in proptest::bool::ANY,
+        last_lf in proptest::bool::ANY,
+    ) {
+        // "\u{ff}" stands for the invalid byte 0xFF.
+        let lines: Vec<Vec<u8>> = lines
+            .iter()
+            .map(|l| l.iter().flat_map(|t| if *t == "\u{ff}" { vec![0xff] } else { t.as_bytes().to_vec() }).collect())
+            .collect();
+        let end: &[u8] = if crlf { b"\r\n" } else { b"\n" };
+        let mut text = lines.join(end);
+        if last_lf {
+            text.extend_from_slice(end);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("t.tsv");
+        std::fs::write(&input, &text).unwrap();
+        let (_d, data, rejects) =
+            run_pipeline(&read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", input.to_string_lossy())));
+
+        // The model reads the lines as stored: LF-separated, one CR before the LF dropped.
+        let mut stored: Vec<&[u8]> = text.split(|&b| b == b'\n').collect();
+        if text.ends_with(b"\n") {
+            stored.pop();
+        }
+        let (mut rows, mut rejected) = (Vec::new(), Vec::new());
+        for (i, line) in stored.iter().enumerate() {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            match cc_line_model(line) {
+                Ok((caption, url)) => rows.push((format!("t.tsv#{}", i + 1), caption, url)),
+                Err(reason) => rejected.push((reason.to_owned(), i as u64 + 1, line.to_vec())),
+            }
+        }
+        let got_rows: Vec<(String, String, String)> = strs(&data, "sample_id")
+            .into_iter()
+            .zip(strs(&data, "caption"))
+            .zip(strs(&data, "url"))
+            .map(|((id, c), u)| (id, c, u))
+            .collect();
+        proptest::prop_assert_eq!(got_rows, rows);
+        let mut raws = Vec::new();
+        for b in &rejects {
+            let raw = arrow_array::cast::AsArray::as_binary::<i32>(b.column_by_name("raw").unwrap());
+            raws.extend((0..b.num_rows()).map(|i| raw.value(i).to_vec()));
+        }
+        let got_rejects: Vec<(String, u64, Vec<u8>)> =
+            reasons(&rejects).into_iter().zip(raws).map(|((r, n), raw)| (r, n, raw)).collect();
+        proptest::prop_assert_eq!(got_rejects, rejected);
+    }
+}
