@@ -115,8 +115,8 @@ pub fn file_name(p: &Path) -> String {
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = tmp_path(path);
     let mut f = File::create(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
-    let written = f.write_all(bytes).map_err(|e| Error::io("cannot write", &tmp, e));
-    f.sync_all().ok();
+    // Synced before it gets its name: a full disk can first show at the sync.
+    let written = f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| Error::io("cannot write", &tmp, e));
     drop(f);
     let done =
         written.and_then(|_| std::fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename into place", path, e)));
