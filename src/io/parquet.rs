@@ -267,12 +267,7 @@ impl ShardedWriter {
             }
             let rename = std::thread::Builder::new()
                 .name("curate-rename".into())
-                .spawn(move || {
-                    // On disk before it gets its name, so a crash leaves the old shard or the
-                    // whole new one (and a disk that fills up late says so here).
-                    File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io("cannot write", &tmp, e))?;
-                    std::fs::rename(&tmp, &path).map_err(|e| Error::io("cannot rename into place", &path, e))
-                })
+                .spawn(move || sync_into_place(&tmp, &path))
                 .map_err(|e| Error::io("cannot start a thread", "curate-rename", e))?;
             self.renames.push(rename);
             self.shards.push(ShardInfo { file: super::file_name(&open.path), rows: open.rows as u64 });
@@ -367,9 +362,15 @@ pub fn write_file(
         rows += b.num_rows() as u64;
     }
     w.close()?;
-    File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io("cannot write", &tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename into place", path, e))?;
+    sync_into_place(&tmp, path)?;
     Ok(rows)
+}
+
+/// Syncs the finished file `tmp` to disk, then renames it to `path`: a crash leaves the old file
+/// or the whole new one (and a disk that fills up late says so here).
+fn sync_into_place(tmp: &Path, path: &Path) -> Result<()> {
+    File::open(tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io("cannot write", tmp, e))?;
+    std::fs::rename(tmp, path).map_err(|e| Error::io("cannot rename into place", path, e))
 }
 
 /// A Parquet or Arrow error while reading `path`, naming the file.
