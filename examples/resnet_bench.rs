@@ -1,5 +1,7 @@
 //! Throughput of curate's ResNet-50 forward pass (random weights, burn's CPU backend or
-//! `--device cuda` with the `cuda` feature): images/s at a batch size, after warm-up. Run by
+//! `CURATE_BENCH_DEVICE=cuda` with the `cuda` feature): images/s at a batch size, after warm-up;
+//! `--conv native|im2col` overrides the device's way of convolving; `--check N` first compares
+//! the features of N images with burn's CPU backend (burn's own convolutions). Run by
 //! `benches/resnet_bench.py`, which times torchvision on the same shapes and prints the ratio;
 //! standalone: `cargo run --release --example resnet_bench -- --batch 32 --iters 5`.
 //!
@@ -8,7 +10,7 @@
 use std::time::Instant;
 
 use burn::tensor::{Device, Tensor, TensorData};
-use curate::models::resnet::{ResNet, ResNetConfig};
+use curate::models::resnet::{ConvLowering, ResNet, ResNetConfig};
 use curate::models::weights::Weights;
 
 struct Args {
@@ -16,10 +18,12 @@ struct Args {
     iters: usize,
     warmup: usize,
     side: usize,
+    lowering: Option<ConvLowering>,
+    check: usize,
 }
 
 fn parse() -> Args {
-    let mut a = Args { batch: 32, iters: 5, warmup: 1, side: 224 };
+    let mut a = Args { batch: 32, iters: 5, warmup: 1, side: 224, lowering: None, check: 0 };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for pair in argv.chunks(2) {
         let v = || pair.get(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("`{}` needs a number", pair[0]));
@@ -28,7 +32,15 @@ fn parse() -> Args {
             "--iters" => a.iters = v(),
             "--warmup" => a.warmup = v(),
             "--side" => a.side = v(),
-            other => panic!("unknown argument `{other}` (--batch, --iters, --warmup, --side)"),
+            "--check" => a.check = v(),
+            "--conv" => {
+                a.lowering = Some(match pair.get(1).map(String::as_str) {
+                    Some("native") => ConvLowering::Native,
+                    Some("im2col") => ConvLowering::Im2col,
+                    _ => panic!("`--conv` needs `native` or `im2col`"),
+                })
+            }
+            other => panic!("unknown argument `{other}` (--batch, --iters, --warmup, --side, --conv, --check)"),
         }
     }
     a
@@ -82,10 +94,31 @@ fn main() {
     };
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let w = random_weights(&mut rng);
-    let model = ResNet::from_weights(&ResNetConfig::resnet50(), &w, &device);
+    let mut model = ResNet::from_weights(&ResNetConfig::resnet50(), &w, &device);
+    let reference = (args.check > 0).then(|| ResNet::from_weights(&ResNetConfig::resnet50(), &w, &Device::flex()));
     w.finish(&ResNet::IGNORED).expect("resnet50 layout");
+    let lowering = args.lowering.unwrap_or(ConvLowering::for_device(&device));
+    model = model.with_conv_lowering(lowering);
     let n = args.batch * 3 * args.side * args.side;
     let input: Vec<f32> = (0..n).map(|_| rng.next()).collect();
+    if let Some(reference) = reference {
+        let shape = [args.check.min(args.batch), 3, args.side, args.side];
+        let part = input[..shape.iter().product::<usize>()].to_vec();
+        let features = |m: &ResNet, d: &Device| {
+            m.forward(Tensor::<4>::from_data(TensorData::new(part.clone(), shape), d))
+                .into_data()
+                .try_to_vec::<f32>()
+                .expect("features")
+        };
+        let (got, want) = (features(&model, &device), features(&reference, &Device::flex()));
+        let (mut abs, mut rel) = (0f32, 0f32);
+        for (g, r) in got.iter().zip(&want) {
+            abs = abs.max((g - r).abs());
+            rel = rel.max((g - r).abs() / (1.0 + r.abs()));
+        }
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        println!("check {} images against the CPU: max |diff| {abs:.3e}, max |diff|/(1+|cpu|) {rel:.3e}, max |cpu| {scale:.3e}", shape[0]);
+    }
     let run = || {
         let x = Tensor::<4>::from_data(TensorData::new(input.clone(), [args.batch, 3, args.side, args.side]), &device);
         let out = model.forward(x).into_data().try_to_vec::<f32>().expect("features");
@@ -101,7 +134,7 @@ fn main() {
     let secs = t.elapsed().as_secs_f64();
     let rate = (args.batch * args.iters) as f64 / secs;
     eprintln!(
-        "curate resnet50: batch {}, {} iterations in {secs:.2} s, {} threads",
+        "curate resnet50: batch {}, {lowering:?} convolutions, {} iterations in {secs:.2} s, {} threads",
         args.batch,
         args.iters,
         rayon::current_num_threads()

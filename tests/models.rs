@@ -26,33 +26,30 @@ fn rows(v: &serde_json::Value) -> Vec<Vec<f32>> {
         .collect()
 }
 
-fn assert_close(got: &[f32], want: &[Vec<f32>], tol: f32, what: &str) {
+/// Asserts every element within `tol·(1 + |want|)`; prints and returns the largest |error|.
+fn assert_close(got: &[f32], want: &[Vec<f32>], tol: f32, what: &str) -> f32 {
     let dim = want[0].len();
     assert_eq!(got.len(), want.len() * dim, "{what}: size");
+    let mut worst = 0f32;
     for (i, w) in want.iter().enumerate() {
         for (j, x) in w.iter().enumerate() {
             let g = got[i * dim + j];
             assert!((g - x).abs() <= tol * (1.0 + x.abs()), "{what}: row {i} col {j}: {g} vs {x}");
+            worst = worst.max((g - x).abs());
         }
     }
-}
-
-fn cpu_devices() -> Vec<(&'static str, Device)> {
-    #[allow(unused_mut)]
-    let mut devices = vec![("flex", Device::flex())];
-    #[cfg(feature = "ndarray")]
-    devices.push(("ndarray", Device::ndarray()));
-    devices
+    eprintln!("{what}: max |error| {worst:e}");
+    worst
 }
 
 #[test]
-fn tiny_bert_matches_transformers_on_every_cpu_backend() {
+fn tiny_bert_matches_transformers_on_every_backend() {
     // Python (make_bert_fixtures.py): states = BertModel(...)(ids, mask).last_hidden_state;
     // mean = (states * m).sum(1) / m.sum(1).clamp(min=1e-9); cls = states[:, 0]
     let e = expected();
     let captions: Vec<&str> = e["captions"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
     let dir = fixtures().join("tiny_bert");
-    for (name, device) in cpu_devices() {
+    for (name, device) in common::test_devices() {
         let mean = TextEncoder::load(&dir, Some(Pooling::Mean), Some(false), &device).unwrap();
         assert_eq!(mean.max_tokens(), e["max_seq_length"].as_u64().unwrap() as usize, "sentence_bert_config.json");
         let (ids, mask, [b, s]) = mean.tokenize(&captions).unwrap();
@@ -70,14 +67,24 @@ fn tiny_bert_matches_transformers_on_every_cpu_backend() {
         );
         assert_eq!(ids, flat(&e["ids"]), "token ids as the tokenizers library");
         assert_eq!(mask, flat(&e["mask"]));
-        assert_close(&mean.encode(&captions).unwrap(), &rows(&e["mean"]), 1e-5, &format!("{name} mean"));
+        assert_close(
+            &mean.encode(&captions).unwrap(),
+            &rows(&e["mean"]),
+            common::tolerance(name, 1e-5),
+            &format!("{name} mean"),
+        );
         let cls = TextEncoder::load(&dir, Some(Pooling::Cls), Some(false), &device).unwrap();
-        assert_close(&cls.encode(&captions).unwrap(), &rows(&e["cls"]), 1e-5, &format!("{name} cls"));
+        assert_close(
+            &cls.encode(&captions).unwrap(),
+            &rows(&e["cls"]),
+            common::tolerance(name, 1e-5),
+            &format!("{name} cls"),
+        );
         let norm = TextEncoder::load(&dir, Some(Pooling::Mean), Some(true), &device).unwrap();
         assert_close(
             &norm.encode(&captions).unwrap(),
             &rows(&e["mean_normalized"]),
-            1e-5,
+            common::tolerance(name, 1e-5),
             &format!("{name} normalized"),
         );
     }
@@ -89,12 +96,17 @@ fn tiny_distilbert_matches_transformers() {
     let e = expected();
     let captions: Vec<&str> = e["captions"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
     let dir = fixtures().join("tiny_distilbert");
-    for (name, device) in cpu_devices() {
+    for (name, device) in common::test_devices() {
         for (pooling, normalize, key) in
             [(Pooling::Mean, false, "mean"), (Pooling::Cls, false, "cls"), (Pooling::Mean, true, "mean_normalized")]
         {
             let enc = TextEncoder::load(&dir, Some(pooling), Some(normalize), &device).unwrap();
-            assert_close(&enc.encode(&captions).unwrap(), &rows(&e["distilbert"][key]), 1e-5, &format!("{name} {key}"));
+            assert_close(
+                &enc.encode(&captions).unwrap(),
+                &rows(&e["distilbert"][key]),
+                common::tolerance(name, 1e-5),
+                &format!("{name} {key}"),
+            );
         }
     }
 }
@@ -186,19 +198,40 @@ fn tiny_resnet_matches_torchvision() {
     // Python (make_resnet_fixtures.py): torchvision ResNet(Bottleneck, [1, 1, 1, 1]) with stem
     // width 8, eval mode; features = flatten(avgpool(layer4(...(maxpool(relu(bn1(conv1(x)))))))).
     use burn::tensor::{Tensor, TensorData};
-    use curate::models::resnet::{ResNet, ResNetConfig};
+    use curate::models::resnet::{ConvLowering, ResNet, ResNetConfig};
     let e: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixtures().join("tiny_resnet_expected.json")).unwrap()).unwrap();
     let shape: Vec<usize> = e["input_shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
     let input: Vec<f32> = e["input"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
-    for (name, device) in cpu_devices() {
-        let model = ResNet::load(&fixtures().join("tiny_resnet.safetensors"), &ResNetConfig::tiny(), &device).unwrap();
-        assert_eq!(model.feature_dim(), 256);
-        let x =
-            Tensor::<4>::from_data(TensorData::new(input.clone(), [shape[0], shape[1], shape[2], shape[3]]), &device);
-        let got = model.forward(x).into_data().try_to_vec::<f32>().unwrap();
-        assert_close(&got, &rows(&e["features"]), 1e-4, &format!("{name} resnet features"));
+    // Both ways of convolving on every device: burn's kernel (the CPU default) and im2col + one
+    // matrix product (the GPU default); the fixture has the 7×7 stem, strided 3×3 and strided
+    // 1×1 convolutions. On a GPU the im2col products run in TF32 through 13 convolutions and
+    // BatchNorms: rounding both operands of every product to TF32 on the CPU gives errors up to
+    // 1.9e-2·(1 + |want|) here (an H100 gave 6.4e-3 at the first element over 5e-3), so the
+    // GPU's im2col is held to 5e-2; a wrong convolution is off by O(1).
+    for (name, device) in common::test_devices() {
+        for lowering in [ConvLowering::Native, ConvLowering::Im2col] {
+            let model = ResNet::load(&fixtures().join("tiny_resnet.safetensors"), &ResNetConfig::tiny(), &device)
+                .unwrap()
+                .with_conv_lowering(lowering);
+            assert_eq!(model.feature_dim(), 256);
+            let x = Tensor::<4>::from_data(
+                TensorData::new(input.clone(), [shape[0], shape[1], shape[2], shape[3]]),
+                &device,
+            );
+            let got = model.forward(x).into_data().try_to_vec::<f32>().unwrap();
+            assert_close(
+                &got,
+                &rows(&e["features"]),
+                match (name, lowering) {
+                    ("cuda", ConvLowering::Im2col) => 5e-2,
+                    _ => common::tolerance(name, 1e-4),
+                },
+                &format!("{name} {lowering:?} resnet features"),
+            );
+        }
     }
+    assert_eq!(ConvLowering::for_device(&Device::flex()), ConvLowering::Native);
 }
 
 #[test]
@@ -224,4 +257,68 @@ fn resnet50_has_torchvisions_exact_layout() {
     let model = ResNet::from_weights(&ResNetConfig::resnet50(), &w, &Device::flex());
     w.finish(&ResNet::IGNORED).unwrap();
     assert_eq!(model.feature_dim(), 2048);
+}
+
+#[test]
+fn im2col_convolutions_equal_burns_kernel_on_odd_non_square_images() {
+    // The GPU's im2col lowering against burn's convolution on sizes where the strided 3×3, 1×1
+    // and 7×7 convolutions' last window is cut short: 37 × 29 (odd, not square).
+    use burn::tensor::{Distribution, Tensor};
+    use curate::models::resnet::{ConvLowering, ResNet, ResNetConfig};
+    use curate::models::weights::Weights;
+    let device = Device::flex();
+    let model = ResNet::from_weights(&ResNetConfig::tiny(), &Weights::random(7), &device);
+    let x = Tensor::<4>::random([2, 3, 37, 29], Distribution::Normal(0.0, 1.0), &device);
+    let native = model.clone().with_conv_lowering(ConvLowering::Native).forward(x.clone());
+    let im2col = model.with_conv_lowering(ConvLowering::Im2col).forward(x);
+    let native = native.into_data().try_to_vec::<f32>().unwrap();
+    let im2col = im2col.into_data().try_to_vec::<f32>().unwrap();
+    assert_eq!(native.len(), 2 * 256);
+    assert!(native.iter().any(|v| *v != 0.0), "features are not all zero");
+    for (i, (a, b)) in im2col.iter().zip(&native).enumerate() {
+        assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "feature {i}: {a} vs {b}");
+    }
+}
+
+#[test]
+fn im2col_convolutions_back_propagate_as_burns_kernel() {
+    // Training on a GPU back-propagates through the im2col lowering (strided views, stack,
+    // broadcast weights, batched product): every parameter's gradient and the input's must
+    // equal those through burn's convolution.
+    use burn::module::{Module, ModuleVisitor, Param};
+    use burn::tensor::{Distribution, Tensor};
+    use curate::models::resnet::{ConvLowering, ResNet, ResNetConfig};
+    use curate::models::weights::Weights;
+    struct Grads<'a>(&'a burn::tensor::Gradients, Vec<Vec<f32>>);
+    impl ModuleVisitor for Grads<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(g) = param.val().grad(self.0) {
+                self.1.push(g.into_data().try_to_vec::<f32>().unwrap());
+            }
+        }
+    }
+    let device = Device::flex().autodiff();
+    let model = ResNet::from_weights(&ResNetConfig::tiny(), &Weights::random(3), &device);
+    let x = Tensor::<4>::random([2, 3, 35, 33], Distribution::Normal(0.0, 1.0), &device);
+    let direction = Tensor::<2>::random([2, 256], Distribution::Normal(0.0, 1.0), &device);
+    let gradients = |lowering: ConvLowering| {
+        let x = x.clone().require_grad();
+        let model = model.clone().with_conv_lowering(lowering);
+        let grads = (model.forward(x.clone()) * direction.clone()).sum().backward();
+        let mut all = Grads(&grads, Vec::new());
+        model.visit(&mut all);
+        all.1.push(x.grad(&grads).unwrap().into_data().try_to_vec::<f32>().unwrap());
+        all.1
+    };
+    let (native, im2col) = (gradients(ConvLowering::Native), gradients(ConvLowering::Im2col));
+    // Every convolution and BatchNorm weight and bias, and the input.
+    assert!(native.len() > 2 * 13, "{} gradients", native.len());
+    assert_eq!(native.len(), im2col.len());
+    for (k, (a, b)) in im2col.iter().zip(&native).enumerate() {
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert!(scale > 0.0, "gradient {k} is zero");
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= 1e-4 * scale, "gradient {k} element {i}: {x} vs {y} (scale {scale})");
+        }
+    }
 }

@@ -60,19 +60,25 @@ fn tiny_mpnet_matches_transformers_token_states() {
     // Python: MPNetModel(...)(input_ids=ids, attention_mask=mask).last_hidden_state[:3], with
     // the padded ids (`<pad>` = 1) of the fixture; positions come from the ids.
     let e = expected();
-    let device = Device::flex();
-    let (model, config) = MpNet::load(&fixtures().join("tiny_mpnet"), &device).unwrap();
-    assert_eq!(model.max_tokens(), config.max_position_embeddings - 2);
-    let ids = flat_i64(&e["ids"]);
-    let mask = flat_i64(&e["mask"]);
-    let rows = e["states_rows"].as_u64().unwrap() as usize;
-    let s = ids.len() / e["ids"].as_array().unwrap().len();
-    let ids = Tensor::<2, Int>::from_data(TensorData::new(ids[..rows * s].to_vec(), [rows, s]), &device);
-    let mask = Tensor::<2, Int>::from_data(TensorData::new(mask[..rows * s].to_vec(), [rows, s]), &device);
-    let got = model.forward(ids, mask).into_data().try_to_vec::<f32>().unwrap();
-    // Padded positions too: transformers computes them like any other query.
-    let worst = assert_close(&got, &flat_f32(&e["states"]), 1e-4, "last_hidden_state");
-    eprintln!("tiny MPNet token states: max |error| {worst:e}");
+    for (name, device) in common::test_devices() {
+        let (model, config) = MpNet::load(&fixtures().join("tiny_mpnet"), &device).unwrap();
+        assert_eq!(model.max_tokens(), config.max_position_embeddings - 2);
+        let ids = flat_i64(&e["ids"]);
+        let mask = flat_i64(&e["mask"]);
+        let rows = e["states_rows"].as_u64().unwrap() as usize;
+        let s = ids.len() / e["ids"].as_array().unwrap().len();
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(ids[..rows * s].to_vec(), [rows, s]), &device);
+        let mask = Tensor::<2, Int>::from_data(TensorData::new(mask[..rows * s].to_vec(), [rows, s]), &device);
+        let got = model.forward(ids, mask).into_data().try_to_vec::<f32>().unwrap();
+        // Padded positions too: transformers computes them like any other query.
+        let worst = assert_close(
+            &got,
+            &flat_f32(&e["states"]),
+            common::tolerance(name, 1e-4),
+            &format!("{name} last_hidden_state"),
+        );
+        eprintln!("{name}: tiny MPNet token states: max |error| {worst:e}");
+    }
 }
 
 #[test]
@@ -81,19 +87,31 @@ fn tiny_mpnet_folder_matches_sentence_transformers() {
     // 20) → Pooling(mean) → Normalize, as in all-mpnet-base-v2's modules.json.
     let e = expected();
     let captions: Vec<&str> = e["captions"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
-    let enc = TextEncoder::load(&fixtures().join("tiny_mpnet"), None, None, &Device::flex()).unwrap();
-    assert_eq!((enc.dim, enc.max_tokens()), (16, e["max_seq_length"].as_u64().unwrap() as usize));
-    let (ids, mask, [b, s]) = enc.tokenize(&captions).unwrap();
-    assert_eq!((b, s), (captions.len(), e["ids"][0].as_array().unwrap().len()), "padded to longest, truncated");
-    assert_eq!(ids, flat_i64(&e["ids"]), "token ids as sentence-transformers, padded with <pad> = 1");
-    assert_eq!(mask, flat_i64(&e["mask"]));
-    let got = enc.encode(&captions).unwrap();
-    let worst = assert_close(&got, &flat_f32(&e["embeddings"]), 1e-4, "embeddings");
-    eprintln!("tiny MPNet sentence embeddings: max |error| {worst:e}");
-    // One caption at a time (no padding) gives the same embedding as in the padded batch.
-    for (i, c) in captions.iter().enumerate() {
-        let one = enc.encode(&[c]).unwrap();
-        assert_close(&one, &got[i * enc.dim..(i + 1) * enc.dim], 1e-5, &format!("caption {i} alone"));
+    for (name, device) in common::test_devices() {
+        let enc = TextEncoder::load(&fixtures().join("tiny_mpnet"), None, None, &device).unwrap();
+        assert_eq!((enc.dim, enc.max_tokens()), (16, e["max_seq_length"].as_u64().unwrap() as usize));
+        let (ids, mask, [b, s]) = enc.tokenize(&captions).unwrap();
+        assert_eq!((b, s), (captions.len(), e["ids"][0].as_array().unwrap().len()), "padded to longest, truncated");
+        assert_eq!(ids, flat_i64(&e["ids"]), "token ids as sentence-transformers, padded with <pad> = 1");
+        assert_eq!(mask, flat_i64(&e["mask"]));
+        let got = enc.encode(&captions).unwrap();
+        let worst = assert_close(
+            &got,
+            &flat_f32(&e["embeddings"]),
+            common::tolerance(name, 1e-4),
+            &format!("{name} embeddings"),
+        );
+        eprintln!("{name}: tiny MPNet sentence embeddings: max |error| {worst:e}");
+        // One caption at a time (no padding) gives the same embedding as in the padded batch.
+        for (i, c) in captions.iter().enumerate() {
+            let one = enc.encode(&[c]).unwrap();
+            assert_close(
+                &one,
+                &got[i * enc.dim..(i + 1) * enc.dim],
+                common::tolerance(name, 1e-5),
+                &format!("{name} caption {i} alone"),
+            );
+        }
     }
 }
 

@@ -3,16 +3,22 @@
 //! BYOL and most published ResNet-50 checkpoints). The image encoder of "A Fistful of Words"
 //! and OTTER (spec `bow-and-otter.md` §4, §5.8): global-average-pooled features, 2048-d for
 //! ResNet-50; the classifier `fc` is left out (a new projection replaces it).
+//!
+//! On the CPU backends the convolutions are burn's own kernels. On a GPU they are lowered to one
+//! matrix product over the input's patches ([`ConvLowering::Im2col`]): without burn's autotuning
+//! (plain `--features cuda`), burn-cubecl convolves with a direct kernel that gave ResNet-50 90
+//! images/s on an H200 (README, "GPU build").
 
 use std::path::Path;
 
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
-use burn::nn::BatchNorm;
+use burn::nn::{BatchNorm, PaddingConfig2d};
 use burn::tensor::activation::relu;
 use burn::tensor::module::{adaptive_avg_pool2d, max_pool2d};
 use burn::tensor::ops::MaxPoolOptions;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::ops::PadMode;
+use burn::tensor::{Device, Slice, Tensor};
 
 use super::weights::{ConvSpec, Weights};
 use crate::error::Result;
@@ -46,6 +52,67 @@ impl ResNetConfig {
     }
 }
 
+/// How the convolutions are computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConvLowering {
+    /// burn's convolution kernel (the CPU default).
+    Native,
+    /// Each output pixel's `k×k×C` patch as a column, times the weights as a `[out, C·k·k]`
+    /// matrix: one batched matrix product per convolution (the GPU default).
+    Im2col,
+}
+
+impl ConvLowering {
+    /// The lowering for `device`: burn's kernel on the CPU, im2col elsewhere.
+    pub fn for_device(device: &Device) -> ConvLowering {
+        if super::activation::is_host(device) {
+            ConvLowering::Native
+        } else {
+            ConvLowering::Im2col
+        }
+    }
+}
+
+/// `conv` applied to `x` (`[batch, C, H, W]`) with `lowering`. Im2col needs symmetric padding,
+/// no dilation and no groups (all of ResNet's convolutions); anything else takes burn's kernel.
+fn convolve(conv: &Conv2d, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
+    let [k, kw] = conv.kernel_size;
+    let p = match conv.padding {
+        PaddingConfig2d::Explicit(t, l, b, r) if t == l && l == b && b == r => Some(t),
+        PaddingConfig2d::Valid => Some(0),
+        _ => None,
+    };
+    let [s, sw] = conv.stride;
+    let (Some(p), ConvLowering::Im2col, true, true, [1, 1], 1) =
+        (p, lowering, k == kw, s == sw, conv.dilation, conv.groups)
+    else {
+        return conv.forward(x);
+    };
+    let [n, c, h, w] = x.dims();
+    let (ho, wo) = ((h + 2 * p - k) / s + 1, (w + 2 * p - k) / s + 1);
+    let x = if p > 0 { x.pad((p, p, p, p), PadMode::Constant(0.0)) } else { x };
+    // Column (c, i, j) of output pixel (y, x) is input pixel (s·y + i, s·x + j) of channel c:
+    // the k·k strided views stacked after the channel axis, in the weights' [out, C, k, k] order.
+    let view = |i: usize, j: usize| {
+        let rows = Slice::new(i as isize, Some((i + s * (ho - 1) + 1) as isize), s as isize);
+        let cols = Slice::new(j as isize, Some((j + s * (wo - 1) + 1) as isize), s as isize);
+        x.clone().slice([Slice::from(..), Slice::from(..), rows, cols])
+    };
+    let columns = if k == 1 {
+        view(0, 0).reshape([n, c, ho * wo])
+    } else {
+        let views = (0..k).flat_map(|i| (0..k).map(move |j| (i, j))).map(|(i, j)| view(i, j)).collect();
+        Tensor::<4>::stack::<5>(views, 2).reshape([n, c * k * k, ho * wo])
+    };
+    let d_out = conv.weight.dims()[0];
+    let weights = conv.weight.val().reshape([1, d_out, c * k * k]).expand([n, d_out, c * k * k]);
+    let out = weights.matmul(columns).reshape([n, d_out, ho, wo]);
+    match &conv.bias {
+        Some(bias) => out + bias.val().reshape([1, d_out, 1, 1]),
+        None => out,
+    }
+}
+
 #[derive(Module, Debug)]
 pub struct Bottleneck {
     conv1: Conv2d,
@@ -58,14 +125,14 @@ pub struct Bottleneck {
 }
 
 impl Bottleneck {
-    fn forward(&self, x: Tensor<4>) -> Tensor<4> {
+    fn forward(&self, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
         let identity = match &self.downsample {
-            Some((conv, bn)) => bn.forward(conv.forward(x.clone())),
+            Some((conv, bn)) => bn.forward(convolve(conv, x.clone(), lowering)),
             None => x.clone(),
         };
-        let out = relu(self.bn1.forward(self.conv1.forward(x)));
-        let out = relu(self.bn2.forward(self.conv2.forward(out)));
-        let out = self.bn3.forward(self.conv3.forward(out));
+        let out = relu(self.bn1.forward(convolve(&self.conv1, x, lowering)));
+        let out = relu(self.bn2.forward(convolve(&self.conv2, out, lowering)));
+        let out = self.bn3.forward(convolve(&self.conv3, out, lowering));
         relu(out + identity)
     }
 }
@@ -77,6 +144,8 @@ pub struct ResNet {
     blocks: Vec<Bottleneck>,
     #[module(skip)]
     feature_dim: usize,
+    #[module(skip)]
+    lowering: ConvLowering,
 }
 
 /// torchvision's BatchNorm2d epsilon.
@@ -132,7 +201,15 @@ impl ResNet {
             bn1: w.batch_norm("bn1", c.width, BN_EPS, device),
             blocks,
             feature_dim: c.feature_dim(),
+            lowering: ConvLowering::for_device(device),
         }
+    }
+
+    /// The same model with its convolutions computed by `lowering` (default: per device, see
+    /// [`ConvLowering::for_device`]).
+    pub fn with_conv_lowering(mut self, lowering: ConvLowering) -> ResNet {
+        self.lowering = lowering;
+        self
     }
 
     /// Tensors the feature extractor leaves out: the ImageNet classifier.
@@ -156,7 +233,7 @@ impl ResNet {
     /// - `images`: `[batch, 3, height, width]` (normalised)
     /// - output: `[batch, feature_dim]`
     pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
-        let x = relu(self.bn1.forward(self.conv1.forward(images)));
+        let x = relu(self.bn1.forward(convolve(&self.conv1, images, self.lowering)));
         let pool = MaxPoolOptions {
             kernel_size: [3, 3],
             stride: [2, 2],
@@ -166,7 +243,7 @@ impl ResNet {
         };
         let mut x = max_pool2d(x, pool);
         for block in &self.blocks {
-            x = block.forward(x);
+            x = block.forward(x, self.lowering);
         }
         let [b, c, _, _] = x.dims();
         adaptive_avg_pool2d(x, [1, 1]).reshape([b, c])

@@ -7,6 +7,33 @@ use arrow_array::cast::AsArray;
 use arrow_array::{Array, RecordBatch};
 use curate::pipeline::{self, config::ConfigDoc, plan::compile_doc, RunOptions};
 
+/// The devices the reference-equivalence tests run on: burn's flex CPU backend always, `ndarray`
+/// when built with that feature, and the first GPU when built with `cuda` and run with
+/// `CURATE_TEST_CUDA=1` (a cuda build on a machine without a GPU still runs the CPU checks).
+pub fn test_devices() -> Vec<(&'static str, burn::tensor::Device)> {
+    #[allow(unused_mut)]
+    let mut devices = vec![("flex", burn::tensor::Device::flex())];
+    #[cfg(feature = "ndarray")]
+    devices.push(("ndarray", burn::tensor::Device::ndarray()));
+    #[cfg(feature = "cuda")]
+    if std::env::var_os("CURATE_TEST_CUDA").is_some_and(|v| v == "1") {
+        devices.push(("cuda", burn::tensor::Device::cuda(0)));
+    }
+    devices
+}
+
+/// The tolerance of a reference comparison on the device named `device` (from [`test_devices`]),
+/// given the one used on the CPU. On a GPU, cubecl multiplies f32 matrices on the tensor cores in
+/// TF32 (10-bit mantissa, unit roundoff 2⁻¹¹ ≈ 4.9e-4) when the GPU has them, as PyTorch does
+/// with `allow_tf32`: outputs then agree to a few 1e-4, and a wrong operation is still off by O(1).
+pub fn tolerance(device: &str, cpu: f32) -> f32 {
+    if device == "cuda" {
+        cpu.max(5e-3)
+    } else {
+        cpu
+    }
+}
+
 pub fn fixture(rel: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(rel).to_string_lossy().into_owned()
 }
