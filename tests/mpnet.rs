@@ -71,12 +71,8 @@ fn tiny_mpnet_matches_transformers_token_states() {
         let mask = Tensor::<2, Int>::from_data(TensorData::new(mask[..rows * s].to_vec(), [rows, s]), &device);
         let got = model.forward(ids, mask).into_data().try_to_vec::<f32>().unwrap();
         // Padded positions too: transformers computes them like any other query.
-        let worst = assert_close(
-            &got,
-            &flat_f32(&e["states"]),
-            common::tolerance(name, 1e-4),
-            &format!("{name} last_hidden_state"),
-        );
+        let tol = common::tolerance(name, 1e-4);
+        let worst = assert_close(&got, &flat_f32(&e["states"]), tol, &format!("{name} last_hidden_state"));
         eprintln!("{name}: tiny MPNet token states: max |error| {worst:e}");
     }
 }
@@ -95,12 +91,8 @@ fn tiny_mpnet_folder_matches_sentence_transformers() {
         assert_eq!(ids, flat_i64(&e["ids"]), "token ids as sentence-transformers, padded with <pad> = 1");
         assert_eq!(mask, flat_i64(&e["mask"]));
         let got = enc.encode(&captions).unwrap();
-        let worst = assert_close(
-            &got,
-            &flat_f32(&e["embeddings"]),
-            common::tolerance(name, 1e-4),
-            &format!("{name} embeddings"),
-        );
+        let tol = common::tolerance(name, 1e-4);
+        let worst = assert_close(&got, &flat_f32(&e["embeddings"]), tol, &format!("{name} embeddings"));
         eprintln!("{name}: tiny MPNet sentence embeddings: max |error| {worst:e}");
         // One caption at a time (no padding) gives the same embedding as in the padded batch.
         for (i, c) in captions.iter().enumerate() {
