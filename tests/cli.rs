@@ -219,6 +219,23 @@ fn slips_that_get_a_hint() {
 }
 
 #[test]
+fn numbers_past_tomls_range() {
+    insta::assert_snapshot!(validate("number_out_of_range.toml", &[]));
+}
+
+#[test]
+fn wrong_array_elements_and_stage_names() {
+    insta::assert_snapshot!(validate("array_and_name_types.toml", &[]));
+    // `--set` finds `write_parquet` (the second stage) although the first has no usable name,
+    // and a table it creates on the way is placed at the `--set`, not in the file.
+    let out = validate("array_and_name_types.toml", &["write_parquet.columns=[\"caption\", 7]", "write_parquet.x.y=1"]);
+    assert!(out.contains("`write_parquet.columns[1]`: wrong type: invalid type: integer `7`"), "{out}");
+    assert!(!out.contains("columns[3]"), "{out}");
+    assert!(out.contains("unknown key `x` in stage `write_parquet`"), "{out}");
+    assert!(out.contains("--> --set write_parquet.x.y=1"), "{out}");
+}
+
+#[test]
 fn bench_bow_stage_applies_the_stage_as_a_run_does() {
     // `bench bow` sets the stage's own cost against the 2x budget with `bench bow-stage`, which
     // fits and applies the stage outside the executor: it must keep exactly the rows a run keeps.

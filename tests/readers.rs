@@ -54,9 +54,13 @@ fn manifest_fingerprints_the_input_bytes() {
     };
     let (first, rows, m) = run();
     assert_eq!(first, curate::io::fingerprint(std::slice::from_ref(&input)).unwrap());
-    assert!(first.starts_with("xxh3-128:") && first.len() == "xxh3-128:".len() + 32, "{first}");
+    // The layout of `schemas/pairs.md` (each file: name and a NUL, length as u64 LE, bytes),
+    // hashed by Python's xxhash:
+    // d = open("tests/fixtures/readers/cc/cc_train.tsv", "rb").read()
+    // "%032x" % xxhash.xxh3_128_intdigest(b"cc.tsv\0" + struct.pack("<Q", len(d)) + d)
+    assert_eq!(first, "xxh3-128:64f9a7a713d0c81f3cf41199b9d05816");
     assert_eq!(rows, 18);
-    assert!(m["timings_s"]["fingerprint"].as_f64().unwrap() >= 0.0);
+    assert!(m["timings_s"]["fingerprint"].as_f64().is_some_and(f64::is_finite), "{m}");
     let mut bytes = std::fs::read(&input).unwrap();
     bytes[0] ^= 0x20;
     std::fs::write(&input, bytes).unwrap();
@@ -80,7 +84,7 @@ fn a_run_clears_what_an_earlier_run_left() {
         "data/.part-00008.parquet.tmp",
         "rejects/part-00003.parquet",
     ];
-    for f in stale.iter().chain(&["data/notes.txt"]) {
+    for f in stale.iter().chain(&["data/notes.txt", "plots/mine.svg"]) {
         let p = out.join(f);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, b"from an earlier run").unwrap();
@@ -97,12 +101,14 @@ fn a_run_clears_what_an_earlier_run_left() {
             "data/notes.txt",
             "data/part-00000.parquet",
             "manifest.json",
+            "plots/mine.svg",
             "rejects/part-00000.parquet",
             "report.json",
             "report.md"
         ]
     );
     assert_eq!(std::fs::read(out.join("data/notes.txt")).unwrap(), b"from an earlier run");
+    assert_eq!(std::fs::read(out.join("plots/mine.svg")).unwrap(), b"from an earlier run");
     assert_ne!(std::fs::read(out.join("manifest.json")).unwrap(), b"from an earlier run");
 }
 
@@ -664,20 +670,35 @@ fn a_pipeline_cannot_read_the_shards_its_run_would_clear() {
     let first = |data_dir: &str| run_toml(cc_pipeline(&out, data_dir, None)).unwrap();
     let again = |input: &str| {
         run_toml(format!(
-            "output_dir = {:?}\n[[stage]]\ntype = \"read_table\"\npath = {:?}\ncolumns = {{ sample_id = \"sample_id\", caption = \"caption\" }}\n[[stage]]\ntype = \"write_parquet\"\n",
+            "output_dir = {:?}\n[[stage]]\ntype = \"read_table\"\npath = {:?}\nformat = \"parquet\"\ncolumns = {{ sample_id = \"sample_id\", caption = \"caption\" }}\n[[stage]]\ntype = \"write_parquet\"\n",
             out.to_string_lossy(),
             out.join(input).to_string_lossy()
         ))
     };
     first("data");
     let err = again("data/part-00000.parquet").unwrap_err().to_string();
-    assert!(err.contains("a run clears it before reading"), "{err}");
+    assert!(err.contains("a run replaces or clears it before reading"), "{err}");
     assert!(out.join("data/part-00000.parquet").exists());
+    // So are the files a run writes beside its shards (a table saved there by hand under one of
+    // their names), and the plots it draws; other plots are the user's, and may be read.
+    for name in ["report.md", "config.json", "manifest.json", "plots/bow_word_rank.svg", "plots/mine.svg"] {
+        let kept = std::fs::read(out.join("data/part-00000.parquet")).unwrap();
+        std::fs::create_dir_all(out.join("plots")).unwrap();
+        std::fs::write(out.join(name), &kept).unwrap();
+        let result = again(name);
+        assert_eq!(std::fs::read(out.join(name)).unwrap(), kept, "{name} is not touched before it is read");
+        if name == "plots/mine.svg" {
+            result.unwrap();
+        } else {
+            let err = result.unwrap_err().to_string();
+            assert!(err.contains("a run replaces or clears it before reading"), "{name}: {err}");
+        }
+    }
     // The shards of the folder an earlier run wrote to are cleared too: also refused (at run time,
     // where the earlier `config.json` is read).
     first("d2");
     let err = again("d2/part-00000.parquet").unwrap_err().to_string();
-    assert!(err.contains("clears first"), "{err}");
+    assert!(err.contains("would be replaced or deleted before it is read"), "{err}");
     assert!(out.join("d2/part-00000.parquet").exists());
 }
 

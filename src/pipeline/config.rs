@@ -65,7 +65,20 @@ impl ConfigDoc {
         };
         let mut origins = HashMap::new();
         record_spans(&mut origins, "", parsed.get_ref());
-        let root = toml::from_str(&source).expect("DeTable parsed it, so the Table parse succeeds");
+        // DeTable keeps numbers as text; converting them can still fail (an integer past i64, a
+        // float past f64).
+        let root = toml::from_str(&source).map_err(|e| {
+            let loc = e.span().map(|s| location_in(path, &source, s.start));
+            let what = match e.span().and_then(|s| source.get(s)) {
+                Some(text) => format!("number `{text}` is out of range"),
+                None => e.message().lines().next().unwrap_or("invalid TOML").to_owned(),
+            };
+            vec![Diagnostic::new(format!("invalid TOML: {what}")).at(loc).hint(format!(
+                "TOML integers go from {} to {}; floats are finite",
+                i64::MIN,
+                i64::MAX
+            ))]
+        })?;
         Ok(Self::assemble(path, source, root, origins, overrides))
     }
 
@@ -133,8 +146,14 @@ impl ConfigDoc {
 
     /// The stage tables, in file order.
     pub fn stages(&self) -> Vec<&Table> {
+        self.indexed_stages().into_iter().map(|(_, t)| t).collect()
+    }
+
+    /// The stage tables with their positions in the file's `stage` array (`stage[i]`), which
+    /// may hold other values too (reported as wrong types).
+    pub fn indexed_stages(&self) -> Vec<(usize, &Table)> {
         match self.root.get("stage") {
-            Some(Value::Array(a)) => a.iter().filter_map(Value::as_table).collect(),
+            Some(Value::Array(a)) => a.iter().enumerate().filter_map(|(i, t)| t.as_table().map(|t| (i, t))).collect(),
             _ => Vec::new(),
         }
     }
@@ -161,9 +180,14 @@ impl ConfigDoc {
             if parts.len() == 1 || self.root.get(parts[0]).is_some_and(|v| !v.is_array()) {
                 (&mut self.root, String::new(), &parts[..])
             } else {
-                let names: Vec<String> =
-                    self.stages().iter().filter_map(|t| Self::stage_name(t).map(str::to_owned)).collect();
-                let Some(idx) = names.iter().position(|n| n == parts[0]) else {
+                // Positions in the file's stage list, which may hold a stage without a name.
+                let named: Vec<(usize, String)> = self
+                    .indexed_stages()
+                    .into_iter()
+                    .filter_map(|(i, t)| Self::stage_name(t).map(|n| (i, n.to_owned())))
+                    .collect();
+                let names: Vec<String> = named.iter().map(|(_, n)| n.clone()).collect();
+                let Some(idx) = named.iter().find(|(_, n)| n == parts[0]).map(|&(i, _)| i) else {
                     let mut candidates: Vec<&str> = names.iter().map(String::as_str).collect();
                     candidates.extend(["name", "output_dir", "seed"]);
                     return Err(bad(format!("`--set {key}`: no stage is named `{}`", parts[0])).maybe_hint(
@@ -185,6 +209,10 @@ impl ConfigDoc {
             if i + 1 == rest.len() {
                 table.insert((*part).to_owned(), value.clone());
                 break;
+            }
+            if !table.contains_key(*part) {
+                // A table made by this override: its problems are the override's.
+                self.origins.insert(prefix.clone(), Origin::Override(arg.to_owned()));
             }
             let entry = table.entry((*part).to_owned()).or_insert_with(|| Value::Table(Table::new()));
             table = entry.as_table_mut().ok_or_else(|| bad(format!("`--set {key}`: `{part}` is not a table")))?;
@@ -233,13 +261,17 @@ impl ConfigDoc {
     ) -> (Option<T>, Vec<String>) {
         let mut value = value.clone();
         let mut dropped: Vec<String> = Vec::new();
+        // Array elements dropped so far, as (array's path, index) in `value` as given: serde's
+        // paths index the array as it is now, with those elements gone.
+        let mut removed: Vec<(String, usize)> = Vec::new();
         // Each round reports one error and drops its key; a stage has far fewer keys than
         // this, so every error is found (the bound only guards against a loop that drops none).
         for _ in 0..MAX_ERRORS_PER_STAGE {
             match serde_path_to_error::deserialize::<_, T>(value.clone()) {
                 Ok(t) => return (Some(t), dropped),
                 Err(e) => {
-                    let inner = e.path().to_string();
+                    let now = e.path().to_string();
+                    let inner = as_given(&now, &removed);
                     let join = |prefix: &str| match (prefix.is_empty(), inner == "." || inner.is_empty()) {
                         (_, true) => prefix.to_owned(),
                         (true, false) => inner.clone(),
@@ -261,9 +293,12 @@ impl ConfigDoc {
                     let (msg, hint) = explain_serde_error(&message, &join(shown));
                     diags.push(Diagnostic::new(msg).at(self.location(&full)).maybe_hint(hint));
                     // Drop the offending key and retry to find further errors.
-                    if inner == "." || inner.is_empty() || !remove_path(&mut value, &inner) {
+                    if inner == "." || inner.is_empty() || !remove_path(&mut value, &now) {
                         dropped.push(inner);
                         return (None, dropped);
+                    }
+                    if let Some((array, ix)) = inner.strip_suffix(']').and_then(|p| p.rsplit_once('[')) {
+                        removed.extend(ix.parse().ok().map(|ix| (array.to_owned(), ix)));
                     }
                     dropped.push(inner);
                 }
@@ -516,6 +551,35 @@ fn parse_override_value(raw: &str) -> Value {
     toml_value(raw).unwrap_or_else(|| Value::String(raw.to_owned()))
 }
 
+/// `path`, a path into a value from which the array elements in `removed` ((array's path,
+/// index), both as given) were dropped, as a path into the value as given.
+fn as_given(path: &str, removed: &[(String, usize)]) -> String {
+    let mut out = String::new();
+    for (i, part) in path.split('.').enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        let Some((name, ix)) = part.strip_suffix(']').and_then(|p| p.split_once('[')) else {
+            out.push_str(part);
+            continue;
+        };
+        out.push_str(name);
+        let Ok(mut ix) = ix.parse::<usize>() else {
+            out.push_str(&part[name.len()..]);
+            continue;
+        };
+        let mut gone: Vec<usize> = removed.iter().filter(|(a, _)| *a == out).map(|&(_, r)| r).collect();
+        gone.sort_unstable();
+        for r in gone {
+            if r <= ix {
+                ix += 1;
+            }
+        }
+        out.push_str(&format!("[{ix}]"));
+    }
+    out
+}
+
 fn remove_path(value: &mut Value, path: &str) -> bool {
     let parts: Vec<&str> = path.split('.').collect();
     let mut cur = value;
@@ -589,7 +653,12 @@ fn explain_serde_error(message: &str, shown: &str) -> (String, Option<String>) {
                 && ["integer", "floating point", "boolean"].iter().any(|t| message.contains(t)) =>
             {
                 let v = message.split('`').nth(1).unwrap_or("...");
-                Some(format!("quote text: `{key} = \"{v}\"`, or `--set '{shown}=\"{v}\"'`"))
+                if key.contains('[') {
+                    // An array element: neither `columns[1] = ...` nor `--set` can address it.
+                    Some(format!("quote text: `\"{v}\"` in the array"))
+                } else {
+                    Some(format!("quote text: `{key} = \"{v}\"`, or `--set '{shown}=\"{v}\"'`"))
+                }
             }
             _ => None,
         };

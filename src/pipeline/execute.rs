@@ -238,12 +238,12 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         checkpoint::load(&out, &identity)
     };
     // Re-reading an earlier run's shards in place would delete them before they are read.
-    if let Some(f) = inputs_a_run_clears(&shard_dirs, &plan.reader.inputs()).first() {
+    if let Some(f) = inputs_a_run_clears(&out, &shard_dirs, &plan.reader.inputs()).first() {
         return Err(Error::data(format!(
-            "input `{}` is a shard in a folder this run clears first (`{}`): it would be deleted before it is \
-             read; write to another `output_dir`",
+            "input `{}` is a file this run writes or clears in `{}`: it would be replaced or deleted before it \
+             is read; write to another `output_dir`",
             f.display(),
-            f.parent().unwrap_or(Path::new("")).display()
+            out.display()
         )));
     }
     cleared.set(true);
@@ -639,15 +639,32 @@ fn is_run_shard(name: &str) -> bool {
         || (name.starts_with(".part-") && name.ends_with(".parquet.tmp"))
 }
 
-/// The files among `inputs` that a run clearing `shard_dirs` would delete.
-pub fn inputs_a_run_clears(shard_dirs: &[&Path], inputs: &[std::path::PathBuf]) -> Vec<std::path::PathBuf> {
+/// Whether a file named `name` in the output folder is one a run writes there (and so clears
+/// or replaces before it starts).
+fn is_run_file(name: &str) -> bool {
+    matches!(name, "config.json" | "manifest.json" | "report.json" | "report.md") || name == checkpoint::FILE
+}
+
+/// Whether a file named `name` in the output folder's `plots/` is a plot a run draws (and so
+/// clears before it starts); other files there are the user's.
+fn is_run_plot(name: &str) -> bool {
+    crate::report::PLOT_SUFFIXES.iter().any(|s| name.ends_with(s))
+}
+
+/// The files among `inputs` that a run writing to `out` and clearing `shard_dirs` would delete
+/// or replace before reading them.
+pub fn inputs_a_run_clears(out: &Path, shard_dirs: &[&Path], inputs: &[std::path::PathBuf]) -> Vec<std::path::PathBuf> {
     let dirs: Vec<std::path::PathBuf> = shard_dirs.iter().filter_map(|d| d.canonicalize().ok()).collect();
+    let (out, plots) = (out.canonicalize().ok(), out.join("plots").canonicalize().ok());
     inputs
         .iter()
-        .filter(|f| f.file_name().is_some_and(|n| is_run_shard(&n.to_string_lossy())))
         .filter(|f| {
-            let parent = f.canonicalize().ok().and_then(|c| c.parent().map(Path::to_owned));
-            parent.is_some_and(|p| dirs.contains(&p))
+            let Some(c) = f.canonicalize().ok() else { return false };
+            let (Some(parent), Some(name)) = (c.parent(), c.file_name()) else { return false };
+            let name = name.to_string_lossy();
+            (is_run_shard(&name) && dirs.iter().any(|d| d == parent))
+                || (is_run_file(&name) && out.as_deref() == Some(parent))
+                || (is_run_plot(&name) && plots.as_deref() == Some(parent))
         })
         .cloned()
         .collect()
@@ -839,7 +856,7 @@ fn clear_previous_run(
         }
     };
     for (name, path) in list(&out.join("plots"))? {
-        if name.ends_with(".svg") {
+        if is_run_plot(&name) {
             remove(&path)?;
         }
     }

@@ -138,7 +138,7 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
     let mut names: Vec<String> = Vec::new();
     // The schema flowing into the next stage, so each transform is checked against its input.
     let mut schema = schema::pairs();
-    for (i, table) in doc.stages().into_iter().enumerate() {
+    for (i, table) in doc.indexed_stages() {
         let at = format!("stage[{i}]");
         let Some(ty) = table.get("type") else {
             schema_known = false;
@@ -168,6 +168,13 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
             );
             continue;
         };
+        if let Some(n) = table.get("name").filter(|n| !n.is_str()) {
+            diags.push(
+                Diagnostic::new(format!("`{at}.name` must be a string, not {}", n.type_str()))
+                    .at(doc.location(&format!("{at}.name")))
+                    .hint(format!("quote it: `name = \"{}\"` (names address stages in `--set NAME.key=value`)", n)),
+            );
+        }
         let name = ConfigDoc::stage_name(table).unwrap_or(ty).to_owned();
         // Names are keys of `--set` and parts of plot file names.
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
@@ -493,10 +500,10 @@ fn check_inputs_are_not_cleared(
     if let (Some((r, ri)), Some(w), Some(t)) = (reader, writer, &top) {
         let out = PathBuf::from(&t.output_dir);
         let (data, rejects) = (out.join(&w.dir), out.join("rejects"));
-        for f in crate::pipeline::execute::inputs_a_run_clears(&[&data, &rejects], &r.inputs()) {
+        for f in crate::pipeline::execute::inputs_a_run_clears(&out, &[&data, &rejects], &r.inputs()) {
             diags.push(
                 Diagnostic::new(format!(
-                    "input `{}` is a shard of this pipeline's own output: a run clears it before reading",
+                    "input `{}` is a file of this pipeline's own output: a run replaces or clears it before reading",
                     f.display()
                 ))
                 .at(doc.location(&format!("stage[{ri}].path")))

@@ -29,6 +29,10 @@ pub fn warnings(summary: &RunSummary, stages: &[(String, Value)]) -> Vec<String>
     out
 }
 
+/// The ends of the plot files' names (`{stage}_caption_length.svg`, ...): a run clears the
+/// files in `plots/` with these names, and leaves the others.
+pub const PLOT_SUFFIXES: [&str; 2] = ["_caption_length.svg", "_word_rank.svg"];
+
 /// Writes the report files into `out`: `report.md`, `report.json` and, for the stages that
 /// draw, `plots/*.svg`.
 pub fn write(out: &Path, plan: &Plan, summary: &RunSummary, stages: &[(String, Value)]) -> Result<()> {
@@ -262,11 +266,11 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
         &[("before", &hb), ("after", &ha)],
         Some(MAX_HIST_WORDS),
     );
-    let p = plots.join(format!("{name}_caption_length.svg"));
+    let p = plots.join(format!("{name}{}", PLOT_SUFFIXES[0]));
     write_atomic(&p, svg.as_bytes())?;
     let (fb, fa) = (u64s(&r["rank_frequency_before"]), u64s(&r["rank_frequency_after"]));
     let svg = plot::rank_frequency(&format!("Word rank–frequency ({name})"), &[("before", &fb), ("after", &fa)]);
-    let q = plots.join(format!("{name}_word_rank.svg"));
+    let q = plots.join(format!("{name}{}", PLOT_SUFFIXES[1]));
     write_atomic(&q, svg.as_bytes())?;
     let _ = writeln!(
         md,
