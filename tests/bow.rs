@@ -129,6 +129,11 @@ proptest! {
         let toml = "mode = \"only\"\nrm_stop_nalpha = false\nlimit_to_base_vocab = false\nrm_top_freq = 0\nkeep_words = 0\n";
         let (rows, rejected, _) = run_bow(toml, &caps, 5);
         prop_assert!(rejected.is_empty());
+        // Every row, in input order, beside its own original caption.
+        prop_assert_eq!(rows.len(), caps.len());
+        for (i, ((id, _, orig, _), cap)) in rows.iter().zip(&caps).enumerate() {
+            prop_assert_eq!((id, orig), (&format!("r{i}"), cap));
+        }
         for (id, bow, orig, _) in &rows {
             let (a, b) = (words(bow), words(orig));
             prop_assert!(is_sub_multiset(&a, &b) && a.len() == b.len(), "{}: {:?} vs {:?}", id, a, b);

@@ -267,7 +267,7 @@ mod run_dir {
     use curate::eval::{evaluate, Similarity};
     use curate::train::data::{crop_to_chw, read_image, ImageSource};
     use curate::train::trained::TrainedRun;
-    use curate::train::zeroshot::ZeroShot;
+    use curate::train::zeroshot::{parse_classes, ZeroShot};
 
     const ZEROSHOT_AND_RETRIEVAL: &str = r#"
 [eval]
@@ -398,6 +398,51 @@ captions = "data/train_sample/retrieval_captions.parquet"
         // (serde_json reads floats back to within an ulp, hence the tolerance.)
         let near = |v: &serde_json::Value, x: f64| v.as_f64().is_some_and(|v| (v - x).abs() < 1e-12);
         assert!(near(&zs["top1"], direct.top1) && near(&zs["top5"], direct.top5), "{zs} vs {direct:?}");
+        // And by brute force, outside `ZeroShot`: a class is the mean of its templates'
+        // normalised embeddings, renormalised; an image's classes are ranked by dot product
+        // (equal scores by class order), and it is a top-k hit when fewer than k classes come
+        // before its label.
+        let zc = run.config.eval.as_ref().unwrap();
+        let classes = parse_classes(&std::fs::read_to_string(&zc.classes).unwrap());
+        assert!(zc.templates.len() == 1 && classes.len() == 24, "the sample's set");
+        let mut class_rows = vec![0f32; classes.len() * d];
+        for (c, names) in classes.iter().enumerate() {
+            let prompts: Vec<String> = zc.templates.iter().map(|t| t.replace("{}", &names.join(",or "))).collect();
+            let e = run.embed_texts(&prompts.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+            let row = &mut class_rows[c * d..(c + 1) * d];
+            for t in e.chunks(d) {
+                row.iter_mut().zip(t).for_each(|(r, x)| *r += x / prompts.len() as f32);
+            }
+            let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt();
+            row.iter_mut().for_each(|x| *x /= norm);
+        }
+        let zs_file = zc.images.expand().unwrap().remove(0);
+        let zs_file = zs_file.to_str().unwrap();
+        let (zs_paths, zs_labels) = (strings(zs_file, &zc.image_column), strings(zs_file, &zc.label_column));
+        let (mut top1, mut top5, mut least_gap) = (0, 0, f32::INFINITY);
+        for (p, label) in zs_paths.iter().zip(&zs_labels) {
+            let img = read_image(&ImageSource::File(p.into())).unwrap();
+            let mut pixels = Vec::new();
+            crop_to_chw(&img, (0, 0, img.width, img.height), size, false, &mut pixels);
+            let e = run.embed_images(pixels, 1).unwrap();
+            let scores: Vec<f32> = class_rows.chunks(d).map(|c| c.iter().zip(&e).map(|(a, b)| a * b).sum()).collect();
+            let want = classes.iter().position(|n| n.contains(label)).unwrap();
+            let before = (0..classes.len())
+                .filter(|&c| scores[c] > scores[want] || (scores[c] == scores[want] && c < want))
+                .count();
+            top1 += usize::from(before < 1);
+            top5 += usize::from(before < 5);
+            least_gap = (0..classes.len())
+                .filter(|&c| c != want)
+                .map(|c| (scores[c] - scores[want]).abs())
+                .fold(least_gap, f32::min);
+        }
+        let n = zs_paths.len() as f64;
+        assert_eq!(n, 240.0);
+        // Rounding (another batch, another summation order) moves scores by ~1e-7; a margin this
+        // wide cannot flip a rank between the two computations.
+        assert!(least_gap > 1e-6, "a near tie ({least_gap}) makes the comparison fragile");
+        assert_eq!((direct.top1, direct.top5), (top1 as f64 / n, top5 as f64 / n), "ZeroShot vs brute force");
         let last = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
             .unwrap()
             .lines()

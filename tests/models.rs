@@ -273,7 +273,7 @@ fn im2col_convolutions_equal_burns_kernel_on_odd_non_square_images() {
     let im2col = model.with_conv_lowering(ConvLowering::Im2col).forward(x);
     let native = native.into_data().try_to_vec::<f32>().unwrap();
     let im2col = im2col.into_data().try_to_vec::<f32>().unwrap();
-    assert_eq!(native.len(), 2 * 256);
+    assert_eq!((native.len(), im2col.len()), (2 * 256, 2 * 256));
     assert!(native.iter().any(|v| *v != 0.0), "features are not all zero");
     for (i, (a, b)) in im2col.iter().zip(&native).enumerate() {
         assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "feature {i}: {a} vs {b}");
@@ -317,6 +317,7 @@ fn im2col_convolutions_back_propagate_as_burns_kernel() {
     for (k, (a, b)) in im2col.iter().zip(&native).enumerate() {
         let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
         assert!(scale > 0.0, "gradient {k} is zero");
+        assert_eq!(a.len(), b.len(), "gradient {k}");
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
             assert!((x - y).abs() <= 1e-4 * scale, "gradient {k} element {i}: {x} vs {y} (scale {scale})");
         }

@@ -96,10 +96,12 @@ fn png_preprocessing_equals_torchvision_exactly() {
     //   small = Compose([Resize(224, BICUBIC), CenterCrop(224)])(img) # clip
     //   tensor = Compose([ToTensor(), Normalize(mean, std)])(small)
     let e = expected();
+    let mut checked = 0;
     for (name, entry) in e["images"].as_object().unwrap() {
         if !name.ends_with(".png") {
             continue;
         }
+        checked += 1;
         for (preset, p) in presets() {
             let d = compare(name, preset, &p, &entry[preset]);
             assert_eq!((d.u8_max, d.u8_mean, d.sum_sq), (0, 0.0, 0), "{name} {preset}: 8-bit image differs: {d:?}");
@@ -113,6 +115,7 @@ fn png_preprocessing_equals_torchvision_exactly() {
             }
         }
     }
+    assert_eq!(checked, 4, "the fixture's PNGs");
 }
 
 #[test]
@@ -126,10 +129,12 @@ fn jpeg_matches_within_the_decoders_rounding() {
     // allow that and no more — a real preprocessing mistake (a wrong filter, offset or
     // constant) moves the means by whole levels.
     let e = expected();
+    let mut checked = 0;
     for (name, entry) in e["images"].as_object().unwrap() {
         if !name.ends_with(".jpg") {
             continue;
         }
+        checked += 1;
         for (preset, p) in presets() {
             let d = compare(name, preset, &p, &entry[preset]);
             assert!(d.u8_max <= 3, "{name} {preset}: {d:?}");
@@ -137,6 +142,7 @@ fn jpeg_matches_within_the_decoders_rounding() {
             assert!(d.f32_max <= 3.0 / 255.0 / 0.22 + 1e-6, "{name} {preset}: {d:?}");
         }
     }
+    assert_eq!(checked, 2, "the fixture's JPEGs");
 }
 
 #[test]
