@@ -133,6 +133,28 @@ fn overrides_are_checked_like_the_file() {
 }
 
 #[test]
+fn overrides_by_position_and_broken_values() {
+    insta::assert_snapshot!(validate(
+        "only_mode_needs_no_base.toml",
+        &[
+            "read_cc_tsv.source=\"unterminated",
+            "write_parquet.columns=[caption, url]",
+            "stage[7].x=1",
+            "stage[1].type=\"x\"",
+            "bow.name=\"seed\"",
+            "read_cc_tsv.path=[]",
+        ]
+    ));
+    // A stage's position reaches it as its name does.
+    let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", "stage[1].keep_words=\"two\""]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("error: `bow.keep_words`: wrong type"), "{stderr}");
+    assert!(stderr.contains("--> --set stage[1].keep_words=\"two\""), "{stderr}");
+    let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", "stage[1].keep_words=2"]);
+    assert_eq!(code, 0, "{stderr}");
+}
+
+#[test]
 fn overrides_fix_a_file() {
     // The ablation "only BoW + RmStopNalpha + Keep(4)" (F-T4) from one command line.
     let out = validate(

@@ -174,11 +174,37 @@ impl ConfigDoc {
                 bad(format!("override key `{key}` has an empty part")).hint("write `--set stage_name.key=value`")
             );
         }
-        let value = parse_override_value(raw.trim());
+        let raw = raw.trim();
+        let value = parse_override_value(raw);
+        // Text that starts as a TOML string, array or table but does not parse as one (a quote
+        // left open, or quotes the shell took away) is a mistake, not a bare string.
+        if value.as_str() == Some(raw) && raw.starts_with(['"', '\'', '[', '{']) {
+            return Err(bad(format!("`--set {key}`: the value `{raw}` is not valid TOML")).hint(
+                "close its quotes or brackets, and quote the whole argument for the shell: \
+                 `--set 'key=\"text\"'`, `--set 'key=[\"a\", \"b\"]'`",
+            ));
+        }
+        // `stage[i]` addresses a stage by its position in the file, as messages name it.
+        let position = parts[0]
+            .strip_prefix("stage[")
+            .and_then(|p| p.strip_suffix(']'))
+            .and_then(|i| i.parse::<usize>().ok())
+            .filter(|_| parts.len() > 1);
         // Top-level keys win; otherwise the first part names a stage.
         let (mut table, mut prefix, rest): (&mut Table, String, &[&str]) =
-            if parts.len() == 1 || self.root.get(parts[0]).is_some_and(|v| !v.is_array()) {
+            if position.is_none() && (parts.len() == 1 || self.root.get(parts[0]).is_some_and(|v| !v.is_array())) {
                 (&mut self.root, String::new(), &parts[..])
+            } else if let Some(idx) = position {
+                if parts[1..] == ["type"] {
+                    return Err(bad(format!("`--set {key}`: a stage's `type` cannot be overridden"))
+                        .hint("edit the pipeline file (or copy it) to use another stage type"));
+                }
+                let count = self.indexed_stages().last().map_or(0, |&(i, _)| i + 1);
+                let Some(Value::Table(table)) = self.root.get_mut("stage").and_then(|s| s.get_mut(idx)) else {
+                    return Err(bad(format!("`--set {key}`: there is no stage[{idx}]"))
+                        .hint(format!("stages are numbered from 0; this file has {count}")));
+                };
+                (table, format!("stage[{idx}]"), &parts[1..])
             } else {
                 // Positions in the file's stage list, which may hold a stage without a name.
                 let named: Vec<(usize, String)> = self

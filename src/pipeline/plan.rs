@@ -184,6 +184,13 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
                     .hint("names address stages in `--set NAME.key=value`: use letters, digits, `_` or `-`"),
             );
         }
+        if ["name", "output_dir", "seed", "stage"].contains(&name.as_str()) {
+            diags.push(
+                Diagnostic::new(format!("stage name `{name}` is a top-level key"))
+                    .at(doc.location(&format!("{at}.name")))
+                    .hint(format!("`--set {name}.key=value` would set the top-level `{name}`: choose another name")),
+            );
+        }
         if names.contains(&name) {
             diags.push(
                 Diagnostic::new(format!("two stages are named `{name}`"))

@@ -13,6 +13,14 @@ use crate::io::lines::{Compression, Lines};
 /// share a file name — rows are known by `<file name>#<row>` (`sample_id`, rejects'
 /// `source_file`), so two `part.tsv` in different folders would give the same ids.
 pub fn expand_inputs(patterns: &crate::io::PathPatterns, problems: &mut Problems, key: &'static str) -> Vec<PathBuf> {
+    if patterns.0.is_empty() {
+        problems.push(
+            key,
+            "no input: the list of paths is empty".to_owned(),
+            Some("give a file, a pattern or a list: `path = \"data/part-*.tsv\"`".to_owned()),
+        );
+        return Vec::new();
+    }
     let files = match patterns.expand() {
         Ok(files) => files,
         Err(e) => {
