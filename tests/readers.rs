@@ -492,6 +492,115 @@ fn yfcc_urls_stay_as_they_are_and_ids_are_digits() {
 }
 
 #[test]
+fn yfcc_fields_the_caption_does_not_use_cannot_reject_a_row() {
+    // 23-field lines: id 0, title 6, description 7, download URL 14, photo/video marker 22.
+    let line = |id: &str, title: &str, desc: &str| {
+        let mut f = vec![""; 23];
+        (f[0], f[6], f[7], f[14], f[22]) = (id, title, desc, "http://farm/x.jpg", "0");
+        f.join("\t")
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let tsv = dir.path().join("yfcc.tsv");
+    // `%C3` alone and `%FF` decode to bytes that are not UTF-8.
+    std::fs::write(&tsv, [line("1", "good", "bad%C3"), line("2", "bad%FF", "fine+text")].join("\n")).unwrap();
+    let run = |caption: &str| {
+        let toml = format!("type = \"read_yfcc\"\npath = \"{}\"\ncaption = \"{caption}\"", tsv.display());
+        let (_d, data, rejects) = run_pipeline(&read_only(&toml));
+        (strs(&data, "caption"), reasons(&rejects))
+    };
+    assert_eq!(run("title"), (vec!["good".to_string()], vec![("invalid_utf8".into(), 2)]));
+    assert_eq!(run("description"), (vec!["fine text".to_string()], vec![("invalid_utf8".into(), 1)]));
+    assert_eq!(run("title_and_description").1, [("invalid_utf8".into(), 1), ("invalid_utf8".into(), 2)]);
+}
+
+#[test]
+fn parquet_text_that_is_not_utf8_rejects_its_row_only() {
+    // Writers that do not check their strings (Spark, or pyarrow through a binary view) can
+    // store bytes that are not UTF-8 in a text column; Arrow's reader would fail the file.
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let s = |v: Vec<Option<&str>>| -> ArrayRef { std::sync::Arc::new(StringArray::from(v)) };
+    let values: [&[u8]; 3] = [b"a dog", b"bad \xff cap", b"a cat"];
+    let offsets = arrow_buffer::OffsetBuffer::from_lengths(values.iter().map(|v| v.len()));
+    // SAFETY (of the test's input only): the invalid bytes are the point; curate reads the
+    // file back, never this array.
+    let captions = unsafe { StringArray::new_unchecked(offsets, arrow_buffer::Buffer::from(values.concat()), None) };
+    let batch = RecordBatch::try_from_iter([
+        ("caption", std::sync::Arc::new(captions) as ArrayRef),
+        ("url", s(vec![Some("u0"), Some("u1"), Some("u2")])),
+        ("key", s(vec![Some("k0"), Some("k1"), Some("k2")])),
+        ("status", s(vec![Some("success"); 3])),
+    ])
+    .unwrap();
+    let path = dir.path().join("00000.parquet");
+    write_batch(&path, &batch);
+    let raw_of = |rejects: &[arrow_array::RecordBatch]| {
+        arrow_array::cast::AsArray::as_binary::<i32>(rejects[0].column_by_name("raw").unwrap()).value(0).to_vec()
+    };
+    let (_d, data, rejects) =
+        run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", path.display())));
+    assert_eq!(strs(&data, "sample_id"), ["k0", "k2"]);
+    assert_eq!(reasons(&rejects), [("invalid_utf8".into(), 1)]);
+    assert_eq!(col(&rejects, "sample_id"), [Some("k1".into())]);
+    assert_eq!(raw_of(&rejects), b"k1\tbad \xff cap\tu1\tsuccess");
+    // A table reader: a mapped column rejects the row; a column it does not map is not read.
+    let table = |columns: &str| {
+        let toml = format!("type = \"read_table\"\npath = \"{}\"\ncolumns = {{ {columns} }}", path.display());
+        let (_d, data, rejects) = run_pipeline(&read_only(&toml));
+        (strs(&data, "sample_id"), reasons(&rejects), rejects)
+    };
+    let (ids, why, rejects) = table("sample_id = \"key\", caption = \"caption\"");
+    assert_eq!((ids, why), (vec!["k0".to_string(), "k2".into()], vec![("invalid_utf8".into(), 1)]));
+    assert_eq!(raw_of(&rejects), b"bad \xff cap");
+    let (ids, why, _) = table("sample_id = \"key\", url = \"url\"");
+    assert_eq!((ids.len(), why.len()), (3, 0));
+}
+
+#[test]
+fn img2dataset_shards_as_pandas_and_python_write_them() {
+    // pandas writes a column of Nones as Arrow type `null`; Python's `json.dumps` writes NaN
+    // and infinities, which `json.loads` reads; a `KEY.json` may start with a byte-order mark.
+    use arrow_array::{ArrayRef, NullArray, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let s = |v: Vec<Option<&str>>| -> ArrayRef { std::sync::Arc::new(StringArray::from(v)) };
+    let batch = RecordBatch::try_from_iter([
+        ("caption", std::sync::Arc::new(NullArray::new(2)) as ArrayRef),
+        ("url", s(vec![Some("u0"), Some("u1")])),
+        ("key", s(vec![Some("k0"), Some("k1")])),
+        ("status", s(vec![Some("success"); 2])),
+    ])
+    .unwrap();
+    let path = dir.path().join("00000.parquet");
+    write_batch(&path, &batch);
+    let (_d, data, rejects) =
+        run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", path.display())));
+    assert_eq!((data.iter().map(|b| b.num_rows()).sum::<usize>(), reasons(&rejects).len()), (0, 2));
+    assert!(reasons(&rejects).iter().all(|(r, _)| r == "missing_caption"), "{:?}", reasons(&rejects));
+
+    let (file, img) = (tar::EntryType::Regular, &b"\xff\xd8"[..]);
+    raw_shard(
+        &dir.path().join("00001.tar"),
+        &[
+            (b"0.jpg", img, file),
+            (b"0.json", b"{\"punsafe\": NaN, \"url\": \"u0\", \"w\": [Infinity, -Infinity], \"t\": \"NaN\"}", file),
+            (b"0.txt", b"a dog", file),
+            (b"1.jpg", img, file),
+            (b"1.json", b"\xef\xbb\xbf{\"url\": \"u1\"}", file),
+            (b"1.txt", b"a cat", file),
+            (b"2.jpg", img, file),
+            (b"2.json", b"{\"url\": \"u2\", \"x\": NaNa}", file),
+            (b"2.txt", b"a bird", file),
+        ],
+    );
+    let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_img2dataset\"\npath = \"{}\"",
+        dir.path().join("00001.tar").display()
+    )));
+    assert_eq!(col(&data, "url"), [Some("u0".into()), Some("u1".into())]);
+    assert_eq!(reasons(&rejects), [("bad_json".into(), 6)], "`NaNa` is not JSON (the sample starts at member 6)");
+}
+
+#[test]
 fn webdataset_keys_seen_twice_and_shards_cut_short() {
     let dir = tempfile::tempdir().unwrap();
     let shard = |name: &str, members: &[(&str, &[u8])]| {

@@ -51,7 +51,8 @@ impl ReadImg2datasetConfig {
                     Ok(schema) => {
                         for col in ["key", "caption", "url", "status"] {
                             match schema.field_with_name(col) {
-                                Ok(field) if is_text(field.data_type()) => {}
+                                // (pandas writes a column of Nones as type `null`: all nulls.)
+                                Ok(field) if is_text(field.data_type()) || field.data_type().is_null() => {}
                                 Ok(field) => problems.push(
                                     "path",
                                     format!("`{}`: column `{col}` is {}, expected a string", f.display(), field.data_type()),
@@ -114,12 +115,44 @@ fn read_metadata(path: &Path, source: &str, seen: &mut UniqueIds) -> Result<Chun
     let mut out = PairsBuilder::new(source);
     let mut rejects = Vec::new();
     let mut row = 0u64;
-    for batch in parquet::read_file(path)? {
+    // Text columns come as bytes, so that a value that is not UTF-8 rejects its row only.
+    for batch in parquet::read_batches_text_unchecked(path, 1 << 16)? {
+        let batch = batch?;
         let text = |n: &str| text_column(&batch, n);
         let columns = [text("key")?, text("caption")?, text("url")?, text("status")?];
         let [keys, caps, urls, status] = columns.each_ref().map(|c| c.iter().collect::<Vec<Option<&str>>>());
         let error_column = text_column(&batch, "error_message").ok();
         let errors: Option<Vec<Option<&str>>> = error_column.as_ref().map(|c| c.iter().collect());
+        // Where a value is there but is not text, the row is rejected with the raw bytes.
+        let bytes: Vec<(&'static str, arrow_array::BinaryArray)> = ["key", "caption", "url", "status"]
+            .into_iter()
+            .filter_map(|n| {
+                let col = batch.column_by_name(n)?;
+                let binary = matches!(col.data_type(), DataType::Binary | DataType::LargeBinary | DataType::BinaryView);
+                let cast = binary.then(|| arrow_cast::cast(col, &DataType::Binary).ok()).flatten()?;
+                Some((n, cast.as_binary::<i32>().clone()))
+            })
+            .collect();
+        let raw_bytes = |i: usize| -> Option<(&'static str, Vec<u8>)> {
+            bytes.iter().find_map(|(n, bytes)| {
+                let n = *n;
+                (bytes.is_valid(i) && std::str::from_utf8(bytes.value(i)).is_err()).then(|| {
+                    let fields = [&keys, &caps, &urls, &status];
+                    let mut line = Vec::new();
+                    for (k, (vals, name)) in fields.iter().zip(["key", "caption", "url", "status"]).enumerate() {
+                        if k > 0 {
+                            line.push(b'\t');
+                        }
+                        match (name == n, vals[i]) {
+                            (true, _) => line.extend_from_slice(bytes.value(i)),
+                            (false, Some(v)) => line.extend_from_slice(v.as_bytes()),
+                            (false, None) => {}
+                        }
+                    }
+                    (n, line)
+                })
+            })
+        };
         for i in 0..batch.num_rows() {
             let reject = |reason: &'static str, detail: String| Reject {
                 stage: TYPE,
@@ -130,6 +163,16 @@ fn read_metadata(path: &Path, source: &str, seen: &mut UniqueIds) -> Result<Chun
                 detail: detail.into(),
                 raw: row_json(&keys, &caps, &urls, &status, i).into_bytes(),
             };
+            if let Some((column, raw)) = raw_bytes(i) {
+                rejects.push(Reject {
+                    raw,
+                    ..reject(
+                        "invalid_utf8",
+                        format!("`{column}` is not UTF-8 text (raw: key, caption, url, status by tabs)"),
+                    )
+                });
+                continue;
+            }
             let Some(key) = keys[i].filter(|k| has_words(k)) else {
                 rejects.push(reject("missing_key", "key is null or blank".into()));
                 continue;
@@ -167,6 +210,8 @@ fn read_metadata(path: &Path, source: &str, seen: &mut UniqueIds) -> Result<Chun
 fn is_text(t: &DataType) -> bool {
     match t {
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => true,
+        // How the shard's text columns are read (`read_batches_text_unchecked`).
+        DataType::Binary | DataType::LargeBinary | DataType::BinaryView => true,
         DataType::Dictionary(_, values) => is_text(values),
         _ => false,
     }
@@ -176,7 +221,8 @@ fn is_text(t: &DataType) -> bool {
 /// all nulls.
 fn text_column(batch: &RecordBatch, name: &str) -> Result<arrow_array::StringArray> {
     let col = batch.column_by_name(name).ok_or_else(|| Error::data(format!("column `{name}` missing")))?;
-    if !is_text(col.data_type()) && col.null_count() != col.len() {
+    // (A `NullArray` counts no nulls in its buffer: its logical count is the one.)
+    if !is_text(col.data_type()) && col.logical_null_count() != col.len() {
         return Err(Error::data(format!("column `{name}` is {}, expected a string", col.data_type())));
     }
     let cast = if is_text(col.data_type()) {
@@ -285,6 +331,37 @@ fn judge(s: &tar_shards::Sample, seen: &mut UniqueIds) -> Verdict {
     Ok((text, url))
 }
 
+/// `text` with Python's `NaN`, `Infinity` and `-Infinity` outside strings written as `null`:
+/// img2dataset writes `KEY.json` with Python's `json.dumps`, which writes them for a float
+/// column that has them (a missing score, say), and `json.loads` reads them back.
+fn python_json(text: &str) -> std::borrow::Cow<'_, str> {
+    let b = text.as_bytes();
+    let (mut out, mut last, mut i, mut in_string) = (String::new(), 0, 0, false);
+    while i < b.len() {
+        match b[i] {
+            b'\\' if in_string => i += 1,
+            b'"' => in_string = !in_string,
+            b'N' | b'I' | b'-' if !in_string => {
+                let word = ["NaN", "Infinity", "-Infinity"].into_iter().find(|w| b[i..].starts_with(w.as_bytes()));
+                if let Some(w) = word {
+                    out.push_str(&text[last..i]);
+                    out.push_str("null");
+                    i += w.len();
+                    last = i;
+                    continue;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    if last == 0 {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    out.push_str(&text[last..]);
+    std::borrow::Cow::Owned(out)
+}
+
 /// The `url` of a `KEY.json`: a string `url` at the top of an object, else none. Any valid JSON
 /// is accepted, however deep its nesting or large its numbers (only `url` is used); invalid
 /// JSON is an error.
@@ -293,6 +370,8 @@ fn json_url(bytes: &[u8]) -> std::result::Result<Option<String>, ()> {
     // Validation without a depth limit or number ranges: serde_json skips an ignored value
     // iteratively.
     let text = std::str::from_utf8(bytes).map_err(|_| ())?;
+    let text = python_json(text.strip_prefix('\u{feff}').unwrap_or(text));
+    let text = text.as_ref();
     serde_json::from_str::<IgnoredAny>(text).map_err(|_| ())?;
 
     /// The top-level value: an object's `url` (the last one, if repeated), else none.

@@ -660,7 +660,7 @@ impl Reader for ReadTable {
             // held whole.
             Format::Parquet => Ok(file_chunks(
                 self.files.iter().zip(&self.indexes),
-                |f, ix| parquet::read_batches(f, CHUNK_ROWS).map(|batches| (f, ix, batches, 0)),
+                |f, ix| parquet::read_batches_text_unchecked(f, CHUNK_ROWS).map(|batches| (f, ix, batches, 0)),
                 |(f, ix, batches, row), unique| {
                     batches.next().map(|b| b.and_then(|b| self.parquet_chunk(f, ix, &b, row, unique))).transpose()
                 },
@@ -829,7 +829,8 @@ impl ReadTable {
             .collect::<Result<_>>()?;
         for r in 0..batch.num_rows() {
             // A value the cast to text turned into a null was not text: bytes that are not
-            // UTF-8 (a binary column), kept as they were.
+            // UTF-8 (in a binary column, or in a text column whose writer did not check them:
+            // text columns are read as bytes), kept as they were.
             let not_text = indexes.iter().zip(&cols).find_map(|(i, c)| {
                 let (i, c) = (i.as_ref()?, c.as_ref()?);
                 let orig = batch.column(*i);

@@ -189,7 +189,12 @@ impl Reader for ReadYfcc {
                 };
                 // The download URL is a URL as it stands: not form-decoded (`+` stays `+`).
                 let url = line.text(fields[layout.download_url]).map(|u| u.trim().to_owned()).ok_or(());
-                let (Ok(title), Ok(desc), Ok(url)) = (decode(layout.title), decode(layout.description), url) else {
+                // Only the fields the caption is made of are decoded: a field it does not use
+                // cannot reject the row.
+                let used = |i: usize, used: bool| if used { decode(i) } else { Ok(String::new()) };
+                let title = used(layout.title, !matches!(how, CaptionFrom::Description));
+                let desc = used(layout.description, !matches!(how, CaptionFrom::Title));
+                let (Ok(title), Ok(desc), Ok(url)) = (title, desc, url) else {
                     return LineOutcome::RejectWithId {
                         reason: "invalid_utf8",
                         detail: "a decoded text field is not UTF-8".into(),
