@@ -492,6 +492,33 @@ fn yfcc_urls_stay_as_they_are_and_ids_are_digits() {
 }
 
 #[test]
+fn an_empty_headerless_table_is_a_table_of_no_rows() {
+    // One shard of many may be empty (plain or compressed); with a header to map names by, an
+    // empty file is an error.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.tsv"), b"").unwrap();
+    std::fs::write(dir.path().join("b.tsv"), compressed(b"", "gzip", 1)).unwrap();
+    std::fs::write(dir.path().join("c.tsv"), b"a dog\tu0\n").unwrap();
+    std::fs::write(dir.path().join("d.csv"), b"").unwrap();
+    let table = |path: &str, more: &str| {
+        format!(
+            "type = \"read_table\"\npath = \"{}/{path}\"\n{more}columns = {{ caption = 0, url = 1 }}",
+            dir.path().display()
+        )
+    };
+    let (_d, data, rejects) = run_pipeline(&read_only(&table("*.tsv", "")));
+    assert_eq!((strs(&data, "sample_id"), rejects.iter().map(|b| b.num_rows()).sum()), (vec!["c.tsv#1".into()], 0));
+    let (_d, data, _) = run_pipeline(&read_only(&table("d.csv", "header = false\n")));
+    assert_eq!(data.iter().map(|b| b.num_rows()).sum::<usize>(), 0);
+    let err = config_errors(format!(
+        "output_dir = \"{}/o\"\n[[stage]]\n{}\n[[stage]]\ntype = \"write_parquet\"\n",
+        dir.path().display(),
+        table("d.csv", "")
+    ));
+    assert!(err.contains("d.csv` is empty"), "{err}");
+}
+
+#[test]
 fn yfcc_fields_the_caption_does_not_use_cannot_reject_a_row() {
     // 23-field lines: id 0, title 6, description 7, download URL 14, photo/video marker 22.
     let line = |id: &str, title: &str, desc: &str| {
@@ -1173,6 +1200,7 @@ fn img2dataset_keys_must_not_be_blank() {
         run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", path.display())));
     assert_eq!(strs(&data, "sample_id"), ["000000001"]);
     assert_eq!(reasons(&rejects), [("missing_key".into(), 0), ("missing_key".into(), 2), ("missing_key".into(), 3)]);
+    assert_eq!(common::col(&rejects, "sample_id"), [None, None, None], "a blank key names no sample");
 }
 
 /// Writes `members` (name bytes, data, tar entry type) as a tar shard at `path`.
@@ -1231,7 +1259,7 @@ fn webdataset_json_member_names_and_types() {
         reasons(&rejects),
         [("bad_json".into(), 6), ("invalid_utf8".into(), 9), ("invalid_utf8".into(), 10), ("missing_key".into(), 11)]
     );
-    assert_eq!(col(&rejects, "sample_id"), [Some("2".into()), None, None, Some("".into())]);
+    assert_eq!(col(&rejects, "sample_id"), [Some("2".into()), None, None, None], "no key, no id");
     let raw = arrow_array::cast::AsArray::as_binary::<i32>(rejects[0].column_by_name("raw").unwrap());
     assert_eq!((raw.value(1), raw.value(2)), (&b"d\xff.jpg"[..], &b"d\xfe.txt"[..]), "the names' bytes");
 }

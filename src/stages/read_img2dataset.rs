@@ -158,7 +158,8 @@ fn read_metadata(path: &Path, source: &str, seen: &mut UniqueIds) -> Result<Chun
                 stage: TYPE,
                 source_file: name.clone(),
                 row: row + i as u64,
-                sample_id: keys[i].map(str::to_owned),
+                // A blank key names no sample (as a blank mapped id in `read_table`).
+                sample_id: keys[i].filter(|k| has_words(k)).map(str::to_owned),
                 reason,
                 detail: detail.into(),
                 raw: row_json(&keys, &caps, &urls, &status, i).into_bytes(),
@@ -248,7 +249,7 @@ fn read_tar(path: &Path, source: &str, seen: &mut UniqueIds) -> Result<Chunk> {
             stage: TYPE,
             source_file: name.clone(),
             row,
-            sample_id: s.bad_name.is_none().then(|| s.key.clone()),
+            sample_id: (s.bad_name.is_none() && has_words(&s.key)).then(|| s.key.clone()),
             reason,
             detail: detail.into(),
             raw,

@@ -263,6 +263,19 @@ impl ReadTableConfig {
             Format::Tsv => header_fields(file, b'\t'),
             Format::Csv => csv_header(file),
         };
+        // A headerless file with no line at all (one shard of many may be) is a table of no
+        // rows: as wide as the mapping needs.
+        let empty = names.is_err() && !header && format != Format::Parquet && text_is_empty(file);
+        let names = match names {
+            Err(_) if empty => {
+                let widest = self.columns.entries().into_iter().filter_map(|(_, c)| match c {
+                    Some(ColumnRef::Index(i)) => Some(*i + 1),
+                    _ => None,
+                });
+                Ok((0..widest.max().unwrap_or(1)).map(|i| format!("#{i}")).collect())
+            }
+            names => names,
+        };
         let names = match names {
             Ok(n) => n,
             Err(e) => {
@@ -330,6 +343,7 @@ impl ReadTableConfig {
             }
         }
         let width = match format {
+            _ if empty => Ok(names.len()),
             Format::Tsv if !header => usual_width_of_first_lines(file, b'\t', FIRST_LINES),
             Format::Csv if !header => csv_first_widths(file, FIRST_LINES).map(|(_, usual)| usual),
             _ => Ok(names.len()),
@@ -391,6 +405,11 @@ fn format_of(file: &Path) -> Format {
         Some("csv") => Format::Csv,
         _ => Format::Tsv,
     }
+}
+
+/// Whether the text of `file` (decompressed) has no byte.
+fn text_is_empty(file: &Path) -> bool {
+    crate::io::lines::open_text(file).is_ok_and(|mut f| matches!(f.read(&mut [0u8; 1]), Ok(0)))
 }
 
 /// Whether a line of `fields` fields, in a file whose lines have `width`, can hold an id field:
