@@ -241,6 +241,16 @@ fn slips_that_get_a_hint() {
 }
 
 #[test]
+fn errors_of_the_whole_file_point_at_it() {
+    insta::assert_snapshot!(validate("no_output_dir_no_stages.toml", &[]));
+}
+
+#[test]
+fn a_wrong_header_hides_the_column_errors_it_causes() {
+    insta::assert_snapshot!(validate("header_wrong_type.toml", &[]));
+}
+
+#[test]
 fn numbers_past_tomls_range() {
     insta::assert_snapshot!(validate("number_out_of_range.toml", &[]));
 }

@@ -140,7 +140,11 @@ impl ConfigDoc {
                     Origin::Override(arg) => Location::Override { arg: arg.clone() },
                 });
             }
-            p = &p[..p.rfind(['.', '['])?];
+            match p.rfind(['.', '[']) {
+                Some(i) => p = &p[..i],
+                // Nothing of the path is in the file (a missing top-level key): the file itself.
+                None => return Some(self.file_location(0)),
+            }
         }
     }
 

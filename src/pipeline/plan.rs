@@ -355,6 +355,7 @@ fn check_top(doc: &ConfigDoc, diags: &mut Vec<Diagnostic>) -> Option<PipelineCon
     } else if doc.stages().is_empty() {
         diags.push(
             Diagnostic::new("the pipeline has no stages")
+                .at(doc.location(""))
                 .hint("add `[[stage]]` tables: a read stage, transforms, then `write_parquet`"),
         );
     }
@@ -546,12 +547,23 @@ where
         (Some(c), dropped) => {
             f(problems, &c);
             let related = |a: &str, b: &str| a == b || [".", "["].iter().any(|s| a.starts_with(&format!("{b}{s}")));
-            problems.0.retain(|(key, ..)| !dropped.iter().any(|d| related(key, d) || related(d, key)));
+            // Keys whose meaning depends on another's: a table's columns are named against
+            // its header, which its format decides (`header = "yes"` dropped leaves the default,
+            // and names would then be "without a header").
+            let depends =
+                |problem: &str, d: &str| DEPENDS_ON.iter().any(|(key, on)| related(problem, key) && related(d, on));
+            problems
+                .0
+                .retain(|(key, ..)| !dropped.iter().any(|d| related(key, d) || related(d, key) || depends(key, d)));
             (None, serde_json::Value::Null)
         }
         (None, _) => (None, serde_json::Value::Null),
     }
 }
+
+/// (key, key it depends on) in a stage: problems of the first are left out when the second
+/// had a wrong value (dropped, its default in its place).
+const DEPENDS_ON: [(&str, &str); 3] = [("columns", "header"), ("columns", "format"), ("header", "format")];
 
 fn list(items: &[&str]) -> String {
     items.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
