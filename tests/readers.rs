@@ -1579,6 +1579,33 @@ fn a_run_that_writes_nothing_says_so() {
     assert_eq!(manifest["warnings"], serde_json::json!([]));
 }
 
+#[test]
+fn the_bow_report_says_what_it_cannot_measure() {
+    // No caption: no Δ dataset size (0 in the JSON, "n/a" in the Markdown). "only" mode has no
+    // base set: no line about one.
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("c.tsv");
+    let bow = |mode: &str| {
+        format!(
+            "output_dir = \"{{out}}\"\n[[stage]]\ntype = \"read_cc_tsv\"\npath = \"{}\"\n[[stage]]\ntype = \"bow\"\n{mode}\
+             [[stage]]\ntype = \"write_parquet\"\n",
+            input.display()
+        )
+    };
+    std::fs::write(&input, "").unwrap();
+    let (d, _, _) = run_pipeline(&bow(""));
+    let md = std::fs::read_to_string(d.path().join("out/report.md")).unwrap();
+    assert!(md.contains("- Δ dataset size: **n/a**") && md.contains("| mean words per caption | n/a | n/a |"), "{md}");
+    assert_eq!(json_file(&d.path().join("out/report.json"))["stages"]["bow"]["delta_dataset_size"], 0.0);
+    std::fs::write(&input, "a dog in the park\thttp://u\nthe a\thttp://v\n").unwrap();
+    let (d, _, _) =
+        run_pipeline(&bow("mode = \"only\"\nlimit_to_base_vocab = false\nrm_top_freq = 0\nshuffle = false\n"));
+    let md = std::fs::read_to_string(d.path().join("out/report.md")).unwrap();
+    assert!(!md.contains("base captions") && !md.contains("base vocabulary"), "{md}");
+    assert!(md.contains("- deformed: 2 in, 1 out (1 emptied and dropped)"), "{md}");
+    assert!(md.contains("- Δ dataset size: **-50.0%**"), "{md}");
+}
+
 /// The JSON file at `path` (a manifest, a report).
 fn json_file(path: &std::path::Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()

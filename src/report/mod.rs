@@ -212,7 +212,7 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
     for w in r["warnings"].as_array().into_iter().flatten().filter_map(Value::as_str) {
         let _ = writeln!(md, "**Warning:** {w}\n");
     }
-    // A mean over no caption is 0 in the JSON, "n/a" here.
+    // A mean (or Δ) over no caption is 0 in the JSON, "n/a" here.
     let mean = |k: &str, n: &str| if u(n) == 0 { "n/a".to_owned() } else { format!("{:.2}", f(k)) };
     let _ = writeln!(md, "| | before | after |\n| --- | ---: | ---: |");
     let _ = writeln!(md, "| captions | {} | {} |", u("captions_in"), u("captions_out"));
@@ -223,11 +223,21 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
         mean("mean_words_after", "captions_out")
     );
     let _ = writeln!(md, "| vocabulary (distinct words) | {} | {} |\n", u("vocabulary_before"), u("vocabulary_after"));
-    let _ = writeln!(md, "- Δ dataset size: **{:+.1}%**", 100.0 * f("delta_dataset_size"));
+    let delta = match u("captions_in") {
+        0 => "n/a".to_owned(),
+        _ => format!("{:+.1}%", 100.0 * f("delta_dataset_size")),
+    };
+    let only = r["mode"] == "only";
+    let _ = writeln!(md, "- Δ dataset size: **{delta}**");
     let _ = writeln!(
         md,
-        "- base captions kept intact: {}; deformed: {} in, {} out ({} emptied and dropped)",
-        u("base"),
+        "- \"after\" is the whole output: {}the surviving deformed captions",
+        if only { "" } else { "the base captions, intact, and " }
+    );
+    let base = if only { String::new() } else { format!("base captions kept intact: {}; ", u("base")) };
+    let _ = writeln!(
+        md,
+        "- {base}deformed: {} in, {} out ({} emptied and dropped)",
         u("deformed_in"),
         u("deformed_out"),
         u("emptied")
@@ -238,12 +248,14 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
         mean("mean_words_deformed_after", "deformed_out"),
         u("vocabulary_deformed_after")
     );
-    let _ = writeln!(
-        md,
-        "- base vocabulary: {} {}",
-        u("base_vocabulary"),
-        r["base_vocabulary_unit"].as_str().unwrap_or("words")
-    );
+    if !only {
+        let _ = writeln!(
+            md,
+            "- base vocabulary: {} {}",
+            u("base_vocabulary"),
+            r["base_vocabulary_unit"].as_str().unwrap_or("words")
+        );
+    }
     let top: Vec<String> = r["top_removed"]
         .as_array()
         .map(|a| a.iter().filter_map(|w| w["word"].as_str().map(str::to_owned)).collect())
