@@ -283,8 +283,39 @@ fn a_changed_pipeline_input_or_shard_or_restart_starts_over() {
     assert!(!ok && stderr.contains("the input's content changed since the killed run"), "{stderr}");
     assert!(shards(&case.out("content").join("data")).is_empty());
     assert!(!case.out("content").join(".curate-checkpoint").exists());
+    // The same change between two kills: the resumed run, killed in turn, keeps in its own
+    // checkpoint the fingerprint of the content the kept shards came from, so the run after it
+    // still finds the change.
     std::fs::write(&input, &bytes).unwrap();
     std::fs::File::options().write(true).open(&input).unwrap().set_modified(modified).unwrap();
+    kill("chain");
+    let saved = |name: &str| -> serde_json::Value {
+        let text = std::fs::read_to_string(case.out(name).join(".curate-checkpoint")).unwrap();
+        serde_json::from_str(text.split_once('\n').unwrap().1).unwrap()
+    };
+    let first = saved("chain");
+    std::fs::write(&input, &swapped).unwrap();
+    std::fs::File::options().write(true).open(&input).unwrap().set_modified(modified).unwrap();
+    let (ok, stderr) = case.run("chain", Some(1), &[]);
+    assert!(!ok && stderr.contains("resuming"), "{stderr}");
+    let second = saved("chain");
+    assert!(second["chunk"].as_u64() > first["chunk"].as_u64(), "the second run went further: {second}");
+    assert_eq!(second["input_fingerprint"], first["input_fingerprint"]);
+    let (ok, stderr) = case.run("chain", None, &[]);
+    assert!(!ok && stderr.contains("the input's content changed since the killed run"), "{stderr}");
+    std::fs::write(&input, &bytes).unwrap();
+    std::fs::File::options().write(true).open(&input).unwrap().set_modified(modified).unwrap();
+
+    // A checkpoint saved before the fingerprint was known (here: its fingerprint taken out, and
+    // the checkpoint signed again) cannot tell such a change: not resumed.
+    kill("unknown");
+    let path = case.out("unknown").join(".curate-checkpoint");
+    let mut json = saved("unknown");
+    json["input_fingerprint"] = serde_json::Value::Null;
+    let json = serde_json::to_string(&json).unwrap();
+    let digest = format!("xxh3-64:{:016x}", xxhash_rust::xxh3::xxh3_64(json.as_bytes()));
+    std::fs::write(&path, format!("{digest}\n{json}")).unwrap();
+    starts_over("unknown", &[], "it was saved before the input's fingerprint was taken");
 
     // The input rewritten (other size and time): last, since it changes the input for all.
     kill("input");

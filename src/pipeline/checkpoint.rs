@@ -113,9 +113,10 @@ pub struct Checkpoint {
     pub skipped: BTreeMap<String, u64>,
     /// Each transform's report statistics of the chunks before `chunk`.
     pub stats: Vec<StageStats>,
-    /// The inputs' fingerprint (as in the manifest), once the run had it: the run that resumes
-    /// fails at its end if it finds another, so content changed under an unchanged size and
-    /// time is caught.
+    /// The inputs' fingerprint (as in the manifest) of the content the kept shards came from:
+    /// the run that resumes keeps it in its own checkpoints and fails at its end if it finds
+    /// another, so content changed under an unchanged size and time is caught. A checkpoint
+    /// saved before the run had it is not resumed.
     #[serde(default)]
     pub input_fingerprint: Option<String>,
 }
@@ -215,6 +216,10 @@ fn usable(c: &Checkpoint, run: &RunIdentity<'_>) -> std::result::Result<(), Stri
     let now = run.inputs;
     if now.len() != c.inputs.len() || now.iter().zip(&c.inputs).any(|(a, b)| a.as_ref() != Some(b)) {
         return Err("the input files changed since (paths, sizes or modification times)".to_owned());
+    }
+    // Without it, content changed under an unchanged size and time could not be told.
+    if c.input_fingerprint.is_none() {
+        return Err("it was saved before the input's fingerprint was taken".to_owned());
     }
     if c.stats.len() != c.first_rows.len() {
         return Err("it does not match the pipeline's stages".to_owned());

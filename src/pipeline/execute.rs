@@ -369,6 +369,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         o.stats = vec![StageStats::None; transforms.len()];
     }
     let (out_dir, identity, fingerprint_known) = (&out, &identity, &fingerprint_known);
+    let resumed_fingerprint = &resumed_fingerprint;
 
     let streamed = std::thread::scope(|s| -> Result<(u64, WriterOutcome)> {
         // `None` says the stream ended well: without it (a reader or transform failed) the
@@ -431,7 +432,13 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                                     rejects: o.reject_counts(),
                                     skipped: &o.skipped,
                                     stats: &o.stats,
-                                    input_fingerprint: fingerprint_known.get().cloned(),
+                                    // The content the kept shards came from: a resumed run's
+                                    // is its checkpoint's, whatever it finds now (its end
+                                    // compares the two), so that a chain of resumes cannot
+                                    // launder a change.
+                                    input_fingerprint: resumed_fingerprint
+                                        .clone()
+                                        .or_else(|| fingerprint_known.get().cloned()),
                                 };
                                 checkpoint::save(out_dir, identity, at)?;
                                 checkpointed = (data.shards().len(), rejects.shards().len());
@@ -489,7 +496,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
 
     let (input_fingerprint, secs) = fingerprinting.join().expect("fingerprint thread does not panic")?;
     timings.insert("fingerprint".to_owned(), secs);
-    if resumed_fingerprint.is_some_and(|f| f != input_fingerprint) {
+    if resumed_fingerprint.as_ref().is_some_and(|f| *f != input_fingerprint) {
         checkpoint::remove(&out);
         return Err(Error::data(
             "the input's content changed since the killed run this one resumed (its fingerprint differs, though \
@@ -846,6 +853,11 @@ fn clear_previous_run(
     for name in ["manifest.json", "report.json", "report.md"] {
         remove(&out.join(name))?;
     }
+    // What a run killed while writing a file left of it (best effort: whatever is in the way
+    // shows when that file is written).
+    for name in ["manifest.json", "report.json", "report.md", "config.json", checkpoint::FILE] {
+        let _ = std::fs::remove_file(crate::io::tmp_path(&out.join(name)));
+    }
     let list = |dir: &Path| -> Result<Vec<(String, std::path::PathBuf)>> {
         match std::fs::read_dir(dir) {
             Ok(entries) => {
@@ -858,6 +870,8 @@ fn clear_previous_run(
     for (name, path) in list(&out.join("plots"))? {
         if is_run_plot(&name) {
             remove(&path)?;
+        } else if name.starts_with('.') && name.strip_suffix(".tmp").is_some_and(is_run_plot) {
+            let _ = std::fs::remove_file(&path);
         }
     }
     let trash = out.join(crate::stages::write_parquet::STALE_DIR);
