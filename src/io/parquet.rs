@@ -284,7 +284,12 @@ impl ShardedWriter {
     /// An Arrow/Parquet error (a full disk comes as one) with the folder being written named.
     fn in_folder(&self, e: Error) -> Error {
         match e {
-            Error::Arrow(m) => Error::data(format!("cannot write Parquet shards in `{}`: {m}", self.dir.display())),
+            // The parquet crate wraps an I/O error as `External: ...`: the cause is what helps.
+            Error::Arrow(m) => Error::data(format!(
+                "cannot write Parquet shards in `{}`: {}",
+                self.dir.display(),
+                m.strip_prefix("External: ").unwrap_or(&m)
+            )),
             e => e,
         }
     }

@@ -1017,6 +1017,9 @@ fn transform_stream<'s>(
                         read += 1;
                         sunk += 1;
                         bar.inc(n);
+                        if read == start.chunk {
+                            bar.rate_from_here();
+                        }
                         let _ = credit.try_send(());
                         continue;
                     }

@@ -23,8 +23,23 @@ pub struct Progress {
 pub struct PassBar(Option<Shown>);
 
 enum Shown {
-    Bar(ProgressBar),
+    Bar(ProgressBar, Mutex<Since>),
     Log(LogLines),
+}
+
+/// Where a pass's rate is counted from: its start, or, in a resumed run, the first row it
+/// does not take over from the killed run (those rows came at the speed of a read alone).
+#[derive(Clone, Copy)]
+struct Since {
+    rows: u64,
+    at: Instant,
+}
+
+impl Since {
+    fn rate(&self, rows: u64) -> (u64, f64) {
+        let secs = self.at.elapsed().as_secs_f64();
+        ((rows.saturating_sub(self.rows) as f64 / secs.max(1e-9)) as u64, secs)
+    }
 }
 
 /// Progress of one pass as lines of text.
@@ -33,15 +48,15 @@ struct LogLines {
     label: String,
     total: Option<u64>,
     rows: AtomicU64,
-    started: Instant,
+    since: Mutex<Since>,
     last: Mutex<Instant>,
 }
 
 impl LogLines {
     fn line(&self, done: bool) -> String {
         let rows = self.rows.load(Ordering::Relaxed);
-        let secs = self.started.elapsed().as_secs_f64();
-        let rate = HumanCount((rows as f64 / secs.max(1e-9)) as u64);
+        let (rate, secs) = self.since.lock().expect("progress lock").rate(rows);
+        let rate = HumanCount(rate);
         let of = self.total.map(|t| format!("/{}", HumanCount(t))).unwrap_or_default();
         let state = if done { "done" } else { "at" };
         format!("{} {}: {state} {}{of} rows, {rate} rows/s, {secs:.1} s", self.prefix, self.label, HumanCount(rows))
@@ -70,7 +85,7 @@ impl Progress {
                 label: label.to_owned(),
                 total: total_rows,
                 rows: AtomicU64::new(0),
-                started: now,
+                since: Mutex::new(Since { rows: 0, at: now }),
                 last: Mutex::new(now),
             })));
         }
@@ -92,7 +107,7 @@ impl Progress {
         bar.set_prefix(prefix);
         bar.set_message(label.to_owned());
         bar.set_draw_target(ProgressDrawTarget::stderr());
-        PassBar(Some(Shown::Bar(bar)))
+        PassBar(Some(Shown::Bar(bar, Mutex::new(Since { rows: 0, at: Instant::now() }))))
     }
 
     /// A pass that turned out not to be needed: said so, in its place in the count.
@@ -104,9 +119,24 @@ impl Progress {
 }
 
 impl PassBar {
+    /// The rows so far were taken over from a killed run: the rate counts from here.
+    pub fn rate_from_here(&self) {
+        match &self.0 {
+            Some(Shown::Bar(b, since)) => {
+                *since.lock().expect("progress lock") = Since { rows: b.position(), at: Instant::now() };
+                b.reset_eta();
+            }
+            Some(Shown::Log(l)) => {
+                *l.since.lock().expect("progress lock") =
+                    Since { rows: l.rows.load(Ordering::Relaxed), at: Instant::now() };
+            }
+            None => {}
+        }
+    }
+
     pub fn inc(&self, n: u64) {
         match &self.0 {
-            Some(Shown::Bar(b)) => b.inc(n),
+            Some(Shown::Bar(b, _)) => b.inc(n),
             Some(Shown::Log(l)) => {
                 l.rows.fetch_add(n, Ordering::Relaxed);
                 let mut last = l.last.lock().expect("progress lock");
@@ -121,13 +151,10 @@ impl PassBar {
 
     pub fn finish(&self) {
         match &self.0 {
-            Some(Shown::Bar(b)) => {
+            Some(Shown::Bar(b, since)) => {
                 let secs = b.elapsed().as_secs_f64();
-                let line = format!(
-                    "{} rows in {secs:.1} s ({} rows/s)",
-                    HumanCount(b.position()),
-                    HumanCount((b.position() as f64 / secs.max(1e-9)) as u64)
-                );
+                let (rate, _) = since.lock().expect("progress lock").rate(b.position());
+                let line = format!("{} rows in {secs:.1} s ({} rows/s)", HumanCount(b.position()), HumanCount(rate));
                 b.set_style(ProgressStyle::with_template("{prefix} {msg}").expect("valid template"));
                 b.finish_with_message(format!("{}: {line}", b.message()));
             }
@@ -152,6 +179,10 @@ mod tests {
         let rate = line.split(", ").nth(1).unwrap();
         assert!(rate.ends_with(" rows/s") && !rate.contains('.'), "whole rows/s: {line}");
         assert!(log.line(true).contains(": done 123,456/1,000,000 rows"));
+        // Rows taken over from a killed run count in the position, not in the rate.
+        bar.rate_from_here();
+        let line = log.line(false);
+        assert!(line.contains("at 123,456/1,000,000 rows, 0 rows/s"), "{line}");
         // Off: nothing at all.
         let off = Progress { enabled: false, terminal: false, total_passes: 3 };
         assert!(off.pass(1, "x", None).0.is_none());
