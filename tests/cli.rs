@@ -251,6 +251,19 @@ fn a_wrong_header_hides_the_column_errors_it_causes() {
 }
 
 #[test]
+fn an_output_dir_behind_a_link_to_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("scratch");
+    std::os::unix::fs::symlink(dir.path().join("gone"), &link).unwrap();
+    for out in [link.clone(), link.join("bow")] {
+        let out = format!("output_dir={}", out.display());
+        let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", &out]);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(stderr.contains(&format!("`{}` is a link to `", link.display())), "{stderr}");
+    }
+}
+
+#[test]
 fn numbers_past_tomls_range() {
     insta::assert_snapshot!(validate("number_out_of_range.toml", &[]));
 }

@@ -580,6 +580,15 @@ fn did_you_mean_key<'a>(keys: impl Iterator<Item = &'a str>) -> Option<String> {
 /// it does not exist yet, on its nearest existing ancestor (which must be a folder the user may
 /// write in). `validate` then catches what `run` would fail on only after reading.
 fn unwritable(dir: &Path) -> Option<String> {
+    // A link to nothing is not there to `exists`, but no folder can be made in its place.
+    let dangling = dir.ancestors().take_while(|a| !a.as_os_str().is_empty() && !a.exists()).find_map(|a| {
+        std::fs::read_link(a)
+            .ok()
+            .map(|to| format!("`{}` is a link to `{}`, which does not exist", a.display(), to.display()))
+    });
+    if dangling.is_some() {
+        return dangling;
+    }
     let existing = dir.ancestors().find(|a| a.as_os_str().is_empty() || a.exists())?;
     let existing = if existing.as_os_str().is_empty() { Path::new(".") } else { existing };
     if !existing.is_dir() {
