@@ -133,11 +133,13 @@ fn read_metadata(path: &Path, source: &str, seen: &mut UniqueIds) -> Result<Chun
                 Some((n, cast.as_binary::<i32>().clone()))
             })
             .collect();
+        let fields = [&keys, &caps, &urls, &status];
         let raw_bytes = |i: usize| -> Option<(&'static str, Vec<u8>)> {
             bytes.iter().find_map(|(n, bytes)| {
                 let n = *n;
-                (bytes.is_valid(i) && std::str::from_utf8(bytes.value(i)).is_err()).then(|| {
-                    let fields = [&keys, &caps, &urls, &status];
+                // The cast to text made a null of a value that is not UTF-8.
+                let k = ["key", "caption", "url", "status"].iter().position(|c| *c == n)?;
+                (bytes.is_valid(i) && fields[k][i].is_none()).then(|| {
                     let mut line = Vec::new();
                     for (k, (vals, name)) in fields.iter().zip(["key", "caption", "url", "status"]).enumerate() {
                         if k > 0 {
