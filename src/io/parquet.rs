@@ -1,9 +1,9 @@
 //! Parquet files: reading inputs ([`read_batches`], [`read_batches_text_unchecked`], [`read_file`],
 //! [`read_schema`]) and writing output shards of at most `rows_per_shard` rows
 //! (`part-00000.parquet`, ...), each written to a temporary name and renamed into place when
-//! complete, with key-value metadata (curate version, config hash) in the file footer. LZ4_RAW compression: on the BoW benchmark it
-//! wrote 13% faster than Snappy for a 2% larger file, and pyarrow, polars, DuckDB and Spark
-//! (3.3+) read it. Rows are gathered into row groups of [`ROW_GROUP_ROWS`]; each full row group's
+//! complete, with key-value metadata (curate version, config hash) in the file footer. LZ4_RAW
+//! compression: on the BoW benchmark it wrote 13% faster than Snappy for a 2% larger file, and
+//! pyarrow, polars, DuckDB and Spark (3.3+) read it. Rows are gathered into row groups of [`ROW_GROUP_ROWS`]; each full row group's
 //! columns are encoded and compressed as rayon jobs while the writer goes on (up to
 //! [`ENCODING_AT_MOST`] row groups at once), then appended in order, so the file's bytes do not
 //! depend on the thread count.
