@@ -3,10 +3,10 @@
 //! (`part-00000.parquet`, ...), each written to a temporary name and renamed into place when
 //! complete, with key-value metadata (curate version, config hash) in the file footer. LZ4_RAW
 //! compression: on the BoW benchmark it wrote 13% faster than Snappy for a 2% larger file, and
-//! pyarrow, polars, DuckDB and Spark (3.3+) read it. Rows are gathered into row groups of [`ROW_GROUP_ROWS`]; each full row group's
-//! columns are encoded and compressed as rayon jobs while the writer goes on (up to
-//! [`ENCODING_AT_MOST`] row groups at once), then appended in order, so the file's bytes do not
-//! depend on the thread count.
+//! pyarrow, polars, DuckDB and Spark (3.3+) read it. Rows are gathered into row groups of
+//! [`ROW_GROUP_ROWS`]; each full row group's columns are encoded and compressed as rayon jobs while
+//! the writer goes on (up to [`ENCODING_AT_MOST`] row groups at once), then appended in order, so
+//! the file's bytes do not depend on the thread count.
 
 use std::collections::VecDeque;
 use std::fs::File;
