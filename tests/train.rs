@@ -133,7 +133,15 @@ fn resume_reproduces_the_losses_of_an_uninterrupted_run() {
     // Another worker count: batches do not depend on it.
     train(&c, &TrainOptions { resume: true, workers: 3, ..Default::default() }).unwrap();
     assert_eq!(losses(&out), want);
-    assert!(out.join("model.bpk").is_file());
+    // And the same model, BatchNorm running statistics included (a checkpoint holds its own
+    // step's, not the step before's): the saved models embed images alike, in eval mode.
+    let embed = |dir: &Path| {
+        let run = curate::train::trained::TrainedRun::load(&dir.join("out"), &Device::flex()).unwrap();
+        let s = run.image_size();
+        let pixels: Vec<f32> = (0..2 * 3 * s * s).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
+        run.embed_images(pixels, 2).unwrap()
+    };
+    assert_eq!(embed(parts.path()), embed(whole.path()), "the resumed run's model differs");
 
     // A changed config is refused on resume.
     let changed = config(parts.path(), &[&sets[..], &["optim.lr=0.01"]].concat());

@@ -203,12 +203,24 @@ pub fn last_checkpoint(output: &Path) -> Option<(u64, PathBuf)> {
     found.pop()
 }
 
+/// burn keeps a BatchNorm's last running-statistics update pending (per thread) until the
+/// next training step reads the statistics; a saved model would hold the step before's.
+/// `valid()` folds the pending update in, in place (the module's running states are shared by
+/// its clones), and changes nothing else: training reads them through the same fold.
+fn fold_pending_running_stats(model: &DualEncoder) {
+    let _ = model.valid();
+}
+
 impl Run {
     fn save(&self, output: &Path, step: u64, loss: f32, keep: usize) -> Result<()> {
         let final_dir = checkpoint_dir(output, step);
         let tmp = final_dir.with_extension("tmp");
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
+        fold_pending_running_stats(&self.trainee.encoder);
+        if let Some(t) = &self.teacher {
+            fold_pending_running_stats(t);
+        }
         let p = tmp.join("model.bpk");
         self.trainee.clone().save_file(&p).map_err(|e| record_err("write", &p, e))?;
         let p = tmp.join("optim_encoder.bpk");
@@ -563,6 +575,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         evaluate(&run, total, &mut metrics)?;
         let p = out.join("model.bpk");
         let tmp = crate::io::tmp_path(&p);
+        fold_pending_running_stats(&run.trainee.encoder);
         run.trainee.encoder.clone().save_file(&tmp).map_err(|e| record_err("write", &tmp, e))?;
         std::fs::rename(&tmp, &p).map_err(|e| Error::io("cannot rename into place", &p, e))?;
     }
