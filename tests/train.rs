@@ -150,6 +150,25 @@ fn resume_reproduces_the_losses_of_an_uninterrupted_run() {
 }
 
 #[test]
+fn a_run_from_step_0_does_not_keep_an_earlier_runs_checkpoints() {
+    // Seed 0 trains 6 steps into a folder (checkpoints at 2 and 4); seed 1 then stops after 3 in
+    // the same folder (a checkpoint at 2): its resume must go on from its own step, not from
+    // seed 0's checkpoints or model.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    train(&config(dir.path(), &["checkpoint_every=2"]), &TrainOptions::default()).unwrap();
+    assert_eq!(curate::train::run::last_checkpoint(&out).unwrap().0, 4);
+    let other = config(dir.path(), &["checkpoint_every=2", "seed=1"]);
+    train(&other, &TrainOptions { stop_after: Some(3), ..Default::default() }).unwrap();
+    assert_eq!(curate::train::run::last_checkpoint(&out).unwrap().0, 2, "seed 0's step 4 is gone");
+    assert!(!out.join("model.bpk").exists(), "seed 0's final model is gone");
+    train(&other, &TrainOptions { resume: true, ..Default::default() }).unwrap();
+    let fresh = tempfile::tempdir().unwrap();
+    train(&config(fresh.path(), &["checkpoint_every=2", "seed=1"]), &TrainOptions::default()).unwrap();
+    assert_eq!(losses(&out), losses(&fresh.path().join("out")));
+}
+
+#[test]
 fn a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let c = config(dir.path(), &["checkpoint_every=2"]);

@@ -186,6 +186,38 @@ fn checkpoint_dir(output: &Path, step: u64) -> PathBuf {
     output.join("checkpoints").join(format!("step-{step:08}"))
 }
 
+/// Removes what an earlier run left in `output` that this one, starting at step 0, would
+/// otherwise keep beside its own: checkpoints (a later `--resume` would go on from another
+/// run's) and the final model (`curate eval` would score it under this run's config).
+/// `metrics.jsonl` and `config.json` are written anew; other files stay.
+fn clear_earlier_run(output: &Path) -> Result<()> {
+    let dir = output.join("checkpoints");
+    let steps: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("step-"))
+            .map(|e| e.path())
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let model = output.join("model.bpk");
+    if !steps.is_empty() || model.exists() {
+        say!(
+            "note: `{}` holds an earlier run: its {} checkpoint(s) and final model are removed (train into a new \
+             `output_dir` to keep them, or `--resume` to go on from them)",
+            output.display(),
+            steps.len()
+        );
+    }
+    for p in steps {
+        std::fs::remove_dir_all(&p).map_err(|e| Error::io("cannot remove", &p, e))?;
+    }
+    match std::fs::remove_file(&model) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io("cannot remove", &model, e)),
+        _ => Ok(()),
+    }
+}
+
 /// The newest complete checkpoint folder and its step.
 pub fn last_checkpoint(output: &Path) -> Option<(u64, PathBuf)> {
     let dir = output.join("checkpoints");
@@ -433,6 +465,10 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             });
         }
     } else {
+        if opts.resume {
+            say!("note: --resume: `{}` has no complete checkpoint; training from step 0", out.display());
+        }
+        clear_earlier_run(&out)?;
         crate::io::write_atomic(&config_path, resolved.as_bytes())?;
     }
 
