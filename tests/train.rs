@@ -220,6 +220,58 @@ fn config_errors_are_reported_at_once_with_file_and_line() {
 }
 
 #[test]
+fn values_no_loss_optimiser_or_model_can_take_are_config_errors() {
+    // Each of these crashed a run or made it diverge; all are reported at once, before anything
+    // runs.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("train.toml");
+    std::fs::write(&file, BASE).unwrap();
+    let sets: Vec<String> = [
+        "output_dir=out/never",
+        "optim.lr=-1",
+        "optim.betas=[1.5, 0.9]",
+        "optim.weight_decay=-1",
+        "loss.type=memory_bank",
+        "loss.size=0",
+        "loss.temperature=0.0",
+        "model.text.max_tokens=1000",
+        "model.image.width=0",
+        "model.image_size_px=9223372036854775807",
+        "data.crop_ratio=[0.0, -1.0]",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let e = TrainConfig::load(&file, &sets).unwrap_err().to_string();
+    for want in [
+        "`optim.lr`: -1 is not positive",
+        "`optim.betas[0]`: 1.5 is not in [0, 1)",
+        "`optim.weight_decay`: -1 is not at least 0",
+        "`loss.size`: bank size 0 is not a positive multiple of batch_size",
+        "`loss.temperature`: 0 is not positive",
+        "`model.text.max_tokens`: 1000 tokens do not fit the text model",
+        "`model.image`: a ResNet needs a width",
+        "image_size_px 9223372036854775807 is past what fits in memory",
+        "`data.crop_ratio`: 0 is not a range of positive ratios",
+    ] {
+        assert!(e.contains(want), "wanted `{want}` in:\n{e}");
+    }
+    assert!(!e.contains("optim.min_lr"), "no follow-on of the wrong lr: {e}");
+}
+
+#[test]
+fn set_makes_an_optional_table_the_file_leaves_out() {
+    // BASE has no `[eval]`: `--set eval.key=...` makes it, as it would a stage's key.
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(
+        dir.path(),
+        &["eval.images=data/train_sample/zeroshot.parquet", "eval.classes=data/train_sample/classes.txt"],
+    );
+    let eval = c.eval.expect("an [eval] table from --set");
+    assert_eq!(eval.classes, PathBuf::from("data/train_sample/classes.txt"));
+}
+
+#[test]
 fn zero_shot_hit_at_k_by_hand() {
     // 3 images, 4 classes. Image 0: best class 2 (label 2) → top-1 hit. Image 1: best 0, second
     // 3 (label 3) → top-1 miss, top-2 hit. Image 2: labels {0, 1} (multi-label), best 1 → hit.

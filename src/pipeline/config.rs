@@ -194,9 +194,11 @@ impl ConfigDoc {
             .and_then(|p| p.strip_suffix(']'))
             .and_then(|i| i.parse::<usize>().ok())
             .filter(|_| parts.len() > 1);
-        // Top-level keys win; otherwise the first part names a stage.
+        // Top-level keys win; otherwise the first part names a stage. A file without stages (a
+        // training config) has only top-level keys: `optim.lr` makes an `[optim]` it leaves out.
+        let top = parts.len() == 1 || self.root.get(parts[0]).is_some_and(|v| !v.is_array());
         let (mut table, mut prefix, rest): (&mut Table, String, &[&str]) =
-            if position.is_none() && (parts.len() == 1 || self.root.get(parts[0]).is_some_and(|v| !v.is_array())) {
+            if position.is_none() && (top || !self.root.contains_key("stage")) {
                 (&mut self.root, String::new(), &parts[..])
             } else if let Some(idx) = position {
                 if parts[1..] == ["type"] {

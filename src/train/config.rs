@@ -464,11 +464,12 @@ impl TrainConfig {
                 bad("model.image.checkpoint", format!("`{}` does not exist", ck.display()), "a safetensors file");
             }
         }
+        self.check_ranges(&mut bad);
         if let crate::losses::LossConfig::MemoryBank(m) = &self.loss {
-            if m.size % self.batch_size != 0 {
+            if m.size == 0 || m.size % self.batch_size != 0 {
                 bad(
                     "loss.size",
-                    format!("bank size {} is not a multiple of batch_size {}", m.size, self.batch_size),
+                    format!("bank size {} is not a positive multiple of batch_size {}", m.size, self.batch_size),
                     "the FIFO bank needs K mod B = 0 (spec §4)",
                 );
             }
@@ -493,6 +494,9 @@ impl TrainConfig {
         if let Some(e) = &self.eval {
             if !e.classes.is_file() {
                 bad("eval.classes", format!("`{}` does not exist", e.classes.display()), "one class name per line");
+            }
+            if e.templates.is_empty() {
+                bad("eval.templates", "no template".into(), "e.g. `templates = [\"a photo of a {}.\"]`");
             }
             if e.templates.iter().any(|t| !t.contains("{}")) {
                 bad("eval.templates", "a template has no `{}`".into(), "e.g. `a photo of a {}.`");
@@ -523,6 +527,89 @@ impl TrainConfig {
                     );
                 }
             }
+        }
+    }
+
+    /// Values outside what the losses, the optimiser and the models can take: each would
+    /// otherwise surface later as a NaN loss, a diverging run or a crash.
+    fn check_ranges(&self, bad: &mut impl FnMut(&str, String, &str)) {
+        use crate::losses::LossConfig;
+        let mut within = |key: &str, v: f64, ok: bool, range: &str| {
+            if !ok || !v.is_finite() {
+                bad(key, format!("{v} is not {range}"), "see the defaults in README's training section");
+            }
+        };
+        let o = &self.optim;
+        within("optim.lr", o.lr, o.lr > 0.0, "positive");
+        // (Against a valid `lr` only: a wrong one is reported already.)
+        within("optim.min_lr", o.min_lr, o.min_lr >= 0.0 && (o.lr <= 0.0 || o.min_lr <= o.lr), "within [0, lr]");
+        within("optim.momentum", o.momentum, (0.0..1.0).contains(&o.momentum), "in [0, 1)");
+        for (i, b) in o.betas.iter().enumerate() {
+            within(&format!("optim.betas[{i}]"), *b, (0.0..1.0).contains(b), "in [0, 1)");
+        }
+        within("optim.weight_decay", o.weight_decay, o.weight_decay >= 0.0, "at least 0");
+        if let Some(c) = o.grad_clip_norm {
+            within("optim.grad_clip_norm", c, c > 0.0, "positive");
+        }
+        let [lo, hi] = self.data.crop_ratio;
+        within("data.crop_ratio", lo, 0.0 < lo && lo <= hi && hi.is_finite(), "a range of positive ratios");
+        let positive = |t: f64| t > 0.0;
+        match &self.loss {
+            LossConfig::Infonce(c) => within("loss.temperature", c.temperature, positive(c.temperature), "positive"),
+            LossConfig::MemoryBank(c) => {
+                within("loss.temperature", c.temperature, positive(c.temperature), "positive");
+                within("loss.momentum", c.momentum, (0.0..=1.0).contains(&c.momentum), "in [0, 1]");
+            }
+            LossConfig::LabelSmoothing(c) => within("loss.alpha", c.alpha, (0.0..1.0).contains(&c.alpha), "in [0, 1)"),
+            LossConfig::Kd(c) => {
+                within("loss.alpha", c.alpha, (0.0..=1.0).contains(&c.alpha), "in [0, 1]");
+                let t = c.teacher_temperature;
+                within("loss.teacher_temperature", t, positive(t), "positive");
+            }
+            LossConfig::Otter(c) => within("loss.alpha", c.alpha, (0.0..=1.0).contains(&c.alpha), "in [0, 1]"),
+            LossConfig::Cusa(c) => {
+                let t = c.teacher_temperature;
+                within("loss.teacher_temperature", t, positive(t), "positive");
+                for (key, [init, lo, hi]) in [
+                    ("loss.itc_temperature", c.itc_temperature),
+                    ("loss.csa_temperature", c.csa_temperature),
+                    ("loss.usa_temperature", c.usa_temperature),
+                ] {
+                    within(
+                        key,
+                        init,
+                        0.0 < lo && lo <= init && init <= hi,
+                        "[initial, low, high] with 0 < low <= initial <= high",
+                    );
+                }
+            }
+            LossConfig::Pcmepp(_) => {}
+        }
+        let m = &self.model;
+        if m.embed_dim > 1 << 16 || m.image_size_px > 4096 {
+            bad(
+                "model",
+                format!("embed_dim {} or image_size_px {} is past what fits in memory", m.embed_dim, m.image_size_px),
+                "embed_dim up to 65536, image_size_px up to 4096",
+            );
+        }
+        if m.image.width == Some(0) || m.image.layers.is_some_and(|l| l.contains(&0)) {
+            bad("model.image", "a ResNet needs a width and blocks in every stage".into(), "all at least 1");
+        }
+        // Longer token sequences than the text model has positions for cannot be embedded.
+        let positions = std::fs::read_to_string(m.text.dir.join("config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|c| c["max_position_embeddings"].as_u64());
+        if m.text.max_tokens < 2 || positions.is_some_and(|p| m.text.max_tokens as u64 > p) {
+            bad(
+                "model.text.max_tokens",
+                format!("{} tokens do not fit the text model", m.text.max_tokens),
+                &format!(
+                    "at least 2 (the start and end tokens){}",
+                    positions.map(|p| format!(", at most its {p} positions")).unwrap_or_default()
+                ),
+            );
         }
     }
 
