@@ -260,6 +260,51 @@ fn values_no_loss_optimiser_or_model_can_take_are_config_errors() {
 }
 
 #[test]
+fn rows_whose_image_is_not_there_are_counted() {
+    // The sample's table with every 4th image path broken: those rows are left out, and
+    // counted (the run says how many).
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let batches = curate::io::parquet::read_file(Path::new("data/train_sample/train.parquet")).unwrap();
+    let col = |name: &str| -> Vec<String> {
+        batches
+            .iter()
+            .flat_map(|b| {
+                let c = b.column_by_name(name).unwrap().as_any().downcast_ref::<StringArray>().unwrap();
+                c.iter().map(|v| v.unwrap().to_owned()).collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let paths: Vec<String> =
+        col("path").iter().enumerate().map(|(i, p)| if i % 4 == 0 { format!("{p}.gone") } else { p.clone() }).collect();
+    let strings = |v: Vec<String>| -> ArrayRef { Arc::new(StringArray::from(v)) };
+    let batch = RecordBatch::try_from_iter([
+        ("sample_id", strings(col("sample_id"))),
+        ("caption", strings(col("caption"))),
+        ("path", strings(paths)),
+    ])
+    .unwrap();
+    let table = dir.path().join("t.parquet");
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&table).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let c = config(dir.path(), &[&format!("data.tables=[\"{}\"]", table.display()), "loss.type=infonce"]);
+    let set = TrainSet::load(&c).unwrap();
+    assert_eq!((set.samples.len(), set.missing_images), (432, 144));
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_curate"))
+        .arg("train")
+        .arg(dir.path().join("train.toml"))
+        .args(["--set", &format!("output_dir={}", dir.path().join("out").display()), "--set", "steps=1"])
+        .args(["--set", &format!("data.tables=[\"{}\"]", table.display())])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(stderr.contains("note: 144 training row(s) left out: their image file is not there"), "{stderr}");
+}
+
+#[test]
 fn set_makes_an_optional_table_the_file_leaves_out() {
     // BASE has no `[eval]`: `--set eval.key=...` makes it, as it would a stage's key.
     let dir = tempfile::tempdir().unwrap();

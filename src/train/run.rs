@@ -474,6 +474,13 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
 
     let set = Arc::new(TrainSet::load(config)?);
     let rows = set.samples.len();
+    if set.missing_images > 0 {
+        say!(
+            "note: {} training row(s) left out: their image file is not there (paths are relative to the working \
+             directory, or to `data.image_root`); training on {rows} pairs",
+            set.missing_images
+        );
+    }
     let total = config.total_steps(rows);
     let maker = Arc::new(BatchMaker::new(set.clone(), config)?);
     let zeroshot = config.eval.as_ref().map(|e| ZeroShot::load(e, config.model.image_size_px)).transpose()?;
