@@ -323,3 +323,28 @@ fn im2col_convolutions_back_propagate_as_burns_kernel() {
         }
     }
 }
+
+#[test]
+fn a_tokenizer_past_the_models_vocabulary_is_refused_at_load() {
+    // The tiny BERT's tokenizer has 125 tokens and its `vocab_size` is 125. A tokenizer with a
+    // token more, or a pad id past the table, would let ids index past the embedding table.
+    let src = fixtures().join("tiny_bert");
+    let json = |f: &str| -> serde_json::Value { serde_json::from_slice(&std::fs::read(src.join(f)).unwrap()).unwrap() };
+    let (mut more, mut pad) = (json("tokenizer.json"), json("config.json"));
+    more["model"]["vocab"]["zzzz"] = 125.into();
+    pad["pad_token_id"] = 125.into();
+    for (file, changed, want) in
+        [("tokenizer.json", more, "the tokenizer has 126 tokens"), ("config.json", pad, "(pad id 125)")]
+    {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["config.json", "model.safetensors", "sentence_bert_config.json", "tokenizer.json"] {
+            std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+        }
+        std::fs::write(dir.path().join(file), changed.to_string()).unwrap();
+        let e = match TextEncoder::load(dir.path(), None, None, &Device::flex()) {
+            Ok(_) => panic!("{file}: loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains(want) && e.contains("the model's `vocab_size` is 125"), "{file}: {e}");
+    }
+}

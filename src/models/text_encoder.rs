@@ -78,6 +78,21 @@ impl TextEncoder {
         let tok_path = dir.join("tokenizer.json");
         let mut tokenizer = Tokenizer::from_file(&tok_path)
             .map_err(|e| model_err(format!("cannot load tokenizer `{}`: {e}", tok_path.display())))?;
+        // Every id the tokenizer can give, the pad id too, must have a row in the embedding
+        // table (a tokenizer from another model would index past it).
+        let vocab = raw.as_ref().and_then(|v| v["vocab_size"].as_u64());
+        let pad = raw.as_ref().and_then(|v| v["pad_token_id"].as_u64());
+        let ids = tokenizer.get_vocab_size(true) as u64;
+        if let Some(vocab) = vocab.filter(|&v| ids > v || pad.is_some_and(|p| p >= v)) {
+            return Err(Error::Model {
+                message: format!(
+                    "`{}`: the tokenizer has {ids} tokens{}, but the model's `vocab_size` is {vocab}",
+                    dir.display(),
+                    pad.map(|p| format!(" (pad id {p})")).unwrap_or_default()
+                ),
+                hint: Some("the tokenizer.json and config.json of one model folder belong together".into()),
+            });
+        }
         let st_max = read_json(&dir.join("sentence_bert_config.json"))
             .and_then(|v| v["max_seq_length"].as_u64())
             .map(|v| v as usize);
