@@ -161,6 +161,7 @@ fn encode_text_stage_writes_embeddings_in_input_order() {
         cc.to_string_lossy(),
         model.to_string_lossy()
     );
+    let toml_text = toml.clone();
     let doc = curate::pipeline::config::ConfigDoc::parse(Path::new("t.toml"), toml, &[]).unwrap();
     let plan = curate::pipeline::plan::compile_doc(&doc).unwrap();
     curate::pipeline::run(plan, &Default::default()).unwrap();
@@ -191,6 +192,16 @@ fn encode_text_stage_writes_embeddings_in_input_order() {
     .cloned()
     .unwrap();
     assert!(meta.iter().any(|kv| kv.key == "curate.model" && kv.value.as_deref() == Some(model.to_str().unwrap())));
+    // The text column cannot be one the output has already (two `sample_id` columns would make
+    // a file readers refuse).
+    let doc = curate::pipeline::config::ConfigDoc::parse(
+        Path::new("t.toml"),
+        toml_text,
+        &["encode_text.column=sample_id".into()],
+    )
+    .unwrap();
+    let e = curate::pipeline::plan::compile_doc(&doc).err().expect("refused").to_string();
+    assert!(e.contains("`sample_id` is a column of the output already"), "{e}");
 }
 
 #[test]

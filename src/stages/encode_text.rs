@@ -51,6 +51,12 @@ fn default_batch() -> usize {
 impl EncodeTextConfig {
     pub fn build(&self, input: &SchemaRef, device: &Device, problems: &mut Problems) -> Option<EncodeText> {
         match input.field_with_name(&self.column) {
+            // The output has `sample_id`, the text column and `embedding`: each once.
+            Ok(_) if ["sample_id", "embedding"].contains(&self.column.as_str()) => problems.push(
+                "column",
+                format!("`{}` is a column of the output already: it cannot be the text too", self.column),
+                Some("embed a text column, e.g. `column = \"caption\"`".into()),
+            ),
             Ok(f) if f.data_type() == &DataType::Utf8 => {}
             Ok(f) => {
                 problems.push("column", format!("column `{}` is {}, expected text", self.column, f.data_type()), None)
