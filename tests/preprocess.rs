@@ -152,4 +152,14 @@ fn undecodable_bytes_are_an_error_not_a_panic() {
     assert!(decode(&png[..png.len() / 2]).is_err(), "truncated PNG");
     let img = decode(&png).unwrap();
     assert_eq!((img.width, img.height, img.data.len()), (37, 23, 37 * 23 * 3));
+    // A JPEG cut short: its decoder would fill the rest with grey (PIL refuses it, "image file
+    // is truncated"). Bytes after the end-of-image marker are not a cut.
+    let jpeg = std::fs::read(dir().join("rgb_300x200.jpg")).unwrap();
+    for keep in [jpeg.len() / 2, jpeg.len() - 2] {
+        let e = decode(&jpeg[..keep]).unwrap_err();
+        assert!(e.contains("JPEG data cut short"), "{keep} bytes: {e}");
+    }
+    let mut trailing = jpeg.clone();
+    trailing.extend_from_slice(b"\x00\x00trailer");
+    assert_eq!(decode(&trailing).unwrap(), decode(&jpeg).unwrap());
 }

@@ -94,6 +94,10 @@ pub struct Rgb8 {
 /// (torchvision's image-folder loader). EXIF orientation is not applied (neither does PIL's
 /// `open`).
 pub fn decode(bytes: &[u8]) -> Result<Rgb8, String> {
+    if jpeg_cut_short(bytes) {
+        // The decoder would fill the missing part with grey, as PIL refuses to.
+        return Err("JPEG data cut short (no end-of-image marker after its last scan)".into());
+    }
     let img = image::load_from_memory(bytes).map_err(|e| e.to_string().trim_end().to_owned())?;
     let rgb = img.into_rgb8();
     let (width, height) = (rgb.width() as usize, rgb.height() as usize);
@@ -101,6 +105,19 @@ pub fn decode(bytes: &[u8]) -> Result<Rgb8, String> {
         return Err(format!("empty image ({width}x{height})"));
     }
     Ok(Rgb8 { width, height, data: rgb.into_raw() })
+}
+
+/// Whether `bytes` are a JPEG whose last scan has no end-of-image marker (`FF D9`) after it: a
+/// file cut short. In a scan's entropy-coded data a `FF` byte is followed by `00` or a restart
+/// marker, so `FF D9` there is the end; an EXIF thumbnail's own `FF D9` comes before the scans.
+fn jpeg_cut_short(bytes: &[u8]) -> bool {
+    if !bytes.starts_with(&[0xFF, 0xD8]) {
+        return false;
+    }
+    let Some(last_scan) = bytes.windows(2).rposition(|w| w == [0xFF, 0xDA]) else {
+        return false;
+    };
+    !bytes[last_scan..].windows(2).any(|w| w == [0xFF, 0xD9])
 }
 
 /// Resize + centre crop + normalisation, configured once.
