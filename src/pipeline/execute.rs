@@ -969,43 +969,52 @@ fn transform_stream<'s>(
     let mut ready: Vec<BTreeMap<usize, Finished>> = (0..steps).map(|_| BTreeMap::new()).collect();
     let mut finished: BTreeMap<usize, Finished> = BTreeMap::new();
     let mut next = vec![start.chunk; steps];
+    // Steps whose transform takes one chunk at a time, and whether one is in it now.
+    let serial: Vec<bool> =
+        (0..steps).map(|j| transforms.get(j).is_some_and(|(_, t)| t.one_chunk_at_a_time())).collect();
+    let mut busy = vec![false; steps];
     let mut offsets = start.first_rows.clone();
     offsets.resize(steps, 0);
     // Input rows of each chunk not yet handed to `sink`, in order.
     let mut pending_rows = std::collections::VecDeque::new();
     let (mut read, mut sunk, mut rows, mut input_done) = (0usize, 0usize, 0u64, false);
     rayon::in_place_scope(|scope| -> Result<u64> {
-        let start_ready =
-            |j: usize, ready: &mut Vec<BTreeMap<usize, Finished>>, next: &mut Vec<usize>, offsets: &mut Vec<u64>| {
-                while let Some(mut f) = ready[j].remove(&next[j]) {
-                    let (idx, first_row) = (next[j], offsets[j]);
-                    next[j] += 1;
-                    offsets[j] += f.chunk.batch.num_rows() as u64;
-                    let done = events.clone();
-                    scope.spawn(move |_| {
-                        // A panic would leave the loop below waiting for this chunk forever.
-                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            if let Some((name, t)) = transforms.get(j) {
-                                let before = f.chunk.rejects.len();
-                                let (mut chunk, stats) = t.apply(f.chunk, first_row)?;
-                                chunk.rejects.name_stage_from(before, schema::stage_name(name));
-                                f = Finished { chunk, stats: f.stats, first_rows: f.first_rows, rejects: None };
-                                f.stats.push(stats);
-                                f.first_rows.push(first_row);
-                            }
-                            if j + 1 == steps && !f.chunk.rejects.is_empty() {
-                                f.rejects = Some(f.chunk.rejects.to_batch());
-                            }
-                            Ok(f)
-                        }))
-                        .unwrap_or_else(|p| {
-                            let stage = transforms.get(j).map_or("writing", |(name, _)| name.as_str());
-                            Err(internal_error(&format!("stage `{stage}`"), p.as_ref()))
-                        });
-                        let _ = done.send(Event::Done { stage: j + 1, idx, result });
+        let start_ready = |j: usize,
+                           ready: &mut Vec<BTreeMap<usize, Finished>>,
+                           next: &mut Vec<usize>,
+                           offsets: &mut Vec<u64>,
+                           busy: &mut Vec<bool>| {
+            while !(serial[j] && busy[j]) {
+                let Some(mut f) = ready[j].remove(&next[j]) else { break };
+                busy[j] = true;
+                let (idx, first_row) = (next[j], offsets[j]);
+                next[j] += 1;
+                offsets[j] += f.chunk.batch.num_rows() as u64;
+                let done = events.clone();
+                scope.spawn(move |_| {
+                    // A panic would leave the loop below waiting for this chunk forever.
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        if let Some((name, t)) = transforms.get(j) {
+                            let before = f.chunk.rejects.len();
+                            let (mut chunk, stats) = t.apply(f.chunk, first_row)?;
+                            chunk.rejects.name_stage_from(before, schema::stage_name(name));
+                            f = Finished { chunk, stats: f.stats, first_rows: f.first_rows, rejects: None };
+                            f.stats.push(stats);
+                            f.first_rows.push(first_row);
+                        }
+                        if j + 1 == steps && !f.chunk.rejects.is_empty() {
+                            f.rejects = Some(f.chunk.rejects.to_batch());
+                        }
+                        Ok(f)
+                    }))
+                    .unwrap_or_else(|p| {
+                        let stage = transforms.get(j).map_or("writing", |(name, _)| name.as_str());
+                        Err(internal_error(&format!("stage `{stage}`"), p.as_ref()))
                     });
-                }
-            };
+                    let _ = done.send(Event::Done { stage: j + 1, idx, result });
+                });
+            }
+        };
         while !(input_done && sunk == read) {
             match crate::io::recv_in_pool(&inbox).expect("the caller holds a sender") {
                 Event::Input(chunk) => {
@@ -1028,14 +1037,17 @@ fn transform_stream<'s>(
                     let f = Finished { chunk, rejects: None, stats: Vec::new(), first_rows: Vec::new() };
                     ready[0].insert(read, f);
                     read += 1;
-                    start_ready(0, &mut ready, &mut next, &mut offsets);
+                    start_ready(0, &mut ready, &mut next, &mut offsets, &mut busy);
                 }
                 Event::InputEnd => input_done = true,
                 Event::Done { stage, idx, result } => {
                     let f = result?;
+                    // Step `stage - 1` has room for its next chunk.
+                    busy[stage - 1] = false;
+                    start_ready(stage - 1, &mut ready, &mut next, &mut offsets, &mut busy);
                     if stage < steps {
                         ready[stage].insert(idx, f);
-                        start_ready(stage, &mut ready, &mut next, &mut offsets);
+                        start_ready(stage, &mut ready, &mut next, &mut offsets, &mut busy);
                     } else {
                         finished.insert(idx, f);
                         while let Some(done) = finished.remove(&sunk) {
@@ -1171,6 +1183,74 @@ mod tests {
         assert_eq!(stream(&sizes, &transforms), (total as u64, want));
         // No transform: the chunks pass through.
         assert_eq!(stream(&sizes, &[]).1, (0..total as u64).collect::<Vec<_>>());
+    }
+
+    /// An encoder stand-in: takes chunks one at a time, and records how many were in it at
+    /// once and in which order they came.
+    #[derive(Default)]
+    struct OneAtATime {
+        inside: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+        order: std::sync::Mutex<Vec<u64>>,
+    }
+
+    impl Transform for OneAtATime {
+        fn apply(&self, chunk: Chunk, first_row: u64) -> Result<(Chunk, StageStats)> {
+            use std::sync::atomic::Ordering::SeqCst;
+            let now = self.inside.fetch_add(1, SeqCst) + 1;
+            self.most.fetch_max(now, SeqCst);
+            self.order.lock().unwrap().push(first_row);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            self.inside.fetch_sub(1, SeqCst);
+            Ok((chunk, StageStats::None))
+        }
+        fn one_chunk_at_a_time(&self) -> bool {
+            true
+        }
+        fn output_schema(&self) -> SchemaRef {
+            schema()
+        }
+        fn report(&self, _: &StageStats) -> serde_json::Value {
+            serde_json::Value::Null
+        }
+    }
+
+    #[test]
+    fn a_transform_that_takes_one_chunk_at_a_time_gets_them_in_order() {
+        // Between two transforms that run chunks side by side, and on a pool of 4 threads.
+        let sizes: Vec<usize> = (0..20).map(|i| 1 + (i * 37) % 23).collect();
+        let total: usize = sizes.iter().sum();
+        let encoder = Arc::new(OneAtATime::default());
+        struct Shared(Arc<OneAtATime>);
+        impl Transform for Shared {
+            fn apply(&self, chunk: Chunk, first_row: u64) -> Result<(Chunk, StageStats)> {
+                self.0.apply(chunk, first_row)
+            }
+            fn one_chunk_at_a_time(&self) -> bool {
+                self.0.one_chunk_at_a_time()
+            }
+            fn output_schema(&self) -> SchemaRef {
+                schema()
+            }
+            fn report(&self, _: &StageStats) -> serde_json::Value {
+                serde_json::Value::Null
+            }
+        }
+        let transforms: Vec<(String, Box<dyn Transform>)> = vec![
+            ("a".into(), Box::new(DropEvery(3))),
+            ("enc".into(), Box::new(Shared(encoder.clone()))),
+            ("b".into(), Box::new(DropEvery(2))),
+        ];
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().unwrap();
+        let (rows, values) = pool.install(|| stream(&sizes, &transforms));
+        let first: Vec<u64> = (0..total as u64).filter(|i| i % 3 != 0).collect();
+        let want: Vec<u64> = first.iter().enumerate().filter(|(j, _)| j % 2 != 0).map(|(_, &v)| v).collect();
+        assert_eq!((rows, values), (total as u64, want));
+        assert_eq!(encoder.most.load(std::sync::atomic::Ordering::SeqCst), 1, "one chunk in it at a time");
+        let order = encoder.order.lock().unwrap().clone();
+        assert_eq!(order.len(), sizes.len());
+        // (A chunk the first transform emptied has the first row of the next.)
+        assert!(order.windows(2).all(|w| w[0] <= w[1]), "in input order: {order:?}");
     }
 
     #[test]

@@ -108,6 +108,10 @@ pub struct EncodeImage {
 }
 
 impl Transform for EncodeImage {
+    fn one_chunk_at_a_time(&self) -> bool {
+        true
+    }
+
     fn apply(&self, chunk: Chunk, first_row: u64) -> Result<(Chunk, StageStats)> {
         let Chunk { batch, mut rejects, skipped } = chunk;
         let ids = str_col(&batch, schema::SAMPLE_ID);

@@ -440,6 +440,10 @@ struct Mined {
 }
 
 impl Transform for MinePseudoBow {
+    fn one_chunk_at_a_time(&self) -> bool {
+        true
+    }
+
     /// The pool is built from the aligned set (its own files), not from the stream: no fit
     /// pass, just before the stream. Its embedding time is reported on its own
     /// (`aligned_embed_seconds`), apart from the crops'.
