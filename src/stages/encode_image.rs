@@ -108,7 +108,7 @@ pub struct EncodeImage {
 }
 
 impl Transform for EncodeImage {
-    fn one_chunk_at_a_time(&self) -> bool {
+    fn parallel_inside(&self) -> bool {
         true
     }
 

@@ -116,7 +116,7 @@ pub struct EncodeText {
 }
 
 impl Transform for EncodeText {
-    fn one_chunk_at_a_time(&self) -> bool {
+    fn parallel_inside(&self) -> bool {
         true
     }
 

@@ -440,7 +440,7 @@ struct Mined {
 }
 
 impl Transform for MinePseudoBow {
-    fn one_chunk_at_a_time(&self) -> bool {
+    fn parallel_inside(&self) -> bool {
         true
     }
 
