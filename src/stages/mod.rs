@@ -91,7 +91,7 @@ pub trait Transform: Send + Sync {
     /// threads at once; must be deterministic.
     fn apply(&self, chunk: Chunk, first_row: u64) -> Result<(Chunk, StageStats)>;
     /// Whether `apply` keeps every core busy on its own (an encoder: batches on the thread
-    /// pool). Its chunks then go through it two at a time, in input order: run side by side,
+    /// pool). Its chunks then go through it one at a time, in input order: run side by side,
     /// the pool would finish the first one last, and no shard (nor checkpoint) would be written
     /// until a whole window of chunks was done.
     fn parallel_inside(&self) -> bool {
