@@ -576,7 +576,11 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
                 .unwrap_or_else(|| "no checkpoint was written yet".into());
             return Err(Error::Data {
                 message: format!("the loss is {value} at step {step}; training stopped and {kept}"),
-                hint: Some("lower `optim.lr`, add warm-up or `optim.grad_clip_norm`, then `--resume`".into()),
+                hint: Some(
+                    "lower `optim.lr`, add warm-up or `optim.grad_clip_norm`, and train again (a run with other \
+                     settings starts at step 0: `--resume` goes on only with the same ones)"
+                        .into(),
+                ),
             });
         }
         let mut grads = loss.backward();
