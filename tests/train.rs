@@ -131,7 +131,8 @@ fn resume_reproduces_the_losses_of_an_uninterrupted_run() {
     // The run stopped after step 4; the last checkpoint is step 3, so step 4 is trained again.
     assert_eq!(curate::train::run::last_checkpoint(&out).unwrap().0, 3);
     // Another worker count: batches do not depend on it.
-    train(&c, &TrainOptions { resume: true, workers: 3, ..Default::default() }).unwrap();
+    let s = train(&c, &TrainOptions { resume: true, workers: 3, ..Default::default() }).unwrap();
+    assert_eq!((s.resumed_at, s.steps), (3, 6), "steps 4 to 6 trained");
     assert_eq!(losses(&out), want);
     // And the same model, BatchNorm running statistics included (a checkpoint holds its own
     // step's, not the step before's): the saved models embed images alike, in eval mode.

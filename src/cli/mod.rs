@@ -347,8 +347,23 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 z.map(|z| format!("top-1 {:.3}, top-5 {:.3} ({} classes)", z.top1, z.top5, z.classes))
                     .unwrap_or_else(|| "not configured".into())
             };
-            say!("trained {} steps on {} pairs in {:.1} s; last loss {:.4}", s.steps, s.rows, s.seconds, s.last_loss);
-            say!("zero-shot at step 0: {}; at the end: {}", zs(s.first_zeroshot), zs(s.last_zeroshot));
+            let resumed = match s.resumed_at {
+                0 => String::new(),
+                at => format!(" (resumed at step {at})"),
+            };
+            say!(
+                "trained {} steps{resumed} on {} pairs in {:.1} s; last loss {:.4}",
+                s.steps - s.resumed_at,
+                s.rows,
+                s.seconds,
+                s.last_loss
+            );
+            say!(
+                "zero-shot at step {}: {}; at the end: {}",
+                s.first_zeroshot_step,
+                zs(s.first_zeroshot),
+                zs(s.last_zeroshot)
+            );
             say!("output: `{}` (config.json, metrics.jsonl, checkpoints/, model.bpk)", s.output_dir.display());
             Ok(0)
         }

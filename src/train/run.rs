@@ -72,7 +72,12 @@ impl Default for TrainOptions {
 /// What a finished run reports.
 #[derive(Debug, Clone)]
 pub struct TrainSummary {
+    /// The step the run ended at.
     pub steps: u64,
+    /// The step it started from (0, or a resumed checkpoint's).
+    pub resumed_at: u64,
+    /// The step of `first_zeroshot` (0, or a resumed run's first evaluation).
+    pub first_zeroshot_step: u64,
     pub last_loss: f32,
     pub first_zeroshot: Option<ZeroShotScores>,
     pub last_zeroshot: Option<ZeroShotScores>,
@@ -511,12 +516,15 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let mut metrics = Metrics::open(&out.join("metrics.jsonl"), resume_from.as_ref().map(|(s, _)| *s))?;
 
     let mut first_zeroshot = None;
+    let mut first_zeroshot_step = 0;
     let mut last_zeroshot = None;
     let mut evaluate = |run: &Run, step: u64, metrics: &mut Metrics| -> Result<()> {
         if let Some(z) = &zeroshot {
             let s = z.evaluate(&run.trainee.encoder.valid(), &maker.tokenizer)?;
             metrics.line(zeroshot_line(step, &s))?;
-            first_zeroshot.get_or_insert(s);
+            if first_zeroshot.is_none() {
+                (first_zeroshot, first_zeroshot_step) = (Some(s), step);
+            }
             last_zeroshot = Some(s);
         }
         Ok(())
@@ -631,6 +639,8 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     }
     Ok(TrainSummary {
         steps: end,
+        resumed_at: resume_from.as_ref().map_or(0, |(step, _)| *step),
+        first_zeroshot_step,
         last_loss,
         first_zeroshot,
         last_zeroshot,
