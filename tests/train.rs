@@ -267,15 +267,7 @@ fn rows_whose_image_is_not_there_are_counted() {
     use arrow_array::{ArrayRef, RecordBatch, StringArray};
     let dir = tempfile::tempdir().unwrap();
     let batches = curate::io::parquet::read_file(Path::new("data/train_sample/train.parquet")).unwrap();
-    let col = |name: &str| -> Vec<String> {
-        batches
-            .iter()
-            .flat_map(|b| {
-                let c = b.column_by_name(name).unwrap().as_any().downcast_ref::<StringArray>().unwrap();
-                c.iter().map(|v| v.unwrap().to_owned()).collect::<Vec<_>>()
-            })
-            .collect()
-    };
+    let col = |name: &str| common::strs(&batches, name);
     let paths: Vec<String> =
         col("path").iter().enumerate().map(|(i, p)| if i % 4 == 0 { format!("{p}.gone") } else { p.clone() }).collect();
     let strings = |v: Vec<String>| -> ArrayRef { Arc::new(StringArray::from(v)) };

@@ -649,8 +649,11 @@ fn is_run_shard(name: &str) -> bool {
 /// Whether a file named `name` in the output folder is one a run writes there (and so clears
 /// or replaces before it starts).
 fn is_run_file(name: &str) -> bool {
-    matches!(name, "config.json" | "manifest.json" | "report.json" | "report.md") || name == checkpoint::FILE
+    RUN_FILES.contains(&name)
 }
+
+/// The files a run writes in its output folder beside the data.
+const RUN_FILES: [&str; 5] = ["config.json", "manifest.json", "report.json", "report.md", checkpoint::FILE];
 
 /// Whether a file named `name` in the output folder's `plots/` is a plot a run draws (and so
 /// clears before it starts); other files there are the user's.
@@ -855,7 +858,7 @@ fn clear_previous_run(
     }
     // What a run killed while writing a file left of it (best effort: whatever is in the way
     // shows when that file is written).
-    for name in ["manifest.json", "report.json", "report.md", "config.json", checkpoint::FILE] {
+    for name in RUN_FILES {
         let _ = std::fs::remove_file(crate::io::tmp_path(&out.join(name)));
     }
     let list = |dir: &Path| -> Result<Vec<(String, std::path::PathBuf)>> {

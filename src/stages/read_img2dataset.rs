@@ -49,7 +49,7 @@ impl ReadImg2datasetConfig {
                 Some("tar") => {}
                 Some("parquet") => match parquet::read_schema(f) {
                     Ok(schema) => {
-                        for col in ["key", "caption", "url", "status"] {
+                        for col in COLUMNS {
                             match schema.field_with_name(col) {
                                 // (pandas writes a column of Nones as type `null`: all nulls.)
                                 Ok(field) if is_text(field.data_type()) || field.data_type().is_null() => {}
@@ -103,6 +103,9 @@ impl Reader for ReadImg2dataset {
     }
 }
 
+/// img2dataset's metadata columns that curate reads (`error_message` too, where there).
+const COLUMNS: [&str; 4] = ["key", "caption", "url", "status"];
+
 fn stem(p: &Path) -> String {
     p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
 }
@@ -118,42 +121,35 @@ fn read_metadata(path: &Path, source: &str, seen: &mut UniqueIds) -> Result<Chun
     // Text columns come as bytes, so that a value that is not UTF-8 rejects its row only.
     for batch in parquet::read_batches_text_unchecked(path, 1 << 16)? {
         let batch = batch?;
-        let text = |n: &str| text_column(&batch, n);
-        let columns = [text("key")?, text("caption")?, text("url")?, text("status")?];
-        let [keys, caps, urls, status] = columns.each_ref().map(|c| c.iter().collect::<Vec<Option<&str>>>());
+        let text = |k: usize| text_column(&batch, COLUMNS[k]);
+        let columns = [text(0)?, text(1)?, text(2)?, text(3)?];
+        let fields = columns.each_ref().map(|c| c.iter().collect::<Vec<Option<&str>>>());
+        let [keys, caps, urls, status] = &fields;
         let error_column = text_column(&batch, "error_message").ok();
         let errors: Option<Vec<Option<&str>>> = error_column.as_ref().map(|c| c.iter().collect());
-        // Where a value is there but is not text, the row is rejected with the raw bytes.
-        let bytes: Vec<(&'static str, arrow_array::BinaryArray)> = ["key", "caption", "url", "status"]
-            .into_iter()
-            .filter_map(|n| {
-                let col = batch.column_by_name(n)?;
-                let binary = matches!(col.data_type(), DataType::Binary | DataType::LargeBinary | DataType::BinaryView);
-                let cast = binary.then(|| arrow_cast::cast(col, &DataType::Binary).ok()).flatten()?;
-                Some((n, cast.as_binary::<i32>().clone()))
-            })
-            .collect();
-        let fields = [&keys, &caps, &urls, &status];
+        // Each column as stored, where it is bytes (text columns are read so): a value there
+        // that the cast to text made a null is not UTF-8, and rejects its row with the four
+        // values, as stored, joined by tabs.
+        let bytes: [Option<arrow_array::BinaryArray>; 4] = COLUMNS.map(|n| {
+            let col = batch.column_by_name(n)?;
+            let binary = matches!(col.data_type(), DataType::Binary | DataType::LargeBinary | DataType::BinaryView);
+            let cast = binary.then(|| arrow_cast::cast(col, &DataType::Binary).ok()).flatten()?;
+            Some(cast.as_binary::<i32>().clone())
+        });
         let raw_bytes = |i: usize| -> Option<(&'static str, Vec<u8>)> {
-            bytes.iter().find_map(|(n, bytes)| {
-                let n = *n;
-                // The cast to text made a null of a value that is not UTF-8.
-                let k = ["key", "caption", "url", "status"].iter().position(|c| *c == n)?;
-                (bytes.is_valid(i) && fields[k][i].is_none()).then(|| {
-                    let mut line = Vec::new();
-                    for (k, (vals, name)) in fields.iter().zip(["key", "caption", "url", "status"]).enumerate() {
-                        if k > 0 {
-                            line.push(b'\t');
-                        }
-                        match (name == n, vals[i]) {
-                            (true, _) => line.extend_from_slice(bytes.value(i)),
-                            (false, Some(v)) => line.extend_from_slice(v.as_bytes()),
-                            (false, None) => {}
-                        }
-                    }
-                    (n, line)
-                })
-            })
+            let bad = (0..4).find(|&k| bytes[k].as_ref().is_some_and(|b| b.is_valid(i)) && fields[k][i].is_none())?;
+            let mut line = Vec::new();
+            for k in 0..4 {
+                if k > 0 {
+                    line.push(b'\t');
+                }
+                match (&bytes[k], fields[k][i]) {
+                    (Some(b), _) if k == bad => line.extend_from_slice(b.value(i)),
+                    (_, Some(v)) => line.extend_from_slice(v.as_bytes()),
+                    _ => {}
+                }
+            }
+            Some((COLUMNS[bad], line))
         };
         for i in 0..batch.num_rows() {
             let reject = |reason: &'static str, detail: String| Reject {
@@ -164,7 +160,7 @@ fn read_metadata(path: &Path, source: &str, seen: &mut UniqueIds) -> Result<Chun
                 sample_id: keys[i].filter(|k| has_words(k)).map(str::to_owned),
                 reason,
                 detail: detail.into(),
-                raw: row_json(&keys, &caps, &urls, &status, i).into_bytes(),
+                raw: row_json(keys, caps, urls, status, i).into_bytes(),
             };
             if let Some((column, raw)) = raw_bytes(i) {
                 rejects.push(Reject {
