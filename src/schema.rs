@@ -431,6 +431,17 @@ pub fn str_col<'a>(batch: &'a RecordBatch, name: &str) -> &'a arrow_array::Strin
     batch.column_by_name(name).unwrap_or_else(|| panic!("column `{name}` checked at plan time")).as_string::<i32>()
 }
 
+/// What a reject of a stage after the reader keeps as `raw` (`schemas/rejects.md`): row `r`'s
+/// caption, or nothing when the row has none.
+pub fn caption_bytes(batch: &RecordBatch, r: usize) -> Vec<u8> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::Array;
+    match batch.column_by_name(CAPTION).and_then(|c| c.as_string_opt::<i32>()) {
+        Some(c) if c.is_valid(r) => c.value(r).as_bytes().to_vec(),
+        _ => Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

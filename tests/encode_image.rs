@@ -134,6 +134,7 @@ fn images_in_webdataset_shards_are_read_by_shard_and_key() {
             ("000000000", "jpg", img("rgb_300x200.jpg")),
             ("000000001", "jpg", b"\xff\xd8 not really a jpeg".to_vec()),
             ("000000002", "png", img("gray_64x48.png")),
+            ("000000003", "bmp", bmp_of(&img("rgb_37x23.png"))),
         ],
     );
     let pipeline = |extra: &str| {
@@ -147,9 +148,9 @@ fn images_in_webdataset_shards_are_read_by_shard_and_key() {
     };
     let (_dir, data, rej) =
         common::run_pipeline(&pipeline(&format!("shards_dir = {:?}", shards.path().to_string_lossy())));
-    assert_eq!(common::strs(&data, "sample_id"), ["000000000", "000000002"]);
-    assert_eq!(common::strs(&data, "shard"), ["00000", "00000"]);
-    assert_eq!(common::strs(&data, "key"), ["000000000", "000000002"]);
+    assert_eq!(common::strs(&data, "sample_id"), ["000000000", "000000002", "000000003"]);
+    assert_eq!(common::strs(&data, "shard"), ["00000", "00000", "00000"]);
+    assert_eq!(common::strs(&data, "key"), ["000000000", "000000002", "000000003"]);
     let enc = ImageEncoder::load(
         &model(),
         ImageArch::TinyResnet,
@@ -159,18 +160,74 @@ fn images_in_webdataset_shards_are_read_by_shard_and_key() {
     .unwrap();
     let mut pixels = enc.preprocess.bytes_to_chw(&img("rgb_300x200.jpg")).unwrap();
     pixels.extend(enc.preprocess.bytes_to_chw(&img("gray_64x48.png")).unwrap());
+    // The BMP member (a format `read_img2dataset` takes) is the PNG's pixels.
+    pixels.extend(enc.preprocess.bytes_to_chw(&img("rgb_37x23.png")).unwrap());
     let want: Vec<Vec<f32>> = enc.encode(pixels).unwrap().chunks(enc.dim).map(<[f32]>::to_vec).collect();
     assert_same(&embeddings(&data), &want);
     let r = rejects(&rej);
     assert_eq!(r.len(), 1, "{r:?}");
     assert_eq!((r[0].0.as_str(), r[0].1.as_str()), ("undecodable_image", "000000001"));
+    assert!(r[0].2.contains("`00000.tar` member `000000001`"), "detail names the image: {}", r[0].2);
+    // As for every stage after the reader: no source file (its `row` is the stage's input row,
+    // not a tar member index), and the caption as `raw`.
+    assert_eq!(common::strs(&rej, "source_file"), [""]);
+    assert_eq!(rej[0].column_by_name("raw").unwrap().as_binary::<i32>().value(0), b"a caption");
 
     // Without `shards_dir` the images cannot be found: every row is a `missing_image` reject.
     let (_dir, data, rej) = common::run_pipeline(&pipeline(""));
     assert_eq!(data.iter().map(|b| b.num_rows()).sum::<usize>(), 0);
     let r = rejects(&rej);
-    assert_eq!(r.iter().filter(|r| r.0 == "missing_image").count(), 3, "{r:?}");
+    assert_eq!(r.iter().filter(|r| r.0 == "missing_image").count(), 4, "{r:?}");
     assert!(r[0].2.contains("shards_dir"), "{}", r[0].2);
+}
+
+/// `png` re-encoded as BMP.
+fn bmp_of(png: &[u8]) -> Vec<u8> {
+    let mut out = std::io::Cursor::new(Vec::new());
+    image::load_from_memory(png).unwrap().write_to(&mut out, image::ImageFormat::Bmp).unwrap();
+    out.into_inner()
+}
+
+#[test]
+fn the_samples_a_cut_shard_keeps_are_encoded() {
+    // A shard cut inside its last image: `read_img2dataset` keeps the two samples before the
+    // cut (`truncated_tar` for the third), and `encode_image` must find their images although
+    // the shard cannot be read to its end.
+    let shards = tempfile::tempdir().unwrap();
+    let img = |n: &str| std::fs::read(repo("tests/fixtures/images").join(n)).unwrap();
+    let path = shards.path().join("00000.tar");
+    write_shard(&path, &[("k0", "png", img("rgb_37x23.png")), ("k1", "jpg", img("rgb_300x200.jpg"))]);
+    let whole = std::fs::read(&path).unwrap();
+    write_shard(
+        &path,
+        &[
+            ("k0", "png", img("rgb_37x23.png")),
+            ("k1", "jpg", img("rgb_300x200.jpg")),
+            ("k2", "jpg", img("gray_45x61.jpg")),
+        ],
+    );
+    // Without the end-of-archive blocks, the two samples end where k2's header starts; cut 100
+    // bytes into k2's image data.
+    let k2_at = whole.len() - 1024;
+    let cut = std::fs::read(&path).unwrap()[..k2_at + 512 + 100].to_vec();
+    std::fs::write(&path, cut).unwrap();
+    let toml = format!(
+        "output_dir = \"{{out}}\"\n[[stage]]\ntype = \"read_img2dataset\"\npath = {:?}\n\
+         [[stage]]\ntype = \"encode_image\"\nmodel = {:?}\narch = \"tiny_resnet\"\nshards_dir = {:?}\n\
+         [[stage]]\ntype = \"write_parquet\"\n",
+        path.to_string_lossy(),
+        model().to_string_lossy(),
+        shards.path().to_string_lossy()
+    );
+    let (_dir, data, rej) = common::run_pipeline(&toml);
+    assert_eq!(common::strs(&data, "sample_id"), ["k0", "k1"]);
+    let r = rejects(&rej);
+    assert_eq!(r.iter().map(|r| (r.0.as_str(), r.1.as_str())).collect::<Vec<_>>(), [("truncated_tar", "k2")]);
+    let enc = ImageEncoder::load(&model(), ImageArch::TinyResnet, None, &Device::flex()).unwrap();
+    let mut pixels = enc.preprocess.bytes_to_chw(&img("rgb_37x23.png")).unwrap();
+    pixels.extend(enc.preprocess.bytes_to_chw(&img("rgb_300x200.jpg")).unwrap());
+    let want: Vec<Vec<f32>> = enc.encode(pixels).unwrap().chunks(enc.dim).map(<[f32]>::to_vec).collect();
+    assert_same(&embeddings(&data), &want);
 }
 
 #[test]

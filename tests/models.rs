@@ -359,3 +359,28 @@ fn a_tokenizer_past_the_models_vocabulary_is_refused_at_load() {
         assert!(e.contains(want) && e.contains("the model's `vocab_size` is 125"), "{file}: {e}");
     }
 }
+
+#[test]
+fn encode_text_rejects_rows_with_no_text() {
+    use arrow_array::cast::AsArray;
+    // A label column can be empty where readers reject blank captions; nothing to embed there.
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t.csv");
+    std::fs::write(&table, "id,caption,label\na,a dog,dog\nb,a cat,\nc,a cow,\"  \"\n").unwrap();
+    let toml = format!(
+        "output_dir = \"{{out}}\"\n[[stage]]\ntype = \"read_table\"\npath = {:?}\n\
+         columns = {{ sample_id = \"id\", caption = \"caption\", label_text = \"label\" }}\n\
+         [[stage]]\ntype = \"encode_text\"\nmodel = {:?}\ncolumn = \"label_text\"\n\
+         [[stage]]\ntype = \"write_parquet\"\n",
+        table.to_string_lossy(),
+        fixtures().join("tiny_bert").to_string_lossy()
+    );
+    let (_dir, data, rejects) = common::run_pipeline(&toml);
+    assert_eq!(common::strs(&data, "sample_id"), ["a"]);
+    assert_eq!(common::strs(&rejects, "sample_id"), ["b", "c"]);
+    assert_eq!(common::strs(&rejects, "reason"), ["no_caption", "no_caption"]);
+    assert_eq!(common::strs(&rejects, "stage"), ["encode_text", "encode_text"]);
+    let raw: Vec<&[u8]> =
+        rejects.iter().flat_map(|b| b.column_by_name("raw").unwrap().as_binary::<i32>().iter().flatten()).collect();
+    assert_eq!(raw, [b"a cat".as_slice(), b"a cow"], "the caption, as for every stage after the reader");
+}

@@ -151,12 +151,12 @@ impl Transform for EncodeImage {
                     }
                     Err((reason, detail)) => rejects.push(Reject {
                         stage: TYPE,
-                        source_file: refs.source_file(r),
+                        source_file: String::new(),
                         row: first_row + r as u64,
                         sample_id: Some(ids.value(r).to_owned()),
                         reason,
                         detail: detail.into(),
-                        raw: Vec::new(),
+                        raw: schema::caption_bytes(&batch, r),
                     }),
                 }
             }

@@ -2,7 +2,7 @@
 //! BERT-family model folder (e.g. all-MiniLM-L6-v2; CUSA §1 uses Sentence-BERT), in batches.
 //! Output: `sample_id`, the text column, and `embedding` as `FixedSizeList<Float32, D>`, in
 //! input order; the model is recorded in the Parquet metadata and the manifest. A row without
-//! text is a `no_caption` reject.
+//! text (null, or blank) is a `no_caption` reject.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 
-use super::{Problems, StageStats, Transform};
+use super::{has_words, Problems, StageStats, Transform};
 use crate::error::Result;
 use crate::models::pooling::Pooling;
 use crate::models::text_encoder::TextEncoder;
@@ -128,15 +128,18 @@ impl Transform for EncodeText {
         let mut keep_texts = StringBuilder::new();
         let mut todo: Vec<&str> = Vec::new();
         for r in 0..batch.num_rows() {
-            if texts.is_null(r) {
+            // Null or blank (no words, as Python's `str.split()` finds them): nothing to embed.
+            // Readers already reject blank captions; a label column can still hold "".
+            if texts.is_null(r) || !has_words(texts.value(r)) {
+                let what = if texts.is_null(r) { "null" } else { "blank" };
                 rejects.push(Reject {
                     stage: TYPE,
                     source_file: String::new(),
                     row: first_row + r as u64,
                     sample_id: Some(ids.value(r).to_owned()),
                     reason: "no_caption",
-                    detail: format!("`{}` is null", self.config.column).into(),
-                    raw: Vec::new(),
+                    detail: format!("`{}` is {what}", self.config.column).into(),
+                    raw: schema::caption_bytes(&batch, r),
                 });
                 continue;
             }

@@ -1,6 +1,6 @@
 //! Where a `pairs` row's image lives and reading its bytes, for the stages that look at images
 //! (`encode_image`, `mine_pseudo_bow`): `path` (a file reachable from where curate runs) or,
-//! for img2dataset webdataset rows, `<shards_dir>/<shard>.tar` member `<key>.<jpg|png|webp>`.
+//! for img2dataset webdataset rows, `<shards_dir>/<shard>.tar` member `<key>.<jpg|png|webp|bmp>`.
 //! A row whose image cannot be found fails with reason `missing_image`.
 
 use std::collections::{HashMap, HashSet};
@@ -17,8 +17,8 @@ use crate::schema::{self, str_col};
 /// Reference columns, in output order, as far as the input has them.
 pub const REFERENCE_COLUMNS: [&str; 3] = [schema::PATH, schema::SHARD, schema::KEY];
 
-/// Extensions of image members in webdataset shards.
-const TAR_IMAGE_EXTENSIONS: [&str; 4] = ["jpg", "jpeg", "png", "webp"];
+/// Extensions of image members in webdataset shards: those `read_img2dataset` takes.
+const TAR_IMAGE_EXTENSIONS: [&str; 5] = ["jpg", "jpeg", "png", "webp", "bmp"];
 
 /// Why a row's image could not be used: reject reason and detail.
 pub type Failure = (&'static str, String);
@@ -133,17 +133,10 @@ impl<'a> ImageRows<'a> {
             Source::Nowhere => String::new(),
         }
     }
-
-    /// The file a reject of row `r` names: the tar shard, or nothing for plain files.
-    pub fn source_file(&self, r: usize) -> String {
-        match &self.sources[r] {
-            Source::Tar { shard, .. } => format!("{shard}.tar"),
-            _ => String::new(),
-        }
-    }
 }
 
-/// Image bytes by `(shard, key)`; every key of a shard that cannot be read gets its error.
+/// Image bytes by `(shard, key)`. A shard that cannot be read to its end keeps the members
+/// read before the fault, and each key not found by then gets the error.
 fn tar_images(dir: &Path, wanted: &[(&str, &str)]) -> HashMap<(String, String), std::result::Result<Vec<u8>, String>> {
     let mut by_shard: HashMap<&str, Vec<&str>> = HashMap::new();
     for (shard, key) in wanted {
@@ -152,27 +145,24 @@ fn tar_images(dir: &Path, wanted: &[(&str, &str)]) -> HashMap<(String, String), 
     let mut out = HashMap::new();
     for (shard, keys) in by_shard {
         let path = PathBuf::from(dir).join(format!("{shard}.tar"));
-        match read_tar_images(&path, &keys) {
-            Ok(found) => {
-                for (k, v) in found {
-                    out.insert((shard.to_owned(), k), Ok(v));
-                }
-            }
-            Err(e) => {
-                for k in keys {
-                    out.insert((shard.to_owned(), k.to_owned()), Err(e.to_string()));
-                }
-            }
+        let mut found = HashMap::new();
+        let fault = read_tar_images(&path, &keys, &mut found).err();
+        for k in keys {
+            match (found.remove(k), &fault) {
+                (Some(bytes), _) => out.insert((shard.to_owned(), k.to_owned()), Ok(bytes)),
+                (None, Some(e)) => out.insert((shard.to_owned(), k.to_owned()), Err(e.to_string())),
+                (None, None) => None,
+            };
         }
     }
     out
 }
 
-/// The image members of `path` whose key is in `keys` (first image member per key).
-fn read_tar_images(path: &Path, keys: &[&str]) -> Result<HashMap<String, Vec<u8>>> {
+/// The image members of `path` whose key is in `keys` (first image member per key), into
+/// `out`; an error stops the reading and leaves in `out` what was read before it.
+fn read_tar_images(path: &Path, keys: &[&str], out: &mut HashMap<String, Vec<u8>>) -> Result<()> {
     let file = std::fs::File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
     let mut archive = tar::Archive::new(file);
-    let mut out = HashMap::new();
     let wanted: HashSet<&str> = keys.iter().copied().collect();
     for entry in archive.entries().map_err(|e| Error::io("cannot read tar", path, e))? {
         let mut entry = entry.map_err(|e| Error::io("corrupt tar member in", path, e))?;
@@ -191,5 +181,5 @@ fn read_tar_images(path: &Path, keys: &[&str]) -> Result<HashMap<String, Vec<u8>
         entry.read_to_end(&mut buf).map_err(|e| Error::io("cannot read tar member in", path, e))?;
         out.insert(key, buf);
     }
-    Ok(out)
+    Ok(())
 }

@@ -496,12 +496,12 @@ impl Transform for MinePseudoBow {
                     }
                     Err((reason, detail)) => rejects.push(Reject {
                         stage: TYPE,
-                        source_file: rows.source_file(r),
+                        source_file: String::new(),
                         row: first_row + r as u64,
                         sample_id: Some(ids.value(r).to_owned()),
                         reason,
                         detail: detail.into(),
-                        raw: Vec::new(),
+                        raw: schema::caption_bytes(&batch, r),
                     }),
                 }
             }
@@ -583,7 +583,7 @@ impl Transform for MinePseudoBow {
                 stats.no_candidate += 1;
                 rejects.push(Reject {
                     stage: TYPE,
-                    source_file: rows.source_file(r),
+                    source_file: String::new(),
                     row: first_row + r as u64,
                     sample_id: Some(ids.value(r).to_owned()),
                     reason: "no_candidate_word",
@@ -593,7 +593,7 @@ impl Transform for MinePseudoBow {
                         c.strategy.name()
                     )
                     .into(),
-                    raw: Vec::new(),
+                    raw: schema::caption_bytes(&batch, r),
                 });
             } else {
                 mined_by_row[r] = Some(m);

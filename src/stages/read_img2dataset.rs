@@ -275,8 +275,8 @@ fn read_tar(path: &Path, source: &str, seen: &mut UniqueIds) -> Result<Chunk> {
             stage: TYPE,
             source_file: name.clone(),
             row: d.member_index,
-            // The sample left out at the damage, if any.
-            sample_id: d.left_out,
+            // The sample left out at the damage, if any (a blank key names none).
+            sample_id: d.left_out.filter(|k| has_words(k)),
             reason: match d.kind {
                 tar_shards::DamageKind::Cut => "truncated_tar",
                 tar_shards::DamageKind::Corrupt => "corrupt_tar",
@@ -479,6 +479,19 @@ mod tests {
         // Into the second: every sample is.
         let (rows, rejects) = read(&full[..end + 768]);
         assert_eq!((rows.len(), rejects[0].1.as_deref(), rejects[0].2.as_str()), (3, None, "truncated_tar"));
+    }
+
+    #[test]
+    fn a_sample_with_a_blank_key_left_out_at_a_cut_names_no_id() {
+        // As every reject of a blank key: no `sample_id` (before, an id of one space).
+        let img = [0xffu8; 700];
+        let members: [(&str, &[u8]); 4] =
+            [("0.jpg", &img), ("0.txt", b"caption 0"), (" .jpg", &img), (" .txt", b"caption")];
+        let (full, starts) = pax_shard(&members);
+        let (rows, rejects) = read(&full[..starts[2] + 1536 + 100]);
+        assert_eq!(rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(), ["0"]);
+        let got: Vec<_> = rejects.iter().map(|r| (r.1.as_deref(), r.2.as_str())).collect();
+        assert_eq!(got, [(None, "truncated_tar")], "{rejects:?}");
     }
 
     #[test]
