@@ -6,8 +6,10 @@ The reference in this file was written from curate's documentation (README "Read
 schemas/pairs.md, schemas/rejects.md, tests/fixtures/readers/README.md) and the reader's
 behaviour as specified by its maintainers, not from the Rust code. It has its own tar parser
 (512-byte blocks, checksums, octal and base-256 sizes, pax `x` and GNU `L` headers,
-end-of-archive, lone zero blocks), its own strict RFC 8259 JSON validator (iterative, so any
-nesting depth) and uses pyarrow only to write inputs and read curate's output.
+end-of-archive, lone zero blocks), its own JSON validator (RFC 8259 plus what Python's
+`json.loads` reads: `NaN`, `Infinity`, `-Infinity`, a leading BOM; iterative, so any nesting
+depth; checked against `json.loads` itself where that can answer) and uses pyarrow only to write
+inputs and read curate's output.
 
 Each case writes 1-4 inputs (about 20% img2dataset Parquet, the rest webdataset tar shards) and
 runs `curate run` with `read_img2dataset` + `write_parquet`. The tar shards have ordinary and
@@ -17,7 +19,8 @@ keys and members, sub-directory keys, long names through pax/GNU headers, member
 not UTF-8, empty keys like `.jpg` or `dir/.txt`, type-7 members, directories, extra files) and
 damage (cuts anywhere, bad checksums, bad size fields, lone zero blocks, dangling extended
 headers, data after the end-of-archive). The Parquet inputs have null/blank keys and captions,
-every status, six codecs and several row groups. It compares every data column in order, the
+every status, values that are not UTF-8 (in string and binary columns), six codecs and several
+row groups. It compares every data column in order, the
 rejects (`stage, source_file, row, sample_id, reason, raw`; `detail` is not compared) in order,
 and the manifest's `rows` and `rejects_by_reason`.
 
@@ -27,17 +30,28 @@ Rules the reference encodes (docs + the reader's specification):
     images are `jpg jpeg png webp bmp`; other member types are skipped but counted in `row`;
   * a member name that is not UTF-8 is a sample of its own: `invalid_utf8`, `sample_id` null,
     `raw` = the name bytes, `row` = its member index; it ends the run before it;
-  * then an empty key (`.jpg`, `dir/.txt`) -> `missing_key` (`sample_id` = the key as is,
-    `raw` = the `.txt` bytes or empty); then `bad_json` > `missing_caption` > `missing_image` >
+  * then a member name with nothing before its extension (`.jpg`, `dir/.txt`) -> `missing_key`
+    (`raw` = the `.txt` bytes or empty); then `bad_json` > `missing_caption` > `missing_image` >
     `invalid_utf8` > `empty_caption` > `duplicate_key`;
-  * `KEY.json`: any RFC 8259 JSON text in UTF-8 is accepted (any depth, any number size, lone
-    surrogate escapes); `url` = the top-level object's last `url` member when it is a string
-    (null otherwise; a string holding a lone surrogate cannot be stored as UTF-8: null);
+  * a blank key (empty, or whitespace only in Python's `str.split()` sense) names no sample:
+    every reject of it (`missing_key`, `duplicate_member`, and `truncated_tar`/`corrupt_tar`
+    when the sample left out at the damage has a blank key) has `sample_id` null; a key such as
+    `dir/` (from `dir/.jpg`) is not blank and is the `sample_id` of its `missing_key`;
+  * `KEY.json`: any JSON text in UTF-8 is accepted as Python's `json.loads` reads what
+    `json.dumps` writes: RFC 8259 (any depth, any number size, lone surrogate escapes) plus the
+    values `NaN`, `Infinity`, `-Infinity` (not `-NaN`, `+Infinity`, `nan`, `infinity`) and one
+    leading UTF-8 BOM (a second BOM, or a BOM after whitespace, is `bad_json`); bytes that are
+    not UTF-8 (UTF-8-encoded surrogates included) are `bad_json`; `url` = the top-level object's
+    last `url` member when it is a string (null otherwise; a string holding a lone surrogate
+    cannot be stored as UTF-8: null);
   * a UTF-8 BOM at the start of `KEY.txt` is not part of the caption; `raw` is the `.txt` bytes
     as stored;
-  * Parquet: `missing_key` (null or blank key) > `download_failed` > `missing_caption` >
-    `empty_caption` > `duplicate_key`; "blank"/"empty" = only whitespace in Python's
-    `str.isspace` sense; `raw` is compared as parsed JSON;
+  * Parquet: `invalid_utf8` (a `key`, `caption`, `url` or `status` value that is not UTF-8;
+    `raw` = the four values as stored joined by tabs, a null as nothing; `sample_id` = the key
+    when it is UTF-8 and not blank, else null) > `missing_key` (null or blank key; `sample_id`
+    null) > `download_failed` > `missing_caption` > `empty_caption` > `duplicate_key`;
+    "blank"/"empty" = only whitespace in Python's `str.split()` sense (U+001C..U+001F too); the
+    other rejects' `raw` (a JSON object of the four) is compared as parsed JSON;
   * two local pax headers in a row are `corrupt_tar` (a documented limitation).
 
 usage: python3 benches/img2dataset_reference_check.py [--curate target/release/curate]
@@ -49,7 +63,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 BLOCK = 512
+BOM = b"\xef\xbb\xbf"
 STAGE = "read_img2dataset"
+COLS = ["key", "caption", "url", "status"]
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "bmp"}
 REGULAR = (b"0", b"\0", b"7")
 
@@ -65,8 +81,50 @@ _NUM = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _STR = re.compile(r'"(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*"')
 
 
+_LITERALS = ("true", "false", "null", "NaN", "Infinity", "-Infinity")
+
+
 def parse_json(b: bytes):
-    """Strict RFC 8259 JSON text (iterative: any depth). Returns (ok, url)."""
+    """RFC 8259 JSON text in UTF-8 (iterative: any depth), with what Python's `json.loads`
+    also reads (README, readers table, `read_img2dataset`): the values `NaN`, `Infinity` and
+    `-Infinity` (as `json.dumps` writes them) and one leading UTF-8 BOM. Returns (ok, url)."""
+    ok, url = _parse_json(b)
+    _cross_check(b, ok, url)
+    return ok, url
+
+
+def _cross_check(b, ok, url):
+    """Self-check of the hand-written parser against Python's own `json.loads` (the docs define
+    the accepted texts by it), where `json.loads` can answer: strict UTF-8 (json.loads(bytes)
+    would also take UTF-16/32 and UTF-8-encoded surrogates, which the docs do not list) and
+    shallow enough for its recursion limit."""
+    body = b[3:] if b.startswith(BOM) else b
+    try:
+        s = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return
+    if s.count("[") + s.count("{") > 300:
+        return
+    try:
+        v = json.loads(s)
+        py_ok = True
+    except RecursionError:
+        return
+    except ValueError:
+        py_ok, v = False, None
+    py_url = None
+    if isinstance(v, dict) and isinstance(v.get("url"), str):
+        py_url = v["url"]
+        if any(0xD800 <= ord(ch) <= 0xDFFF for ch in py_url):
+            py_url = None
+    if (ok, url) != (py_ok, py_url):
+        raise AssertionError(f"reference JSON parser disagrees with json.loads on {b[:200]!r}: "
+                             f"{(ok, url)} vs {(py_ok, py_url)}")
+
+
+def _parse_json(b: bytes):
+    if b.startswith(BOM):  # one leading BOM, as json.loads(bytes) drops it (utf-8-sig)
+        b = b[3:]
     try:
         s = b.decode("utf-8")  # strict: invalid bytes and UTF-8-encoded surrogates fail
     except UnicodeDecodeError:
@@ -110,28 +168,24 @@ def parse_json(b: bytes):
                 continue
             else:
                 started = True
+                lit = next((x for x in _LITERALS if s.startswith(x, i)), None)
                 if c == '"':
                     m = _STR.match(s, i)
                     if not m:
                         return False, None
-                    tok = m.group(0)
-                    val = ("str", tok)
+                    val = ("str", m.group(0))
+                    i = m.end()
+                elif lit is not None:  # true false null NaN Infinity -Infinity
+                    val = ("other", None)
+                    i += len(lit)
                 elif c in "-0123456789":
                     m = _NUM.match(s, i)
                     if not m:
                         return False, None
                     val = ("other", None)
-                else:
-                    m = None
-                    for lit in ("true", "false", "null"):
-                        if s.startswith(lit, i):
-                            m = lit
-                    if m is None:
-                        return False, None
-                    val = ("other", None)
-                    i += len(m)
-                if c == '"' or c in "-0123456789":
                     i = m.end()
+                else:
+                    return False, None
                 if len(stack) == 1 and stack[0] == "o" and pending_key == "url":
                     url = None
                     if val[0] == "str":
@@ -302,6 +356,11 @@ def split_name(name: bytes):
     return d + sep + stem, ext.lower(), stem == ""
 
 
+def key_id(key):
+    """A reject's `sample_id` from its key: none for an unknown, empty or blank key."""
+    return None if key is None or blank(key) else key
+
+
 def utf8(b: bytes):
     try:
         return b.decode("utf-8")
@@ -361,7 +420,7 @@ class Ref:
         else:
             self.emit(s["key"], cap, url, shard)
         for row, sid, r, rw in sorted(rej, key=lambda t: t[0]):
-            self.rej(src, row, sid, r, rw)
+            self.rej(src, row, key_id(sid), r, rw)
 
     def read_tar(self, path):
         src = os.path.basename(path)
@@ -417,20 +476,29 @@ class Ref:
                     left = cur["key"]
             else:
                 left = dkey
-            self.rej(src, idx, left, reason, src.encode())
+            self.rej(src, idx, key_id(left), reason, src.encode())
             return
 
     # ---- parquet
     def read_parquet(self, path):
         src = os.path.basename(path)
         shard = os.path.splitext(src)[0]
-        t = pq.read_table(path, columns=["key", "caption", "url", "status"])
-        cols = {c: t.column(c).to_pylist() for c in ["key", "caption", "url", "status"]}
+        t = pq.read_table(path, columns=COLS)
+        # the values as stored (bytes): a string column may hold bytes that are not UTF-8
+        cols = {c: t.column(c).cast(pa.binary()).to_pylist() for c in COLS}
         for i in range(t.num_rows):
-            k, cap, url, st = (cols[c][i] for c in ["key", "caption", "url", "status"])
+            stored = [cols[c][i] for c in COLS]
+            text = [None if v is None else utf8(v) for v in stored]
+            if any(v is not None and d is None for v, d in zip(stored, text)):
+                # raw: the four values as stored, joined by tabs (a null as nothing); the key
+                # names the row when it is UTF-8 and not blank
+                raw = b"\t".join(v if v is not None else b"" for v in stored)
+                self.rej(src, i, key_id(text[0]), "invalid_utf8", raw)
+                continue
+            k, cap, url, st = text
             raw = {"key": k, "caption": cap, "url": url, "status": st}
             if k is None or blank(k):
-                self.rej(src, i, k, "missing_key", raw)
+                self.rej(src, i, None, "missing_key", raw)
             elif st != "success":
                 self.rej(src, i, k, "download_failed", raw)
             elif cap is None:
@@ -550,14 +618,15 @@ def _rand_value(rng, d):
     r = rng.random()
     if d > 3 or r < 0.35:
         return rng.choice([1, -0.5, 1e300, 12345678901234567890123, "x", "u\u00e9\n", None, True, False,
-                           "\ud800", "\udfff", 0, "https://q/\u00e9", ""])
+                           "\ud800", "\udfff", 0, "https://q/\u00e9", "", float("nan"), float("inf"),
+                           float("-inf")])
     if r < 0.7:
         return {rng.choice(["url", "a", "caption", "url"]): _rand_value(rng, d + 1) for _ in range(rng.randrange(4))}
     return [_rand_value(rng, d + 1) for _ in range(rng.randrange(4))]
 
 
 def _mutate(rng, b):
-    alpha = list(b'{}[],:"\\ \t\n\r0123456789-+.eEtrufalsnu') + [0xff, 0xc3, 0x01, 0x80]
+    alpha = list(b'{}[],:"\\ \t\n\r0123456789-+.eEtrufalsnuNaIiy') + [0xff, 0xc3, 0x01, 0x80, 0xef]
     for _ in range(rng.randrange(1, 3)):
         op, pos = rng.randrange(3), rng.randrange(len(b) + 1)
         if op == 0:
@@ -576,11 +645,13 @@ def rand_json(rng, key, tags):
                            "status": "success", "width": 8}, indent=4).encode()
     if r < 0.70:
         tags.add("bad_json")
-        return rng.choice([b"{bad", b"", b"  \n", b'{"url": "a"} x', b'{"url": NaN}', b'{"url": Infinity}',
-                           b'{"url": "\xff"}', b'\xef\xbb\xbf{"url": "a"}', b'{"url": "a\tb"}', b'{"url": 01}',
+        return rng.choice([b"{bad", b"", b"  \n", b'{"url": "a"} x', b'{"url": nan}', b'{"url": -NaN}',
+                           b'{"url": "\xff"}', b'\xef\xbb\xbf\xef\xbb\xbf{"url": "a"}', b'{"url": "a\tb"}', b'{"url": 01}',
                            b'{"url": "a",}', b'{"url": "a"}\x00', b'{"url": "\\x41"}', b'{"url": "\xed\xa0\x80"}',
-                           b'{"url": "a", "k": [1, 2,]}', b'{"url": 1.}', b"{'url': 'a'}",
-                           b'{"url": "ok", "n": -}', b'{"url": "a"}}', b'[' * 300 + b']' * 299])
+                           b'{"url": "a", "k": [1, 2,]}', b'{"url": 1.}', b"{'url': 'a'}", b'{"url": +Infinity}',
+                           b'{"url": "ok", "n": -}', b'{"url": "a"}}', b'[' * 300 + b']' * 299, b'{"url": infinity}',
+                           b' \xef\xbb\xbf{"url": "a"}', b'{"url": "a", "n": NaNa}', b'{"url": "a", "n": -Inf}',
+                           b'\xef\xbb\xbf', b'{"url": "a"}\xef\xbb\xbf'])
     if r < 0.80:
         tags.add("odd_json")
         return rng.choice([b"[1,2]", b'"s"', b"null", b"1e400", b'{"url": 5}', b'{"url": null}', b'{}',
@@ -590,7 +661,12 @@ def rand_json(rng, key, tags):
                            b'{"url": ["a"]}', b'{"url": {"a": "b"}}', b'{"url": "a", "url": {"x": "y"}}',
                            b'{"u\\u0072l": "escaped-key"}', b'{"url": "\\/\\b\\f\\n\\r\\t\\"\\\\"}',
                            b'{"url": "big", "n": 1e400, "m": -1E-400, "i": 123456789012345678901234567890}',
-                           b'\t{"url"\n:\r"ws"}\r\n'])
+                           b'\t{"url"\n:\r"ws"}\r\n',
+                           # what Python's json.dumps writes and json.loads reads (README)
+                           b'{"url": NaN}', b'{"url": Infinity}', b'{"url": -Infinity}', b'NaN', b'-Infinity',
+                           b'{"url": "a", "w": NaN, "h": [Infinity, -Infinity]}', b'[NaN]',
+                           b'{"url":"nan","x":-Infinity}', b'\xef\xbb\xbf{"url": "a"}', b'\xef\xbb\xbf\n {"url": "b"}',
+                           b'\xef\xbb\xbf{"url": NaN}', b'\xef\xbb\xbf"s"', b'\xef\xbb\xbf[1]'])
     if r < 0.86:
         tags.add("deep_json")
         depth = rng.choice([129, 200, 1000, 5000, 100000])
@@ -600,6 +676,8 @@ def rand_json(rng, key, tags):
         tags.add("random_json")
         b = json.dumps(_rand_value(rng, 0), ensure_ascii=rng.random() < 0.5,
                        indent=rng.choice([None, 1])).encode("utf-8", "surrogatepass")
+        if rng.random() < 0.1:
+            b = BOM + b
         return _mutate(rng, b) if rng.random() < 0.5 else b
     return json.dumps({"url": f"https://u/{key}", "extra": list(range(rng.randrange(5)))}).encode()
 
@@ -731,9 +809,21 @@ def gen_parquet(rng, pool, path, tags):
         url = rng.choice([None, "https://x/" + str(rng.randrange(99)), "ü"])
         err = rng.choice([None, None, "", "HTTP 404"]) if st != "success" else None
         rows.append(dict(caption=cap, url=url, key=k, status=st, error_message=err, width=8))
-    t = pa.Table.from_pylist(rows, schema=pa.schema([("caption", pa.string()), ("url", pa.string()),
-                                                     ("key", pa.string()), ("status", pa.string()),
-                                                     ("error_message", pa.string()), ("width", pa.int64())]))
+    bad = rng.random() < 0.25  # some values that are not UTF-8 (stored in a string column)
+    if bad:
+        tags.add("parquet_bad_utf8")
+    cols = {}
+    for c in ["caption", "url", "key", "status", "error_message"]:
+        vals = [None if r[c] is None else r[c].encode() for r in rows]
+        if bad and c != "error_message":
+            vals = [rng.choice([b"caf\xe9", b"\xff", v + b"\xc3" if v else b"\xed\xa0\x80"])
+                    if rng.random() < 0.15 else v for v in vals]
+        typ = pa.binary() if rng.random() < 0.1 else pa.string()
+        if typ == pa.binary():
+            tags.add("parquet_binary_col")
+        cols[c] = pa.array(vals, pa.binary()).view(typ)
+    cols["width"] = pa.array([r["width"] for r in rows], pa.int64())
+    t = pa.table(cols)
     if rng.random() < 0.3:
         t = t.select(["status", "width", "key", "url", "caption", "error_message"])
     codec = rng.choice(["snappy", "zstd", "gzip", "brotli", "lz4", "none"])
@@ -767,7 +857,7 @@ def norm_raw(raw):
 
 
 def norm_got_raw(r):
-    if r["source_file"].endswith(".parquet"):
+    if r["source_file"].endswith(".parquet") and r["reason"] != "invalid_utf8":
         try:
             return ("json", json.loads(r["raw"]))
         except ValueError:

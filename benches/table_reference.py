@@ -16,6 +16,14 @@ Rules encoded here:
   * Parquet values of other types are text; a timestamp with a time zone is the UTC instant in
     RFC 3339 with `Z` (`2020-01-02T03:04:05Z`, fractions as arrow prints them: `.120`), a
     tz-naive one has no `Z`;
+  * an empty headerless text file (no bytes, or a BOM alone) is a table of no rows (no column
+    index is checked against it); an empty file with a header is a config error, and so
+    (docs-open) is a non-empty file with no non-blank line;
+  * Parquet: a mapped value that is not UTF-8 (binary columns, or string columns holding
+    such bytes) rejects its row, `invalid_utf8`, `raw` = that value's bytes (the first such one
+    in the order sample_id, caption, url, path, label, label_text; `sample_id` = the mapped id
+    when it is UTF-8 and not blank, else `file#row` without a mapped id, else null); a column
+    that is not mapped is not checked;
   * an empty `path` cell (or one empty after `path_cut_at`) is a null path; with `check_files`
     a path that is not a regular file (missing, or a folder) is `missing_file`;
   * a TSV file whose lines end in a lone CR (no LF) is a config error; CSV reads them as lines;
@@ -385,8 +393,16 @@ class Reader:
     def read_text(self, path, fmt):
         fname = os.path.basename(path)
         data = open(path, "rb").read()
-        if data == b"":
-            raise ConfigError(f"{path} is empty")
+        hdr = self.header(fmt)
+        # README (`read_table`): an empty headerless file is a table of no rows (its BOM, if
+        # any, is not part of its text, so a file of a BOM alone is empty too); a mapped column
+        # index cannot be past a width it does not have. With a header, an empty file has none:
+        # a config error.
+        if data in (b"", BOM):
+            if hdr:
+                raise ConfigError(f"{path} is empty")
+            self.colmap(None, float("inf"), fname)  # a column named without a header is still an error
+            return
         # README: a TSV whose lines end in a lone CR (a CR before the last byte, no LF in the
         # first 64 KiB) is refused: read at LF it would be one line.
         head = data[:1 << 16]
@@ -396,10 +412,10 @@ class Reader:
             recs = [(ln, raw.split(b"\t"), raw) for ln, raw in tsv_lines(data)]
         else:
             recs = csv_records(data)
-        # docs-open: a text file with no non-blank line is "empty" (a config error).
+        # docs-open: a text file that is not empty but has no non-blank line (only line ends)
+        # is "empty" (a config error).
         if all(r[1] == [b""] for r in recs):
             raise ConfigError(f"{path} is empty")
-        hdr = self.header(fmt)
         if hdr:
             if not recs:
                 raise ConfigError("no header")
@@ -456,6 +472,10 @@ class Reader:
             col = t.column(i)
             if pa.types.is_timestamp(typ):
                 col = col.cast(pa.int64())  # the stored integer; formatted by fmt_timestamp
+            elif pa.types.is_string(typ):
+                col = col.cast(pa.binary())  # as stored: a string column may hold non-UTF-8 bytes
+            elif pa.types.is_large_string(typ):
+                col = col.cast(pa.large_binary())
             colvals[k] = (col.to_pylist(), typ)
         for r in range(t.num_rows):
             self.read += 1

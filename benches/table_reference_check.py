@@ -12,7 +12,9 @@ a config error), with or without a header, a different column order per file, qu
 embedded LF/CR/CRLF, LF/CRLF/lone-CR/mixed line ends, BOMs, blank lines, too many or too few
 fields, unterminated quotes, invalid UTF-8, empty and whitespace-only captions (U+001C..U+001F,
 U+0085, ZWSP, ...), null/blank/duplicate ids, 95-140 rows for the first-100-lines width rule,
-Parquet with six codecs, row groups, dictionary/large/binary/int/float/bool/date columns and
+empty headerless files (a table of no rows), Parquet with six codecs, row groups,
+dictionary/large/binary/int/float/bool/date columns, string columns holding bytes that are not
+UTF-8 (mapped or not), and
 timestamps (s/ms/us/ns, tz-naive, UTC, named zones and offsets), `path_cut_at`, `image_root`,
 `check_files` (missing files, folders, empty path cells), `source`, `label`/`label_text`. It
 runs `curate run` (read_table + write_parquet) and compares every data row and column in order,
@@ -250,6 +252,9 @@ def write_parquet(rng, path, order, rows, types):
         if t == "binary":
             cols[c] = pa.array([b(v) if v is not None else None for v in vals], pa.binary())
             continue
+        if t == "badstr":  # a string column holding the bytes as they are (maybe not UTF-8)
+            cols[c] = pa.array([b(v) if v is not None else None for v in vals], pa.binary()).view(pa.string())
+            continue
         vals = [v.decode("latin-1") if isinstance(v, bytes) else v for v in vals]
         if t == "int":
             cols[c] = pa.array([rng.randint(-5, 30) if v is not None else None for v in vals], pa.int64())
@@ -335,19 +340,19 @@ def gen_case(rng, d):
     for c in LOGICAL:
         if fmt == "parquet":
             if c == "id":
-                ptypes[c] = rng.choice(["string", "string", "int", "binary", "large", "dict"])
+                ptypes[c] = rng.choice(["string", "string", "int", "binary", "large", "dict", "badstr"])
             elif c in ("url", "lab", "labt"):
                 ptypes[c] = rng.choice(["string", "binary", "int", "float", "bool", "ts", "dict", "large",
-                                        "f32", "date", "tsms", "tsx", "tsx"])
+                                        "f32", "date", "tsms", "tsx", "tsx", "badstr"])
                 if ptypes[c] == "tsx":
                     ptypes[c] = "tsx:%s:%s" % (rng.choice(["s", "ms", "us", "ns"]),
                                                rng.choice(["", "UTC", "+02:00", "-05:30", "+00:00",
                                                            "America/New_York", "Europe/Paris",
                                                            "Asia/Kolkata", "Etc/GMT+3"]))
             elif c == "img":
-                ptypes[c] = rng.choice(["string", "string", "binary"])
+                ptypes[c] = rng.choice(["string", "string", "binary", "badstr"])
             else:
-                ptypes[c] = rng.choice(["string", "string", "binary", "large", "dict"])
+                ptypes[c] = rng.choice(["string", "string", "binary", "large", "dict", "badstr"])
     for fi in range(nfiles):
         sub = os.path.join(d, "in" if use_root else "imgs")
         if use_root:
@@ -372,7 +377,9 @@ def gen_case(rng, d):
             write_parquet(rng, p, order, rows, ft)
         else:
             write_text(rng, p, fmt, header, order, rows)
-            if os.path.getsize(p) == 0:
+            # an empty headerless file is a table of no rows (README); with a header, a config
+            # error, which the fixed cases check
+            if os.path.getsize(p) == 0 and (header or rng.random() < 0.5):
                 open(p, "wb").write(b"id\n" if header else b"x\n")
         files.append((p, order))
     cols = {}
@@ -531,6 +538,18 @@ def edge_cases():
     E.append(("mixed extensions, format set", {"a.tsv": b"1,x\n", "b.csv": b"2,y\n"}, {"format": "csv", "header": False, "columns": {"caption": 1}}))
     E.append(("upper-case .CSV", {"a.CSV": b"id,text\n1,a\n"}, {"columns": {"caption": 1}}))
     E.append(("upper-case .TSV and .txt", {"a.TSV": b"1\tx\n", "b.txt": b"2\ty\n"}, {"columns": {"caption": 1}}))
+    # an empty headerless file is a table of no rows (README); with a header it is a config error
+    E.append(("empty headerless tsv", {"a.tsv": b""}, {"columns": {"caption": 0}}))
+    E.append(("empty headerless csv, index 5", {"a.csv": b""}, {"header": False, "columns": {"caption": 5, "sample_id": 2}}))
+    E.append(("BOM-only headerless tsv", {"a.tsv": b"\xef\xbb\xbf"}, {"columns": {"caption": 3}}))
+    E.append(("empty headerless file beside another", {"a.tsv": b"1\tx\n2\ty\n", "b.tsv": b""}, {"columns": {"sample_id": 0, "caption": 1}}))
+    E.append(("empty csv with a header (config error)", {"a.csv": b""}, {"columns": {"caption": "text"}}))
+    E.append(("BOM-only tsv with a header (config error)", {"a.tsv": b"\xef\xbb\xbf"}, {"header": True, "columns": {"caption": "text"}}))
+    tb = pa.table({"id": pa.array([b"1", b"2", b"\xff", None, b"5"], pa.binary()).view(pa.string()),
+                   "text": pa.array([b"a", b"caf\xe9", b"c", b"d", b"e"], pa.binary()).view(pa.string()),
+                   "other": pa.array([b"\xfe", b"x", b"y", b"z", b"\xc3"], pa.binary()).view(pa.string())})
+    E.append(("parquet string column holding non-UTF-8 bytes", {"a.parquet": _pq(tb)}, {"columns": {"sample_id": "id", "caption": "text"}}))
+    E.append(("parquet non-UTF-8 bytes, no mapped id", {"a.parquet": _pq(tb)}, {"columns": {"caption": "text", "label": "other"}}))
     return E
 
 

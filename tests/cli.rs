@@ -311,3 +311,20 @@ fn a_cuda_device_that_cannot_start_is_one_error() {
     assert!(stderr.contains("`--device cuda:99`: CUDA device 99 cannot be started"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn a_device_this_build_lacks_says_which_feature_it_needs() {
+    let mut lacking: Vec<(&str, &str)> = vec![("bogus", "unknown device `bogus`; use `cpu`, `ndarray` or `cuda[:N]`")];
+    if !cfg!(feature = "ndarray") {
+        lacking.push(("ndarray", "rebuild with `--features ndarray`, or use `cpu`"));
+    }
+    if !cfg!(feature = "cuda") {
+        lacking.push(("cuda:1", "built without CUDA; rebuild with `--features cuda`"));
+    }
+    for (name, want) in lacking {
+        let (code, stdout, stderr) = curate(&["run", "pipelines/bow.toml", "--device", name]);
+        assert_eq!(code, 2, "{name}: {stderr}");
+        assert!(stdout.is_empty());
+        assert!(stderr.contains(want), "{name}: {stderr}");
+    }
+}

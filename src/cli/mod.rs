@@ -83,9 +83,11 @@ pub struct EvalArgs {
 
 #[derive(Debug, Args)]
 pub struct PipelineArgs {
-    /// The pipeline file: TOML, or JSON with the layout of a run's `config.json` (which repeats that run).
+    /// The pipeline or training file: TOML, or JSON with the layout of a run's `config.json`
+    /// (which repeats that run).
     pub file: PathBuf,
-    /// Override a key: `--set bow.rm_top_freq=500`, `--set output_dir=out/x` (repeatable).
+    /// Override a key: `--set bow.rm_top_freq=500`, `--set optim.lr=0.001`, `--set
+    /// output_dir=out/x` (repeatable).
     #[arg(long = "set", value_name = "KEY.PATH=VALUE")]
     pub overrides: Vec<String>,
     /// Where models run: `cpu` (burn's flex backend), `ndarray`, or `cuda[:N]` (built with
@@ -110,6 +112,12 @@ fn device(name: &str) -> anyhow::Result<burn::tensor::Device> {
         }
         other if other.starts_with("cuda") => {
             anyhow::bail!("`--device {other}`: this curate was built without CUDA; rebuild with `--features cuda`")
+        }
+        #[cfg(not(feature = "ndarray"))]
+        "ndarray" => {
+            anyhow::bail!(
+                "`--device ndarray`: this curate was built without it; rebuild with `--features ndarray`, or use `cpu`"
+            )
         }
         other => anyhow::bail!("unknown device `{other}`; use `cpu`, `ndarray` or `cuda[:N]`"),
     }
@@ -218,8 +226,9 @@ pub enum BenchCommand {
     /// The I/O floor alone (used by `bench bow`).
     #[command(hide = true)]
     IoFloor { input: PathBuf, output: PathBuf },
-    /// The BoW stage alone on the input parsed in memory (used by `bench bow`).
-    #[command(hide = true)]
+    /// The BoW stage of a pipeline alone: its input parsed into memory first (untimed), then
+    /// the fit passes and the deformation of every chunk, in parallel, writing nothing; prints
+    /// the time (`bench bow` runs it on its input).
     BowStage { pipeline: PathBuf },
 }
 
