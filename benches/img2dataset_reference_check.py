@@ -30,11 +30,12 @@ Rules the reference encodes (docs + the reader's specification):
     images are `jpg jpeg png webp bmp`; other member types are skipped but counted in `row`;
   * a member name that is not UTF-8 is a sample of its own: `invalid_utf8`, `sample_id` null,
     `raw` = the name bytes, `row` = its member index; it ends the run before it;
-  * then a member name with nothing before its extension (`.jpg`, `dir/.txt`) -> `missing_key`
-    (`raw` = the `.txt` bytes or empty); then `bad_json` > `missing_caption` > `missing_image` >
+  * then a member name with nothing before its extension (`.jpg`, `dir/.txt`), or a blank key
+    (` .jpg`, as a blank `key` in Parquet) -> `missing_key` (`raw` = the `.txt` bytes or empty); then `bad_json` > `missing_caption` > `missing_image` >
     `invalid_utf8` > `empty_caption` > `duplicate_key`;
-  * a blank key (empty, or whitespace only in Python's `str.split()` sense) names no sample:
-    every reject of it (`missing_key`, `duplicate_member`, and `truncated_tar`/`corrupt_tar`
+  * a reject's `sample_id` is never blank (schemas/rejects.md): a blank key (empty, or
+    whitespace only in Python's `str.split()` sense) names no sample, so every reject of it
+    (`missing_key`, `duplicate_member`, `duplicate_key`, ..., and `truncated_tar`/`corrupt_tar`
     when the sample left out at the damage has a blank key) has `sample_id` null; a key such as
     `dir/` (from `dir/.jpg`) is not blank and is the `sample_id` of its `missing_key`;
   * `KEY.json`: any JSON text in UTF-8 is accepted as Python's `json.loads` reads what
@@ -392,7 +393,7 @@ class Ref:
         reason = raw = None
         url = None
         cap = None
-        if s["empty_key"]:
+        if s["empty_key"] or blank(s["key"]):
             reason, raw = "missing_key", txt if txt is not None else b""
         else:
             ok = True
@@ -611,6 +612,8 @@ def rand_key(rng, pool):
         return "ké\u00e9y" + rng.choice(pool)
     if r < 0.81:
         return rng.choice(["", "", "dir/", "a.d/", "./"])  # empty key
+    if r < 0.83:
+        return rng.choice([" ", "\x1c", "\u3000", "dir/ "])  # blank key (kept; its rejects name no id)
     return rng.choice(pool)
 
 
@@ -719,6 +722,8 @@ def gen_tar(rng, pool, tags):
             mems.append((f"{key}.{e}".encode(), d))
         if key in ("", "dir/", "a.d/", "./"):
             tags.add("empty_key")
+        elif blank(key.rpartition("/")[2]):
+            tags.add("blank_key")
         if mems and rng.random() < 0.08:  # duplicate member
             mems.insert(rng.randrange(1, len(mems) + 1), rng.choice(mems)); tags.add("dup_member")
         order.append(mems)

@@ -556,11 +556,15 @@ fn parquet_text_that_is_not_utf8_rejects_its_row_only() {
     // SAFETY (of the test's input only): the invalid bytes are the point; curate reads the
     // file back, never this array.
     let captions = unsafe { StringArray::new_unchecked(offsets, arrow_buffer::Buffer::from(values.concat()), None) };
+    // A second bad value in the same row (img2dataset's `raw` keeps it as stored too).
+    let values: [&[u8]; 3] = [b"success", b"succ\xfeess", b"success"];
+    let offsets = arrow_buffer::OffsetBuffer::from_lengths(values.iter().map(|v| v.len()));
+    let status = unsafe { StringArray::new_unchecked(offsets, arrow_buffer::Buffer::from(values.concat()), None) };
     let batch = RecordBatch::try_from_iter([
         ("caption", std::sync::Arc::new(captions) as ArrayRef),
         ("url", s(vec![Some("u0"), Some("u1"), Some("u2")])),
         ("key", s(vec![Some("k0"), Some("k1"), Some("k2")])),
-        ("status", s(vec![Some("success"); 3])),
+        ("status", std::sync::Arc::new(status) as ArrayRef),
     ])
     .unwrap();
     let path = dir.path().join("00000.parquet");
@@ -573,7 +577,7 @@ fn parquet_text_that_is_not_utf8_rejects_its_row_only() {
     assert_eq!(strs(&data, "sample_id"), ["k0", "k2"]);
     assert_eq!(reasons(&rejects), [("invalid_utf8".into(), 1)]);
     assert_eq!(col(&rejects, "sample_id"), [Some("k1".into())]);
-    assert_eq!(raw_of(&rejects), b"k1\tbad \xff cap\tu1\tsuccess");
+    assert_eq!(raw_of(&rejects), b"k1\tbad \xff cap\tu1\tsucc\xfeess");
     // A table reader: a mapped column rejects the row; a column it does not map is not read.
     let table = |columns: &str| {
         let toml = format!("type = \"read_table\"\npath = \"{}\"\ncolumns = {{ {columns} }}", path.display());

@@ -143,8 +143,9 @@ fn read_metadata(path: &Path, source: &str, seen: &mut UniqueIds) -> Result<Chun
                 if k > 0 {
                     line.push(b'\t');
                 }
+                // Every value as stored (each of several bad ones too); a null is nothing.
                 match (&bytes[k], fields[k][i]) {
-                    (Some(b), _) if k == bad => line.extend_from_slice(b.value(i)),
+                    (Some(b), _) if b.is_valid(i) => line.extend_from_slice(b.value(i)),
                     (_, Some(v)) => line.extend_from_slice(v.as_bytes()),
                     _ => {}
                 }
@@ -296,10 +297,15 @@ fn judge(s: &tar_shards::Sample, seen: &mut UniqueIds) -> Verdict {
     if let Some(name) = &s.bad_name {
         return Err(("invalid_utf8", "the member name is not UTF-8, so its key is unknown", name.clone()));
     }
-    // `.jpg`, `dir/.txt`: a member name with nothing before the extension.
-    if s.key.is_empty() || s.key.ends_with('/') {
+    // `.jpg`, `dir/.txt`: a member name with nothing before the extension; ` .jpg`: a blank
+    // key, as a blank `key` in img2dataset's Parquet.
+    if s.key.is_empty() || s.key.ends_with('/') || !has_words(&s.key) {
         let raw = s.member("txt").and_then(|m| m.data.clone()).unwrap_or_default();
-        return Err(("missing_key", "the member name has no key before its extension", raw));
+        let detail = match s.key.is_empty() || s.key.ends_with('/') {
+            true => "the member name has no key before its extension",
+            false => "the key is blank",
+        };
+        return Err(("missing_key", detail, raw));
     }
     let has_image = s.members.iter().any(|m| IMAGE_EXTS.contains(&m.ext.as_str()));
     let caption = s.member("txt").and_then(|m| m.data.clone());
@@ -482,7 +488,7 @@ mod tests {
     }
 
     #[test]
-    fn a_sample_with_a_blank_key_left_out_at_a_cut_names_no_id() {
+    fn a_blank_tar_key_is_a_missing_key_and_names_no_id_when_cut() {
         // As every reject of a blank key: no `sample_id` (before, an id of one space).
         let img = [0xffu8; 700];
         let members: [(&str, &[u8]); 4] =
@@ -492,6 +498,11 @@ mod tests {
         assert_eq!(rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(), ["0"]);
         let got: Vec<_> = rejects.iter().map(|r| (r.1.as_deref(), r.2.as_str())).collect();
         assert_eq!(got, [(None, "truncated_tar")], "{rejects:?}");
+        // Whole, the blank key is a `missing_key`, as a blank `key` in img2dataset's Parquet.
+        let (rows, rejects) = read(&full);
+        assert_eq!(rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(), ["0"]);
+        let got: Vec<_> = rejects.iter().map(|r| (r.1.as_deref(), r.2.as_str(), r.3.as_str())).collect();
+        assert_eq!(got, [(None, "missing_key", "the key is blank")], "{rejects:?}");
     }
 
     #[test]
