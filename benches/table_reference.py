@@ -412,8 +412,8 @@ class Reader:
             recs = [(ln, raw.split(b"\t"), raw) for ln, raw in tsv_lines(data)]
         else:
             recs = csv_records(data)
-        # docs-open: a text file that is not empty but has no non-blank line (only line ends)
-        # is "empty" (a config error).
+        # README (`read_table`): a text file that is not empty but has only empty lines (line
+        # ends alone) is a config error: its width cannot be known.
         if all(r[1] == [b""] for r in recs):
             raise ConfigError(f"{path} is empty")
         if hdr:

@@ -188,14 +188,18 @@ pub fn widest_of_first_lines(path: &Path, delimiter: u8, n: usize) -> std::resul
 pub fn usual_width_of_first_lines(path: &Path, delimiter: u8, n: usize) -> std::result::Result<usize, String> {
     let mut lines = Lines::open(path).map_err(|e| e.to_string())?;
     let mut widths = Vec::with_capacity(n);
+    let mut blank = 0;
     while widths.len() < n {
         match lines.next_line().map_err(|e| e.to_string())? {
-            Some((_, [])) => {}
+            Some((_, [])) => blank += 1,
             Some((_, line)) => widths.push(line.iter().filter(|&&b| b == delimiter).count() + 1),
             None => break,
         }
     }
-    usual_width(widths).ok_or_else(|| format!("`{}` is empty", path.display()))
+    usual_width(widths).ok_or_else(|| match blank {
+        0 => format!("`{}` is empty", path.display()),
+        _ => format!("`{}` has only empty lines ({blank}): its width cannot be known", path.display()),
+    })
 }
 
 /// The most common of `widths` (the wider on a tie), or `None` for none.
@@ -225,6 +229,9 @@ mod tests {
         assert_eq!(usual_width_of_first_lines(&p, b'\t', 3).unwrap(), 2);
         std::fs::write(&p, "").unwrap();
         assert!(usual_width_of_first_lines(&p, b'\t', 100).unwrap_err().contains("is empty"));
+        std::fs::write(&p, "\n\r\n").unwrap();
+        let err = usual_width_of_first_lines(&p, b'\t', 100).unwrap_err();
+        assert!(err.ends_with("has only empty lines (2): its width cannot be known"), "{err}");
     }
 
     #[test]
