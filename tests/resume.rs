@@ -317,6 +317,11 @@ fn a_changed_pipeline_input_or_shard_or_restart_starts_over() {
     std::fs::write(&path, format!("{digest}\n{json}")).unwrap();
     starts_over("unknown", &[], "it was saved before the input's fingerprint was taken");
 
+    // Killed before its first checkpoint: its shards go, and the run says why.
+    kill("none");
+    std::fs::remove_file(case.out("none").join(".curate-checkpoint")).unwrap();
+    starts_over("none", &[], "holds shards of a run that stopped before its first checkpoint");
+
     // The input rewritten (other size and time): last, since it changes the input for all.
     kill("input");
     let input = case.dir.path().join("captions3.tsv");

@@ -266,7 +266,22 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                 }
             );
         }
-        None => checkpoint::remove(&out),
+        None => {
+            // A run killed before its first full shard leaves no checkpoint: say why its shards go.
+            let unfinished = !opts.restart
+                && !out.join(checkpoint::FILE).exists()
+                && !out.join("manifest.json").exists()
+                && std::fs::read_dir(&data_dir).is_ok_and(|mut d| {
+                    d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("part-")))
+                });
+            if unfinished {
+                say!(
+                    "note: `{}` holds shards of a run that stopped before its first checkpoint: starting over",
+                    out.display()
+                );
+            }
+            checkpoint::remove(&out)
+        }
     }
     let clearing = clear_previous_run(&out, &shard_dirs, &kept)?;
     let config_json = serde_json::to_string_pretty(&plan.resolved).expect("JSON value serializes");
@@ -381,7 +396,8 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         let hooks = TestHooks::from_env();
         let writer = spawn_writer
             .spawn_scoped(s, move || -> Result<WriterOutcome> {
-                let (mut saved, mut last_saved) = (0, Instant::now());
+                // The first full shard always gets a checkpoint, however soon it comes.
+                let (mut saved, mut last_saved) = (0, None::<Instant>);
                 // Shards of the last checkpoint (the resumed one's, to begin with): a failure keeps them.
                 let mut checkpointed = (data.shards().len(), rejects.shards().len());
                 let mut chunk_no = first_chunk;
@@ -420,7 +436,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                             if data.room() == 0 {
                                 data.end_shard()?;
                                 rejects.end_shard()?;
-                                if last_saved.elapsed() < hooks.checkpoint_gap() {
+                                if !checkpoint_due(last_saved, hooks.checkpoint_gap()) {
                                     continue;
                                 }
                                 let at = Position {
@@ -442,7 +458,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                                 };
                                 checkpoint::save(out_dir, identity, at)?;
                                 checkpointed = (data.shards().len(), rejects.shards().len());
-                                last_saved = Instant::now();
+                                last_saved = Some(Instant::now());
                                 saved += 1;
                                 hooks.after_checkpoint(saved)?;
                             }
@@ -789,6 +805,12 @@ fn stream_mismatch(out: &Path, what: &str) -> Error {
 /// quadratic. At most one a second costs nothing next to any work worth resuming.
 const CHECKPOINT_GAP: Duration = Duration::from_secs(1);
 
+/// Whether a full shard gets a checkpoint: the first always (a run killed after it then keeps
+/// it), later ones `gap` after the last.
+fn checkpoint_due(last_saved: Option<Instant>, gap: Duration) -> bool {
+    last_saved.is_none_or(|t| t.elapsed() >= gap)
+}
+
 /// For the resume tests, from the environment: `CURATE_KILL_AFTER_CHECKPOINTS=N` makes a run kill
 /// itself (SIGKILL, as a user, a scheduler or the out-of-memory killer would) right after its
 /// `N`th checkpoint, and `CURATE_FAIL_AFTER_CHECKPOINTS=N` makes its writer fail there (as on a
@@ -1078,6 +1100,15 @@ fn transform_stream<'s>(
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    #[test]
+    fn the_first_full_shard_always_gets_a_checkpoint() {
+        use std::time::{Duration, Instant};
+        let gap = Duration::from_secs(3600);
+        assert!(super::checkpoint_due(None, gap), "however soon the first shard is full");
+        assert!(!super::checkpoint_due(Some(Instant::now()), gap));
+        assert!(super::checkpoint_due(Some(Instant::now()), Duration::ZERO));
+    }
 
     #[test]
     fn the_first_failure_is_the_one_reported() {
