@@ -308,6 +308,47 @@ fn yfcc15m_subset_with_and_without_header() {
 }
 
 #[test]
+fn a_subset_list_is_checked_by_its_first_lines_and_read_whole_by_the_run() {
+    // `validate` reads the first 1,000 lines of the list (YFCC15M's has 15M: reading it all
+    // took 20-50 s); the run reads it all, and a bad line further on fails it.
+    let dir = tempfile::tempdir().unwrap();
+    let data = fixture("readers/yfcc/yfcc100m_dataset_25.tsv");
+    let mut list = String::from("line_number\tphoto_id\thash\n");
+    // Photos 5012345678 and 5012345679 of the fixture, and 1,498 others.
+    for i in 0..1500u64 {
+        list.push_str(&format!("{i}\t{}\tabc\n", if i < 2 { 5012345678 + i } else { 9_000_000 + i }));
+    }
+    let subset = dir.path().join("subset.tsv");
+    let toml = format!(
+        "output_dir = \"{}\"\n[[stage]]\ntype = \"read_yfcc\"\npath = \"{data}\"\nsubset = \"{}\"\n\
+         [[stage]]\ntype = \"write_parquet\"\n",
+        dir.path().join("out").display(),
+        subset.display()
+    );
+    let plan = || {
+        let doc =
+            curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml.clone(), &[]).unwrap();
+        curate::pipeline::plan::compile_doc(&doc)
+    };
+    std::fs::write(&subset, format!("{list}1500\tnot a number\tabc\n")).unwrap();
+    let plan_far = plan().unwrap_or_else(|e| panic!("line 1502 is not checked before the run: {e}"));
+    let err = curate::pipeline::run(plan_far, &Default::default()).unwrap_err().to_string();
+    assert!(err.contains("subset.tsv` line 1502: no photo id in the second field"), "{err}");
+    assert!(err.contains("expected `line_number<TAB>photo_id<TAB>hash` lines"), "{err}");
+    assert!(!dir.path().join("out/manifest.json").exists());
+    // Among the first lines: a configuration error, with the file's line.
+    std::fs::write(&subset, format!("0\t5012345678\tabc\n1\tx\tabc\n{list}")).unwrap();
+    let err = plan().err().expect("refused").to_string();
+    assert!(err.contains("subset.tsv` line 2: no photo id"), "{err}");
+    // Whole and good: read whole by the run.
+    std::fs::write(&subset, &list).unwrap();
+    curate::pipeline::run(plan().unwrap(), &Default::default()).unwrap();
+    let manifest = json_file(&dir.path().join("out/manifest.json"));
+    assert_eq!(manifest["rows"]["written"], 2);
+    assert!(manifest["skipped_by_reason"]["not_in_subset"].as_u64().unwrap() > 0);
+}
+
+#[test]
 fn imagenet21k_folder() {
     let (_d, data, rejects) = run_pipeline(&read_only(&format!(
         "type = \"read_imagenet21k\"\nroot = \"{}\"\nwords = \"{}\"",

@@ -412,8 +412,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         let hooks = TestHooks::from_env();
         let writer = spawn_writer
             .spawn_scoped(s, move || -> Result<WriterOutcome> {
-                // The first full shard always gets a checkpoint, however soon it comes.
-                let (mut saved, mut last_saved) = (0, None::<Instant>);
+                let (mut saved, mut last_saved) = (0, Instant::now());
                 // Shards of the last checkpoint (the resumed one's, to begin with): a failure keeps them.
                 let mut checkpointed = (data.shards().len(), rejects.shards().len());
                 let mut chunk_no = first_chunk;
@@ -452,7 +451,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                             if data.room() == 0 {
                                 data.end_shard()?;
                                 rejects.end_shard()?;
-                                if !checkpoint_due(last_saved, hooks.checkpoint_gap()) {
+                                if last_saved.elapsed() < hooks.checkpoint_gap() {
                                     continue;
                                 }
                                 let at = Position {
@@ -474,7 +473,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                                 };
                                 checkpoint::save(out_dir, identity, at)?;
                                 checkpointed = (data.shards().len(), rejects.shards().len());
-                                last_saved = Some(Instant::now());
+                                last_saved = Instant::now();
                                 saved += 1;
                                 hooks.after_checkpoint(saved)?;
                             }
@@ -818,14 +817,10 @@ fn stream_mismatch(out: &Path, what: &str) -> Error {
 
 /// The least time between two checkpoints: a checkpoint lists every shard so far and is
 /// flushed to disk, so small shards (say `rows_per_shard = 100`) would make saving them all
-/// quadratic. At most one a second costs nothing next to any work worth resuming.
+/// quadratic. At most one a second costs nothing next to any work worth resuming. (The first
+/// comes a second into the stream too: a run killed before that loses less than a second of
+/// writing, since a resumed run makes its fit passes again anyway.)
 const CHECKPOINT_GAP: Duration = Duration::from_secs(1);
-
-/// Whether a full shard gets a checkpoint: the first always (a run killed after it then keeps
-/// it), later ones `gap` after the last.
-fn checkpoint_due(last_saved: Option<Instant>, gap: Duration) -> bool {
-    last_saved.is_none_or(|t| t.elapsed() >= gap)
-}
 
 /// For the resume tests, from the environment: `CURATE_KILL_AFTER_CHECKPOINTS=N` makes a run kill
 /// itself (SIGKILL, as a user, a scheduler or the out-of-memory killer would) right after its
@@ -1134,15 +1129,6 @@ mod tests {
         let batch = RecordBatch::try_from_iter([("caption", full)]).unwrap();
         let same = super::compacted(&batch);
         assert!(same.column(0).to_data().buffers()[1].as_ptr() == batch.column(0).to_data().buffers()[1].as_ptr());
-    }
-
-    #[test]
-    fn the_first_full_shard_always_gets_a_checkpoint() {
-        use std::time::{Duration, Instant};
-        let gap = Duration::from_secs(3600);
-        assert!(super::checkpoint_due(None, gap), "however soon the first shard is full");
-        assert!(!super::checkpoint_due(Some(Instant::now()), gap));
-        assert!(super::checkpoint_due(Some(Instant::now()), Duration::ZERO));
     }
 
     #[test]

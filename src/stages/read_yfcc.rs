@@ -17,7 +17,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::{expand_inputs, split_tabs, ChunkIter, LineChunks, LineOutcome, LoadError, Problems, Reader};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::io::lines::Lines;
 use crate::io::PathPatterns;
 use crate::schema::PairRow;
@@ -68,25 +68,23 @@ impl ReadYfccConfig {
         if !problems.is_empty() {
             return None;
         }
-        let subset_files = subset.clone().unwrap_or_default();
-        let subset = match subset {
-            Some(files) => match load_subset(&files) {
-                Ok(s) => Some(Arc::new(s)),
-                Err(LoadError::Io(e)) => {
-                    problems.push("subset", e, None);
-                    return None;
-                }
-                Err(LoadError::Format(e)) => {
-                    problems.push("subset", e, Some("expected `line_number<TAB>photo_id<TAB>hash` lines".into()));
-                    return None;
-                }
-            },
-            None => None,
-        };
+        let subset_files = subset.unwrap_or_default();
+        // The first lines only: the whole list (YFCC15M: 15M lines) is read when the run starts.
+        match load_subset(&subset_files, Some(SUBSET_LINES_CHECKED)) {
+            Ok(_) => {}
+            Err(LoadError::Io(e)) => {
+                problems.push("subset", e, None);
+                return None;
+            }
+            Err(LoadError::Format(e)) => {
+                problems.push("subset", e, Some(SUBSET_HINT.into()));
+                return None;
+            }
+        }
         Some(ReadYfcc {
             files,
             subset_files,
-            subset,
+            subset: Default::default(),
             caption: self.caption,
             strip_html: self.strip_html,
             source: self.source.clone(),
@@ -94,13 +92,21 @@ impl ReadYfccConfig {
     }
 }
 
-/// Photo ids listed in subset files. A first line whose second field is not a number is a header.
-fn load_subset(files: &[PathBuf]) -> std::result::Result<HashSet<u64>, LoadError> {
+/// Lines of each subset list that `validate` checks.
+const SUBSET_LINES_CHECKED: u64 = 1000;
+const SUBSET_HINT: &str = "expected `line_number<TAB>photo_id<TAB>hash` lines";
+
+/// Photo ids listed in subset files (of each file's first `lines`, if given). A first line
+/// whose second field is not a number is a header.
+fn load_subset(files: &[PathBuf], lines_each: Option<u64>) -> std::result::Result<HashSet<u64>, LoadError> {
     let io = |e: crate::error::Error| LoadError::Io(e.to_string());
     let mut ids = HashSet::new();
     for f in files {
         let mut lines = Lines::open(f).map_err(io)?;
         while let Some((no, line)) = lines.next_line().map_err(io)? {
+            if lines_each.is_some_and(|n| no > n) {
+                break;
+            }
             if line.is_empty() {
                 continue;
             }
@@ -126,10 +132,32 @@ pub struct ReadYfcc {
     files: Vec<PathBuf>,
     /// The subset lists: inputs too (they change the output), so fingerprinted.
     subset_files: Vec<PathBuf>,
-    subset: Option<Arc<HashSet<u64>>>,
+    /// Their photo ids, read by the first pass that opens the input.
+    subset: std::sync::OnceLock<Arc<HashSet<u64>>>,
     caption: CaptionFrom,
     strip_html: bool,
     source: String,
+}
+
+impl ReadYfcc {
+    /// The subset's photo ids (`None`: no subset), read once.
+    fn subset_ids(&self) -> Result<Option<Arc<HashSet<u64>>>> {
+        if self.subset_files.is_empty() {
+            return Ok(None);
+        }
+        if let Some(ids) = self.subset.get() {
+            return Ok(Some(ids.clone()));
+        }
+        let bytes: u64 = self.subset_files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
+        if bytes > 64 << 20 {
+            say!("reading the subset list ({} MB) ...", bytes >> 20);
+        }
+        let ids = load_subset(&self.subset_files, None).map_err(|e| match e {
+            LoadError::Io(e) => Error::data(e),
+            LoadError::Format(e) => Error::data(format!("subset: {e} ({SUBSET_HINT})")),
+        })?;
+        Ok(Some(self.subset.get_or_init(|| Arc::new(ids)).clone()))
+    }
 }
 
 /// Field positions in the two layouts.
@@ -149,7 +177,7 @@ impl Reader for ReadYfcc {
     }
 
     fn open(&self) -> Result<ChunkIter<'_>> {
-        let subset = self.subset.clone();
+        let subset = self.subset_ids()?;
         let (how, strip) = (self.caption, self.strip_html);
         Ok(Box::new(
             LineChunks::new(self.files.clone(), &self.source, TYPE, 0, move |line, out, _scratch| {
