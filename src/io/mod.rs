@@ -167,12 +167,10 @@ pub fn fingerprint(paths: &[PathBuf]) -> Result<String> {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     let mut buf = vec![0u8; 1 << 20];
     for p in paths {
-        let mut files = Vec::new();
-        collect_files(p, &mut files)?;
-        for f in files {
-            h.update(input_name(p, &f).as_bytes());
-            hash_file(&mut h, &f, &mut buf)?;
-        }
+        walk_files(p, false, &mut |f, _| {
+            h.update(input_name(p, f).as_bytes());
+            hash_file(&mut h, f, &mut buf)
+        })?;
     }
     Ok(format!("xxh3-128:{:032x}", h.digest128()))
 }
@@ -189,14 +187,13 @@ pub fn fingerprint_listing(paths: &[PathBuf]) -> Result<String> {
             hash_file(&mut h, p, &mut buf)?;
             continue;
         }
-        let mut files = Vec::new();
-        collect_files(p, &mut files)?;
-        for f in files {
-            h.update(input_name(p, &f).as_bytes());
+        walk_files(p, true, &mut |f, len| {
+            h.update(input_name(p, f).as_bytes());
             // A broken link has no size: 0, and it is still listed.
-            let len = std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0);
+            let len = len.or_else(|| std::fs::metadata(f).ok().map(|m| m.len())).unwrap_or(0);
             h.update(&len.to_le_bytes());
-        }
+            Ok(())
+        })?;
     }
     Ok(format!("listing-xxh3-128:{:032x}", h.digest128()))
 }
@@ -226,19 +223,37 @@ fn hash_file(h: &mut xxhash_rust::xxh3::Xxh3, f: &Path, buf: &mut [u8]) -> Resul
     }
 }
 
-/// Files under `p` (itself if a file), sorted, recursively.
-fn collect_files(p: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    if p.is_dir() {
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
-            .map_err(|e| Error::io("cannot list", p, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .collect();
-        entries.sort();
-        for e in entries {
-            collect_files(&e, out)?;
+/// Calls `visit` on every file under `p` (itself if a file), in sorted order (by name within
+/// each folder, depth first), with its size when `sizes` is set and the listing gives it (a
+/// regular file; `None` for links). Holds the listing of one folder at a time per level, not
+/// of the whole tree (ImageNet-21k: 14M files).
+fn walk_files(p: &Path, sizes: bool, visit: &mut dyn FnMut(&Path, Option<u64>) -> Result<()>) -> Result<()> {
+    if !p.is_dir() {
+        return visit(p, None);
+    }
+    let mut entries: Vec<(PathBuf, Option<std::fs::FileType>, Option<u64>)> = std::fs::read_dir(p)
+        .map_err(|e| Error::io("cannot list", p, e))?
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            let kind = e.file_type().ok();
+            let len =
+                (sizes && kind.is_some_and(|k| k.is_file())).then(|| e.metadata().ok().map(|m| m.len())).flatten();
+            (e.path(), kind, len)
+        })
+        .collect();
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    for (path, kind, len) in entries {
+        // The listing's type, without a look at the file; a link counts as what it points to.
+        let dir = match kind {
+            Some(k) if k.is_symlink() => path.is_dir(),
+            Some(k) => k.is_dir(),
+            None => path.is_dir(),
+        };
+        if dir {
+            walk_files(&path, sizes, visit)?;
+        } else {
+            visit(&path, len)?;
         }
-    } else {
-        out.push(p.to_owned());
     }
     Ok(())
 }

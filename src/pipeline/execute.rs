@@ -525,6 +525,11 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     clearing.join().expect("clearing thread does not panic")?;
     timings.insert("transform_write".to_owned(), t.elapsed().as_secs_f64());
 
+    // It reads every input byte (a folder input: lists every file) once more, beside the
+    // passes; a large folder of small images can outlast them.
+    if opts.progress && !fingerprinting.is_finished() {
+        say!("written; waiting for the input's fingerprint (for the manifest) ...");
+    }
     let (input_fingerprint, secs) = fingerprinting.join().expect("fingerprint thread does not panic")?;
     timings.insert("fingerprint".to_owned(), secs);
     if resumed_fingerprint.as_ref().is_some_and(|f| *f != input_fingerprint) {

@@ -160,13 +160,14 @@ impl Listed {
     }
 }
 
+fn entries(p: &std::path::Path) -> Result<Vec<std::fs::DirEntry>> {
+    Ok(std::fs::read_dir(p).map_err(|e| Error::io("cannot list", p, e))?.filter_map(|e| e.ok()).collect())
+}
+
 impl ReadImagenet21k {
-    /// `(synset, entry)` of every entry of every synset folder, sorted by bytes of the name,
-    /// and the number of entries of the root that are not synset folders (the words file aside).
-    fn listing(&self) -> Result<(Vec<(String, Listed)>, u64)> {
-        let entries = |p: &PathBuf| -> Result<Vec<std::fs::DirEntry>> {
-            Ok(std::fs::read_dir(p).map_err(|e| Error::io("cannot list", p, e))?.filter_map(|e| e.ok()).collect())
-        };
+    /// The synset folders of the root, sorted, and the number of its entries that are not
+    /// synset folders (the words file aside).
+    fn synsets(&self) -> Result<(Vec<String>, u64)> {
         let (mut synsets, mut outside) = (Vec::new(), 0u64);
         for e in entries(&self.root)? {
             match e.file_name().to_str() {
@@ -176,27 +177,28 @@ impl ReadImagenet21k {
             }
         }
         synsets.sort();
-        let mut out = Vec::new();
-        for synset in synsets {
-            let mut files: Vec<Listed> = entries(&self.root.join(&synset))?
-                .into_iter()
-                .map(|e| {
-                    let name = e.file_name();
-                    let Some(name) = name.to_str().map(str::to_owned) else {
-                        return Listed::BadName(name.as_encoded_bytes().to_vec());
-                    };
-                    // `file_type` comes with the listing; only a link needs a look at its target.
-                    match e.file_type() {
-                        Ok(t) if t.is_file() => Listed::File(name),
-                        Ok(t) if t.is_symlink() && e.path().is_file() => Listed::File(name),
-                        _ => Listed::NotAFile(name),
-                    }
-                })
-                .collect();
-            files.sort_by(|a, b| a.sort_key().cmp(b.sort_key()));
-            out.extend(files.into_iter().map(|f| (synset.clone(), f)));
-        }
-        Ok((out, outside))
+        Ok((synsets, outside))
+    }
+
+    /// The entries of one synset folder, sorted by the bytes of their names.
+    fn synset_entries(&self, synset: &str) -> Result<Vec<Listed>> {
+        let mut files: Vec<Listed> = entries(&self.root.join(synset))?
+            .into_iter()
+            .map(|e| {
+                let name = e.file_name();
+                let Some(name) = name.to_str().map(str::to_owned) else {
+                    return Listed::BadName(name.as_encoded_bytes().to_vec());
+                };
+                // `file_type` comes with the listing; only a link needs a look at its target.
+                match e.file_type() {
+                    Ok(t) if t.is_file() => Listed::File(name),
+                    Ok(t) if t.is_symlink() && e.path().is_file() => Listed::File(name),
+                    _ => Listed::NotAFile(name),
+                }
+            })
+            .collect();
+        files.sort_by(|a, b| a.sort_key().cmp(b.sort_key()));
+        Ok(files)
     }
 }
 
@@ -216,16 +218,41 @@ impl Reader for ReadImagenet21k {
     }
 
     fn open(&self) -> Result<ChunkIter<'_>> {
-        let (listing, outside) = self.listing()?;
+        // One synset folder is listed at a time (ImageNet-21k: 21,841 folders, 14M files), its
+        // entries taken `CHUNK_ROWS` at a time, a chunk running on into the next folders.
+        let (synsets, outside) = self.synsets()?;
         let root_name = crate::io::file_name(&self.root);
-        let mut chunks: Vec<Vec<(String, Listed)>> = listing.chunks(CHUNK_ROWS).map(<[_]>::to_vec).collect();
-        if chunks.is_empty() {
-            chunks.push(Vec::new());
-        }
+        let mut synsets = synsets.into_iter();
+        let mut folder: (String, std::vec::IntoIter<Listed>) = (String::new(), Vec::new().into_iter());
         let mut index = 0u64;
+        let mut first = true;
         // Counted once, with the first chunk: not images of the data set, but not lost either.
         let mut outside = Some(outside).filter(|&n| n > 0);
-        Ok(Box::new(chunks.into_iter().map(move |files| {
+        let mut failed = false;
+        Ok(Box::new(std::iter::from_fn(move || {
+            if failed {
+                return None;
+            }
+            let mut files: Vec<(String, Listed)> = Vec::new();
+            while files.len() < CHUNK_ROWS {
+                if let Some(entry) = folder.1.next() {
+                    files.push((folder.0.clone(), entry));
+                    continue;
+                }
+                let Some(synset) = synsets.next() else { break };
+                match self.synset_entries(&synset) {
+                    Ok(listed) => folder = (synset, listed.into_iter()),
+                    Err(e) => {
+                        failed = true;
+                        return Some(Err(e));
+                    }
+                }
+            }
+            // An empty root still gives one (empty) chunk, with its skips.
+            if files.is_empty() && !std::mem::take(&mut first) {
+                return None;
+            }
+            first = false;
             let mut out = PairsBuilder::new(&self.source);
             let mut rejects = Vec::new();
             for (synset, entry) in files {
@@ -276,14 +303,16 @@ impl Reader for ReadImagenet21k {
             if let Some(n) = outside.take() {
                 chunk.skipped.insert("outside_synset_folders", n);
             }
-            Ok(chunk)
+            Some(Ok(chunk))
         })))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{load_words, LoadError};
+    use super::{default_extensions, default_source, load_words, LoadError, ReadImagenet21k, CHUNK_ROWS};
+    use crate::stages::Reader;
+    use std::collections::HashMap;
 
     fn format_error(r: Result<std::collections::HashMap<String, String>, LoadError>) -> String {
         match r {
@@ -298,6 +327,43 @@ mod tests {
         let path = dir.path().join("words.txt");
         std::fs::write(&path, bytes).unwrap();
         (dir, path)
+    }
+
+    /// The reader over `root`, with no words file.
+    fn reader(root: &std::path::Path) -> ReadImagenet21k {
+        ReadImagenet21k {
+            root: root.to_owned(),
+            words_file: None,
+            words: HashMap::new(),
+            extensions: default_extensions(),
+            source: default_source(),
+        }
+    }
+
+    #[test]
+    fn chunks_run_on_across_synset_folders_and_an_empty_root_gives_one() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("stray.txt"), b"").unwrap();
+        let r = reader(dir.path());
+        let chunks: Vec<_> = r.open().unwrap().map(|c| c.unwrap()).collect();
+        assert_eq!(chunks.len(), 1, "one chunk, for the skips");
+        assert_eq!((chunks[0].batch.num_rows(), chunks[0].skipped["outside_synset_folders"]), (0, 1));
+        // Three folders of 0, CHUNK_ROWS - 1 and 2 files: the first chunk ends one file into
+        // the third folder, and the second holds the last file.
+        for (synset, n) in [("n00000001", 0), ("n00000002", CHUNK_ROWS - 1), ("n00000003", 2)] {
+            std::fs::create_dir(dir.path().join(synset)).unwrap();
+            for i in 0..n {
+                std::fs::write(dir.path().join(synset).join(format!("{synset}_{i:05}.JPEG")), b"").unwrap();
+            }
+        }
+        let chunks: Vec<_> = r.open().unwrap().map(|c| c.unwrap()).collect();
+        let rows: Vec<usize> = chunks.iter().map(|c| c.batch.num_rows()).collect();
+        assert_eq!(rows, [CHUNK_ROWS, 1]);
+        let ids = crate::schema::str_col(&chunks[1].batch, "sample_id");
+        assert_eq!(ids.value(0), "n00000003/n00000003_00001.JPEG");
+        let ids = crate::schema::str_col(&chunks[0].batch, "sample_id");
+        assert_eq!(ids.value(CHUNK_ROWS - 2), format!("n00000002/n00000002_{:05}.JPEG", CHUNK_ROWS - 2));
+        assert_eq!(ids.value(CHUNK_ROWS - 1), "n00000003/n00000003_00000.JPEG");
     }
 
     #[test]
