@@ -148,9 +148,14 @@ fn tar_images(dir: &Path, wanted: &[(&str, &str)]) -> HashMap<(String, String), 
         let mut found = HashMap::new();
         let fault = read_tar_images(&path, &keys, &mut found).err();
         for k in keys {
+            let at = (shard.to_owned(), k.to_owned());
+            // A key asked for by two rows: its first answer stands.
+            if out.contains_key(&at) {
+                continue;
+            }
             match (found.remove(k), &fault) {
-                (Some(bytes), _) => out.insert((shard.to_owned(), k.to_owned()), Ok(bytes)),
-                (None, Some(e)) => out.insert((shard.to_owned(), k.to_owned()), Err(e.to_string())),
+                (Some(bytes), _) => out.insert(at, Ok(bytes)),
+                (None, Some(e)) => out.insert(at, Err(e.to_string())),
                 (None, None) => None,
             };
         }
