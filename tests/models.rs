@@ -297,7 +297,7 @@ fn im2col_convolutions_back_propagate_as_burns_kernel() {
     // broadcast weights, batched product): every parameter's gradient and the input's must
     // equal those through burn's convolution.
     use burn::module::{Module, ModuleVisitor, Param};
-    use burn::tensor::{Distribution, Tensor};
+    use burn::tensor::{Tensor, TensorData};
     use curate::models::resnet::{ConvLowering, ResNet, ResNetConfig};
     use curate::models::weights::Weights;
     struct Grads<'a>(&'a burn::tensor::Gradients, Vec<Vec<f32>>);
@@ -310,8 +310,29 @@ fn im2col_convolutions_back_propagate_as_burns_kernel() {
     }
     let device = Device::flex().autodiff();
     let model = ResNet::from_weights(&ResNetConfig::tiny(), &Weights::random(3), &device);
-    let x = Tensor::<4>::random([2, 3, 35, 33], Distribution::Normal(0.0, 1.0), &device);
-    let direction = Tensor::<2>::random([2, 256], Distribution::Normal(0.0, 1.0), &device);
+    // Fixed inputs: with burn's unseeded generator about one draw in 30 made a BatchNorm of
+    // this batch of 2 ill-conditioned enough to part the two lowerings' roundings by ~1e-3.
+    // Seeded (`Device::seed`, which is process-wide, so other tests could draw in between), 40
+    // draws stayed under 1.4e-5 against the tolerance's 1e-4; these fixed inputs give 6.2e-6.
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut normal = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                // xorshift64*, then the sum of 4 uniforms (mean 0, variance 1).
+                (0..4)
+                    .map(|_| {
+                        state ^= state >> 12;
+                        state ^= state << 25;
+                        state ^= state >> 27;
+                        (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+                    })
+                    .sum::<f32>()
+                    * 3f32.sqrt()
+            })
+            .collect()
+    };
+    let x = Tensor::<4>::from_data(TensorData::new(normal(2 * 3 * 35 * 33), [2, 3, 35, 33]), &device);
+    let direction = Tensor::<2>::from_data(TensorData::new(normal(2 * 256), [2, 256]), &device);
     let gradients = |lowering: ConvLowering| {
         let x = x.clone().require_grad();
         let model = model.clone().with_conv_lowering(lowering);
