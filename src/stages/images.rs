@@ -184,7 +184,44 @@ fn read_tar_images(path: &Path, keys: &[&str], out: &mut HashMap<String, Vec<u8>
         }
         let mut buf = Vec::new();
         entry.read_to_end(&mut buf).map_err(|e| Error::io("cannot read tar member in", path, e))?;
+        // The tar crate ends a member cut short by the file's end without an error.
+        if (buf.len() as u64) < entry.size() {
+            let cut = std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("member `{name}` is cut short ({} of {} bytes)", buf.len(), entry.size()),
+            );
+            return Err(Error::io("cannot read tar member in", path, cut));
+        }
         out.insert(key, buf);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cut_shard_gives_the_images_before_the_cut_and_a_key_asked_twice_one_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in [("k0.jpg", &[1u8; 600][..]), ("k1.jpg", &[2u8; 600][..])] {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, name, data).unwrap();
+        }
+        let whole = b.into_inner().unwrap();
+        // Cut 100 bytes into k1's data (k0: a 512-byte header and 1,024 bytes of data).
+        std::fs::write(dir.path().join("00000.tar"), &whole[..1536 + 512 + 100]).unwrap();
+        let got = tar_images(dir.path(), &[("00000", "k0"), ("00000", "k1"), ("00000", "k0"), ("00000", "k9")]);
+        let of = |k: &str| got.get(&("00000".to_owned(), k.to_owned())).cloned();
+        assert_eq!(of("k0"), Some(Ok(vec![1u8; 600])), "read before the cut, asked twice");
+        for k in ["k1", "k9"] {
+            let e = of(k).unwrap().unwrap_err();
+            assert!(e.contains("00000.tar"), "{k}: {e}");
+        }
+        assert_eq!(got.len(), 3);
+    }
 }
