@@ -330,22 +330,24 @@ fn a_subset_list_is_checked_by_its_first_lines_and_read_whole_by_the_run() {
             curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml.clone(), &[]).unwrap();
         curate::pipeline::plan::compile_doc(&doc)
     };
-    std::fs::write(&subset, format!("{list}1500\tnot a number\tabc\n")).unwrap();
-    let plan_far = plan().unwrap_or_else(|e| panic!("line 1502 is not checked before the run: {e}"));
-    let err = curate::pipeline::run(plan_far, &Default::default()).unwrap_err().to_string();
-    assert!(err.contains("subset.tsv` line 1502: no photo id in the second field"), "{err}");
-    assert!(err.contains("expected `line_number<TAB>photo_id<TAB>hash` lines"), "{err}");
-    assert!(!dir.path().join("out/manifest.json").exists());
-    // Among the first lines: a configuration error, with the file's line.
-    std::fs::write(&subset, format!("0\t5012345678\tabc\n1\tx\tabc\n{list}")).unwrap();
-    let err = plan().err().expect("refused").to_string();
-    assert!(err.contains("subset.tsv` line 2: no photo id"), "{err}");
     // Whole and good: read whole by the run.
     std::fs::write(&subset, &list).unwrap();
     curate::pipeline::run(plan().unwrap(), &Default::default()).unwrap();
     let manifest = json_file(&dir.path().join("out/manifest.json"));
     assert_eq!(manifest["rows"]["written"], 2);
     assert!(manifest["skipped_by_reason"]["not_in_subset"].as_u64().unwrap() > 0);
+    // Bad further on: the run fails before it clears the earlier run's output.
+    std::fs::write(&subset, format!("{list}1500\tnot a number\tabc\n")).unwrap();
+    let plan_far = plan().unwrap_or_else(|e| panic!("line 1502 is not checked before the run: {e}"));
+    let err = curate::pipeline::run(plan_far, &Default::default()).unwrap_err().to_string();
+    assert!(err.contains("subset.tsv` line 1502: no photo id in the second field"), "{err}");
+    assert!(err.contains("expected `line_number<TAB>photo_id<TAB>hash` lines"), "{err}");
+    assert_eq!(json_file(&dir.path().join("out/manifest.json")), manifest, "the earlier run's output stays");
+    assert_eq!(std::fs::read_dir(dir.path().join("out/data")).unwrap().count(), 1);
+    // Among the first lines: a configuration error, with the file's line.
+    std::fs::write(&subset, format!("0\t5012345678\tabc\n1\tx\tabc\n{list}")).unwrap();
+    let err = plan().err().expect("refused").to_string();
+    assert!(err.contains("subset.tsv` line 2: no photo id"), "{err}");
 }
 
 #[test]

@@ -253,6 +253,8 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     } else {
         checkpoint::load(&out, &identity)
     };
+    // Side files read whole (a subset list): a bad one fails the run before it clears anything.
+    plan.reader.prepare()?;
     // Re-reading an earlier run's shards in place would delete them before they are read.
     if let Some(f) = inputs_a_run_clears(&out, &shard_dirs, &plan.reader.inputs()).first() {
         return Err(Error::data(format!(
@@ -1129,11 +1131,28 @@ mod tests {
         assert!(batch.get_array_memory_size() > 8 << 20);
         assert!(small.get_array_memory_size() < 4096, "{}", small.get_array_memory_size());
         assert_eq!(small, batch, "the same values and nulls");
-        // A full one is shared, not copied.
+        // 8 MiB of room: 5 MiB used is shared, not copied; 3 MiB is copied (past 2 × used + 1 MiB).
+        let value = "x".repeat(1024);
+        let filled = |mib: usize| {
+            let mut b = arrow_array::builder::StringBuilder::with_capacity(8 << 10, 8 << 20);
+            for _ in 0..mib << 10 {
+                b.append_value(&value);
+            }
+            let column: ArrayRef = Arc::new(b.finish());
+            RecordBatch::try_from_iter([("caption", column)]).unwrap()
+        };
+        let values = |b: &RecordBatch| b.column(0).to_data().buffers()[1].as_ptr();
+        let mostly = filled(5);
+        assert!(values(&super::compacted(&mostly)) == values(&mostly), "shared");
+        let partly = filled(3);
+        let copied = super::compacted(&partly);
+        assert!(values(&copied) != values(&partly), "copied");
+        assert!(copied.get_array_memory_size() < partly.get_array_memory_size() / 2);
+        assert_eq!(copied, partly);
+        // A small, full batch stays shared too.
         let full: ArrayRef = Arc::new(StringArray::from(vec!["a"; 1000]));
         let batch = RecordBatch::try_from_iter([("caption", full)]).unwrap();
-        let same = super::compacted(&batch);
-        assert!(same.column(0).to_data().buffers()[1].as_ptr() == batch.column(0).to_data().buffers()[1].as_ptr());
+        assert!(values(&super::compacted(&batch)) == values(&batch));
     }
 
     #[test]

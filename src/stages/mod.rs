@@ -50,6 +50,12 @@ pub trait Reader: Send + Sync {
     fn inputs(&self) -> Vec<PathBuf>;
     /// Streams the input in order. Can be called again for another pass.
     fn open(&self) -> Result<ChunkIter<'_>>;
+    /// Reads what the reader needs whole before its first row (YFCC's subset list), once the
+    /// run holds its folder and before it clears an earlier run's output there, so that a bad
+    /// side file fails the run with that output intact.
+    fn prepare(&self) -> Result<()> {
+        Ok(())
+    }
     /// The manifest fingerprints the inputs' listing (paths and sizes) instead of their bytes:
     /// for readers that never read most of the bytes (image folders).
     fn fingerprint_listing_only(&self) -> bool {
@@ -142,8 +148,8 @@ pub const DUPLICATE_ID: &str = "an earlier row has this sample_id (ids must be u
 /// The ids seen so far in a reader's stream. Ids of up to 17 digits (YFCC photo ids,
 /// img2dataset keys such as `000000012`) are kept exactly in 8 bytes (their length and value);
 /// others as 128-bit hashes, 16 bytes whatever the id's length (a collision is as likely as two
-/// equal xxh3-128 hashes among the ids, which is never in practice). About 9-18 and 18-37 bytes
-/// an id with the table's slack: YFCC100M's 100M ids take ~1-2 GB. Readers whose ids come from
+/// equal xxh3-128 hashes among the ids, which is never in practice). About 10-21 and 19-39
+/// bytes an id with the table's slack: YFCC100M's 100M ids take ~1-2 GB. Readers whose ids come from
 /// the data use it, so that a repeated id (a file given twice, a table keyed by image with
 /// several captions) is a reject, not a row that joins wrongly later.
 #[derive(Default)]

@@ -153,7 +153,7 @@ impl ReadYfcc {
             say!("reading the subset list ({} MB) ...", bytes >> 20);
         }
         let ids = load_subset(&self.subset_files, None).map_err(|e| match e {
-            LoadError::Io(e) => Error::data(e),
+            LoadError::Io(e) => Error::data(format!("subset: {e}")),
             LoadError::Format(e) => Error::data(format!("subset: {e} ({SUBSET_HINT})")),
         })?;
         Ok(Some(self.subset.get_or_init(|| Arc::new(ids)).clone()))
@@ -174,6 +174,10 @@ const LAYOUT_23: Layout = Layout { id: 0, title: 6, description: 7, download_url
 impl Reader for ReadYfcc {
     fn inputs(&self) -> Vec<PathBuf> {
         self.files.iter().chain(&self.subset_files).cloned().collect()
+    }
+
+    fn prepare(&self) -> Result<()> {
+        self.subset_ids().map(|_| ())
     }
 
     fn open(&self) -> Result<ChunkIter<'_>> {
