@@ -149,9 +149,9 @@ pub const DUPLICATE_ID: &str = "an earlier row has this sample_id (ids must be u
 /// img2dataset keys such as `000000012`) are kept exactly in 8 bytes (their length and value);
 /// others as 128-bit hashes, 16 bytes whatever the id's length (a collision is as likely as two
 /// equal xxh3-128 hashes among the ids, which is never in practice). About 10-21 and 19-39
-/// bytes an id with the table's slack: YFCC100M's 100M ids take ~1-2 GB. Readers whose ids come from
-/// the data use it, so that a repeated id (a file given twice, a table keyed by image with
-/// several captions) is a reject, not a row that joins wrongly later.
+/// bytes an id with the table's slack: YFCC100M's 100M ids take ~1-2 GB. Readers whose ids
+/// come from the data use it, so that a repeated id (a file given twice, a table keyed by image
+/// with several captions) is a reject, not a row that joins wrongly later.
 #[derive(Default)]
 pub struct UniqueIds {
     digits: rustc_hash::FxHashSet<u64>,

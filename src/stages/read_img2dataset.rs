@@ -299,12 +299,10 @@ fn judge(s: &tar_shards::Sample, seen: &mut UniqueIds) -> Verdict {
     }
     // `.jpg`, `dir/.txt`: a member name with nothing before the extension; ` .jpg`: a blank
     // key, as a blank `key` in img2dataset's Parquet.
-    if s.key.is_empty() || s.key.ends_with('/') || !has_words(&s.key) {
+    let no_key = s.key.is_empty() || s.key.ends_with('/');
+    if no_key || !has_words(&s.key) {
         let raw = s.member("txt").and_then(|m| m.data.clone()).unwrap_or_default();
-        let detail = match s.key.is_empty() || s.key.ends_with('/') {
-            true => "the member name has no key before its extension",
-            false => "the key is blank",
-        };
+        let detail = if no_key { "the member name has no key before its extension" } else { "the key is blank" };
         return Err(("missing_key", detail, raw));
     }
     let has_image = s.members.iter().any(|m| IMAGE_EXTS.contains(&m.ext.as_str()));

@@ -96,8 +96,8 @@ impl ReadYfccConfig {
 const SUBSET_LINES_CHECKED: u64 = 1000;
 const SUBSET_HINT: &str = "expected `line_number<TAB>photo_id<TAB>hash` lines";
 
-/// Photo ids listed in subset files (of each file's first `lines`, if given). A first line
-/// whose second field is not a number is a header.
+/// Photo ids listed in subset files (of each file's first `lines_each` lines, if given). A
+/// first line whose second field is not a number is a header.
 fn load_subset(files: &[PathBuf], lines_each: Option<u64>) -> std::result::Result<HashSet<u64>, LoadError> {
     let io = |e: crate::error::Error| LoadError::Io(e.to_string());
     let mut ids = HashSet::new();
@@ -132,7 +132,7 @@ pub struct ReadYfcc {
     files: Vec<PathBuf>,
     /// The subset lists: inputs too (they change the output), so fingerprinted.
     subset_files: Vec<PathBuf>,
-    /// Their photo ids, read by the first pass that opens the input.
+    /// Their photo ids, read whole once the run starts (`Reader::prepare`).
     subset: std::sync::OnceLock<Arc<HashSet<u64>>>,
     caption: CaptionFrom,
     strip_html: bool,
