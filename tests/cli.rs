@@ -328,3 +328,35 @@ fn a_device_this_build_lacks_says_which_feature_it_needs() {
         assert!(stderr.contains(want), "{name}: {stderr}");
     }
 }
+
+#[test]
+fn a_large_subset_list_is_announced_before_it_is_read() {
+    // YFCC15M's list is ~0.5 GB and takes a while to read: a list over 64 MB is announced.
+    // Here 1,000 good lines (what `validate` checks) and then a sparse stretch of NUL bytes, so
+    // the read fails at once, on line 1001, after the note.
+    let dir = tempfile::tempdir().unwrap();
+    let subset = dir.path().join("subset.tsv");
+    let mut list = String::new();
+    for i in 0..1000u64 {
+        list.push_str(&format!("{i}\t{}\tabc\n", 9_000_000 + i));
+    }
+    std::fs::write(&subset, &list).unwrap();
+    std::fs::OpenOptions::new().write(true).open(&subset).unwrap().set_len(65 << 20).unwrap();
+    let pipeline = dir.path().join("p.toml");
+    let data = format!("{}/tests/fixtures/readers/yfcc/yfcc100m_dataset_25.tsv", env!("CARGO_MANIFEST_DIR"));
+    std::fs::write(
+        &pipeline,
+        format!(
+            "output_dir = \"{}\"\n[[stage]]\ntype = \"read_yfcc\"\npath = \"{data}\"\nsubset = \"{}\"\n\
+             [[stage]]\ntype = \"write_parquet\"\n",
+            dir.path().join("out").display(),
+            subset.display()
+        ),
+    )
+    .unwrap();
+    let (code, _, stderr) = curate(&["run", pipeline.to_str().unwrap(), "--progress", "never"]);
+    assert_eq!(code, 2, "{stderr}");
+    let note = stderr.find("reading the subset list (65 MB) ...").unwrap_or_else(|| panic!("{stderr}"));
+    let error = stderr.find("subset.tsv` line 1001").unwrap_or_else(|| panic!("{stderr}"));
+    assert!(note < error, "{stderr}");
+}
