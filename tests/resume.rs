@@ -355,3 +355,41 @@ fn a_failed_run_keeps_its_last_checkpoint_and_the_next_run_goes_on_from_it() {
     assert!(ok && stderr.contains("resuming the run"), "{stderr}");
     same_files(&files(&out), &files(&case.out("whole")), "after failures at checkpoints 2 and 3");
 }
+
+#[test]
+fn an_image_added_to_a_synset_folder_since_the_kill_starts_over() {
+    // ImageNet-21k's root changes only when a synset folder comes or goes; its synset folders
+    // change when an image (or anything else) is added to one. A resumed run that missed that
+    // would shift every later row by one, writing one twice.
+    let case = Case::new();
+    let root = case.dir.path().join("imagenet");
+    for synset in ["n00000001", "n00000002", "n00000003"] {
+        std::fs::create_dir_all(root.join(synset)).unwrap();
+        for i in 0..1500 {
+            std::fs::write(root.join(synset).join(format!("{synset}_{i:05}.JPEG")), b"").unwrap();
+        }
+    }
+    let pipeline = case.dir.path().join("imagenet.toml");
+    let toml = format!(
+        "output_dir = \"out\"\n[[stage]]\ntype = \"read_imagenet21k\"\nroot = {:?}\n\n[[stage]]\ntype = \"write_parquet\"\nrows_per_shard = 1000\n",
+        root.to_string_lossy()
+    );
+    std::fs::write(&pipeline, toml).unwrap();
+    let (ok, _) = case.run_file(&pipeline, "killed", Some(1), &[]);
+    assert!(!ok, "killed");
+    assert!(case.out("killed").join(".curate-checkpoint").exists());
+    std::thread::sleep(std::time::Duration::from_millis(30)); // file times move by ticks
+    std::fs::create_dir(root.join("n00000001/0_empty_folder")).unwrap();
+    let (ok, stderr) = case.run_file(&pipeline, "killed", None, &[]);
+    assert!(ok, "{stderr}");
+    assert!(!stderr.contains("resuming"), "{stderr}");
+    assert!(stderr.contains("the input files changed since"), "{stderr}");
+    let (ok, _) = case.run_file(&pipeline, "fresh", None, &[]);
+    assert!(ok);
+    let m = manifest(&case.out("fresh"));
+    assert_eq!(
+        (m["rows"]["written"].as_u64(), m["rejects_by_reason"]["read_imagenet21k/not_a_file"].as_u64()),
+        (Some(4500), Some(1))
+    );
+    same_files(&files(&case.out("killed")), &files(&case.out("fresh")), "after a folder was added");
+}

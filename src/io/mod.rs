@@ -167,7 +167,7 @@ pub fn fingerprint(paths: &[PathBuf]) -> Result<String> {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     let mut buf = vec![0u8; 1 << 20];
     for p in paths {
-        walk_files(p, false, &mut |f, _| {
+        walk_files(p, &mut |f| {
             h.update(input_name(p, f).as_bytes());
             hash_file(&mut h, f, &mut buf)
         })?;
@@ -175,27 +175,41 @@ pub fn fingerprint(paths: &[PathBuf]) -> Result<String> {
     Ok(format!("xxh3-128:{:032x}", h.digest128()))
 }
 
-/// [`fingerprint`] for inputs whose bytes the run does not read (image folders): the folders
-/// in `paths` count by their listing — (relative path, size) of every file under them — and
-/// files given directly (a words list) by their name and bytes. `listing-` in front says so.
-pub fn fingerprint_listing(paths: &[PathBuf]) -> Result<String> {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    let mut buf = vec![0u8; 1 << 20];
-    for p in paths {
-        if !p.is_dir() {
-            h.update(input_name(p, p).as_bytes());
-            hash_file(&mut h, p, &mut buf)?;
-            continue;
-        }
-        walk_files(p, true, &mut |f, len| {
-            h.update(input_name(p, f).as_bytes());
-            // A broken link has no size: 0, and it is still listed.
-            let len = len.or_else(|| std::fs::metadata(f).ok().map(|m| m.len())).unwrap_or(0);
-            h.update(&len.to_le_bytes());
-            Ok(())
-        })?;
+/// Adds a file given directly to a fingerprint as [`fingerprint`] does: its name, length and
+/// bytes (an image folder's words list, beside the folder's listing).
+pub fn hash_named_file(h: &mut xxhash_rust::xxh3::Xxh3, f: &Path) -> Result<()> {
+    h.update(input_name(f, f).as_bytes());
+    hash_file(h, f, &mut vec![0u8; 1 << 20])
+}
+
+/// A folder input's direct subfolders (ImageNet-21k's synset folders), as a digest of their
+/// names, modification times and inodes: a file added to, removed from or renamed in one
+/// changes its time, where the input's own stamp (the root's size and time) sees only changes
+/// to the root's entries. `None` for a file (or an input that cannot be listed).
+pub fn subfolder_stamp(p: &Path) -> Option<u128> {
+    use std::os::unix::fs::MetadataExt;
+    if !p.is_dir() {
+        return None;
     }
-    Ok(format!("listing-xxh3-128:{:032x}", h.digest128()))
+    let mut dirs: Vec<(std::ffi::OsString, i64, i64, u64)> = std::fs::read_dir(p)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            // A link counts as the folder it points to.
+            let m = std::fs::metadata(e.path()).ok().filter(|m| m.is_dir())?;
+            Some((e.file_name(), m.mtime(), m.mtime_nsec(), m.ino()))
+        })
+        .collect();
+    dirs.sort();
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for (name, secs, nanos, ino) in dirs {
+        h.update(name.as_encoded_bytes());
+        h.update(b"\0");
+        h.update(&secs.to_le_bytes());
+        h.update(&nanos.to_le_bytes());
+        h.update(&ino.to_le_bytes());
+    }
+    Some(h.digest128())
 }
 
 /// The name a fingerprint gives file `f` of input `root`: `f`'s path under the folder `root`,
@@ -224,25 +238,19 @@ fn hash_file(h: &mut xxhash_rust::xxh3::Xxh3, f: &Path, buf: &mut [u8]) -> Resul
 }
 
 /// Calls `visit` on every file under `p` (itself if a file), in sorted order (by name within
-/// each folder, depth first), with its size when `sizes` is set and the listing gives it (a
-/// regular file; `None` for links). Holds the listing of one folder at a time per level, not
-/// of the whole tree (ImageNet-21k: 14M files).
-fn walk_files(p: &Path, sizes: bool, visit: &mut dyn FnMut(&Path, Option<u64>) -> Result<()>) -> Result<()> {
+/// each folder, depth first). Holds the listing of one folder at a time per level, not of the
+/// whole tree.
+fn walk_files(p: &Path, visit: &mut dyn FnMut(&Path) -> Result<()>) -> Result<()> {
     if !p.is_dir() {
-        return visit(p, None);
+        return visit(p);
     }
-    let mut entries: Vec<(PathBuf, Option<std::fs::FileType>, Option<u64>)> = std::fs::read_dir(p)
+    let mut entries: Vec<(PathBuf, Option<std::fs::FileType>)> = std::fs::read_dir(p)
         .map_err(|e| Error::io("cannot list", p, e))?
         .filter_map(|e| e.ok())
-        .map(|e| {
-            let kind = e.file_type().ok();
-            let len =
-                (sizes && kind.is_some_and(|k| k.is_file())).then(|| e.metadata().ok().map(|m| m.len())).flatten();
-            (e.path(), kind, len)
-        })
+        .map(|e| (e.path(), e.file_type().ok()))
         .collect();
     entries.sort_by(|a, b| a.0.cmp(&b.0));
-    for (path, kind, len) in entries {
+    for (path, kind) in entries {
         // The listing's type, without a look at the file; a link counts as what it points to.
         let dir = match kind {
             Some(k) if k.is_symlink() => path.is_dir(),
@@ -250,9 +258,9 @@ fn walk_files(p: &Path, sizes: bool, visit: &mut dyn FnMut(&Path, Option<u64>) -
             None => path.is_dir(),
         };
         if dir {
-            walk_files(&path, sizes, visit)?;
+            walk_files(&path, visit)?;
         } else {
-            visit(&path, len)?;
+            visit(&path)?;
         }
     }
     Ok(())
@@ -291,27 +299,26 @@ mod tests {
     }
 
     #[test]
-    fn listing_fingerprint_sees_names_and_sizes_in_folders_and_bytes_of_files() {
+    fn a_subfolder_stamp_changes_with_an_entry_of_a_subfolder() {
         let dir = tempfile::tempdir().unwrap();
-        let (root, words) = (dir.path().join("root"), dir.path().join("words.txt"));
+        let root = dir.path().join("root");
         std::fs::create_dir_all(root.join("n1")).unwrap();
-        std::fs::write(root.join("n1/a.jpg"), b"abc").unwrap();
-        std::fs::write(&words, b"n1\tdog").unwrap();
-        let inputs = [root.clone(), words.clone()];
-        let first = fingerprint_listing(&inputs).unwrap();
-        assert!(first.starts_with("listing-xxh3-128:"));
-        // Same name and size in the folder: the same listing (image bytes are not read).
-        std::fs::write(root.join("n1/a.jpg"), b"xyz").unwrap();
-        assert_eq!(fingerprint_listing(&inputs).unwrap(), first);
-        // Another size, another name, or other bytes in a file given directly: another one.
-        std::fs::write(root.join("n1/a.jpg"), b"abcd").unwrap();
-        let sized = fingerprint_listing(&inputs).unwrap();
-        assert_ne!(sized, first);
-        std::fs::rename(root.join("n1/a.jpg"), root.join("n1/b.jpg")).unwrap();
-        let renamed = fingerprint_listing(&inputs).unwrap();
-        assert_ne!(renamed, sized);
-        std::fs::write(&words, b"n1\tcat").unwrap();
-        assert_ne!(fingerprint_listing(&inputs).unwrap(), renamed);
+        std::fs::write(root.join("words.txt"), b"n1\tdog").unwrap();
+        assert_eq!(subfolder_stamp(&root.join("words.txt")), None, "a file has none");
+        // The kernel's file times move by ticks of a few milliseconds.
+        let tick = || std::thread::sleep(std::time::Duration::from_millis(30));
+        let first = subfolder_stamp(&root).unwrap();
+        assert_eq!(subfolder_stamp(&root), Some(first));
+        tick();
+        // The root's own time does not change when an image is added to a synset folder.
+        let root_time = std::fs::metadata(&root).unwrap().modified().unwrap();
+        std::fs::write(root.join("n1/a.jpg"), b"x").unwrap();
+        assert_eq!(std::fs::metadata(&root).unwrap().modified().unwrap(), root_time);
+        let added = subfolder_stamp(&root).unwrap();
+        assert_ne!(added, first);
+        tick();
+        std::fs::create_dir(root.join("n1/sub")).unwrap();
+        assert_ne!(subfolder_stamp(&root).unwrap(), added);
     }
 
     #[test]

@@ -33,6 +33,10 @@ pub struct InputStamp {
     pub bytes: u64,
     /// Modification time, nanoseconds since the Unix epoch (0 where the file system has none).
     pub modified_ns: u128,
+    /// A folder input's subfolders, by [`crate::io::subfolder_stamp`] (hex): an image added to
+    /// or removed from a synset folder changes that folder's time, not the root's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subfolders: Option<String>,
 }
 
 impl InputStamp {
@@ -47,7 +51,8 @@ impl InputStamp {
                     .ok()
                     .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                     .map_or(0, |d| d.as_nanos());
-                Some(InputStamp { path: p.clone(), bytes: m.len(), modified_ns })
+                let subfolders = crate::io::subfolder_stamp(p).map(|d| format!("{d:032x}"));
+                Some(InputStamp { path: p.clone(), bytes: m.len(), modified_ns, subfolders })
             })
             .collect()
     }

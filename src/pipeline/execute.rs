@@ -18,7 +18,7 @@ use super::plan::Plan;
 use super::progress::Progress;
 use crate::error::{Error, Result};
 use crate::io::parquet::{ShardInfo, ShardedWriter};
-use crate::io::{fingerprint, fingerprint_listing, write_atomic};
+use crate::io::write_atomic;
 use crate::report;
 use crate::schema::{self, Chunk};
 use crate::stages::{write_parquet, ChunkIter, Reader, StageStats, Transform};
@@ -208,11 +208,20 @@ fn remove_run_shards(dir: &Path, keep: &[std::path::PathBuf]) {
     }
 }
 
-/// Size, modification time and inode of each input: a file replaced or written to while the
-/// run reads it changes one of them.
-fn stamps(inputs: &[std::path::PathBuf]) -> Vec<Option<(u64, Option<std::time::SystemTime>, u64)>> {
+/// Size, modification time and inode of each input, and of a folder input's subfolders: a
+/// file replaced or written to while the run reads it changes one of them, and so does an image
+/// added to or removed from a synset folder.
+type Stamp = (u64, Option<std::time::SystemTime>, u64, Option<u128>);
+
+fn stamps(inputs: &[std::path::PathBuf]) -> Vec<Option<Stamp>> {
     use std::os::unix::fs::MetadataExt;
-    inputs.iter().map(|p| std::fs::metadata(p).ok().map(|m| (m.len(), m.modified().ok(), m.ino()))).collect()
+    inputs
+        .iter()
+        .map(|p| {
+            let m = std::fs::metadata(p).ok()?;
+            Some((m.len(), m.modified().ok(), m.ino(), crate::io::subfolder_stamp(p)))
+        })
+        .collect()
 }
 
 fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>) -> Result<RunSummary> {
@@ -312,14 +321,13 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     // content changed though its size and time did not.
     let fingerprint_known = std::sync::Arc::new(std::sync::OnceLock::<String>::new());
     let fingerprinting = {
-        let inputs = inputs.clone();
-        let listing_only = plan.reader.fingerprint_listing_only();
+        let fingerprint = plan.reader.fingerprinter();
         let known = fingerprint_known.clone();
         std::thread::Builder::new()
             .name("curate-fingerprint".into())
             .spawn(move || {
                 let t = Instant::now();
-                let f = if listing_only { fingerprint_listing(&inputs) } else { fingerprint(&inputs) };
+                let f = fingerprint();
                 if let Ok(f) = &f {
                     let _ = known.set(f.clone());
                 }
@@ -549,8 +557,8 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         // No run can go on from this one's checkpoint.
         checkpoint::remove(&out);
         return Err(Error::data(format!(
-            "input `{}` changed while the run read it (size, modification time or file): the output would mix \
-             two versions of it; run again once it is final",
+            "input `{}` changed while the run read it (size, modification time or file; of a folder, also an \
+             entry of one of its subfolders): the output would mix two versions of it; run again once it is final",
             inputs[i].display()
         )));
     }

@@ -44,6 +44,9 @@ pub const CHUNK_ROWS: usize = 32 * 1024;
 
 pub type ChunkIter<'a> = Box<dyn Iterator<Item = Result<Chunk>> + Send + 'a>;
 
+/// Computes an input's fingerprint (see [`Reader::fingerprinter`]).
+pub type Fingerprinter = Box<dyn FnOnce() -> Result<String> + Send>;
+
 /// A stage that produces `pairs` rows from files.
 pub trait Reader: Send + Sync {
     /// Input files, for the manifest's fingerprint.
@@ -56,10 +59,12 @@ pub trait Reader: Send + Sync {
     fn prepare(&self) -> Result<()> {
         Ok(())
     }
-    /// The manifest fingerprints the inputs' listing (paths and sizes) instead of their bytes:
-    /// for readers that never read most of the bytes (image folders).
-    fn fingerprint_listing_only(&self) -> bool {
-        false
+    /// What computes the manifest's input fingerprint, on a thread of its own beside the
+    /// passes: by default the names and bytes of the input files ([`crate::io::fingerprint`]);
+    /// an image folder's reader fingerprints its listing instead (it never reads the images).
+    fn fingerprinter(&self) -> Fingerprinter {
+        let inputs = self.inputs();
+        Box::new(move || crate::io::fingerprint(&inputs))
     }
     /// Whether rows can have captions at all (not so for an image folder, or a table with no
     /// caption column mapped).

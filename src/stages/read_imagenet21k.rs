@@ -10,9 +10,10 @@
 //! `invalid_utf8` (raw: the name's bytes). Entries of the root that are not synset folders (the
 //! words file aside) are counted as skipped (`outside_synset_folders`).
 //!
-//! The manifest's fingerprint of this input is of its listing (each file's path below the root
-//! and size) and the words file, not of every image's bytes: the reader never reads them, and
-//! ImageNet-21k is over a terabyte.
+//! The manifest's fingerprint of this input is of its listing as this reader sees it (the synset
+//! folders, each one's entries with their kind and the size of each file, the count of other
+//! entries of the root) and of the words file's bytes, not of every image's bytes: the reader
+//! never reads them, and ImageNet-21k is over a terabyte.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -95,8 +96,7 @@ impl ReadImagenet21kConfig {
             }
         }
         problems.is_empty().then(|| ReadImagenet21k {
-            root,
-            words_file: self.words.as_ref().map(PathBuf::from),
+            folder: Folder { root, words_file: self.words.as_ref().map(PathBuf::from) },
             words,
             // `.jpeg` (torchvision's spelling) and `jpeg` are one extension.
             extensions: self.extensions.iter().map(|e| e.strip_prefix('.').unwrap_or(e).to_ascii_lowercase()).collect(),
@@ -134,17 +134,24 @@ fn load_words(path: &std::path::Path) -> std::result::Result<HashMap<String, Str
 }
 
 pub struct ReadImagenet21k {
-    root: PathBuf,
-    words_file: Option<PathBuf>,
+    folder: Folder,
     words: HashMap<String, String>,
     extensions: Vec<String>,
     source: String,
 }
 
+/// The folder read: its root and the words file (which may sit in the root).
+#[derive(Clone)]
+struct Folder {
+    root: PathBuf,
+    words_file: Option<PathBuf>,
+}
+
 /// One entry of a synset folder.
 #[derive(Debug, Clone)]
 enum Listed {
-    File(String),
+    /// A file, or a link to one; its size when asked for (the fingerprint).
+    File(String, Option<u64>),
     /// A folder, or a link to nothing.
     NotAFile(String),
     /// A name that is not UTF-8: its bytes.
@@ -154,7 +161,7 @@ enum Listed {
 impl Listed {
     fn sort_key(&self) -> &[u8] {
         match self {
-            Listed::File(n) | Listed::NotAFile(n) => n.as_bytes(),
+            Listed::File(n, _) | Listed::NotAFile(n) => n.as_bytes(),
             Listed::BadName(b) => b,
         }
     }
@@ -164,7 +171,7 @@ fn entries(p: &std::path::Path) -> Result<Vec<std::fs::DirEntry>> {
     Ok(std::fs::read_dir(p).map_err(|e| Error::io("cannot list", p, e))?.filter_map(|e| e.ok()).collect())
 }
 
-impl ReadImagenet21k {
+impl Folder {
     /// The synset folders of the root, sorted, and the number of its entries that are not
     /// synset folders (the words file aside).
     fn synsets(&self) -> Result<(Vec<String>, u64)> {
@@ -180,8 +187,9 @@ impl ReadImagenet21k {
         Ok((synsets, outside))
     }
 
-    /// The entries of one synset folder, sorted by the bytes of their names.
-    fn synset_entries(&self, synset: &str) -> Result<Vec<Listed>> {
+    /// The entries of one synset folder, sorted by the bytes of their names; with `sizes`, each
+    /// file's size.
+    fn synset_entries(&self, synset: &str, sizes: bool) -> Result<Vec<Listed>> {
         let mut files: Vec<Listed> = entries(&self.root.join(synset))?
             .into_iter()
             .map(|e| {
@@ -190,9 +198,10 @@ impl ReadImagenet21k {
                     return Listed::BadName(name.as_encoded_bytes().to_vec());
                 };
                 // `file_type` comes with the listing; only a link needs a look at its target.
+                let size = |m: std::io::Result<std::fs::Metadata>| sizes.then(|| m.map_or(0, |m| m.len()));
                 match e.file_type() {
-                    Ok(t) if t.is_file() => Listed::File(name),
-                    Ok(t) if t.is_symlink() && e.path().is_file() => Listed::File(name),
+                    Ok(t) if t.is_file() => Listed::File(name, size(e.metadata())),
+                    Ok(t) if t.is_symlink() && e.path().is_file() => Listed::File(name, size(e.path().metadata())),
                     _ => Listed::NotAFile(name),
                 }
             })
@@ -200,17 +209,59 @@ impl ReadImagenet21k {
         files.sort_by(|a, b| a.sort_key().cmp(b.sort_key()));
         Ok(files)
     }
+
+    /// The input's fingerprint: what [`Folder::synsets`] and [`Folder::synset_entries`] see,
+    /// with each file's size (an image replaced by another of another size changes it), and
+    /// the words file's name and bytes. One synset folder is listed at a time, and nothing
+    /// below a synset folder's entries is visited: a folder there is a `not_a_file` reject,
+    /// whatever it holds (a link to a folder above it included).
+    fn fingerprint(&self) -> Result<String> {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        let (synsets, outside) = self.synsets()?;
+        h.update(&outside.to_le_bytes());
+        for synset in &synsets {
+            h.update(synset.as_bytes());
+            h.update(b"/\0");
+            for entry in self.synset_entries(synset, true)? {
+                match entry {
+                    Listed::File(name, size) => {
+                        h.update(b"f");
+                        h.update(name.as_bytes());
+                        h.update(b"\0");
+                        h.update(&size.unwrap_or(0).to_le_bytes());
+                    }
+                    Listed::NotAFile(name) => {
+                        h.update(b"d");
+                        h.update(name.as_bytes());
+                        h.update(b"\0");
+                    }
+                    Listed::BadName(bytes) => {
+                        h.update(b"b");
+                        h.update(&bytes);
+                        h.update(b"\0");
+                    }
+                }
+            }
+            // The end of a folder's entries, so that they cannot run into the next folder's name.
+            h.update(b"\0");
+        }
+        if let Some(w) = &self.words_file {
+            crate::io::hash_named_file(&mut h, w)?;
+        }
+        Ok(format!("listing-xxh3-128:{:032x}", h.digest128()))
+    }
 }
 
 impl Reader for ReadImagenet21k {
     fn inputs(&self) -> Vec<PathBuf> {
-        let mut v = vec![self.root.clone()];
-        v.extend(self.words_file.clone());
+        let mut v = vec![self.folder.root.clone()];
+        v.extend(self.folder.words_file.clone());
         v
     }
 
-    fn fingerprint_listing_only(&self) -> bool {
-        true
+    fn fingerprinter(&self) -> super::Fingerprinter {
+        let folder = self.folder.clone();
+        Box::new(move || folder.fingerprint())
     }
 
     fn has_captions(&self) -> bool {
@@ -220,8 +271,8 @@ impl Reader for ReadImagenet21k {
     fn open(&self) -> Result<ChunkIter<'_>> {
         // One synset folder is listed at a time (ImageNet-21k: 21,841 folders, 14M files), its
         // entries taken `CHUNK_ROWS` at a time, a chunk running on into the next folders.
-        let (synsets, outside) = self.synsets()?;
-        let root_name = crate::io::file_name(&self.root);
+        let (synsets, outside) = self.folder.synsets()?;
+        let root_name = crate::io::file_name(&self.folder.root);
         let mut synsets = synsets.into_iter();
         let mut folder: (String, std::vec::IntoIter<Listed>) = (String::new(), Vec::new().into_iter());
         let mut index = 0u64;
@@ -240,7 +291,7 @@ impl Reader for ReadImagenet21k {
                     continue;
                 }
                 let Some(synset) = synsets.next() else { break };
-                match self.synset_entries(&synset) {
+                match self.folder.synset_entries(&synset, false) {
                     Ok(listed) => folder = (synset, listed.into_iter()),
                     Err(e) => {
                         failed = true;
@@ -266,7 +317,7 @@ impl Reader for ReadImagenet21k {
                     raw,
                 };
                 let file = match entry {
-                    Listed::File(f) => f,
+                    Listed::File(f, _) => f,
                     Listed::NotAFile(f) => {
                         let id = format!("{synset}/{f}");
                         let detail = "a folder or a broken link, not an image file".to_owned();
@@ -288,7 +339,7 @@ impl Reader for ReadImagenet21k {
                     let detail = format!("`.{ext}` is not one of {:?}", self.extensions);
                     rejects.push(reject(Some(id.clone()), "unsupported_extension", detail, id.into_bytes()));
                 } else {
-                    let path = self.root.join(&synset).join(&file).to_string_lossy().into_owned();
+                    let path = self.folder.root.join(&synset).join(&file).to_string_lossy().into_owned();
                     out.push(PairRow {
                         sample_id: &id,
                         path: Some(&path),
@@ -310,7 +361,7 @@ impl Reader for ReadImagenet21k {
 
 #[cfg(test)]
 mod tests {
-    use super::{default_extensions, default_source, load_words, LoadError, ReadImagenet21k, CHUNK_ROWS};
+    use super::{default_extensions, default_source, load_words, Folder, LoadError, ReadImagenet21k, CHUNK_ROWS};
     use crate::stages::Reader;
     use std::collections::HashMap;
 
@@ -332,8 +383,7 @@ mod tests {
     /// The reader over `root`, with no words file.
     fn reader(root: &std::path::Path) -> ReadImagenet21k {
         ReadImagenet21k {
-            root: root.to_owned(),
-            words_file: None,
+            folder: Folder { root: root.to_owned(), words_file: None },
             words: HashMap::new(),
             extensions: default_extensions(),
             source: default_source(),
@@ -364,6 +414,50 @@ mod tests {
         let ids = crate::schema::str_col(&chunks[0].batch, "sample_id");
         assert_eq!(ids.value(CHUNK_ROWS - 2), format!("n00000002/n00000002_{:05}.JPEG", CHUNK_ROWS - 2));
         assert_eq!(ids.value(CHUNK_ROWS - 1), "n00000003/n00000003_00000.JPEG");
+    }
+
+    #[test]
+    fn the_fingerprint_sees_what_the_reader_lists_and_sizes_not_image_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, words) = (dir.path().join("root"), dir.path().join("words.txt"));
+        std::fs::create_dir_all(root.join("n00000001")).unwrap();
+        std::fs::write(root.join("n00000001/a.jpg"), b"abc").unwrap();
+        std::fs::write(&words, b"n00000001\tdog").unwrap();
+        let folder = Folder { root: root.clone(), words_file: Some(words.clone()) };
+        let print = || {
+            let r = ReadImagenet21k { folder: folder.clone(), ..reader(&root) };
+            r.fingerprinter()().unwrap()
+        };
+        let first = print();
+        assert!(first.starts_with("listing-xxh3-128:"));
+        // Same name and size: the same listing (image bytes are not read).
+        std::fs::write(root.join("n00000001/a.jpg"), b"xyz").unwrap();
+        assert_eq!(print(), first);
+        let mut seen = vec![first];
+        let mut changes = |what: &str, change: &dyn Fn()| {
+            change();
+            let now = print();
+            assert!(!seen.contains(&now), "{what}: the fingerprint did not change");
+            seen.push(now);
+        };
+        changes("another size", &|| std::fs::write(root.join("n00000001/a.jpg"), b"abcd").unwrap());
+        changes("another name", &|| {
+            std::fs::rename(root.join("n00000001/a.jpg"), root.join("n00000001/b.jpg")).unwrap()
+        });
+        // An empty folder where images are (a `not_a_file` reject), and one beside the synset
+        // folders (an `outside_synset_folders` skip): rows that the output has.
+        changes("a folder in a synset folder", &|| std::fs::create_dir(root.join("n00000001/sub")).unwrap());
+        changes("a folder in the root", &|| std::fs::create_dir(root.join("other")).unwrap());
+        changes("an empty synset folder", &|| std::fs::create_dir(root.join("n00000002")).unwrap());
+        changes("the words", &|| std::fs::write(&words, b"n00000001\tcat").unwrap());
+        // Nothing below a synset folder's entries is visited: not a file in a folder there, and
+        // not a link to a folder above it (which a walk of the tree would follow round and round).
+        let before = print();
+        std::fs::write(root.join("n00000001/sub/x.jpg"), b"x").unwrap();
+        std::os::unix::fs::symlink(&root, root.join("n00000001/sub/up")).unwrap();
+        assert_eq!(print(), before);
+        std::os::unix::fs::symlink(&root, root.join("n00000001/up")).unwrap();
+        assert_ne!(print(), before, "a link to a folder is a `not_a_file` entry");
     }
 
     #[test]

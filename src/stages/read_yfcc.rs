@@ -96,6 +96,16 @@ impl ReadYfccConfig {
 const SUBSET_LINES_CHECKED: u64 = 1000;
 const SUBSET_HINT: &str = "expected `line_number<TAB>photo_id<TAB>hash` lines";
 
+/// A photo id, in the data or a subset list: digits only (no sign), around which blanks are
+/// allowed, of at most a 64-bit value (YFCC100M's go up to ~1.2e10); else why not.
+fn photo_id(field: &str) -> std::result::Result<u64, &'static str> {
+    let digits = field.trim();
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("is not a number");
+    }
+    digits.parse::<u64>().map_err(|_| "is too large (over 18446744073709551615)")
+}
+
 /// Photo ids listed in subset files (of each file's first `lines_each` lines, if given). A
 /// first line whose second field is not a number is a header.
 fn load_subset(files: &[PathBuf], lines_each: Option<u64>) -> std::result::Result<HashSet<u64>, LoadError> {
@@ -112,7 +122,7 @@ fn load_subset(files: &[PathBuf], lines_each: Option<u64>) -> std::result::Resul
             }
             let fields = split_tabs(line);
             let n = fields.count;
-            let id = (n >= 2).then(|| std::str::from_utf8(fields[1]).ok()?.trim().parse::<u64>().ok()).flatten();
+            let id = (n >= 2).then(|| photo_id(std::str::from_utf8(fields[1]).ok()?).ok()).flatten();
             match id {
                 Some(id) => {
                     ids.insert(id);
@@ -199,12 +209,14 @@ impl Reader for ReadYfcc {
                 let Some(id) = line.text(fields[layout.id]) else {
                     return LineOutcome::Reject { reason: "invalid_utf8", detail: "photo id is not UTF-8".into() };
                 };
-                let digits = !id.trim().is_empty() && id.trim().bytes().all(|b| b.is_ascii_digit());
-                let (true, Ok(num)) = (digits, id.trim().parse::<u64>()) else {
-                    return LineOutcome::Reject {
-                        reason: "bad_id",
-                        detail: format!("photo id `{id}` is not a number").into(),
-                    };
+                let num = match photo_id(id) {
+                    Ok(num) => num,
+                    Err(why) => {
+                        return LineOutcome::Reject {
+                            reason: "bad_id",
+                            detail: format!("photo id `{id}` {why}").into(),
+                        }
+                    }
                 };
                 // The id as a number (`007` is photo 7), as the subset file is matched: one photo
                 // is one id, so a repeat is found however it is written.
@@ -456,6 +468,22 @@ fn tag_len(after: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn photo_ids_are_digits_of_at_most_64_bits_in_the_data_and_the_subset_alike() {
+        assert_eq!(photo_id(" 007 "), Ok(7));
+        assert_eq!(photo_id("18446744073709551615"), Ok(u64::MAX));
+        assert_eq!(photo_id("18446744073709551616"), Err("is too large (over 18446744073709551615)"));
+        for bad in ["", " ", "+7", "-7", "7a", "0x7", "7.0"] {
+            assert_eq!(photo_id(bad), Err("is not a number"), "{bad:?}");
+        }
+        // A subset list reads its ids the same way: `+7` is no photo id there either.
+        let dir = tempfile::tempdir().unwrap();
+        let list = dir.path().join("subset.tsv");
+        std::fs::write(&list, "0\t7\tabc\n1\t+8\tabc\n").unwrap();
+        let Err(LoadError::Format(e)) = load_subset(std::slice::from_ref(&list), None) else { panic!("`+8` read") };
+        assert!(e.ends_with("line 2: no photo id in the second field"), "{e}");
+    }
 
     #[test]
     fn url_decoding_follows_unquote_plus() {
