@@ -216,6 +216,18 @@ impl Rejects {
         self.row.len()
     }
 
+    /// Adds which rows were rejected, by whom and why (not the details or bytes) to `h`.
+    pub fn digest_into(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+        h.update(&(self.len() as u64).to_le_bytes());
+        for ((row, stage), reason) in self.row.iter().zip(&self.stage).zip(&self.reason) {
+            h.update(&row.to_le_bytes());
+            h.update(stage.as_bytes());
+            h.update(b"\0");
+            h.update(reason.as_bytes());
+            h.update(b"\0");
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.row.is_empty()
     }

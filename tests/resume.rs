@@ -393,3 +393,86 @@ fn an_image_added_to_a_synset_folder_since_the_kill_starts_over() {
     );
     same_files(&files(&case.out("killed")), &files(&case.out("fresh")), "after a folder was added");
 }
+
+/// Tables in `dir`, `files` CSV files of 6,000 rows each (a chunk each), whose rows name the
+/// images of `dir/images`: table `k` names `img{200k}.jpg` .. `img{200k + 199}.jpg`, each 30
+/// times. Returns the pipeline file, with a BoW stage when `bow` is set.
+fn table_with_images(dir: &Path, files: usize, bow: bool) -> PathBuf {
+    std::fs::create_dir_all(dir.join("images")).unwrap();
+    for i in 0..200 * files {
+        std::fs::write(dir.join(format!("images/img{i}.jpg")), b"x").unwrap();
+    }
+    let words = ["dog", "cat", "park", "red", "beach", "tree", "sky"];
+    for k in 0..files {
+        let mut csv = String::from("sample_id,caption,url,path\n");
+        for i in k * 6000..(k + 1) * 6000 {
+            let caption = format!("a {} in the {} {i}", words[i % 7], words[(i / 7) % 7]);
+            csv.push_str(&format!("id{i},{caption},http://x/{i}.jpg,img{}.jpg\n", 200 * k + i % 200));
+        }
+        std::fs::write(dir.join(format!("t{k}.csv")), csv).unwrap();
+    }
+    let bow = if bow { "[[stage]]\ntype = \"bow\"\nrm_top_freq = 2\n\n" } else { "" };
+    let toml = format!(
+        "output_dir = \"out\"\n[[stage]]\ntype = \"read_table\"\npath = {:?}\n\
+         columns = {{ sample_id = \"sample_id\", caption = \"caption\", url = \"url\", path = \"path\" }}\n\
+         image_root = {:?}\n\n{bow}[[stage]]\ntype = \"write_parquet\"\nrows_per_shard = 1000\n",
+        format!("{}/t*.csv", dir.display()),
+        dir.join("images").to_string_lossy()
+    );
+    let pipeline = dir.join("table.toml");
+    std::fs::write(&pipeline, toml).unwrap();
+    pipeline
+}
+
+#[test]
+fn an_image_file_that_came_back_since_the_kill_fails_the_resume_instead_of_shifting_rows() {
+    // `check_files` looks image files up; no fingerprint covers them. An image missing while
+    // the killed run read its table (a `missing_file` reject) and back since: the resumed
+    // stream would go on by row counts one row off, writing one row twice and losing another.
+    let case = Case::new();
+    let pipeline = table_with_images(case.dir.path(), 1, false);
+    let image = case.dir.path().join("images/img7.jpg");
+    std::fs::remove_file(&image).unwrap();
+    let (ok, _) = case.run_file(&pipeline, "killed", Some(1), &[]);
+    assert!(!ok, "killed");
+    std::fs::write(&image, b"x").unwrap();
+    let (ok, stderr) = case.run_file(&pipeline, "killed", None, &[]);
+    assert!(!ok, "{stderr}");
+    assert!(stderr.contains("resuming"), "{stderr}");
+    assert!(stderr.contains("its rows up to chunk 1 are not those the killed run read"), "{stderr}");
+    assert!(!case.out("killed").join(".curate-checkpoint").exists());
+    // The next run starts over, and writes what a run from the start writes.
+    let (ok, stderr) = case.run_file(&pipeline, "killed", None, &[]);
+    assert!(ok, "{stderr}");
+    assert!(!stderr.contains("resuming"), "{stderr}");
+    let (ok, _) = case.run_file(&pipeline, "fresh", None, &[]);
+    assert!(ok);
+    assert_eq!(manifest(&case.out("fresh"))["rows"]["written"], 6000);
+    same_files(&files(&case.out("killed")), &files(&case.out("fresh")), "after the image came back");
+}
+
+#[test]
+fn an_image_file_gone_past_the_kept_chunks_fails_a_resume_whose_stages_learned_from_it() {
+    // The change lies in the last table, past every chunk the killed run wrote: those read as
+    // before, but the BoW stage's fit pass (its base statistics) saw another input, and the
+    // kept shards show what it learned.
+    let case = Case::new();
+    let pipeline = table_with_images(case.dir.path(), 3, true);
+    let (ok, _) = case.run_file(&pipeline, "killed", Some(1), &[]);
+    assert!(!ok, "killed");
+    let text = std::fs::read_to_string(case.out("killed").join(".curate-checkpoint")).unwrap();
+    let checkpoint: serde_json::Value = serde_json::from_str(text.split_once('\n').unwrap().1).unwrap();
+    assert_eq!(checkpoint["chunk"], 0, "killed in the first table");
+    std::fs::remove_file(case.dir.path().join("images/img407.jpg")).unwrap();
+    let (ok, stderr) = case.run_file(&pipeline, "killed", None, &[]);
+    assert!(!ok, "{stderr}");
+    assert!(stderr.contains("resuming"), "{stderr}");
+    assert!(stderr.contains("the fit passes read other rows than the killed run's did"), "{stderr}");
+    assert!(!case.out("killed").join(".curate-checkpoint").exists());
+    let (ok, stderr) = case.run_file(&pipeline, "killed", None, &[]);
+    assert!(ok && !stderr.contains("resuming"), "{stderr}");
+    let (ok, _) = case.run_file(&pipeline, "fresh", None, &[]);
+    assert!(ok);
+    assert_eq!(manifest(&case.out("fresh"))["rejects_by_reason"]["read_table/missing_file"], 30);
+    same_files(&files(&case.out("killed")), &files(&case.out("fresh")), "after the image went");
+}

@@ -124,6 +124,49 @@ pub struct Checkpoint {
     /// saved before the run had it is not resumed.
     #[serde(default)]
     pub input_fingerprint: Option<String>,
+    /// [`chain_read_digest`] of the reader's chunks up to and including `chunk`, hex: the rows a
+    /// resumed run reads again must be these.
+    #[serde(default)]
+    pub read_digest: Option<String>,
+    /// [`chain_read_digest`] of the whole input as the fit passes read it (none without fit
+    /// passes): what the stages learned, which the kept shards show, came from those rows.
+    #[serde(default)]
+    pub fit_read_digest: Option<String>,
+}
+
+/// What the reader gave, chunk after chunk, as a running digest: `before` (that of the chunks
+/// before) and `chunk`'s sample ids, rejects (row, stage, reason) and skip counts. The input
+/// fingerprint covers the input's bytes, not what a reader looks up beside them: a table's
+/// image files (`check_files`) can come or go between a killed run and its resumption, and a
+/// row that became a `missing_file` reject, or stopped being one, would shift every later row
+/// of a stream that goes on by row counts.
+pub fn chain_read_digest(before: u128, chunk: &crate::schema::Chunk) -> u128 {
+    use arrow_array::cast::AsArray;
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(&before.to_le_bytes());
+    h.update(&(chunk.batch.num_rows() as u64).to_le_bytes());
+    // Readers give `pairs` rows, which have ids (a test's batch may not).
+    let ids = chunk.batch.column_by_name(crate::schema::SAMPLE_ID).and_then(|c| c.as_string_opt::<i32>());
+    if let Some(ids) = ids {
+        let offsets = ids.value_offsets();
+        let (first, last) = (offsets[0], offsets[offsets.len() - 1]);
+        // Each id's end, from the first id's start (a chunk may be a slice of a larger batch).
+        let mut ends = [0u8; 4096];
+        for part in offsets[1..].chunks(ends.len() / 4) {
+            for (e, o) in ends.chunks_exact_mut(4).zip(part) {
+                e.copy_from_slice(&(o - first).to_le_bytes());
+            }
+            h.update(&ends[..part.len() * 4]);
+        }
+        h.update(&ids.value_data()[first as usize..last as usize]);
+    }
+    chunk.rejects.digest_into(&mut h);
+    for (reason, n) in &chunk.skipped {
+        h.update(reason.as_bytes());
+        h.update(b"\0");
+        h.update(&n.to_le_bytes());
+    }
+    h.digest128()
 }
 
 /// The digest line that heads the checkpoint file, of the JSON after it: a file edited or
@@ -154,6 +197,9 @@ pub struct Position<'a> {
     pub skipped: &'a BTreeMap<String, u64>,
     pub stats: &'a [StageStats],
     pub input_fingerprint: Option<String>,
+    /// [`chain_read_digest`] through `chunk`.
+    pub read_digest: u128,
+    pub fit_read_digest: Option<u128>,
 }
 
 /// Saves `at` in `out` (atomically: a run killed while saving keeps the checkpoint before).
@@ -172,6 +218,8 @@ pub fn save(out: &Path, run: &RunIdentity<'_>, at: Position<'_>) -> Result<()> {
         skipped: at.skipped.clone(),
         stats: at.stats.to_vec(),
         input_fingerprint: at.input_fingerprint,
+        read_digest: Some(format!("{:032x}", at.read_digest)),
+        fit_read_digest: at.fit_read_digest.map(|d| format!("{d:032x}")),
     };
     let json = serde_json::to_vec(&checkpoint).expect("a checkpoint serializes");
     let mut file = format!("{}\n", digest(&json)).into_bytes();
@@ -225,6 +273,9 @@ fn usable(c: &Checkpoint, run: &RunIdentity<'_>) -> std::result::Result<(), Stri
     // Without it, content changed under an unchanged size and time could not be told.
     if c.input_fingerprint.is_none() {
         return Err("it was saved before the input's fingerprint was taken".to_owned());
+    }
+    if c.read_digest.is_none() {
+        return Err("it holds no digest of the rows read (saved by an earlier curate)".to_owned());
     }
     if c.stats.len() != c.first_rows.len() {
         return Err("it does not match the pipeline's stages".to_owned());

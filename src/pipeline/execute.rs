@@ -338,7 +338,20 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
 
     let total_passes = plan.transforms.iter().map(|(_, t)| t.fit_passes()).sum::<usize>() + 1;
     let progress = Progress::new(opts.progress, total_passes);
-    let Fitted { cache, total_rows, passes } = fit_passes(&mut plan, opts, &progress, &mut timings)?;
+    let Fitted { cache, total_rows, passes, read_digest: fit_read_digest } =
+        fit_passes(&mut plan, opts, &progress, &mut timings)?;
+    // What the stages learned shows in the kept shards: it must come from the rows the killed
+    // run's fit passes read (a table's image files, which `check_files` looks up but no
+    // fingerprint covers, may have come or gone since).
+    if let Some(c) = &resume {
+        if c.fit_read_digest != fit_read_digest.map(|d| format!("{d:032x}")) {
+            return Err(stream_mismatch(
+                &out,
+                "the fit passes read other rows than the killed run's did: an image file that `check_files` looks \
+                 up came or went, or the input changed",
+            ));
+        }
+    }
     let input_cache = PassCache::state(&cache);
     // Each stage gets ready for the stream (`mine_pseudo_bow` embeds its pool here).
     let t = Instant::now();
@@ -393,6 +406,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         first_rows: resume.as_ref().map_or_else(|| vec![0; transforms.len()], |c| c.first_rows.clone()),
     };
     let resumed_fingerprint = resume.as_ref().and_then(|c| c.input_fingerprint.clone());
+    let mut resumed_read_digest = resume.as_ref().and_then(|c| c.read_digest.clone());
     let resumed = resume.as_ref().map(|c| {
         json!({
             "data_shards_kept": c.data_shards.len(),
@@ -442,6 +456,17 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                             Some(idx) => f.chunk.batch.project(idx)?,
                             None => f.chunk.batch,
                         };
+                        // Resuming: the chunks before were read again as the killed run read them?
+                        if let Some(want) = resumed_read_digest.take() {
+                            if format!("{:032x}", f.read_digest) != want {
+                                let what = format!(
+                                    "its rows up to chunk {} are not those the killed run read: an image file that \
+                                     `check_files` looks up came or went, or the input changed",
+                                    chunk_no + 1
+                                );
+                                return Err(stream_mismatch(out_dir, &what));
+                            }
+                        }
                         // Resuming: the rows of the first chunk a killed run wrote already.
                         let done_before = std::mem::take(&mut o.rows_into_first) as usize;
                         if done_before > batch.num_rows() {
@@ -480,6 +505,8 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                                     input_fingerprint: resumed_fingerprint
                                         .clone()
                                         .or_else(|| fingerprint_known.get().cloned()),
+                                    read_digest: f.read_digest,
+                                    fit_read_digest,
                                 };
                                 checkpoint::save(out_dir, identity, at)?;
                                 checkpointed = (data.shards().len(), rejects.shards().len());
@@ -617,6 +644,9 @@ struct Fitted {
     total_rows: Option<u64>,
     /// Passes counted so far, run or skipped.
     passes: usize,
+    /// [`checkpoint::chain_read_digest`] of the whole input, as the first fit pass read it
+    /// (none without fit passes).
+    read_digest: Option<u128>,
 }
 
 /// The fit passes, stage by stage: transform `i` fits on the stream through transforms `0..i`
@@ -631,6 +661,7 @@ fn fit_passes(
     let mut total_rows: Option<u64> = None;
     let mut pass_no = 0;
     let mut cache: Option<PassCache> = None;
+    let mut read_digest: Option<u128> = None;
     for i in 0..plan.transforms.len() {
         let (before, rest) = plan.transforms.split_at_mut(i);
         let (name, stage) = &mut rest[0];
@@ -659,6 +690,7 @@ fn fit_passes(
                     let chunk = chunk?;
                     if filling {
                         cache.as_mut().expect("set above").keep(&chunk);
+                        read_digest = Some(checkpoint::chain_read_digest(read_digest.unwrap_or(0), &chunk));
                     }
                     let n_read =
                         chunk.batch.num_rows() + chunk.rejects.len() + chunk.skipped.values().sum::<u64>() as usize;
@@ -682,7 +714,7 @@ fn fit_passes(
             timings.insert(format!("{name}.fit_pass_{}", pass + 1), t.elapsed().as_secs_f64());
         }
     }
-    Ok(Fitted { cache, total_rows, passes: pass_no })
+    Ok(Fitted { cache, total_rows, passes: pass_no, read_digest })
 }
 
 /// Whether a file named `name` in a shard folder is one a run writes, finished or not (and so
@@ -971,6 +1003,8 @@ struct Finished {
     stats: Vec<StageStats>,
     /// The index of the chunk's first row in each transform's input, so far.
     first_rows: Vec<u64>,
+    /// [`checkpoint::chain_read_digest`] of the reader's chunks up to and including this one.
+    read_digest: u128,
 }
 
 /// Chunks in a transform that is [parallel inside](Transform::parallel_inside), at most. With
@@ -1036,6 +1070,7 @@ fn transform_stream<'s>(
     // Input rows of each chunk not yet handed to `sink`, in order.
     let mut pending_rows = std::collections::VecDeque::new();
     let (mut read, mut sunk, mut rows, mut input_done) = (0usize, 0usize, 0u64, false);
+    let mut read_digest = 0u128;
     rayon::in_place_scope(|scope| -> Result<u64> {
         let start_ready = |j: usize,
                            ready: &mut Vec<BTreeMap<usize, Finished>>,
@@ -1056,7 +1091,7 @@ fn transform_stream<'s>(
                             let before = f.chunk.rejects.len();
                             let (mut chunk, stats) = t.apply(f.chunk, first_row)?;
                             chunk.rejects.name_stage_from(before, schema::stage_name(name));
-                            f = Finished { chunk, stats: f.stats, first_rows: f.first_rows, rejects: None };
+                            f = Finished { chunk, rejects: None, ..f };
                             f.stats.push(stats);
                             f.first_rows.push(first_row);
                         }
@@ -1079,6 +1114,7 @@ fn transform_stream<'s>(
                     let mut chunk = chunk?;
                     let n = (chunk.batch.num_rows() + chunk.rejects.len()) as u64 + chunk.skipped.values().sum::<u64>();
                     rows += n;
+                    read_digest = checkpoint::chain_read_digest(read_digest, &chunk);
                     if read < start.chunk {
                         // Written by the killed run this one resumes.
                         read += 1;
@@ -1092,7 +1128,7 @@ fn transform_stream<'s>(
                     }
                     chunk.rejects.name_stage_from(0, reader_name);
                     pending_rows.push_back(n);
-                    let f = Finished { chunk, rejects: None, stats: Vec::new(), first_rows: Vec::new() };
+                    let f = Finished { chunk, rejects: None, stats: Vec::new(), first_rows: Vec::new(), read_digest };
                     ready[0].insert(read, f);
                     read += 1;
                     start_ready(0, &mut ready, &mut next, &mut offsets, &mut busy);
