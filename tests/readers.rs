@@ -2061,3 +2061,34 @@ proptest::proptest! {
         proptest::prop_assert_eq!(got_rejects, rejected);
     }
 }
+
+#[test]
+fn a_tables_folder_is_fingerprinted_when_its_image_paths_start_there() {
+    // Without `image_root`, a table's image paths start at its own folder, so the same table in
+    // another folder gives another `path` column: another fingerprint. With `image_root` set (in
+    // the config hash), or no `path` mapped, the folder does not show, and the fingerprint is the
+    // table's name and bytes alone.
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["d1", "d2"] {
+        std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        std::fs::write(dir.path().join(d).join("t.csv"), "sample_id,caption,path\na,a dog,img1.jpg\n").unwrap();
+    }
+    let print = |folder: &str, more: &str| {
+        let toml = format!(
+            "output_dir = \"{}\"\n[[stage]]\ntype = \"read_table\"\npath = \"{}\"\ncheck_files = false\n{more}\n\
+             [[stage]]\ntype = \"write_parquet\"\n",
+            dir.path().join("out").display(),
+            dir.path().join(folder).join("t.csv").display()
+        );
+        let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
+        curate::pipeline::run(curate::pipeline::plan::compile_doc(&doc).unwrap(), &Default::default()).unwrap();
+        json_file(&dir.path().join("out/manifest.json"))["input_fingerprint"].as_str().unwrap().to_owned()
+    };
+    let with_path = "columns = { sample_id = \"sample_id\", caption = \"caption\", path = \"path\" }";
+    assert_ne!(print("d1", with_path), print("d2", with_path));
+    let rooted = format!("{with_path}\nimage_root = \"/images\"");
+    assert_eq!(print("d1", &rooted), print("d2", &rooted));
+    let no_path = "columns = { sample_id = \"sample_id\", caption = \"caption\" }";
+    assert_eq!(print("d1", no_path), print("d2", no_path));
+    assert_eq!(print("d1", no_path), print("d1", &rooted), "the table's name and bytes alone");
+}

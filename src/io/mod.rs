@@ -164,7 +164,17 @@ pub fn recv_in_pool<T>(rx: &std::sync::mpsc::Receiver<T>) -> Option<T> {
 /// a copy elsewhere fingerprint alike. Not cryptographic; it identifies which bytes a data set
 /// was built from.
 pub fn fingerprint(paths: &[PathBuf]) -> Result<String> {
+    fingerprint_with(paths, &[])
+}
+
+/// [`fingerprint`], with `also` first: what else the data sees of its inputs (a table's folders,
+/// where its image paths start). With nothing in `also`, the same as [`fingerprint`].
+pub fn fingerprint_with(paths: &[PathBuf], also: &[String]) -> Result<String> {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for a in also {
+        h.update(a.as_bytes());
+        h.update(b"\0");
+    }
     let mut buf = vec![0u8; 1 << 20];
     for p in paths {
         walk_files(p, &mut |f| {

@@ -621,6 +621,19 @@ impl Reader for ReadTable {
         self.files.clone()
     }
 
+    /// The tables' names and bytes, and, when image paths start at each table's own folder (a
+    /// mapped `path`, no `image_root`), those folders as written: the `path` column shows them.
+    fn fingerprinter(&self) -> super::Fingerprinter {
+        let inputs = self.files.clone();
+        let folders: Vec<String> = if self.image_root.is_none() && self.indexes.iter().any(|ix| ix[3].is_some()) {
+            let folder = |f: &PathBuf| f.parent().map_or_else(String::new, |p| p.to_string_lossy().into_owned());
+            self.files.iter().map(folder).collect()
+        } else {
+            Vec::new()
+        };
+        Box::new(move || crate::io::fingerprint_with(&inputs, &folders))
+    }
+
     fn has_captions(&self) -> bool {
         self.caption_mapped
     }
