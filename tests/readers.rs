@@ -2092,3 +2092,28 @@ fn a_tables_folder_is_fingerprinted_when_its_image_paths_start_there() {
     assert_eq!(print("d1", no_path), print("d2", no_path));
     assert_eq!(print("d1", no_path), print("d1", &rooted), "the table's name and bytes alone");
 }
+
+#[test]
+fn an_imagenet_run_may_write_its_output_inside_the_root() {
+    // The run's own files (in a folder of the root that is no synset folder) are not a change
+    // of its input: it succeeds, and again.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("inet");
+    std::fs::create_dir_all(root.join("n00000001")).unwrap();
+    std::fs::write(root.join("n00000001/a.JPEG"), b"x").unwrap();
+    let toml = format!(
+        "output_dir = \"{}\"\n[[stage]]\ntype = \"read_imagenet21k\"\nroot = \"{}\"\n[[stage]]\ntype = \"write_parquet\"\n",
+        root.join("curated").display(),
+        root.display()
+    );
+    for run in 0..2 {
+        let doc =
+            curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml.clone(), &[]).unwrap();
+        curate::pipeline::run(curate::pipeline::plan::compile_doc(&doc).unwrap(), &Default::default())
+            .unwrap_or_else(|e| panic!("run {run}: {e}"));
+        let manifest = json_file(&root.join("curated/manifest.json"));
+        assert_eq!(manifest["rows"]["written"], 1, "run {run}");
+        // The output folder counts as one entry of the root beside the synset folders.
+        assert_eq!(manifest["skipped_by_reason"]["outside_synset_folders"], 1, "run {run}");
+    }
+}

@@ -192,36 +192,6 @@ pub fn hash_named_file(h: &mut xxhash_rust::xxh3::Xxh3, f: &Path) -> Result<()> 
     hash_file(h, f, &mut vec![0u8; 1 << 20])
 }
 
-/// A folder input's direct subfolders (ImageNet-21k's synset folders), as a digest of their
-/// names, modification times and inodes: a file added to, removed from or renamed in one
-/// changes its time, where the input's own stamp (the root's size and time) sees only changes
-/// to the root's entries. `None` for a file (or an input that cannot be listed).
-pub fn subfolder_stamp(p: &Path) -> Option<u128> {
-    use std::os::unix::fs::MetadataExt;
-    if !p.is_dir() {
-        return None;
-    }
-    let mut dirs: Vec<(std::ffi::OsString, i64, i64, u64)> = std::fs::read_dir(p)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            // A link counts as the folder it points to.
-            let m = std::fs::metadata(e.path()).ok().filter(|m| m.is_dir())?;
-            Some((e.file_name(), m.mtime(), m.mtime_nsec(), m.ino()))
-        })
-        .collect();
-    dirs.sort();
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    for (name, secs, nanos, ino) in dirs {
-        h.update(name.as_encoded_bytes());
-        h.update(b"\0");
-        h.update(&secs.to_le_bytes());
-        h.update(&nanos.to_le_bytes());
-        h.update(&ino.to_le_bytes());
-    }
-    Some(h.digest128())
-}
-
 /// The name a fingerprint gives file `f` of input `root`: `f`'s path under the folder `root`,
 /// or the file name of `root` itself; NUL-terminated so that names and bytes cannot run into
 /// each other.
@@ -306,29 +276,6 @@ mod tests {
         std::fs::copy(a.join("x.tsv"), b.join("c/x.tsv")).unwrap();
         std::fs::copy(a.join("sub/z.tsv"), b.join("c/sub/z.tsv")).unwrap();
         assert_eq!(f(a.clone()), f(b.join("c")));
-    }
-
-    #[test]
-    fn a_subfolder_stamp_changes_with_an_entry_of_a_subfolder() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("root");
-        std::fs::create_dir_all(root.join("n1")).unwrap();
-        std::fs::write(root.join("words.txt"), b"n1\tdog").unwrap();
-        assert_eq!(subfolder_stamp(&root.join("words.txt")), None, "a file has none");
-        // The kernel's file times move by ticks of a few milliseconds.
-        let tick = || std::thread::sleep(std::time::Duration::from_millis(30));
-        let first = subfolder_stamp(&root).unwrap();
-        assert_eq!(subfolder_stamp(&root), Some(first));
-        tick();
-        // The root's own time does not change when an image is added to a synset folder.
-        let root_time = std::fs::metadata(&root).unwrap().modified().unwrap();
-        std::fs::write(root.join("n1/a.jpg"), b"x").unwrap();
-        assert_eq!(std::fs::metadata(&root).unwrap().modified().unwrap(), root_time);
-        let added = subfolder_stamp(&root).unwrap();
-        assert_ne!(added, first);
-        tick();
-        std::fs::create_dir(root.join("n1/sub")).unwrap();
-        assert_ne!(subfolder_stamp(&root).unwrap(), added);
     }
 
     #[test]

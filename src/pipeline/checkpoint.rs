@@ -33,10 +33,6 @@ pub struct InputStamp {
     pub bytes: u64,
     /// Modification time, nanoseconds since the Unix epoch (0 where the file system has none).
     pub modified_ns: u128,
-    /// A folder input's subfolders, by [`crate::io::subfolder_stamp`] (hex): an image added to
-    /// or removed from a synset folder changes that folder's time, not the root's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub subfolders: Option<String>,
 }
 
 impl InputStamp {
@@ -51,8 +47,7 @@ impl InputStamp {
                     .ok()
                     .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                     .map_or(0, |d| d.as_nanos());
-                let subfolders = crate::io::subfolder_stamp(p).map(|d| format!("{d:032x}"));
-                Some(InputStamp { path: p.clone(), bytes: m.len(), modified_ns, subfolders })
+                Some(InputStamp { path: p.clone(), bytes: m.len(), modified_ns })
             })
             .collect()
     }
@@ -103,6 +98,9 @@ pub struct Checkpoint {
     /// The pipeline's name (in the shards' metadata, beside the config hash).
     pub pipeline: String,
     pub inputs: Vec<InputStamp>,
+    /// [`crate::stages::Reader::folder_stamp`], hex.
+    #[serde(default)]
+    pub folder_stamp: Option<String>,
     /// The reader chunk (0-based) being written: every chunk before it is in finished shards,
     /// data and rejects.
     pub chunk: usize,
@@ -182,6 +180,8 @@ pub struct RunIdentity<'a> {
     /// The inputs as the run found them before reading any (an input changed while the run
     /// reads it fails the run at its end, and must not look unchanged to the next one).
     pub inputs: &'a [Option<InputStamp>],
+    /// [`crate::stages::Reader::folder_stamp`] as the run found it before reading, hex.
+    pub folder_stamp: Option<String>,
     pub data_dir: &'a Path,
     pub rejects_dir: &'a Path,
 }
@@ -209,6 +209,7 @@ pub fn save(out: &Path, run: &RunIdentity<'_>, at: Position<'_>) -> Result<()> {
         config_hash: run.config_hash.to_owned(),
         pipeline: run.pipeline.to_owned(),
         inputs: run.inputs.iter().flatten().cloned().collect(),
+        folder_stamp: run.folder_stamp.clone(),
         chunk: at.chunk,
         rows_into_chunk: at.rows_into_chunk,
         first_rows: at.first_rows.to_vec(),
@@ -267,7 +268,8 @@ fn usable(c: &Checkpoint, run: &RunIdentity<'_>) -> std::result::Result<(), Stri
         return Err("the pipeline's settings changed since".to_owned());
     }
     let now = run.inputs;
-    if now.len() != c.inputs.len() || now.iter().zip(&c.inputs).any(|(a, b)| a.as_ref() != Some(b)) {
+    let changed = now.len() != c.inputs.len() || now.iter().zip(&c.inputs).any(|(a, b)| a.as_ref() != Some(b));
+    if changed || c.folder_stamp != run.folder_stamp {
         return Err("the input files changed since (paths, sizes or modification times)".to_owned());
     }
     // Without it, content changed under an unchanged size and time could not be told.

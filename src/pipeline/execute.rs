@@ -208,26 +208,18 @@ fn remove_run_shards(dir: &Path, keep: &[std::path::PathBuf]) {
     }
 }
 
-/// Size, modification time and inode of each input, and of a folder input's subfolders: a
-/// file replaced or written to while the run reads it changes one of them, and so does an image
-/// added to or removed from a synset folder.
-type Stamp = (u64, Option<std::time::SystemTime>, u64, Option<u128>);
-
-fn stamps(inputs: &[std::path::PathBuf]) -> Vec<Option<Stamp>> {
+/// Size, modification time and inode of each input: a file replaced or written to while the
+/// run reads it changes one of them.
+fn stamps(inputs: &[std::path::PathBuf]) -> Vec<Option<(u64, Option<std::time::SystemTime>, u64)>> {
     use std::os::unix::fs::MetadataExt;
-    inputs
-        .iter()
-        .map(|p| {
-            let m = std::fs::metadata(p).ok()?;
-            Some((m.len(), m.modified().ok(), m.ino(), crate::io::subfolder_stamp(p)))
-        })
-        .collect()
+    inputs.iter().map(|p| std::fs::metadata(p).ok().map(|m| (m.len(), m.modified().ok(), m.ino()))).collect()
 }
 
 fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>) -> Result<RunSummary> {
     let started = Instant::now();
     let out = plan.output_dir.clone();
     let inputs_before = stamps(&plan.reader.inputs());
+    let folders_before = plan.reader.folder_stamp();
     let data_dir = out.join(&plan.write.dir);
     let rejects_dir = out.join("rejects");
     // Nothing of an earlier run stays beside this one's files; the manifest, written last,
@@ -251,6 +243,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         config_hash: &config_hash,
         pipeline: &pipeline_name,
         inputs: &input_stamps,
+        folder_stamp: folders_before.map(|d| format!("{d:032x}")),
         data_dir: &data_dir,
         rejects_dir: &rejects_dir,
     };
@@ -580,12 +573,15 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     }
     // The passes and the fingerprint must all have seen the same bytes.
     let inputs_now = stamps(&inputs);
-    if let Some(i) = (0..inputs.len()).find(|&i| inputs_before[i] != inputs_now[i]) {
+    let changed = (0..inputs.len()).find(|&i| inputs_before[i] != inputs_now[i]);
+    // An image folder's first input is its root.
+    let changed = changed.or_else(|| (plan.reader.folder_stamp() != folders_before).then_some(0));
+    if let Some(i) = changed {
         // No run can go on from this one's checkpoint.
         checkpoint::remove(&out);
         return Err(Error::data(format!(
-            "input `{}` changed while the run read it (size, modification time or file; of a folder, also an \
-             entry of one of its subfolders): the output would mix two versions of it; run again once it is final",
+            "input `{}` changed while the run read it (size, modification time or file; of an image folder, also \
+             the folders it lists): the output would mix two versions of it; run again once it is final",
             inputs[i].display()
         )));
     }

@@ -66,6 +66,12 @@ pub trait Reader: Send + Sync {
         let inputs = self.inputs();
         Box::new(move || crate::io::fingerprint(&inputs))
     }
+    /// What the inputs' own stamps (size, modification time) do not show of a change, as a
+    /// digest: an image folder's listed folders, whose times change when an image is added to
+    /// or removed from one. Taken before and after a run, and saved in its checkpoints.
+    fn folder_stamp(&self) -> Option<u128> {
+        None
+    }
     /// Whether rows can have captions at all (not so for an image folder, or a table with no
     /// caption column mapped).
     fn has_captions(&self) -> bool {

@@ -210,6 +210,34 @@ impl Folder {
         Ok(files)
     }
 
+    /// The synset folders' names, modification times and inodes, as a digest: an image added
+    /// to, removed from or renamed in one changes its time, where the root's own time (the
+    /// input's stamp) changes only with the root's entries. Other folders of the root are left
+    /// out: what they hold is not read (an output folder may sit there). `None`: the root
+    /// cannot be listed.
+    fn stamp(&self) -> Option<u128> {
+        use std::os::unix::fs::MetadataExt;
+        let mut dirs: Vec<(String, i64, i64, u64)> = entries(&self.root)
+            .ok()?
+            .into_iter()
+            .filter_map(|e| {
+                let name = e.file_name().to_str().filter(|s| is_synset(s))?.to_owned();
+                // A link counts as the folder it points to, as in `synsets`.
+                let m = std::fs::metadata(e.path()).ok().filter(|m| m.is_dir())?;
+                Some((name, m.mtime(), m.mtime_nsec(), m.ino()))
+            })
+            .collect();
+        dirs.sort();
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for (name, secs, nanos, ino) in dirs {
+            h.update(name.as_bytes());
+            h.update(&secs.to_le_bytes());
+            h.update(&nanos.to_le_bytes());
+            h.update(&ino.to_le_bytes());
+        }
+        Some(h.digest128())
+    }
+
     /// The input's fingerprint: what [`Folder::synsets`] and [`Folder::synset_entries`] see,
     /// with each file's size (an image replaced by another of another size changes it), and
     /// the words file's name and bytes. One synset folder is listed at a time, and nothing
@@ -257,6 +285,10 @@ impl Reader for ReadImagenet21k {
         let mut v = vec![self.folder.root.clone()];
         v.extend(self.folder.words_file.clone());
         v
+    }
+
+    fn folder_stamp(&self) -> Option<u128> {
+        self.folder.stamp()
     }
 
     fn fingerprinter(&self) -> super::Fingerprinter {
@@ -450,6 +482,14 @@ mod tests {
         changes("a folder in the root", &|| std::fs::create_dir(root.join("other")).unwrap());
         changes("an empty synset folder", &|| std::fs::create_dir(root.join("n00000002")).unwrap());
         changes("the words", &|| std::fs::write(&words, b"n00000001\tcat").unwrap());
+        changes("a broken link", &|| {
+            std::os::unix::fs::symlink(root.join("nowhere"), root.join("n00000001/l.jpg")).unwrap()
+        });
+        changes("a name that is not UTF-8", &|| {
+            use std::os::unix::ffi::OsStrExt;
+            let name = std::ffi::OsStr::from_bytes(b"bad\xff.jpg");
+            std::fs::write(root.join("n00000001").join(name), b"x").unwrap()
+        });
         // Nothing below a synset folder's entries is visited: not a file in a folder there, and
         // not a link to a folder above it (which a walk of the tree would follow round and round).
         let before = print();
@@ -458,6 +498,37 @@ mod tests {
         assert_eq!(print(), before);
         std::os::unix::fs::symlink(&root, root.join("n00000001/up")).unwrap();
         assert_ne!(print(), before, "a link to a folder is a `not_a_file` entry");
+    }
+
+    #[test]
+    fn the_stamp_sees_images_come_and_go_in_synset_folders_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_owned();
+        std::fs::create_dir_all(root.join("n00000001")).unwrap();
+        std::fs::create_dir_all(root.join("curated/data")).unwrap();
+        let folder = Folder { root: root.clone(), words_file: None };
+        // The kernel's file times move by ticks of a few milliseconds.
+        let tick = || std::thread::sleep(std::time::Duration::from_millis(30));
+        let first = folder.stamp().unwrap();
+        assert_eq!(folder.stamp(), Some(first));
+        tick();
+        // The root's own time does not change when an image is added to a synset folder.
+        let root_time = std::fs::metadata(&root).unwrap().modified().unwrap();
+        std::fs::write(root.join("n00000001/a.jpg"), b"x").unwrap();
+        assert_eq!(std::fs::metadata(&root).unwrap().modified().unwrap(), root_time);
+        let added = folder.stamp().unwrap();
+        assert_ne!(added, first);
+        tick();
+        std::fs::remove_file(root.join("n00000001/a.jpg")).unwrap();
+        let removed = folder.stamp().unwrap();
+        assert_ne!(removed, added);
+        // What another folder of the root holds is not read: a run writing its output there
+        // does not change the stamp.
+        tick();
+        std::fs::write(root.join("curated/data/part-00000.parquet"), b"x").unwrap();
+        std::fs::write(root.join("curated/config.json"), b"{}").unwrap();
+        assert_eq!(folder.stamp(), Some(removed));
+        assert_eq!(Folder { root: root.join("gone"), words_file: None }.stamp(), None);
     }
 
     #[test]

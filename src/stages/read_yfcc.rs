@@ -122,14 +122,18 @@ fn load_subset(files: &[PathBuf], lines_each: Option<u64>) -> std::result::Resul
             }
             let fields = split_tabs(line);
             let n = fields.count;
-            let id = (n >= 2).then(|| photo_id(std::str::from_utf8(fields[1]).ok()?).ok()).flatten();
-            match id {
-                Some(id) => {
+            let field = (n >= 2).then(|| String::from_utf8_lossy(fields[1]));
+            match field.as_deref().map(|s| (s, photo_id(s))) {
+                Some((_, Ok(id))) => {
                     ids.insert(id);
                 }
-                None if no == 1 => {} // header
-                None => {
-                    let e = format!("`{}` line {no}: no photo id in the second field", f.display());
+                _ if no == 1 => {} // header
+                found => {
+                    let why = match found {
+                        Some((s, Err(why))) => format!(" (`{s}` {why})"),
+                        _ => String::new(),
+                    };
+                    let e = format!("`{}` line {no}: no photo id in the second field{why}", f.display());
                     return Err(LoadError::Format(e));
                 }
             }
@@ -482,6 +486,12 @@ mod tests {
         let list = dir.path().join("subset.tsv");
         std::fs::write(&list, "0\t7\tabc\n1\t+8\tabc\n").unwrap();
         let Err(LoadError::Format(e)) = load_subset(std::slice::from_ref(&list), None) else { panic!("`+8` read") };
+        assert!(e.ends_with("line 2: no photo id in the second field (`+8` is not a number)"), "{e}");
+        std::fs::write(&list, "0\t7\tabc\n1\t99999999999999999999\tabc\n2\n").unwrap();
+        let Err(LoadError::Format(e)) = load_subset(std::slice::from_ref(&list), None) else { panic!("read") };
+        assert!(e.ends_with("line 2: no photo id in the second field (`99999999999999999999` is too large (over 18446744073709551615))"), "{e}");
+        std::fs::write(&list, "0\t7\tabc\n2\n").unwrap();
+        let Err(LoadError::Format(e)) = load_subset(std::slice::from_ref(&list), None) else { panic!("read") };
         assert!(e.ends_with("line 2: no photo id in the second field"), "{e}");
     }
 
