@@ -216,10 +216,14 @@ impl Rejects {
         self.row.len()
     }
 
-    /// Adds which rows were rejected, by whom and why (not the details or bytes) to `h`.
+    /// Adds which rows were rejected (file and row), by whom and why (not the details or bytes)
+    /// to `h`.
     pub fn digest_into(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
         h.update(&(self.len() as u64).to_le_bytes());
-        for ((row, stage), reason) in self.row.iter().zip(&self.stage).zip(&self.reason) {
+        let rows = self.row.iter().zip(&self.source_file);
+        for (((row, file), stage), reason) in rows.zip(&self.stage).zip(&self.reason) {
+            h.update(file.as_bytes());
+            h.update(b"\0");
             h.update(&row.to_le_bytes());
             h.update(stage.as_bytes());
             h.update(b"\0");

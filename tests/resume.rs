@@ -317,6 +317,17 @@ fn a_changed_pipeline_input_or_shard_or_restart_starts_over() {
     std::fs::write(&path, format!("{digest}\n{json}")).unwrap();
     starts_over("unknown", &[], "it was saved before the input's fingerprint was taken");
 
+    // A checkpoint of a curate from before the row digests (here: its digest taken out, and
+    // the checkpoint signed again): not resumed, and said why.
+    kill("older");
+    let path = case.out("older").join(".curate-checkpoint");
+    let mut json = saved("older");
+    json.as_object_mut().unwrap().remove("read_digest").expect("saved with a row digest");
+    let json = serde_json::to_string(&json).unwrap();
+    let digest = format!("xxh3-64:{:016x}", xxhash_rust::xxh3::xxh3_64(json.as_bytes()));
+    std::fs::write(&path, format!("{digest}\n{json}")).unwrap();
+    starts_over("older", &[], "it holds no digest of the rows read (saved by an earlier curate)");
+
     // Killed before its first checkpoint: its shards go, and the run says why.
     kill("none");
     std::fs::remove_file(case.out("none").join(".curate-checkpoint")).unwrap();
@@ -475,4 +486,37 @@ fn an_image_file_gone_past_the_kept_chunks_fails_a_resume_whose_stages_learned_f
     assert!(ok);
     assert_eq!(manifest(&case.out("fresh"))["rejects_by_reason"]["read_table/missing_file"], 30);
     same_files(&files(&case.out("killed")), &files(&case.out("fresh")), "after the image went");
+}
+
+#[test]
+fn an_image_file_gone_between_the_fit_passes_and_the_stream_fails_the_run() {
+    // Without the cache, the stream reads the tables again: rows other than those the BoW
+    // stage learned from would mix two versions of the input.
+    use std::io::BufRead;
+    let case = Case::new();
+    let pipeline = table_with_images(case.dir.path(), 1, true);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_curate"))
+        .arg("run")
+        .arg(&pipeline)
+        .args(["--cache-mib", "0", "--set"])
+        .arg(format!("output_dir={:?}", case.out("run")))
+        .env("CURATE_PAUSE_AFTER_FIT_MS", "3000")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("paused after the fit passes") {
+        assert!(stderr.read_line(&mut said).unwrap() > 0, "no pause: {said}");
+    }
+    std::fs::remove_file(case.dir.path().join("images/img7.jpg")).unwrap();
+    std::io::Read::read_to_string(&mut stderr, &mut said).unwrap();
+    assert!(!child.wait().unwrap().success(), "{said}");
+    assert!(said.contains("the input gave the stream other rows than the fit passes"), "{said}");
+    assert!(!case.out("run").join("manifest.json").exists());
+    assert!(shards(&case.out("run").join("data")).is_empty(), "its shards are removed");
+    // With the input as it is now, the run goes through.
+    let (ok, stderr) = case.run_file(&pipeline, "run", None, &["--cache-mib", "0"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(manifest(&case.out("run"))["rejects_by_reason"]["read_table/missing_file"], 30);
 }

@@ -267,6 +267,9 @@ fn usable(c: &Checkpoint, run: &RunIdentity<'_>) -> std::result::Result<(), Stri
     if c.config_hash != run.config_hash {
         return Err("the pipeline's settings changed since".to_owned());
     }
+    if c.read_digest.is_none() {
+        return Err("it holds no digest of the rows read (saved by an earlier curate)".to_owned());
+    }
     let now = run.inputs;
     let changed = now.len() != c.inputs.len() || now.iter().zip(&c.inputs).any(|(a, b)| a.as_ref() != Some(b));
     if changed || c.folder_stamp != run.folder_stamp {
@@ -275,9 +278,6 @@ fn usable(c: &Checkpoint, run: &RunIdentity<'_>) -> std::result::Result<(), Stri
     // Without it, content changed under an unchanged size and time could not be told.
     if c.input_fingerprint.is_none() {
         return Err("it was saved before the input's fingerprint was taken".to_owned());
-    }
-    if c.read_digest.is_none() {
-        return Err("it holds no digest of the rows read (saved by an earlier curate)".to_owned());
     }
     if c.stats.len() != c.first_rows.len() {
         return Err("it does not match the pipeline's stages".to_owned());

@@ -333,6 +333,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     let progress = Progress::new(opts.progress, total_passes);
     let Fitted { cache, total_rows, passes, read_digest: fit_read_digest } =
         fit_passes(&mut plan, opts, &progress, &mut timings)?;
+    TestHooks::from_env().after_fit();
     // What the stages learned shows in the kept shards: it must come from the rows the killed
     // run's fit passes read (a table's image files, which `check_files` looks up but no
     // fingerprint covers, may have come or gone since).
@@ -520,6 +521,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                         for (all, one) in o.stats.iter_mut().zip(f.stats) {
                             all.merge(one);
                         }
+                        o.read_digest = Some(f.read_digest);
                         chunk_no += 1;
                     }
                     Ok(false)
@@ -572,6 +574,17 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         ));
     }
     // The passes and the fingerprint must all have seen the same bytes.
+    // The stream read its rows again (no cache, or one too small) and got others than the fit
+    // passes learned from: an image file that `check_files` looks up came or went meanwhile.
+    if fit_read_digest.is_some() && w.read_digest.is_some() && fit_read_digest != w.read_digest {
+        checkpoint::remove(&out);
+        return Err(Error::data(
+            "the input gave the stream other rows than the fit passes: an image file that `check_files` looks up came \
+             or went while the run read it, or the input changed; the output would mix two versions of it; run \
+             again once it is final"
+                .to_owned(),
+        ));
+    }
     let inputs_now = stamps(&inputs);
     let changed = (0..inputs.len()).find(|&i| inputs_before[i] != inputs_now[i]);
     // An image folder's first input is its root.
@@ -832,6 +845,8 @@ struct WriterOutcome {
     stats: Vec<StageStats>,
     /// Resuming: rows of the first chunk the killed run wrote already.
     rows_into_first: u64,
+    /// [`checkpoint::chain_read_digest`] through the last chunk written: of the whole input.
+    read_digest: Option<u128>,
     data_shards: Vec<ShardInfo>,
     reject_shards: Vec<ShardInfo>,
 }
@@ -873,12 +888,26 @@ const CHECKPOINT_GAP: Duration = Duration::from_secs(1);
 struct TestHooks {
     kill_after: Option<usize>,
     fail_after: Option<usize>,
+    /// `CURATE_PAUSE_AFTER_FIT_MS=N`: a pause between the fit passes and the stream, said on
+    /// stderr, in which a test changes the input.
+    pause_after_fit: Option<u64>,
 }
 
 impl TestHooks {
     fn from_env() -> Self {
-        let n = |name: &str| std::env::var(name).ok().and_then(|n| n.trim().parse().ok());
-        TestHooks { kill_after: n("CURATE_KILL_AFTER_CHECKPOINTS"), fail_after: n("CURATE_FAIL_AFTER_CHECKPOINTS") }
+        let n = |name: &str| std::env::var(name).ok().and_then(|n| n.trim().parse::<u64>().ok());
+        TestHooks {
+            kill_after: n("CURATE_KILL_AFTER_CHECKPOINTS").map(|n| n as usize),
+            fail_after: n("CURATE_FAIL_AFTER_CHECKPOINTS").map(|n| n as usize),
+            pause_after_fit: n("CURATE_PAUSE_AFTER_FIT_MS"),
+        }
+    }
+
+    fn after_fit(self) {
+        if let Some(ms) = self.pause_after_fit {
+            say!("(test hook) paused after the fit passes");
+            std::thread::sleep(Duration::from_millis(ms));
+        }
     }
 
     fn checkpoint_gap(self) -> Duration {
