@@ -304,3 +304,49 @@ fn vit_architectures_preprocess_like_clip_and_check_their_checkpoint() {
     let err = ImageEncoder::load(&tiny_vit, ImageArch::VitB32Unicom, None, &Device::flex()).err().unwrap();
     assert!(err.to_string().contains("does not fit the model"), "{err}");
 }
+
+#[test]
+fn a_resumed_run_counts_the_images_the_killed_run_encoded() {
+    // Each tar shard is a chunk; killed after its 3rd checkpoint, the run resumes past whole
+    // chunks, and its report still counts every image written (a checkpoint saves the counts).
+    let dir = tempfile::tempdir().unwrap();
+    let shards = dir.path().join("shards");
+    std::fs::create_dir_all(&shards).unwrap();
+    let img = std::fs::read(repo("tests/fixtures/images/gray_64x48.png")).unwrap();
+    for s in 0..3 {
+        let keys: Vec<String> = (0..8).map(|i| format!("{:09}", s * 8 + i)).collect();
+        let samples: Vec<(&str, &str, Vec<u8>)> = keys.iter().map(|k| (k.as_str(), "png", img.clone())).collect();
+        write_shard(&shards.join(format!("{s:05}.tar")), &samples);
+    }
+    let pipeline = dir.path().join("p.toml");
+    std::fs::write(
+        &pipeline,
+        format!(
+            "output_dir = \"out\"\n[[stage]]\ntype = \"read_img2dataset\"\npath = {:?}\n\
+             [[stage]]\ntype = \"encode_image\"\nmodel = {:?}\narch = \"tiny_resnet\"\nshards_dir = {:?}\nbatch_size = 4\n\
+             [[stage]]\ntype = \"write_parquet\"\nrows_per_shard = 4\n",
+            shards.join("*.tar").to_string_lossy(),
+            model().to_string_lossy(),
+            shards.to_string_lossy()
+        ),
+    )
+    .unwrap();
+    let run = |out: &str, kill: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_curate"));
+        cmd.arg("run").arg(&pipeline).arg("--set").arg(format!("output_dir={:?}", dir.path().join(out)));
+        if let Some(n) = kill {
+            cmd.env("CURATE_KILL_AFTER_CHECKPOINTS", n);
+        }
+        let o = cmd.output().unwrap();
+        (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let report = |out: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(dir.path().join(out).join("report.json")).unwrap()).unwrap()
+    };
+    assert!(run("fresh", None).0);
+    assert_eq!(report("fresh")["stages"]["encode_image"]["images_encoded"], 24);
+    assert!(!run("killed", Some("3")).0, "killed");
+    let (ok, stderr) = run("killed", None);
+    assert!(ok && stderr.contains("resuming"), "{stderr}");
+    assert_eq!(report("killed"), report("fresh"));
+}

@@ -568,8 +568,9 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         checkpoint::remove(&out);
         return Err(Error::data(
             "the input's content changed since the killed run this one resumed (its fingerprint differs, though \
-             its files' sizes and modification times do not): the shards kept from that run come from the \
-             other content, so this run's output is removed; run again to start over"
+             what the resume checked first did not: the input files' sizes and modification times, and an image \
+             folder's listed folders): the shards kept from that run come from the other content, so this run's \
+             output is removed; run again to start over"
                 .to_owned(),
         ));
     }

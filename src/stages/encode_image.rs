@@ -10,7 +10,6 @@
 //! `undecodable_image` reject.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arrow_array::builder::{FixedSizeListBuilder, Float32Builder, StringBuilder};
@@ -87,7 +86,6 @@ impl EncodeImageConfig {
                     preset,
                     references,
                     schema: Arc::new(Schema::new(fields)),
-                    encoded: AtomicU64::new(0),
                 })
             }
             Err(e) => {
@@ -104,7 +102,6 @@ pub struct EncodeImage {
     preset: PreprocessPreset,
     references: Vec<&'static str>,
     schema: SchemaRef,
-    encoded: AtomicU64,
 }
 
 impl Transform for EncodeImage {
@@ -115,6 +112,9 @@ impl Transform for EncodeImage {
     fn apply(&self, chunk: Chunk, first_row: u64) -> Result<(Chunk, StageStats)> {
         let Chunk { batch, mut rejects, skipped } = chunk;
         let ids = str_col(&batch, schema::SAMPLE_ID);
+        // Counted in the chunk's statistics, which checkpoints save: a resumed run's report
+        // counts the chunks the killed run encoded too.
+        let mut encoded = 0u64;
         let refs = ImageRows::new(&batch, &self.references, self.config.shards_dir.as_deref());
         let preprocess = &self.encoder.preprocess;
         // Reads and preprocesses the rows `part` in parallel.
@@ -172,12 +172,13 @@ impl Transform for EncodeImage {
                 emb.values().append_slice(row);
                 emb.append(true);
             }
-            self.encoded.fetch_add(good.len() as u64, Ordering::Relaxed);
+            encoded += good.len() as u64;
         }
         let mut out: Vec<ArrayRef> = vec![Arc::new(keep_ids.finish())];
         out.extend(keep_refs.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
         out.push(Arc::new(emb.finish()));
-        Ok((Chunk { batch: RecordBatch::try_new(self.schema.clone(), out)?, rejects, skipped }, StageStats::None))
+        let batch = RecordBatch::try_new(self.schema.clone(), out)?;
+        Ok((Chunk { batch, rejects, skipped }, StageStats::Encoded(encoded)))
     }
 
     fn output_schema(&self) -> SchemaRef {
@@ -192,14 +193,18 @@ impl Transform for EncodeImage {
         ]
     }
 
-    fn report(&self, _stats: &StageStats) -> serde_json::Value {
+    fn report(&self, stats: &StageStats) -> serde_json::Value {
+        let encoded = match stats {
+            StageStats::Encoded(n) => *n,
+            _ => 0,
+        };
         serde_json::json!({
             "model": self.config.model,
             "arch": self.encoder.arch.name(),
             "preprocess": self.preset.name(),
             "dim": self.encoder.dim,
             "batch_size": self.config.batch_size,
-            "images_encoded": self.encoded.load(Ordering::Relaxed),
+            "images_encoded": encoded,
         })
     }
 }

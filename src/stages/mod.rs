@@ -135,6 +135,8 @@ pub enum StageStats {
     None,
     Bow(Box<bow::Stats>),
     MinePseudoBow(Box<mine_pseudo_bow::Stats>),
+    /// Rows a stage encoded (`encode_image`'s images).
+    Encoded(u64),
 }
 
 impl StageStats {
@@ -145,6 +147,7 @@ impl StageStats {
             (s @ StageStats::None, later) => *s = later,
             (StageStats::Bow(a), StageStats::Bow(b)) => a.merge(*b),
             (StageStats::MinePseudoBow(a), StageStats::MinePseudoBow(b)) => a.merge(*b),
+            (StageStats::Encoded(a), StageStats::Encoded(b)) => *a += b,
             _ => unreachable!("one stage counts one kind of statistics"),
         }
     }
