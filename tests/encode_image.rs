@@ -318,6 +318,9 @@ fn a_resumed_run_counts_the_images_the_killed_run_encoded() {
         let samples: Vec<(&str, &str, Vec<u8>)> = keys.iter().map(|k| (k.as_str(), "png", img.clone())).collect();
         write_shard(&shards.join(format!("{s:05}.tar")), &samples);
     }
+    // A copy of the model, which the test changes below.
+    let weights = dir.path().join("tiny_resnet.safetensors");
+    std::fs::copy(model(), &weights).unwrap();
     let pipeline = dir.path().join("p.toml");
     std::fs::write(
         &pipeline,
@@ -326,7 +329,7 @@ fn a_resumed_run_counts_the_images_the_killed_run_encoded() {
              [[stage]]\ntype = \"encode_image\"\nmodel = {:?}\narch = \"tiny_resnet\"\nshards_dir = {:?}\nbatch_size = 4\n\
              [[stage]]\ntype = \"write_parquet\"\nrows_per_shard = 4\n",
             shards.join("*.tar").to_string_lossy(),
-            model().to_string_lossy(),
+            weights.to_string_lossy(),
             shards.to_string_lossy()
         ),
     )
@@ -349,4 +352,18 @@ fn a_resumed_run_counts_the_images_the_killed_run_encoded() {
     let (ok, stderr) = run("killed", None);
     assert!(ok && stderr.contains("resuming"), "{stderr}");
     assert_eq!(report("killed"), report("fresh"));
+
+    // The model replaced between the kill and the rerun (say, retrained): the shards kept would
+    // hold the other model's embeddings, so the run starts over.
+    assert!(!run("changed", Some("3")).0, "killed");
+    let modified = std::fs::metadata(&weights).unwrap().modified().unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&weights)
+        .unwrap()
+        .set_modified(modified + std::time::Duration::from_secs(1))
+        .unwrap();
+    let (ok, stderr) = run("changed", None);
+    assert!(ok && !stderr.contains("resuming"), "{stderr}");
+    assert!(stderr.contains("the stages' model and table files, changed since"), "{stderr}");
 }

@@ -339,7 +339,7 @@ fn a_changed_pipeline_input_or_shard_or_restart_starts_over() {
     let mut text = std::fs::read_to_string(&input).unwrap();
     text.push_str("one more caption\thttp://img/x.jpg\n");
     std::fs::write(&input, text).unwrap();
-    starts_over("input", &[], "the input files changed since");
+    starts_over("input", &[], "the input files, or the stages' model and table files, changed since");
 }
 
 #[test]
@@ -394,7 +394,7 @@ fn an_image_added_to_a_synset_folder_since_the_kill_starts_over() {
     let (ok, stderr) = case.run_file(&pipeline, "killed", None, &[]);
     assert!(ok, "{stderr}");
     assert!(!stderr.contains("resuming"), "{stderr}");
-    assert!(stderr.contains("the input files changed since"), "{stderr}");
+    assert!(stderr.contains("the input files, or the stages' model and table files, changed since"), "{stderr}");
     let (ok, _) = case.run_file(&pipeline, "fresh", None, &[]);
     assert!(ok);
     let m = manifest(&case.out("fresh"));

@@ -217,6 +217,17 @@ fn hash_file(h: &mut xxhash_rust::xxh3::Xxh3, f: &Path, buf: &mut [u8]) -> Resul
     }
 }
 
+/// The files under `p` (itself if a file), sorted; none where it cannot be listed. For the
+/// files a stage reads beside the data (a model folder), which a run stamps.
+pub fn files_under(p: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let _ = walk_files(p, &mut |f| {
+        out.push(f.to_owned());
+        Ok(())
+    });
+    out
+}
+
 /// Calls `visit` on every file under `p` (itself if a file), in sorted order (by name within
 /// each folder, depth first). Holds the listing of one folder at a time per level, not of the
 /// whole tree.

@@ -273,7 +273,10 @@ fn usable(c: &Checkpoint, run: &RunIdentity<'_>) -> std::result::Result<(), Stri
     let now = run.inputs;
     let changed = now.len() != c.inputs.len() || now.iter().zip(&c.inputs).any(|(a, b)| a.as_ref() != Some(b));
     if changed || c.folder_stamp != run.folder_stamp {
-        return Err("the input files changed since (paths, sizes or modification times)".to_owned());
+        return Err(
+            "the input files, or the stages' model and table files, changed since (paths, sizes or modification times)"
+                .to_owned(),
+        );
     }
     // Without it, content changed under an unchanged size and time could not be told.
     if c.input_fingerprint.is_none() {

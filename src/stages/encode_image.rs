@@ -109,6 +109,10 @@ impl Transform for EncodeImage {
         true
     }
 
+    fn side_inputs(&self) -> Vec<std::path::PathBuf> {
+        crate::io::files_under(std::path::Path::new(&self.config.model))
+    }
+
     fn apply(&self, chunk: Chunk, first_row: u64) -> Result<(Chunk, StageStats)> {
         let Chunk { batch, mut rejects, skipped } = chunk;
         let ids = str_col(&batch, schema::SAMPLE_ID);

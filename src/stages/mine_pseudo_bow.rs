@@ -444,6 +444,14 @@ impl Transform for MinePseudoBow {
         true
     }
 
+    /// The run folder (its model and config), the aligned tables and their features.
+    fn side_inputs(&self) -> Vec<PathBuf> {
+        let mut files = crate::io::files_under(Path::new(&self.config.run));
+        files.extend(self.aligned.iter().cloned());
+        files.extend(self.config.aligned_features.as_ref().and_then(|p| p.expand().ok()).unwrap_or_default());
+        files
+    }
+
     /// The pool is built from the aligned set (its own files), not from the stream: no fit
     /// pass, just before the stream. Its embedding time is reported on its own
     /// (`aligned_embed_seconds`), apart from the crops'.
