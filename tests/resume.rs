@@ -447,19 +447,24 @@ fn an_image_file_that_came_back_since_the_kill_fails_the_resume_instead_of_shift
     let (ok, _) = case.run_file(&pipeline, "killed", Some(1), &[]);
     assert!(!ok, "killed");
     std::fs::write(&image, b"x").unwrap();
-    let (ok, stderr) = case.run_file(&pipeline, "killed", None, &[]);
+    resume_fails_then_starts_over(&case, &pipeline, "its rows up to chunk 1 are not those the killed run read");
+    assert_eq!(manifest(&case.out("fresh"))["rows"]["written"], 6000);
+}
+
+/// The resumption of the run killed in `out/killed` fails saying `why` and drops the
+/// checkpoint; the next run starts over and writes what a run from the start (`out/fresh`)
+/// writes.
+fn resume_fails_then_starts_over(case: &Case, pipeline: &Path, why: &str) {
+    let (ok, stderr) = case.run_file(pipeline, "killed", None, &[]);
     assert!(!ok, "{stderr}");
     assert!(stderr.contains("resuming"), "{stderr}");
-    assert!(stderr.contains("its rows up to chunk 1 are not those the killed run read"), "{stderr}");
+    assert!(stderr.contains(why), "{stderr}");
     assert!(!case.out("killed").join(".curate-checkpoint").exists());
-    // The next run starts over, and writes what a run from the start writes.
-    let (ok, stderr) = case.run_file(&pipeline, "killed", None, &[]);
-    assert!(ok, "{stderr}");
-    assert!(!stderr.contains("resuming"), "{stderr}");
-    let (ok, _) = case.run_file(&pipeline, "fresh", None, &[]);
+    let (ok, stderr) = case.run_file(pipeline, "killed", None, &[]);
+    assert!(ok && !stderr.contains("resuming"), "{stderr}");
+    let (ok, _) = case.run_file(pipeline, "fresh", None, &[]);
     assert!(ok);
-    assert_eq!(manifest(&case.out("fresh"))["rows"]["written"], 6000);
-    same_files(&files(&case.out("killed")), &files(&case.out("fresh")), "after the image came back");
+    same_files(&files(&case.out("killed")), &files(&case.out("fresh")), why);
 }
 
 #[test]
@@ -475,17 +480,8 @@ fn an_image_file_gone_past_the_kept_chunks_fails_a_resume_whose_stages_learned_f
     let checkpoint: serde_json::Value = serde_json::from_str(text.split_once('\n').unwrap().1).unwrap();
     assert_eq!(checkpoint["chunk"], 0, "killed in the first table");
     std::fs::remove_file(case.dir.path().join("images/img407.jpg")).unwrap();
-    let (ok, stderr) = case.run_file(&pipeline, "killed", None, &[]);
-    assert!(!ok, "{stderr}");
-    assert!(stderr.contains("resuming"), "{stderr}");
-    assert!(stderr.contains("the fit passes read other rows than the killed run's did"), "{stderr}");
-    assert!(!case.out("killed").join(".curate-checkpoint").exists());
-    let (ok, stderr) = case.run_file(&pipeline, "killed", None, &[]);
-    assert!(ok && !stderr.contains("resuming"), "{stderr}");
-    let (ok, _) = case.run_file(&pipeline, "fresh", None, &[]);
-    assert!(ok);
+    resume_fails_then_starts_over(&case, &pipeline, "the fit passes read other rows than the killed run's did");
     assert_eq!(manifest(&case.out("fresh"))["rejects_by_reason"]["read_table/missing_file"], 30);
-    same_files(&files(&case.out("killed")), &files(&case.out("fresh")), "after the image went");
 }
 
 #[test]
