@@ -217,15 +217,15 @@ fn hash_file(h: &mut xxhash_rust::xxh3::Xxh3, f: &Path, buf: &mut [u8]) -> Resul
     }
 }
 
-/// The files under `p` (itself if a file), sorted; none where it cannot be listed. For the
-/// files a stage reads beside the data (a model folder), which a run stamps.
-pub fn files_under(p: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let _ = walk_files(p, &mut |f| {
-        out.push(f.to_owned());
-        Ok(())
-    });
-    out
+/// The files a stage reads from `p`: `p` itself if it is a file, else those of `names` that the
+/// folder `p` has (a model folder's `config.json`, `model.safetensors`, ...). For the stamps of
+/// a run's checkpoints; nothing else in the folder is looked at (an evaluation's output there,
+/// say).
+pub fn model_files(p: &Path, names: &[&str]) -> Vec<PathBuf> {
+    if !p.is_dir() {
+        return vec![p.to_owned()];
+    }
+    names.iter().map(|n| p.join(n)).filter(|f| f.is_file()).collect()
 }
 
 /// Calls `visit` on every file under `p` (itself if a file), in sorted order (by name within
@@ -287,6 +287,22 @@ mod tests {
         std::fs::copy(a.join("x.tsv"), b.join("c/x.tsv")).unwrap();
         std::fs::copy(a.join("sub/z.tsv"), b.join("c/sub/z.tsv")).unwrap();
         assert_eq!(f(a.clone()), f(b.join("c")));
+    }
+
+    #[test]
+    fn model_files_are_the_named_files_a_stage_reads_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model");
+        std::fs::create_dir_all(model.join("eval")).unwrap();
+        for f in ["config.json", "model.safetensors", "eval/metrics.json", "notes.txt"] {
+            std::fs::write(model.join(f), b"x").unwrap();
+        }
+        // A loop of links in the folder is never walked.
+        std::os::unix::fs::symlink(&model, model.join("loop")).unwrap();
+        let names = ["config.json", "model.safetensors", "tokenizer.json"];
+        assert_eq!(model_files(&model, &names), [model.join("config.json"), model.join("model.safetensors")]);
+        let file = model.join("model.safetensors");
+        assert_eq!(model_files(&file, &names), std::slice::from_ref(&file));
     }
 
     #[test]

@@ -218,10 +218,7 @@ fn stamps(inputs: &[std::path::PathBuf]) -> Vec<Option<(u64, Option<std::time::S
 fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>) -> Result<RunSummary> {
     let started = Instant::now();
     let out = plan.output_dir.clone();
-    // The reader's inputs and the files the stages read beside them (models, runs, tables).
-    let watched: Vec<std::path::PathBuf> =
-        plan.reader.inputs().into_iter().chain(plan.transforms.iter().flat_map(|(_, t)| t.side_inputs())).collect();
-    let inputs_before = stamps(&watched);
+    let inputs_before = stamps(&plan.reader.inputs());
     let folders_before = plan.reader.folder_stamp();
     let data_dir = out.join(&plan.write.dir);
     let rejects_dir = out.join("rejects");
@@ -240,7 +237,12 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     }
     let config_hash = format!("xxh3-64:{:016x}", xxhash_rust::xxh3::xxh3_64(hashed.to_string().as_bytes()));
     let inputs = plan.reader.inputs();
-    let input_stamps = checkpoint::InputStamp::of(&watched);
+    // Checkpoints also stamp the files the stages read beside the data (models, a training run,
+    // aligned tables): loaded before the stream, so a change during the run mixes nothing, but
+    // one before a resume would leave the kept shards made with the other file.
+    let stamped: Vec<std::path::PathBuf> =
+        inputs.iter().cloned().chain(plan.transforms.iter().flat_map(|(_, t)| t.side_inputs())).collect();
+    let input_stamps = checkpoint::InputStamp::of(&stamped);
     let pipeline_name = plan.name.clone();
     let identity = RunIdentity {
         config_hash: &config_hash,
@@ -589,8 +591,8 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                 .to_owned(),
         ));
     }
-    let inputs_now = stamps(&watched);
-    let changed = (0..watched.len()).find(|&i| inputs_before[i] != inputs_now[i]);
+    let inputs_now = stamps(&inputs);
+    let changed = (0..inputs.len()).find(|&i| inputs_before[i] != inputs_now[i]);
     // An image folder's first input is its root.
     let changed = changed.or_else(|| (plan.reader.folder_stamp() != folders_before).then_some(0));
     if let Some(i) = changed {
@@ -599,7 +601,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         return Err(Error::data(format!(
             "input `{}` changed while the run read it (size, modification time or file; of an image folder, also \
              the folders it lists): the output would mix two versions of it; run again once it is final",
-            watched[i].display()
+            inputs[i].display()
         )));
     }
 

@@ -110,7 +110,7 @@ impl Transform for EncodeImage {
     }
 
     fn side_inputs(&self) -> Vec<std::path::PathBuf> {
-        crate::io::files_under(std::path::Path::new(&self.config.model))
+        crate::io::model_files(std::path::Path::new(&self.config.model), &["model.safetensors", "config.json"])
     }
 
     fn apply(&self, chunk: Chunk, first_row: u64) -> Result<(Chunk, StageStats)> {

@@ -121,7 +121,16 @@ impl Transform for EncodeText {
     }
 
     fn side_inputs(&self) -> Vec<PathBuf> {
-        crate::io::files_under(std::path::Path::new(&self.config.model))
+        // What `TextEncoder::load` reads.
+        let names = [
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "sentence_bert_config.json",
+            "1_Pooling/config.json",
+            "modules.json",
+        ];
+        crate::io::model_files(std::path::Path::new(&self.config.model), &names)
     }
 
     fn apply(&self, chunk: Chunk, first_row: u64) -> Result<(Chunk, StageStats)> {

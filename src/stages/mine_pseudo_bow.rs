@@ -444,9 +444,9 @@ impl Transform for MinePseudoBow {
         true
     }
 
-    /// The run folder (its model and config), the aligned tables and their features.
+    /// The run's model and config, the aligned tables and their features.
     fn side_inputs(&self) -> Vec<PathBuf> {
-        let mut files = crate::io::files_under(Path::new(&self.config.run));
+        let mut files = crate::io::model_files(Path::new(&self.config.run), &["config.json", "model.bpk"]);
         files.extend(self.aligned.iter().cloned());
         files.extend(self.config.aligned_features.as_ref().and_then(|p| p.expand().ok()).unwrap_or_default());
         files

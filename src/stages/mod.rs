@@ -81,9 +81,9 @@ pub trait Reader: Send + Sync {
 
 /// A stage that maps chunks to chunks, possibly after fitting on the whole input.
 pub trait Transform: Send + Sync {
-    /// Files the stage reads beside the data (a model, a training run, an aligned table): a
-    /// run stamps them with its inputs, so that one changed while it runs, or before a killed
-    /// run is resumed, is noticed.
+    /// Files the stage reads beside the data (a model, a training run, an aligned table), and
+    /// only those: a run's checkpoints stamp them with its inputs, so that one changed before a
+    /// killed run is resumed is noticed.
     fn side_inputs(&self) -> Vec<PathBuf> {
         Vec::new()
     }
