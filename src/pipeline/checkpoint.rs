@@ -132,8 +132,13 @@ pub struct Checkpoint {
     pub fit_read_digest: Option<String>,
 }
 
+/// A digest as a checkpoint writes it: 32 hex digits.
+pub fn hex(digest: u128) -> String {
+    format!("{digest:032x}")
+}
+
 /// What the reader gave, chunk after chunk, as a running digest: `before` (that of the chunks
-/// before) and `chunk`'s sample ids, rejects (row, stage, reason) and skip counts. The input
+/// before) and `chunk`'s sample ids, rejects (file, row, stage, reason) and skip counts. The input
 /// fingerprint covers the input's bytes, not what a reader looks up beside them: a table's
 /// image files (`check_files`) can come or go between a killed run and its resumption, and a
 /// row that became a `missing_file` reject, or stopped being one, would shift every later row
@@ -199,6 +204,7 @@ pub struct Position<'a> {
     pub input_fingerprint: Option<String>,
     /// [`chain_read_digest`] through `chunk`.
     pub read_digest: u128,
+    /// [`chain_read_digest`] of the whole input as the fit passes read it.
     pub fit_read_digest: Option<u128>,
 }
 
@@ -219,8 +225,8 @@ pub fn save(out: &Path, run: &RunIdentity<'_>, at: Position<'_>) -> Result<()> {
         skipped: at.skipped.clone(),
         stats: at.stats.to_vec(),
         input_fingerprint: at.input_fingerprint,
-        read_digest: Some(format!("{:032x}", at.read_digest)),
-        fit_read_digest: at.fit_read_digest.map(|d| format!("{d:032x}")),
+        read_digest: Some(hex(at.read_digest)),
+        fit_read_digest: at.fit_read_digest.map(hex),
     };
     let json = serde_json::to_vec(&checkpoint).expect("a checkpoint serializes");
     let mut file = format!("{}\n", digest(&json)).into_bytes();

@@ -248,7 +248,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         config_hash: &config_hash,
         pipeline: &pipeline_name,
         inputs: &input_stamps,
-        folder_stamp: folders_before.map(|d| format!("{d:032x}")),
+        folder_stamp: folders_before.map(checkpoint::hex),
         data_dir: &data_dir,
         rejects_dir: &rejects_dir,
     };
@@ -343,7 +343,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     // run's fit passes read (a table's image files, which `check_files` looks up but no
     // fingerprint covers, may have come or gone since).
     if let Some(c) = &resume {
-        if c.fit_read_digest != fit_read_digest.map(|d| format!("{d:032x}")) {
+        if c.fit_read_digest != fit_read_digest.map(checkpoint::hex) {
             return Err(stream_mismatch(
                 &out,
                 "the fit passes read other rows than the killed run's did: an image file that `check_files` looks \
@@ -457,7 +457,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                         };
                         // Resuming: the chunks before were read again as the killed run read them?
                         if let Some(want) = resumed_read_digest.take() {
-                            if format!("{:032x}", f.read_digest) != want {
+                            if checkpoint::hex(f.read_digest) != want {
                                 let what = format!(
                                     "its rows up to chunk {} are not those the killed run read: an image file that \
                                      `check_files` looks up came or went, or the input changed",
@@ -579,7 +579,6 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                 .to_owned(),
         ));
     }
-    // The passes and the fingerprint must all have seen the same bytes.
     // The stream read its rows again (no cache, or one too small) and got others than the fit
     // passes learned from: an image file that `check_files` looks up came or went meanwhile.
     if fit_read_digest.is_some() && w.read_digest.is_some() && fit_read_digest != w.read_digest {
@@ -591,6 +590,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
                 .to_owned(),
         ));
     }
+    // The passes and the fingerprint must all have seen the same bytes.
     let inputs_now = stamps(&inputs);
     let changed = (0..inputs.len()).find(|&i| inputs_before[i] != inputs_now[i]);
     // An image folder's first input is its root.

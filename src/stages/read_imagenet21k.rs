@@ -217,17 +217,12 @@ impl Folder {
     /// cannot be listed.
     fn stamp(&self) -> Option<u128> {
         use std::os::unix::fs::MetadataExt;
-        let mut dirs: Vec<(String, i64, i64, u64)> = entries(&self.root)
-            .ok()?
-            .into_iter()
-            .filter_map(|e| {
-                let name = e.file_name().to_str().filter(|s| is_synset(s))?.to_owned();
-                // A link counts as the folder it points to, as in `synsets`.
-                let m = std::fs::metadata(e.path()).ok().filter(|m| m.is_dir())?;
-                Some((name, m.mtime(), m.mtime_nsec(), m.ino()))
-            })
-            .collect();
-        dirs.sort();
+        let (synsets, _) = self.synsets().ok()?;
+        let dirs = synsets.into_iter().filter_map(|name| {
+            // A link counts as the folder it points to, as in `synsets`.
+            let m = std::fs::metadata(self.root.join(&name)).ok()?;
+            Some((name, m.mtime(), m.mtime_nsec(), m.ino()))
+        });
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         for (name, secs, nanos, ino) in dirs {
             h.update(name.as_bytes());
