@@ -226,6 +226,38 @@ fn a_missing_run_is_refused_before_anything_runs() {
 }
 
 #[test]
+fn checkpoints_stamp_every_file_the_stage_loads() {
+    // A resume compares these files' stamps (tests/encode_image.rs changes a model's time): the
+    // run's config and model, its text tower's tokenizer (outside the run folder), the aligned
+    // tables and the features found when the file was compiled.
+    let dir = tempfile::tempdir().unwrap();
+    let features = dir.path().join("features");
+    std::fs::create_dir_all(&features).unwrap();
+    for f in ["b.parquet", "a.parquet", "notes.txt"] {
+        std::fs::write(features.join(f), b"x").unwrap();
+    }
+    let keys = format!("aligned_features = {:?}", features.join("*.parquet").to_string_lossy());
+    let toml =
+        pipeline(&dir.path().join("out"), "data/train_sample/unaligned", "data/train_sample/train.parquet", &keys);
+    let doc = ConfigDoc::parse(Path::new("t.toml"), toml, &[]).unwrap_or_else(|d| panic!("{d:?}"));
+    let plan = compile_doc(&doc).unwrap_or_else(|e| panic!("{e}"));
+    // Files added after compiling are not the stage's: it reads the list it compiled.
+    std::fs::write(features.join("c.parquet"), b"x").unwrap();
+    let (_, stage) = &plan.transforms[0];
+    let text = Path::new("data/train_sample/text_model");
+    let expected = vec![
+        trained_run().join("config.json"),
+        trained_run().join("model.bpk"),
+        text.join("tokenizer.json"),
+        text.join("config.json"),
+        PathBuf::from("data/train_sample/train.parquet"),
+        features.join("a.parquet"),
+        features.join("b.parquet"),
+    ];
+    assert_eq!(stage.side_inputs(), expected);
+}
+
+#[test]
 fn semi_aligned_training_takes_aligned_and_pseudo_captioned_tables() {
     let dir = tempfile::tempdir().unwrap();
     let mined = dir.path().join("mined");

@@ -216,11 +216,14 @@ impl MinePseudoBowConfig {
                 Vec::new()
             }
         };
-        if let Some(f) = &self.aligned_features {
-            if let Err(e) = f.expand() {
+        let aligned_features = match self.aligned_features.as_ref().map(PathPatterns::expand) {
+            None => None,
+            Some(Ok(files)) => Some(files),
+            Some(Err(e)) => {
                 problems.push("aligned_features", format!("features {e}"), None);
+                None
             }
-        }
+        };
         if !problems.is_empty() {
             return None;
         }
@@ -248,6 +251,7 @@ impl MinePseudoBowConfig {
             tokenizer: Tokenizer { split_punct: self.split_punct },
             stemmer: (self.stemmer == StemmerChoice::English).then(Stemmer::english),
             aligned,
+            aligned_features,
             run,
             references,
             label,
@@ -304,6 +308,8 @@ pub struct MinePseudoBow {
     tokenizer: Tokenizer,
     stemmer: Option<Stemmer>,
     aligned: Vec<PathBuf>,
+    /// The files of `aligned_features` as compiled (its patterns are not expanded again).
+    aligned_features: Option<Vec<PathBuf>>,
     run: TrainedRun,
     references: Vec<&'static str>,
     /// The label column, when the input has it (report only).
@@ -356,7 +362,7 @@ impl MinePseudoBow {
         );
         let started = Instant::now();
         let dim = self.run.dim();
-        let (embeddings, embedded) = match &self.config.aligned_features {
+        let (embeddings, embedded) = match &self.aligned_features {
             Some(features) => {
                 let (by_id, d) = read_features(features)?;
                 if d != dim {
@@ -444,11 +450,11 @@ impl Transform for MinePseudoBow {
         true
     }
 
-    /// The run's model and config, the aligned tables and their features.
+    /// The run's model, config and tokenizer, the aligned tables and their features.
     fn side_inputs(&self) -> Vec<PathBuf> {
-        let mut files = crate::io::model_files(Path::new(&self.config.run), &["config.json", "model.bpk"]);
+        let mut files = self.run.files();
         files.extend(self.aligned.iter().cloned());
-        files.extend(self.config.aligned_features.as_ref().and_then(|p| p.expand().ok()).unwrap_or_default());
+        files.extend(self.aligned_features.iter().flatten().cloned());
         files
     }
 

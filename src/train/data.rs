@@ -116,13 +116,13 @@ fn expand(p: &PathPatterns) -> Result<Vec<PathBuf>> {
     p.expand().map_err(Error::data)
 }
 
-/// `sample_id` → embedding of a feature table (`encode_text` / `encode_image` output).
-pub(crate) fn read_features(patterns: &PathPatterns) -> Result<(HashMap<String, Vec<f32>>, usize)> {
+/// `sample_id` → embedding of the feature tables `files` (`encode_text` / `encode_image` output).
+pub(crate) fn read_features(files: &[PathBuf]) -> Result<(HashMap<String, Vec<f32>>, usize)> {
     let mut out = HashMap::new();
     let mut dim = 0;
-    for file in expand(patterns)? {
-        for batch in crate::io::parquet::read_file(&file)? {
-            let ids = string_column(&batch, "sample_id", &file)?;
+    for file in files {
+        for batch in crate::io::parquet::read_file(file)? {
+            let ids = string_column(&batch, "sample_id", file)?;
             let col = batch.column_by_name("embedding").ok_or_else(|| Error::Schema {
                 message: format!("`{}` has no column `embedding`", file.display()),
                 hint: Some("teacher tables are outputs of the encode_text / encode_image stages".into()),
@@ -209,7 +209,7 @@ impl TrainSet {
         }
         let join = |patterns: &Option<PathPatterns>, what: &str| -> Result<Option<(Vec<f32>, usize)>> {
             let Some(p) = patterns else { return Ok(None) };
-            let (table, dim) = read_features(p)?;
+            let (table, dim) = read_features(&expand(p)?)?;
             let mut out = Vec::with_capacity(samples.len() * dim);
             for s in &samples {
                 let row = table.get(&s.sample_id).ok_or_else(|| Error::Data {

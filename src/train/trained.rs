@@ -64,6 +64,15 @@ impl TrainedRun {
         Ok(TrainedRun { dir: dir.to_owned(), config, model, tokenizer, device: device.clone() })
     }
 
+    /// The files `load` reads: the run's `config.json` and `model.bpk`, and its text tower's
+    /// tokenizer (`tokenizer.json`, with the pad id from that folder's `config.json`), which
+    /// lies outside the run folder. For a pipeline's checkpoint stamps.
+    pub fn files(&self) -> Vec<std::path::PathBuf> {
+        let mut files = crate::io::model_files(&self.dir, &["config.json", "model.bpk"]);
+        files.extend(crate::io::model_files(&self.config.model.text.dir, &["tokenizer.json", "config.json"]));
+        files
+    }
+
     /// Side of the square images the image tower takes.
     /// The device the model runs on.
     pub fn device(&self) -> &Device {
