@@ -196,6 +196,24 @@ impl BowConfig {
             say!("warning: stage `bow`: {w}");
             warnings.push(w.to_owned());
         }
+        // Base-set settings with nothing to act on. Not errors, as in "only" mode: a sweep over
+        // `rm_top_freq` may well include 0.
+        let matched = self.limit_to_base_vocab || self.rm_top_freq > 0;
+        let idle = [
+            ("stemmer", self.stemmer != default_stemmer() && !matched, "LimitToBaseVocab and RmTopFreq are off"),
+            (
+                "frequency_candidates",
+                self.frequency_candidates != Candidates::default() && self.rm_top_freq == 0,
+                "RmTopFreq is off (`rm_top_freq = 0`)",
+            ),
+        ];
+        for (key, set, why) in idle {
+            if !only && set {
+                let w = format!("`{key}` has no effect: {why}");
+                say!("warning: stage `bow`: {w}");
+                warnings.push(w);
+            }
+        }
         Some(Bow {
             config: self.clone(),
             seed: self.seed.unwrap_or(pipeline_seed),
@@ -217,6 +235,8 @@ impl BowConfig {
             top_set: FxHashSet::default(),
             schema: output_schema(),
             warnings,
+            said_all_empty: false,
+            top_takes_all: None,
         })
     }
 }
@@ -562,6 +582,11 @@ pub struct Bow {
     schema: SchemaRef,
     /// Things the report should point out (a setting that empties the output).
     warnings: Vec<String>,
+    /// A warning above already says that every deformed caption ends empty.
+    said_all_empty: bool,
+    /// The number of frequency candidates (words, or stems with a stemmer) of the base
+    /// captions, when `Top_t` holds every one of them.
+    top_takes_all: Option<usize>,
 }
 
 impl Bow {
@@ -738,23 +763,24 @@ impl Bow {
         let passes: Vec<bool> = surface.iter().map(|w| self.passes_filters(w)).collect();
         let none_kept = !passes.contains(&true);
         self.table = WordTable::new(surface, passes);
+        let candidates = match self.stemmer {
+            Some(_) => self.candidate_df.len(),
+            None => self.base_df.iter().filter(|(w, _)| self.config.frequency_candidates.admits(w)).count(),
+        };
+        self.top_takes_all = (candidates > 0 && self.top.len() == candidates).then_some(candidates);
         // With LimitToBaseVocab, a word outside the base vocabulary goes: if no base word
-        // survives the filters either, every deformed caption ends empty. (Not said with a
-        // stemmer, where a word outside the table may share a kept stem.)
+        // survives the filters either, every deformed caption ends empty. (Not foretold with a
+        // stemmer, where a word outside the table may share a kept stem: the report says it
+        // after the run, see `Bow::report`.)
         if none_kept
             && self.config.limit_to_base_vocab
             && self.mostly()
             && self.stemmer.is_none()
             && !self.vocab.is_empty()
         {
-            let candidates = self.base_df.iter().filter(|(w, _)| self.config.frequency_candidates.admits(w)).count();
-            let why = if self.top.len() == candidates && candidates > 0 {
-                format!(
-                    "rm_top_freq = {} removes all {candidates} candidate words of the base captions",
-                    self.config.rm_top_freq
-                )
-            } else {
-                "no word of the base captions passes the filters".to_owned()
+            let why = match self.top_takes_all {
+                Some(k) => format!("{} removes all {k} candidate words of the base captions", self.top_text()),
+                None => "no word of the base captions passes the filters".to_owned(),
             };
             let w = format!(
                 "{why}, so with LimitToBaseVocab every deformed caption ends empty and only the base set \
@@ -762,8 +788,31 @@ impl Bow {
             );
             say!("warning: stage `bow`: {w}");
             self.warnings.push(w);
+            self.said_all_empty = true;
         }
         self.stats_done = true;
+    }
+
+    /// `rm_top_freq = t`, for warnings.
+    fn top_text(&self) -> String {
+        format!("rm_top_freq = {}", self.config.rm_top_freq)
+    }
+
+    /// The report's warnings: those said before the stream, and one when every deformed
+    /// caption ended empty where none foretold it (with a stemmer, or in "only" mode).
+    fn warnings(&self, st: &Stats) -> Vec<String> {
+        let mut out = self.warnings.clone();
+        if !self.said_all_empty && st.deformed_in > 0 && st.deformed_out == 0 {
+            let unit = if self.stemmer.is_some() { "stems" } else { "words" };
+            let why = match self.top_takes_all {
+                Some(k) => format!("; {} removes all {k} candidate {unit} of the base captions", self.top_text()),
+                None => String::new(),
+            };
+            let left = if self.mostly() { "only the base set is left" } else { "no caption is left" };
+            let hint = if self.top_takes_all.is_some() { "lower `rm_top_freq`" } else { "turn a filter off" };
+            out.push(format!("all {} deformed captions ended empty{why}, so {left}; {hint}", st.deformed_in));
+        }
+        out
     }
 }
 
@@ -831,6 +880,7 @@ impl Transform for Bow {
                 );
                 say!("warning: stage `bow`: {w}");
                 self.warnings.push(w);
+                self.said_all_empty = true;
             }
             let keys = &mut self.split_keys;
             if k > 0 && k < n {
@@ -1021,6 +1071,11 @@ impl Transform for Bow {
             StageStats::Bow(s) => s,
             _ => &none,
         };
+        // The run asks once, at its end: a warning the stream's outcome gives is said then.
+        let warnings = self.warnings(st);
+        for w in &warnings[self.warnings.len()..] {
+            say!("warning: stage `bow`: {w}");
+        }
         let n_in = st.base + st.deformed_in;
         let n_out = st.base + st.deformed_out;
         let (ranked_before, vocab_before) = st.ranked(BEFORE);
@@ -1030,7 +1085,7 @@ impl Transform for Bow {
         json!({
             "mode": self.config.mode,
             "seed": self.seed,
-            "warnings": self.warnings,
+            "warnings": warnings,
             "rows_in": st.rows_in,
             "rows_without_caption": st.no_caption,
             "captions_in": n_in,
@@ -1241,6 +1296,62 @@ mod tests {
         // Without LimitToBaseVocab, words outside the base vocabulary survive: nothing to say.
         assert!(fitted_with("rm_top_freq = 100000\nlimit_to_base_vocab = false", None, &b).warnings.is_empty());
         assert!(fitted_with("rm_top_freq = 3", None, &b).warnings.is_empty());
+    }
+
+    /// The report's warnings after `bow` (fitted on `b`) has deformed `b`.
+    fn warnings_after_run(bow: &Bow, b: &RecordBatch) -> Vec<String> {
+        let chunk = Chunk { batch: b.clone(), rejects: Default::default(), skipped: Default::default() };
+        let (_, stats) = bow.apply(chunk, 0).unwrap();
+        serde_json::from_value(bow.report(&stats)["warnings"].clone()).unwrap()
+    }
+
+    #[test]
+    fn deformed_captions_that_all_end_empty_are_reported_when_nothing_foretold_it() {
+        let b = batch(400);
+        // With a stemmer nothing is said before the stream (a word outside the base captions
+        // may share a kept stem): the report says it after, with the cause.
+        let stemmed = fitted_with("rm_top_freq = 100000\nstemmer = \"english\"", None, &b);
+        assert!(stemmed.warnings.is_empty(), "{:?}", stemmed.warnings);
+        let w = warnings_after_run(&stemmed, &b);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].starts_with("all 360 deformed captions ended empty; rm_top_freq = 100000 removes all"), "{w:?}");
+        assert!(w[0].contains("candidate stems of the base captions, so only the base set is left"), "{w:?}");
+        // "only" mode, captions of stopwords only.
+        let mut stop = PairsBuilder::new("t");
+        for i in 0..20 {
+            stop.push(PairRow { sample_id: &format!("s{i}"), caption: Some("the a of"), ..Default::default() });
+        }
+        let stop = stop.finish();
+        let only = fitted_with("mode = \"only\"\nlimit_to_base_vocab = false\nrm_top_freq = 0", None, &stop);
+        assert_eq!(
+            warnings_after_run(&only, &stop),
+            ["all 20 deformed captions ended empty, so no caption is left; turn a filter off"]
+        );
+        // Said once: a warning before the stream already said so.
+        let all = fitted_with("rm_top_freq = 100000", None, &b);
+        assert_eq!(warnings_after_run(&all, &b), all.warnings);
+        // Captions that survive: nothing to say.
+        assert!(warnings_after_run(&fitted_with("rm_top_freq = 3\nstemmer = \"english\"", None, &b), &b).is_empty());
+    }
+
+    #[test]
+    fn base_settings_with_nothing_to_act_on_are_warned_about() {
+        let warnings = |config: &str| {
+            let config: BowConfig = toml::from_str(config).unwrap();
+            config.build(5, &schema::pairs(), &mut Problems::default()).unwrap().warnings
+        };
+        assert_eq!(
+            warnings("stemmer = \"english\"\nlimit_to_base_vocab = false\nrm_top_freq = 0"),
+            ["`stemmer` has no effect: LimitToBaseVocab and RmTopFreq are off"]
+        );
+        assert_eq!(
+            warnings("frequency_candidates = \"raw\"\nrm_top_freq = 0"),
+            ["`frequency_candidates` has no effect: RmTopFreq is off (`rm_top_freq = 0`)"]
+        );
+        // Either matching operator gives the stemmer work; RmTopFreq gives the candidates work.
+        assert!(warnings("stemmer = \"english\"\nrm_top_freq = 0").is_empty());
+        assert!(warnings("stemmer = \"english\"\nlimit_to_base_vocab = false\nrm_top_freq = 5").is_empty());
+        assert!(warnings("frequency_candidates = \"raw\"\nrm_top_freq = 5").is_empty());
     }
 
     #[test]
