@@ -102,6 +102,22 @@ fn an_output_dir_that_is_a_file() {
 }
 
 #[test]
+fn img2dataset_shards_given_as_a_folder_or_both_ways() {
+    // The folder's hint names the reader's files, not a TSV.
+    insta::assert_snapshot!(validate("img2dataset_shards.toml", &[]));
+    // img2dataset writes `00000.parquet` beside `00000.tar`: `*` would read every sample twice.
+    insta::assert_snapshot!(validate(
+        "img2dataset_shards.toml",
+        &["read_img2dataset.path=tests/fixtures/readers/img2dataset/*"]
+    ));
+    // One kind is fine.
+    for kind in ["tar", "parquet"] {
+        let set = format!("read_img2dataset.path=tests/fixtures/readers/img2dataset/*.{kind}");
+        assert!(validate("img2dataset_shards.toml", &[&set]).starts_with("exit code: 0\n"), "{kind}");
+    }
+}
+
+#[test]
 fn a_json_pipeline_is_placed_by_line() {
     // A run's `config.json` is a pipeline too; its problems are placed by line and column.
     insta::assert_snapshot!(validate("config_json_errors.json", &[]));

@@ -11,8 +11,14 @@ use crate::io::lines::{Compression, Lines};
 
 /// Shared reader configuration check: the patterns expand to files (not folders), and no two
 /// share a file name — rows are known by `<file name>#<row>` (`sample_id`, rejects'
-/// `source_file`), so two `part.tsv` in different folders would give the same ids.
-pub fn expand_inputs(patterns: &crate::io::PathPatterns, problems: &mut Problems, key: &'static str) -> Vec<PathBuf> {
+/// `source_file`), so two `part.tsv` in different folders would give the same ids. `files_like`
+/// is a pattern of the reader's files in a folder, for the hint when a folder is given.
+pub fn expand_inputs(
+    patterns: &crate::io::PathPatterns,
+    problems: &mut Problems,
+    key: &'static str,
+    files_like: &str,
+) -> Vec<PathBuf> {
     if patterns.0.is_empty() {
         problems.push(
             key,
@@ -34,7 +40,7 @@ pub fn expand_inputs(patterns: &crate::io::PathPatterns, problems: &mut Problems
         problems.push(
             key,
             format!("input `{}` is a folder", f.display()),
-            Some(format!("name the files in it, e.g. `{}`", f.join("*.tsv").display())),
+            Some(format!("name the files in it, e.g. `{}`", f.join(files_like).display())),
         );
     }
     let mut seen: BTreeMap<String, &Path> = BTreeMap::new();

@@ -37,7 +37,7 @@ fn default_source() -> String {
 
 impl ReadCcTsvConfig {
     pub fn build(&self, problems: &mut Problems) -> Option<ReadCcTsv> {
-        let files = expand_inputs(&self.path, problems, "path");
+        let files = expand_inputs(&self.path, problems, "path", "*.tsv");
         super::refuse_non_text(&files, problems, "path", false);
         problems.is_empty().then(|| ReadCcTsv { files, source: self.source.clone(), url_first: self.url_first })
     }

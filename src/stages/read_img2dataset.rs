@@ -43,7 +43,7 @@ const IMAGE_EXTS: [&str; 5] = ["jpg", "jpeg", "png", "webp", "bmp"];
 
 impl ReadImg2datasetConfig {
     pub fn build(&self, problems: &mut Problems) -> Option<ReadImg2dataset> {
-        let files = expand_inputs(&self.path, problems, "path");
+        let files = expand_inputs(&self.path, problems, "path", "*.parquet");
         for f in &files {
             match f.extension().and_then(|e| e.to_str()) {
                 Some("tar") => {}
@@ -74,6 +74,34 @@ impl ReadImg2datasetConfig {
                     Some("point `path` at img2dataset's `*.parquet` or `*.tar` files".into()),
                 ),
             }
+        }
+        // img2dataset writes each shard twice, `00000.parquet` and `00000.tar`: reading both
+        // would read every sample twice (the second copies all `duplicate_key` rejects).
+        let tars: std::collections::HashSet<&Path> =
+            files.iter().filter(|f| f.extension().is_some_and(|e| e == "tar")).map(PathBuf::as_path).collect();
+        let both: Vec<&PathBuf> = files
+            .iter()
+            .filter(|f| {
+                f.extension().is_some_and(|e| e == "parquet") && tars.contains(f.with_extension("tar").as_path())
+            })
+            .collect();
+        if let Some(first) = both.first() {
+            let folder = first.parent().unwrap_or(Path::new(""));
+            problems.push(
+                "path",
+                format!(
+                    "`{}` and `{}` are one img2dataset shard, its metadata and its images ({} shard(s) given both \
+                     ways): every sample would be read twice",
+                    first.display(),
+                    first.with_extension("tar").display(),
+                    both.len()
+                ),
+                Some(format!(
+                    "read one kind: `{}` (with the images) or `{}` (the metadata)",
+                    folder.join("*.tar").display(),
+                    folder.join("*.parquet").display()
+                )),
+            );
         }
         problems.is_empty().then(|| ReadImg2dataset { files, source: self.source.clone() })
     }

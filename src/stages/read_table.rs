@@ -162,7 +162,12 @@ fn default_source() -> String {
 
 impl ReadTableConfig {
     pub fn build(&self, problems: &mut Problems) -> Option<ReadTable> {
-        let files = expand_inputs(&self.path, problems, "path");
+        let files_like = match self.format {
+            Some(Format::Csv) => "*.csv",
+            Some(Format::Parquet) => "*.parquet",
+            _ => "*.tsv",
+        };
+        let files = expand_inputs(&self.path, problems, "path", files_like);
         let format = match self.format {
             Some(format) => format,
             None => {

@@ -61,8 +61,8 @@ fn default_source() -> String {
 
 impl ReadYfccConfig {
     pub fn build(&self, problems: &mut Problems) -> Option<ReadYfcc> {
-        let files = expand_inputs(&self.path, problems, "path");
-        let subset = self.subset.as_ref().map(|s| expand_inputs(s, problems, "subset"));
+        let files = expand_inputs(&self.path, problems, "path", "yfcc100m_dataset*");
+        let subset = self.subset.as_ref().map(|s| expand_inputs(s, problems, "subset", "yfcc100m_subset_data.tsv"));
         super::refuse_non_text(&files, problems, "path", false);
         super::refuse_non_text(subset.as_deref().unwrap_or_default(), problems, "subset", false);
         if !problems.is_empty() {
