@@ -11,9 +11,12 @@ reference for running a single row by hand). Usage:
 LimitToBaseVocab and RmTopFreq(t) depend on the absolute size of the base set (~290k captions
 in CC3M), so only the scale-free rows (Shuffle, RmStopNalpha, Keep(n)) compare with the paper on
 small inputs (spec §2 "Scale note").
+
+curate's stderr is shown only for a row that fails; the script then stops with curate's exit status.
 """
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 
@@ -55,6 +58,21 @@ ROWS = [
 ]
 
 
+def run_curate(cmd, row):
+    """Run one row quietly; if curate fails, show its stderr and stop with a one-line message."""
+    try:
+        proc = subprocess.run(cmd, stderr=subprocess.PIPE)
+    except OSError as e:
+        sys.exit(f"ablations.py: cannot run {cmd[0]}: {e.strerror or e} (build it, or pass --curate BINARY)")
+    if proc.returncode != 0:
+        sys.stdout.flush()
+        sys.stderr.buffer.write(proc.stderr)
+        if proc.stderr and not proc.stderr.endswith(b"\n"):
+            sys.stderr.write("\n")
+        sys.stderr.write(f"ablations.py: curate failed on row {row!r} (exit {proc.returncode}): {shlex.join(cmd)}\n")
+        sys.exit(proc.returncode if proc.returncode > 0 else 1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--input", default="data/cc3m_sample.tsv")
@@ -72,7 +90,7 @@ def main():
         cmd = [args.curate, "run", "pipelines/bow.toml", "--progress", "never", "--set", f"read_cc_tsv.path={args.input}", "--set", f"output_dir={out}"]
         for s in overrides:
             cmd += ["--set", s]
-        subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
+        run_curate(cmd, f"F-T{table} {label}")
         r = json.load(open(f"{out}/report.json"))["stages"]["bow"]
         print(
             f"| F-T{table} | {label} | {r['captions_in']} | {r['captions_out']} | {100 * r['delta_dataset_size']:+.1f}% "
