@@ -118,6 +118,26 @@ fn img2dataset_shards_given_as_a_folder_or_both_ways() {
 }
 
 #[test]
+fn a_training_file_given_to_run_and_a_pipeline_given_to_train_say_so() {
+    // One error naming the right command, not one per unknown key.
+    for cmd in ["validate", "run"] {
+        let (code, _, stderr) = curate(&[cmd, "pipelines/train.toml"]);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(
+            stderr.contains("error: `pipelines/train.toml` is a training file (it has `model`, `loss`"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("hint: train with `curate train pipelines/train.toml`"), "{stderr}");
+        assert!(stderr.contains("1 configuration error"), "{stderr}");
+    }
+    let (code, _, stderr) = curate(&["train", "pipelines/bow.toml"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("error: `pipelines/bow.toml` is a pipeline file (it has `[[stage]]`)"), "{stderr}");
+    assert!(stderr.contains("hint: run it with `curate run pipelines/bow.toml`"), "{stderr}");
+    assert!(stderr.contains("1 configuration error"), "{stderr}");
+}
+
+#[test]
 fn a_json_pipeline_is_placed_by_line() {
     // A run's `config.json` is a pipeline too; its problems are placed by line and column.
     insta::assert_snapshot!(validate("config_json_errors.json", &[]));

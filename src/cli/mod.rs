@@ -83,11 +83,11 @@ pub struct EvalArgs {
 
 #[derive(Debug, Args)]
 pub struct PipelineArgs {
-    /// The pipeline or training file: TOML, or JSON with the layout of a run's `config.json`
-    /// (which repeats that run).
+    /// The file: a pipeline file for `run` and `validate`, a training file for `train`; TOML,
+    /// or JSON with the layout of a run's `config.json` (which repeats that run).
     pub file: PathBuf,
-    /// Override a key: `--set bow.rm_top_freq=500`, `--set optim.lr=0.001`, `--set
-    /// output_dir=out/x` (repeatable).
+    /// Override a key: `--set bow.rm_top_freq=500` (a pipeline), `--set optim.lr=0.001` (a
+    /// training file), `--set output_dir=out/x` (repeatable).
     #[arg(long = "set", value_name = "KEY.PATH=VALUE")]
     pub overrides: Vec<String>,
     /// Where models run: `cpu` (burn's flex backend), `ndarray`, or `cuda[:N]` (built with

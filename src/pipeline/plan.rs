@@ -337,6 +337,18 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
 
 /// The top-level keys: known ones only, a stage list, and an `output_dir` that can be made.
 fn check_top(doc: &ConfigDoc, diags: &mut Vec<Diagnostic>) -> Option<PipelineConfig> {
+    // A training file given to `run` / `validate`: one error that says so, not one per key.
+    let training: Vec<&str> =
+        ["model", "loss", "optim", "steps", "epochs"].into_iter().filter(|k| doc.root.contains_key(*k)).collect();
+    if doc.root.get("stage").is_none() && !training.is_empty() {
+        let keys = training.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
+        diags.push(
+            Diagnostic::new(format!("`{}` is a training file (it has {keys}), not a pipeline", doc.path.display()))
+                .at(doc.location(""))
+                .hint(format!("train with `curate train {}`", doc.path.display())),
+        );
+        return None;
+    }
     let known_top = fields::<PipelineConfig>();
     for key in doc.root.keys() {
         if !known_top.iter().any(|t| t == key) {

@@ -381,6 +381,18 @@ impl TrainConfig {
     pub fn load(path: &Path, overrides: &[String]) -> Result<TrainConfig> {
         let doc = ConfigDoc::load(path, overrides).map_err(Error::Config)?;
         let mut diags = doc.override_errors.clone();
+        // A pipeline file given to `train`: one error that says so, not one per key.
+        if doc.root.contains_key("stage") && !doc.root.contains_key("model") {
+            diags.push(
+                Diagnostic::new(format!(
+                    "`{}` is a pipeline file (it has `[[stage]]`), not a training file",
+                    path.display()
+                ))
+                .at(doc.location(""))
+                .hint(format!("run it with `curate run {}`", path.display())),
+            );
+            return Err(Error::Config(diags));
+        }
         let root = Value::Table(doc.root.clone());
         let parsed: Option<TrainConfig> = doc.extract("", &root, &mut diags);
         if let Some(c) = &parsed {
