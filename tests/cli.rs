@@ -138,6 +138,12 @@ fn a_training_file_given_to_run_and_a_pipeline_given_to_train_say_so() {
 }
 
 #[test]
+fn an_emptied_stage_list_is_placed_at_its_set() {
+    let out = validate("output_places.toml", &["stage=[]"]);
+    assert!(out.contains("error: the pipeline has no stages\n  --> --set stage=[]\n"), "{out}");
+}
+
+#[test]
 fn a_json_pipeline_is_placed_by_line() {
     // A run's `config.json` is a pipeline too; its problems are placed by line and column.
     insta::assert_snapshot!(validate("config_json_errors.json", &[]));

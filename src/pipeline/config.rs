@@ -671,6 +671,12 @@ fn explain_serde_error(message: &str, shown: &str) -> (String, Option<String>) {
                 Some(format!("TOML integers go up to {}", i64::MAX))
             }
             Some(v) if v.parse::<f64>().is_ok() || v == "true" || v == "false" => {
+                // As TOML writes it: `.1` and `1.` are numbers to Rust, not to TOML.
+                let toml_ok = format!("x = {v}").parse::<toml::Table>().is_ok();
+                let v = match v.parse::<f64>() {
+                    Ok(f) if !toml_ok => format!("{f:?}"),
+                    _ => v.to_owned(),
+                };
                 Some(format!("TOML numbers and booleans are written without quotes: `{key} = {v}`"))
             }
             Some(_) if message.ends_with("expected a boolean") => {
@@ -949,6 +955,13 @@ mod tests {
         assert_eq!(hint, None);
         let (_, hint) = explain_serde_error("invalid type: string \"4\", expected usize", "stage[1].keep_words");
         assert_eq!(hint.as_deref(), Some("TOML numbers and booleans are written without quotes: `keep_words = 4`"));
+        // Numbers to Rust that TOML does not take are shown as TOML writes them.
+        for (given, shown) in [(".1", "0.1"), ("1.", "1.0"), ("+.5", "0.5"), ("1e-3", "1e-3")] {
+            let (_, hint) =
+                explain_serde_error(&format!("invalid type: string \"{given}\", expected f64"), "bow.base_fraction");
+            let want = format!("TOML numbers and booleans are written without quotes: `base_fraction = {shown}`");
+            assert_eq!(hint, Some(want), "{given}");
+        }
         let (_, hint) = explain_serde_error("invalid type: string \"18446744073709551615\", expected u64", "seed");
         assert_eq!(hint.as_deref(), Some("TOML integers go up to 9223372036854775807"));
         let (_, hint) = explain_serde_error("invalid type: string \"yes\", expected a boolean", "stage[1].shuffle");

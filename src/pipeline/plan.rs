@@ -365,9 +365,11 @@ fn check_top(doc: &ConfigDoc, diags: &mut Vec<Diagnostic>) -> Option<PipelineCon
     if doc.root.get("stage").is_some_and(|s| !matches!(s, Value::Array(a) if a.iter().all(Value::is_table))) {
         // Reported by `extract` as a type error already.
     } else if doc.stages().is_empty() {
+        // At an empty `stage = []` (in the file or a `--set`), else at the file.
+        let at = if doc.root.contains_key("stage") { "stage" } else { "" };
         diags.push(
             Diagnostic::new("the pipeline has no stages")
-                .at(doc.location(""))
+                .at(doc.location(at))
                 .hint("add `[[stage]]` tables: a read stage, transforms, then `write_parquet`"),
         );
     }
