@@ -29,7 +29,7 @@ pub struct BowBenchArgs {
     #[arg(long, default_value = "out/bench")]
     pub out: PathBuf,
     /// Runs of each; the best wall time is reported (plus all runs).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = positive)]
     pub repeat: usize,
 }
 
@@ -174,7 +174,7 @@ pub fn bow(args: &BowBenchArgs) -> Result<()> {
         std::io::copy(&mut f, &mut std::io::sink()).map_err(|e| Error::io("cannot read", &args.input, e))?;
         Ok(())
     };
-    for _ in 0..args.repeat.max(1) {
+    for _ in 0..args.repeat {
         warm()?;
         floor.push(measure(
             std::process::Command::new(&exe).args(["bench", "io-floor"]).arg(&args.input).arg(&floor_out),
@@ -243,7 +243,7 @@ pub struct TextBenchArgs {
     /// Captions to embed (the first ones with that column).
     #[arg(long, default_value_t = 10_000)]
     pub rows: usize,
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = positive)]
     pub batch_size: usize,
     /// `cpu`, `ndarray`, `cuda[:N]`.
     #[arg(long, default_value = "cpu")]
@@ -263,7 +263,7 @@ pub fn text(args: &TextBenchArgs, device: &burn::tensor::Device) -> Result<()> {
     }
     let enc = crate::models::text_encoder::TextEncoder::load(&args.model, None, None, device)?;
     let refs: Vec<&str> = captions.iter().map(String::as_str).collect();
-    let batch = args.batch_size.max(1);
+    let batch = args.batch_size;
     enc.encode(&refs[..batch.min(refs.len())])?;
     // Batches of similar length (sentence-transformers sorts by length too) run concurrently on
     // the worker threads, as `curate run` applies chunks; PyTorch spreads each batch over its
@@ -289,21 +289,30 @@ pub struct KnnBenchArgs {
     /// Row width of raw files (`.npy` files carry their own shape).
     #[arg(long)]
     pub dim: Option<usize>,
-    /// Neighbours per query.
-    #[arg(long, default_value_t = 10)]
+    /// Neighbours per query, at most the pool's rows.
+    #[arg(long, default_value_t = 10, value_parser = positive)]
     pub k: usize,
     /// Timed runs; the best is reported (plus all runs).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = positive)]
     pub repeat: usize,
     /// Write the ids of the last run here: raw little-endian u32, `[nq, k]` row-major.
     #[arg(long)]
     pub ids_out: Option<PathBuf>,
     /// Queries per matrix product (default: `knn::Blocking::default()`).
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     pub query_block: Option<usize>,
     /// Pool rows per matrix product (default: `knn::Blocking::default()`).
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     pub pool_block: Option<usize>,
+}
+
+/// A count flag of at least 1 (`--repeat`, `--k`, block sizes).
+fn positive(s: &str) -> std::result::Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{s}` is not a whole number")),
+    }
 }
 
 /// A row-major f32 matrix from a `.npy` file (float32, C order, 2-D) or from raw little-endian
@@ -350,6 +359,9 @@ pub fn knn(args: &KnnBenchArgs) -> Result<()> {
         return Err(Error::data(format!("queries have {dim} columns, the pool {pool_dim}")));
     }
     let (nq, np) = (queries.len() / dim, pool.len() / dim);
+    if args.k > np {
+        return Err(Error::data(format!("`--k {}` is more than the pool's {np} rows", args.k)));
+    }
     let default = crate::knn::Blocking::default();
     let blocking = crate::knn::Blocking {
         queries: args.query_block.unwrap_or(default.queries),
@@ -357,7 +369,7 @@ pub fn knn(args: &KnnBenchArgs) -> Result<()> {
     };
     let mut runs = Vec::new();
     let mut result = None;
-    for _ in 0..args.repeat.max(1) {
+    for _ in 0..args.repeat {
         let t = Instant::now();
         result = Some(crate::knn::exact_top_k_with(&queries, &pool, dim, args.k, blocking));
         runs.push(t.elapsed().as_secs_f64());

@@ -341,6 +341,38 @@ fn bench_bow_stage_applies_the_stage_as_a_run_does() {
     assert!(stdout.trim_end().ends_with(&format!("; {written} rows kept")), "{stdout} vs {written} written");
 }
 
+#[test]
+fn bench_counts_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    // A 3 x 2 pool and 2 queries, raw f32.
+    let (q, p) = (dir.path().join("q.f32"), dir.path().join("p.f32"));
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    std::fs::write(&q, f32s(&[1.0, 0.0, 0.0, 1.0])).unwrap();
+    std::fs::write(&p, f32s(&[1.0, 0.0, 0.0, 1.0, 0.5, 0.5])).unwrap();
+    let (q, p) = (q.to_str().unwrap(), p.to_str().unwrap());
+    let knn = |extra: &[&str]| {
+        let mut args = vec!["bench", "knn", "--queries", q, "--pool", p, "--dim", "2"];
+        args.extend(extra);
+        if !extra.contains(&"--repeat") {
+            args.extend(["--repeat", "1"]);
+        }
+        curate(&args)
+    };
+    let ids = dir.path().join("ids.u32");
+    let (code, stdout, stderr) = knn(&["--k", "3", "--ids-out", ids.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("\"k\":3"), "{stdout}");
+    assert_eq!(std::fs::read(&ids).unwrap().len(), 2 * 3 * 4, "[nq, k] u32");
+    let (code, _, stderr) = knn(&["--k", "4"]);
+    assert!(code != 0 && stderr.contains("`--k 4` is more than the pool's 3 rows"), "{stderr}");
+    for flag in [["--k", "0"], ["--repeat", "0"], ["--query-block", "0"]] {
+        let (code, _, stderr) = knn(&flag);
+        assert!(code != 0 && stderr.contains("must be at least 1"), "{flag:?}: {stderr}");
+    }
+    let (code, _, stderr) = curate(&["bench", "bow", "--input", "data/cc3m_sample.tsv", "--repeat", "0"]);
+    assert!(code != 0 && stderr.contains("must be at least 1"), "{stderr}");
+}
+
 #[cfg(feature = "cuda")]
 #[test]
 fn a_cuda_device_that_cannot_start_is_one_error() {

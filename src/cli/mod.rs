@@ -229,7 +229,10 @@ pub enum BenchCommand {
     /// The BoW stage of a pipeline alone: its input parsed into memory first (untimed), then
     /// the fit passes and the deformation of every chunk, in parallel, writing nothing; prints
     /// the time (`bench bow` runs it on its input).
-    BowStage { pipeline: PathBuf },
+    BowStage {
+        /// A pipeline file with a `bow` stage (its reader gives the input; its writer is unused).
+        pipeline: PathBuf,
+    },
 }
 
 /// Runs the command line; returns the process exit code.
