@@ -138,6 +138,30 @@ fn a_training_file_given_to_run_and_a_pipeline_given_to_train_say_so() {
 }
 
 #[test]
+fn a_missing_model_or_folder_says_it_does_not_exist() {
+    let (_, _, stderr) = curate(&[
+        "validate",
+        "pipelines/image_teacher.toml",
+        "--set",
+        "encode_image.model=tests/no_model.safetensors",
+        "--set",
+        "read_imagenet21k.root=data/no_folder",
+    ]);
+    assert!(stderr.contains("`tests/no_model.safetensors` does not exist"), "{stderr}");
+    assert!(stderr.contains("`data/no_folder` does not exist"), "{stderr}");
+    // Something of the other kind is there.
+    let (_, _, stderr) = curate(&[
+        "validate",
+        "pipelines/image_teacher.toml",
+        "--set",
+        "encode_image.model=tests",
+        "--set",
+        "read_imagenet21k.root=Cargo.toml",
+    ]);
+    assert!(stderr.contains("`tests` is not a file") && stderr.contains("`Cargo.toml` is not a folder"), "{stderr}");
+}
+
+#[test]
 fn an_emptied_stage_list_is_placed_at_its_set() {
     let out = validate("output_places.toml", &["stage=[]"]);
     assert!(out.contains("error: the pipeline has no stages\n  --> --set stage=[]\n"), "{out}");

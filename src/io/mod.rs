@@ -217,6 +217,16 @@ fn hash_file(h: &mut xxhash_rust::xxh3::Xxh3, f: &Path, buf: &mut [u8]) -> Resul
     }
 }
 
+/// What is wrong with `p` where a `kind` ("file", "folder") was expected: "does not exist", or
+/// "is not a file" when something else is there. For messages: "`x` does not exist".
+pub fn not_a(p: &Path, kind: &str) -> String {
+    if p.exists() {
+        format!("is not a {kind}")
+    } else {
+        "does not exist".to_owned()
+    }
+}
+
 /// The files a stage reads from `p`: `p` itself if it is a file, else those of `names` that the
 /// folder `p` has (a model folder's `config.json`, `model.safetensors`, ...). For the stamps of
 /// a run's checkpoints; nothing else in the folder is looked at (an evaluation's output there,

@@ -63,7 +63,7 @@ impl EncodeImageConfig {
         if !Path::new(&self.model).is_file() {
             problems.push(
                 "model",
-                format!("`{}` is not a file", self.model),
+                format!("`{}` {}", self.model, crate::io::not_a(Path::new(&self.model), "file")),
                 Some("`model` is a safetensors checkpoint, e.g. torchvision's resnet50 state dict".into()),
             );
         }

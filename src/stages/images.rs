@@ -56,7 +56,7 @@ pub fn check_shards_dir(dir: &Option<String>, problems: &mut Problems) {
         if !Path::new(dir).is_dir() {
             problems.push(
                 "shards_dir",
-                format!("`{dir}` is not a folder"),
+                format!("`{dir}` {}", crate::io::not_a(Path::new(dir), "folder")),
                 Some("point `shards_dir` at the folder of img2dataset's `.tar` shards".into()),
             );
         }

@@ -67,7 +67,7 @@ impl ReadImagenet21kConfig {
         if !root.is_dir() {
             problems.push(
                 "root",
-                format!("`{}` is not a folder", self.root),
+                format!("`{}` {}", self.root, crate::io::not_a(&root, "folder")),
                 Some("point `root` at the folder holding the `nXXXXXXXX` directories".into()),
             );
         }

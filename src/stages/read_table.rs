@@ -605,8 +605,7 @@ impl RowMaker<'_> {
                 let base = self.t.image_root.as_deref().or_else(|| table.parent()).unwrap_or(Path::new(""));
                 let full = if rel.is_absolute() { rel.to_owned() } else { base.join(rel) };
                 if self.t.check_files && !full.is_file() {
-                    let what = if full.exists() { "is not a file" } else { "does not exist" };
-                    return Err(("missing_file", format!("`{}` {what}", full.display())));
+                    return Err(("missing_file", format!("`{}` {}", full.display(), crate::io::not_a(&full, "file"))));
                 }
                 self.path = full.to_string_lossy().into_owned();
                 Some(self.path.as_str())

@@ -534,7 +534,7 @@ impl TrainConfig {
                 if let Some(root) = r.image_root.as_ref().filter(|d| !d.is_dir()) {
                     bad(
                         "eval.retrieval.image_root",
-                        format!("`{}` is not a folder", root.display()),
+                        format!("`{}` {}", root.display(), crate::io::not_a(root, "folder")),
                         "the folder the `path` column is relative to",
                     );
                 }
