@@ -44,6 +44,17 @@ impl Error {
     pub fn data(message: impl Into<String>) -> Self {
         Error::Data { message: message.into(), hint: None }
     }
+
+    /// The message and the hint apart, for a configuration problem that comes from an error
+    /// (a model that cannot be loaded): the hint goes below the problem's place, as others do.
+    pub fn into_message_and_hint(self) -> (String, Option<String>) {
+        match self {
+            Error::Schema { message, hint } | Error::Data { message, hint } | Error::Model { message, hint } => {
+                (message, hint)
+            }
+            other => (other.to_string(), None),
+        }
+    }
 }
 
 impl From<parquet::errors::ParquetError> for Error {

@@ -359,6 +359,9 @@ fn bench_bow_stage_applies_the_stage_as_a_run_does() {
         serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
     let written = manifest["rows"]["written"].as_u64().expect("rows.written");
     assert!(written > 0);
+    for f in ["config.json", "manifest.json", "report.json"] {
+        assert!(std::fs::read_to_string(out.join(f)).unwrap().ends_with("}\n"), "{f} ends its last line");
+    }
     let (code, stdout, stderr) = curate(&["bench", "bow-stage", "pipelines/bow.toml"]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.starts_with("fit ") && stdout.contains(" CPU-s; apply "), "{stdout}");

@@ -219,6 +219,9 @@ fn a_missing_run_is_refused_before_anything_runs() {
     let doc = ConfigDoc::parse(Path::new("pipelines/pseudo_bow.toml"), toml.clone(), &sets).unwrap();
     let err = compile_doc(&doc).err().expect("no run there").to_string();
     assert!(err.contains("is not a `curate train` run") && err.contains("--set mine_pseudo_bow.run="), "{err}");
+    // The run's hint comes below the problem's place, as every hint does.
+    let (place, hint) = (err.find("--> --set mine_pseudo_bow.run="), err.find("hint: train it first"));
+    assert!(place.is_some() && hint.is_some() && place < hint, "{err}");
     // The shipped pipeline compiles against a finished run.
     let sets = [format!("mine_pseudo_bow.run={}", trained_run().display())];
     let doc = ConfigDoc::parse(Path::new("pipelines/pseudo_bow.toml"), toml, &sets).unwrap();

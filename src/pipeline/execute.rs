@@ -309,7 +309,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         }
     }
     let clearing = clear_previous_run(&out, &shard_dirs, &kept)?;
-    let config_json = serde_json::to_string_pretty(&plan.resolved).expect("JSON value serializes");
+    let config_json = serde_json::to_string_pretty(&plan.resolved).expect("JSON value serializes") + "\n";
     write_atomic(&out.join("config.json"), config_json.as_bytes())?;
 
     let mut timings = BTreeMap::new();
@@ -645,7 +645,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         "resumed": resumed,
         "timings_s": summary.timings_s,
     });
-    let text = serde_json::to_string_pretty(&manifest).expect("JSON value serializes");
+    let text = serde_json::to_string_pretty(&manifest).expect("JSON value serializes") + "\n";
     write_atomic(&out.join("manifest.json"), text.as_bytes())?;
     checkpoint::remove(&out);
     Ok(summary)

@@ -90,7 +90,8 @@ pub fn write(out: &Path, plan: &Plan, summary: &RunSummary, stages: &[(String, V
         "skipped_by_reason": summary.skipped,
         "stages": stage_json,
     });
-    write_atomic(&out.join("report.json"), serde_json::to_string_pretty(&doc).expect("serializes").as_bytes())?;
+    let text = serde_json::to_string_pretty(&doc).expect("serializes") + "\n";
+    write_atomic(&out.join("report.json"), text.as_bytes())?;
     write_atomic(&out.join("report.md"), md.as_bytes())
 }
 

@@ -89,7 +89,8 @@ impl EncodeImageConfig {
                 })
             }
             Err(e) => {
-                problems.push("model", e.to_string(), None);
+                let (message, hint) = e.into_message_and_hint();
+                problems.push("model", message, hint);
                 None
             }
         }

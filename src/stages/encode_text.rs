@@ -102,7 +102,8 @@ impl EncodeTextConfig {
                 Some(EncodeText { config: self.clone(), encoder, schema })
             }
             Err(e) => {
-                problems.push("model", e.to_string(), None);
+                let (message, hint) = e.into_message_and_hint();
+                problems.push("model", message, hint);
                 None
             }
         }

@@ -230,7 +230,8 @@ impl MinePseudoBowConfig {
         let run = match TrainedRun::load(Path::new(&self.run), device) {
             Ok(r) => r,
             Err(e) => {
-                problems.push("run", e.to_string(), None);
+                let (message, hint) = e.into_message_and_hint();
+                problems.push("run", message, hint);
                 return None;
             }
         };
