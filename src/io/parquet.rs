@@ -39,6 +39,14 @@ const WRITE_BUFFER_BYTES: usize = 4 << 20;
 /// Rows per row group: small enough to bound the writer's memory, large enough for good scans.
 const ROW_GROUP_ROWS: usize = 128 * 1024;
 
+/// Pieces of fewer rows are gathered and copied together into one batch ([`Open::gather`]) before
+/// they join a row group: a slice keeps its whole source batch, whose buffers were sized for a
+/// full chunk, so a row group of one-sample shards' chunks held tens of KB per row.
+const SMALL_PIECE_ROWS: usize = 1024;
+
+/// Small pieces held (with their source batches) before they are copied together.
+const SMALL_PIECES_AT_MOST: usize = 64;
+
 /// Columns whose values repeat (labels, split names): dictionary-encoded. Every other column
 /// (ids, captions, URLs — mostly unique) is written plain, since trying a dictionary first and
 /// giving up costs time and saves nothing there.
@@ -78,12 +86,24 @@ const ENCODING_AT_MOST: usize = 4;
 /// One row group's column chunks, in schema order.
 type Encoded = parquet::errors::Result<Vec<ArrowColumnChunk>>;
 
+/// `batch` copied into buffers of its size (a slice's rows only).
+fn copy_of(batch: &RecordBatch) -> Result<RecordBatch> {
+    let all = arrow_array::UInt32Array::from_iter_values(0..batch.num_rows() as u32);
+    let columns: std::result::Result<Vec<_>, _> =
+        batch.columns().iter().map(|c| arrow_select::take::take(c.as_ref(), &all, None)).collect();
+    Ok(RecordBatch::try_new(batch.schema(), columns?)?)
+}
+
 struct Open {
     file: SerializedFileWriter<BufWriter<File>>,
     factory: ArrowRowGroupWriterFactory,
     /// Rows of the row group being filled.
     pending: Vec<RecordBatch>,
     pending_rows: usize,
+    /// Small pieces at the end of `pending`'s rows, not yet copied into it (see
+    /// [`SMALL_PIECE_ROWS`]); their rows count in `pending_rows`.
+    small: Vec<RecordBatch>,
+    small_rows: usize,
     /// Row groups handed to the pool, oldest first: appended to the file in this order.
     encoding: VecDeque<Receiver<Encoded>>,
     /// Row groups handed to the pool so far (the next one's index in the file).
@@ -94,12 +114,44 @@ struct Open {
 }
 
 impl Open {
+    /// Adds `piece` to the row group being filled: a small one is held with the small pieces
+    /// before it until they are many or long enough to copy together.
+    fn push(&mut self, piece: RecordBatch, schema: &SchemaRef) -> Result<()> {
+        let rows = piece.num_rows();
+        self.pending_rows += rows;
+        if rows >= SMALL_PIECE_ROWS {
+            self.gather(schema)?;
+            self.pending.push(piece);
+            return Ok(());
+        }
+        self.small.push(piece);
+        self.small_rows += rows;
+        if self.small.len() >= SMALL_PIECES_AT_MOST || self.small_rows >= SMALL_PIECE_ROWS {
+            self.gather(schema)?;
+        }
+        Ok(())
+    }
+
+    /// Copies the small pieces held into one batch of buffers of its size, which lets their
+    /// source batches go.
+    fn gather(&mut self, schema: &SchemaRef) -> Result<()> {
+        match self.small.len() {
+            0 => {}
+            1 => self.pending.push(copy_of(&self.small[0])?),
+            _ => self.pending.push(arrow_select::concat::concat_batches(schema, &self.small)?),
+        }
+        self.small.clear();
+        self.small_rows = 0;
+        Ok(())
+    }
+
     /// Closes the row group being filled and hands it to the pool: each column is encoded and
     /// compressed as a job of its own.
-    fn end_row_group(&mut self, schema: &Schema) -> Result<()> {
+    fn end_row_group(&mut self, schema: &SchemaRef) -> Result<()> {
         if self.pending_rows == 0 {
             return Ok(());
         }
+        self.gather(schema)?;
         let batches = std::mem::take(&mut self.pending);
         self.pending_rows = 0;
         let writers = self.factory.create_column_writers(self.row_groups)?;
@@ -244,6 +296,8 @@ impl ShardedWriter {
             factory,
             pending: Vec::new(),
             pending_rows: 0,
+            small: Vec::new(),
+            small_rows: 0,
             encoding: VecDeque::new(),
             row_groups: 0,
             tmp,
@@ -307,8 +361,7 @@ impl ShardedWriter {
             let take = (self.rows_per_shard - open.rows)
                 .min(ROW_GROUP_ROWS - open.pending_rows)
                 .min(batch.num_rows() - offset);
-            open.pending.push(batch.slice(offset, take));
-            open.pending_rows += take;
+            open.push(batch.slice(offset, take), &self.schema)?;
             open.rows += take;
             offset += take;
             if open.pending_rows == ROW_GROUP_ROWS {
@@ -572,6 +625,39 @@ mod tests {
         let mut w = ShardedWriter::new(dir.path(), "part", pairs(), 10, &[]).unwrap();
         let err = w.write(&batch).and_then(|_| w.finish().map(|_| ())).unwrap_err().to_string();
         assert!(err.starts_with(&format!("cannot write Parquet shards in `{}`: ", dir.path().display())), "{err}");
+    }
+
+    #[test]
+    fn small_pieces_do_not_keep_their_source_batches() {
+        // One-row chunks (one-sample tar shards), each in buffers sized for a full chunk, as a
+        // reader's are: the open row group holds copies of their rows, not the chunks.
+        use arrow_array::builder::StringBuilder;
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Arc::new(Schema::new(vec![arrow_schema::Field::new("id", arrow_schema::DataType::Utf8, false)]));
+        let mut w = ShardedWriter::new(dir.path(), "part", schema.clone(), 1_000_000, &[]).unwrap();
+        let chunks = 3000;
+        let mut source_bytes = 0;
+        for i in 0..chunks {
+            let mut b = StringBuilder::with_capacity(8192, 64 * 1024);
+            b.append_value(format!("id{i}"));
+            let chunk = RecordBatch::try_new(schema.clone(), vec![Arc::new(b.finish()) as _]).unwrap();
+            source_bytes += chunk.get_array_memory_size();
+            w.write(&chunk).unwrap();
+        }
+        let open = w.current.as_ref().unwrap();
+        let held: usize = open.pending.iter().chain(&open.small).map(RecordBatch::get_array_memory_size).sum();
+        assert_eq!(open.pending_rows, chunks);
+        assert!(source_bytes > 200 << 20 && held < 8 << 20, "{held} bytes held of {source_bytes}");
+        // And the rows are all there, in order.
+        let shards = w.finish().unwrap();
+        let back = read_file(&dir.path().join(&shards[0].file)).unwrap();
+        let ids: Vec<String> = back
+            .iter()
+            .flat_map(|b| {
+                (0..b.num_rows()).map(|r| crate::schema::str_col(b, "id").value(r).to_owned()).collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(ids, (0..chunks).map(|i| format!("id{i}")).collect::<Vec<_>>());
     }
 
     #[test]
