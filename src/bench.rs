@@ -241,7 +241,7 @@ pub struct TextBenchArgs {
     #[arg(long, default_value_t = 1)]
     pub column: usize,
     /// Captions to embed (the first ones with that column).
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = positive)]
     pub rows: usize,
     #[arg(long, default_value_t = 64, value_parser = positive)]
     pub batch_size: usize,

@@ -47,6 +47,11 @@ const SMALL_PIECE_ROWS: usize = 1024;
 /// Small pieces held (with their source batches) before they are copied together.
 const SMALL_PIECES_AT_MOST: usize = 64;
 
+/// Bytes of small pieces' rows copied together at most (beyond a piece of this size alone, which
+/// is not copied): far from the 2 GiB that one text column's 32-bit offsets can address, which
+/// a few malformed lines of hundreds of MB each in `raw` could otherwise pass.
+const SMALL_BYTES_AT_MOST: usize = 64 << 20;
+
 /// Columns whose values repeat (labels, split names): dictionary-encoded. Every other column
 /// (ids, captions, URLs — mostly unique) is written plain, since trying a dictionary first and
 /// giving up costs time and saves nothing there.
@@ -104,6 +109,7 @@ struct Open {
     /// [`SMALL_PIECE_ROWS`]); their rows count in `pending_rows`.
     small: Vec<RecordBatch>,
     small_rows: usize,
+    small_bytes: usize,
     /// Row groups handed to the pool, oldest first: appended to the file in this order.
     encoding: VecDeque<Receiver<Encoded>>,
     /// Row groups handed to the pool so far (the next one's index in the file).
@@ -119,14 +125,23 @@ impl Open {
     fn push(&mut self, piece: RecordBatch, schema: &SchemaRef) -> Result<()> {
         let rows = piece.num_rows();
         self.pending_rows += rows;
-        if rows >= SMALL_PIECE_ROWS {
+        // The bytes of a small piece's rows (a slice's share of its buffers).
+        let bytes = |p: &RecordBatch| -> usize {
+            p.columns().iter().map(|c| c.to_data().get_slice_memory_size().unwrap_or(SMALL_BYTES_AT_MOST)).sum()
+        };
+        let bytes = if rows >= SMALL_PIECE_ROWS { SMALL_BYTES_AT_MOST } else { bytes(&piece) };
+        if bytes >= SMALL_BYTES_AT_MOST {
             self.gather(schema)?;
             self.pending.push(piece);
             return Ok(());
         }
         self.small.push(piece);
         self.small_rows += rows;
-        if self.small.len() >= SMALL_PIECES_AT_MOST || self.small_rows >= SMALL_PIECE_ROWS {
+        self.small_bytes += bytes;
+        if self.small.len() >= SMALL_PIECES_AT_MOST
+            || self.small_rows >= SMALL_PIECE_ROWS
+            || self.small_bytes >= SMALL_BYTES_AT_MOST
+        {
             self.gather(schema)?;
         }
         Ok(())
@@ -142,6 +157,7 @@ impl Open {
         }
         self.small.clear();
         self.small_rows = 0;
+        self.small_bytes = 0;
         Ok(())
     }
 
@@ -298,6 +314,7 @@ impl ShardedWriter {
             pending_rows: 0,
             small: Vec::new(),
             small_rows: 0,
+            small_bytes: 0,
             encoding: VecDeque::new(),
             row_groups: 0,
             tmp,
@@ -658,6 +675,46 @@ mod tests {
             })
             .collect();
         assert_eq!(ids, (0..chunks).map(|i| format!("id{i}")).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn small_pieces_are_copied_together_up_to_a_byte_limit() {
+        // A text column's offsets address 2 GiB: pieces of long values are copied together in
+        // groups of at most SMALL_BYTES_AT_MOST (plus the last piece), and one of that size alone
+        // is not copied at all.
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Arc::new(Schema::new(vec![arrow_schema::Field::new("raw", arrow_schema::DataType::Utf8, false)]));
+        let mut w = ShardedWriter::new(dir.path(), "part", schema.clone(), 1_000_000, &[]).unwrap();
+        let piece = |bytes: usize| {
+            let column = arrow_array::StringArray::from(vec!["x".repeat(bytes)]);
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(column) as _]).unwrap()
+        };
+        let held = |w: &ShardedWriter| {
+            let open = w.current.as_ref().unwrap();
+            (open.pending.len(), open.small.len())
+        };
+        let third = SMALL_BYTES_AT_MOST / 3 + 1;
+        w.write(&piece(third)).unwrap();
+        w.write(&piece(third)).unwrap();
+        assert_eq!(held(&w), (0, 2));
+        w.write(&piece(third)).unwrap();
+        assert_eq!(held(&w), (1, 0), "three thirds make the limit: copied together");
+        w.write(&piece(10)).unwrap();
+        let big = piece(SMALL_BYTES_AT_MOST);
+        w.write(&big).unwrap();
+        assert_eq!(held(&w), (3, 0), "the small one gathered, then the big one as it is");
+        let open = w.current.as_ref().unwrap();
+        assert!(open.pending[2].column(0).to_data().buffers()[1].ptr_eq(&big.column(0).to_data().buffers()[1]));
+        assert_eq!(open.pending_rows, 5);
+        let shards = w.finish().unwrap();
+        let back = read_file(&dir.path().join(&shards[0].file)).unwrap();
+        let lens: Vec<usize> = back
+            .iter()
+            .flat_map(|b| {
+                (0..b.num_rows()).map(|r| crate::schema::str_col(b, "raw").value(r).len()).collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(lens, [third, third, third, 10, SMALL_BYTES_AT_MOST]);
     }
 
     #[test]

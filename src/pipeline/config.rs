@@ -642,6 +642,21 @@ fn remove_path(value: &mut Value, path: &str) -> bool {
     false
 }
 
+/// `v` (a number to Rust, or `true`/`false`) as TOML writes it, for a hint: `.1` and `1.` are
+/// `0.1` and `1.0`, `NaN` is `nan`, and `04` for an integer key is `4`.
+fn toml_number(v: &str, integer: bool) -> String {
+    if format!("x = {v}").parse::<toml::Table>().is_ok() {
+        return v.to_owned();
+    }
+    match (integer, v.parse::<i128>(), v.parse::<f64>()) {
+        (true, Ok(i), _) => i.to_string(),
+        (_, _, Ok(f)) if f.is_nan() => "nan".to_owned(),
+        (_, _, Ok(f)) if f.is_infinite() => if f > 0.0 { "inf" } else { "-inf" }.to_owned(),
+        (_, _, Ok(f)) => format!("{f:?}"),
+        _ => v.to_owned(),
+    }
+}
+
 /// Turns serde's message into ours plus a hint ("did you mean" for unknown variants).
 fn explain_serde_error(message: &str, shown: &str) -> (String, Option<String>) {
     if let Some(rest) = message.strip_prefix("unknown variant ") {
@@ -671,12 +686,7 @@ fn explain_serde_error(message: &str, shown: &str) -> (String, Option<String>) {
                 Some(format!("TOML integers go up to {}", i64::MAX))
             }
             Some(v) if v.parse::<f64>().is_ok() || v == "true" || v == "false" => {
-                // As TOML writes it: `.1` and `1.` are numbers to Rust, not to TOML.
-                let toml_ok = format!("x = {v}").parse::<toml::Table>().is_ok();
-                let v = match v.parse::<f64>() {
-                    Ok(f) if !toml_ok => format!("{f:?}"),
-                    _ => v.to_owned(),
-                };
+                let v = toml_number(v, message.contains("integer"));
                 Some(format!("TOML numbers and booleans are written without quotes: `{key} = {v}`"))
             }
             Some(_) if message.ends_with("expected a boolean") => {
@@ -956,12 +966,17 @@ mod tests {
         let (_, hint) = explain_serde_error("invalid type: string \"4\", expected usize", "stage[1].keep_words");
         assert_eq!(hint.as_deref(), Some("TOML numbers and booleans are written without quotes: `keep_words = 4`"));
         // Numbers to Rust that TOML does not take are shown as TOML writes them.
-        for (given, shown) in [(".1", "0.1"), ("1.", "1.0"), ("+.5", "0.5"), ("1e-3", "1e-3")] {
+        for (given, shown) in
+            [(".1", "0.1"), ("1.", "1.0"), ("+.5", "0.5"), ("1e-3", "1e-3"), ("NaN", "nan"), ("-Infinity", "-inf")]
+        {
             let (_, hint) =
                 explain_serde_error(&format!("invalid type: string \"{given}\", expected f64"), "bow.base_fraction");
             let want = format!("TOML numbers and booleans are written without quotes: `base_fraction = {shown}`");
             assert_eq!(hint, Some(want), "{given}");
         }
+        // An integer key: as an integer.
+        let (_, hint) = explain_serde_error("invalid type: string \"04\", expected usize", "stage[1].keep_words");
+        assert_eq!(hint.as_deref(), Some("TOML numbers and booleans are written without quotes: `keep_words = 4`"));
         let (_, hint) = explain_serde_error("invalid type: string \"18446744073709551615\", expected u64", "seed");
         assert_eq!(hint.as_deref(), Some("TOML integers go up to 9223372036854775807"));
         let (_, hint) = explain_serde_error("invalid type: string \"yes\", expected a boolean", "stage[1].shuffle");

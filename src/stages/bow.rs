@@ -799,7 +799,8 @@ impl Bow {
     }
 
     /// The report's warnings: those said before the stream, and one when every deformed
-    /// caption ended empty where none foretold it (with a stemmer, or in "only" mode).
+    /// caption ended empty where none foretold it (with a stemmer, without LimitToBaseVocab, or
+    /// in "only" mode).
     fn warnings(&self, st: &Stats) -> Vec<String> {
         let mut out = self.warnings.clone();
         if !self.said_all_empty && st.deformed_in > 0 && st.deformed_out == 0 {
