@@ -73,8 +73,15 @@ def title(r):
             return r.choice([f"<{tag}{attrs}>", f"</{tag}>", f"<{tag}{attrs}/>"])
         if k < 0.65:
             return r.choice(["<!-- note -->", "<!-- a > b -->", "<!DOCTYPE html>"])
-        if k < 0.72:
+        if k < 0.68:
             return r.choice(["<", ">", "< 5", "<3", "&", "AT&T"])
+        if k < 0.72:
+            # End tags Python reads loosely (`</ b>`, bogus comments `</1>`, the empty `</>`,
+            # quotes that do not protect a `>`), and a NUL that ends a tag name.
+            return r.choice(["</ b>", "</1>", "</$>", "</>", "</ b x>", '</a title="1 > 0">', "</é>",
+                             "<b\x00>", "<b \x00>", "<b/\x00>", "</", "</ b",
+                             # tags left open, with references in them
+                             "<b title='&amp;", '<a href="x&#65;', "<b&amp;\x00", "<!-- &lt;", "<?x &amp;"])
         return " "
 
     return "".join(piece() for _ in range(r.randint(1, 12)))

@@ -305,40 +305,55 @@ fn url_decode(s: &[u8]) -> Vec<u8> {
 }
 
 /// Strips HTML tags (optional) and collapses whitespace runs to one space. A tag opens as in
-/// HTML: `<` then a letter (`<b`), `/` and a letter (`</b`), `!` (`<!--`) or `?`; `</>` is an
-/// empty tag. It runs to the next `>` outside a quoted attribute value (`<a title="1 > 0">`),
-/// whatever else comes first (`<x<b>` is one tag, as in a browser); a comment `<!--` runs to
-/// `-->`. A tag that does not close, and any other `<`, is text (`I <3 NY`, `< 5 and > 0`).
-/// This follows Python's `html.parser`, except that a tag becomes a space (`a<br>b` is two
-/// words). Then character references are decoded as Python's `html.unescape` decodes them:
+/// HTML: `<` then a letter (`<b`), `</`, `<!` (`<!--`) or `<?`. A start tag runs to the next
+/// `>` outside a quoted attribute value (`<a title="1 > 0">`), whatever else comes first
+/// (`<x<b>` is one tag, as in a browser), unless a NUL ends its name (`<b\0>` is text); an
+/// end tag, or what Python reads as a bogus comment after `</` (`</ b>`, `</1>`), runs to the
+/// next `>`, quotes or not; a comment `<!--` runs to `-->`; `</>` goes. A tag that does not
+/// close, and any other `<`, is text (`I <3 NY`, `< 5 and > 0`). This follows Python's
+/// `html.parser`, except that a tag becomes a space (`a<br>b` is two words; `</>`, which the
+/// parser drops without a word, leaves none). Then character references are decoded as Python's `html.unescape` decodes them:
 /// numeric ones (`&#39;`, `&#x27;`, also without `;`), and of the named ones `&amp; &lt; &gt;
 /// &quot; &apos; &nbsp;` (all but `&apos;` also without `;`); any other `&` stays as it is.
 pub fn clean(text: &str, strip_html: bool) -> String {
-    let mut no_tags = String::with_capacity(text.len());
-    if strip_html {
-        let mut rest = text;
-        while let Some(open) = rest.find('<') {
-            let after = &rest[open + 1..];
-            match tag_len(after) {
-                Some(len) => {
-                    no_tags.push_str(&rest[..open]);
-                    no_tags.push(' ');
-                    rest = &after[len..];
-                }
-                None => {
-                    no_tags.push_str(&rest[..=open]);
-                    rest = after;
-                }
-            }
-        }
-        no_tags.push_str(rest);
-        if no_tags.contains('&') {
-            no_tags = decode_references(&no_tags);
-        }
-    } else {
+    if !strip_html {
         return crate::text::collapse_whitespace(text);
     }
-    crate::text::collapse_whitespace(&no_tags)
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find('<') {
+        // The text before a `<`, with its references decoded: a reference does not run on
+        // into the text after a tag (`&#x4a</>b` is `Jb`).
+        push_decoded(&mut out, &rest[..open]);
+        let after = &rest[open + 1..];
+        rest = match markup(after) {
+            Markup::Tag { len, space } => {
+                if space {
+                    out.push(' ');
+                }
+                &after[len..]
+            }
+            Markup::Text { len, decoded: true } => {
+                push_decoded(&mut out, &rest[open..open + 1 + len]);
+                &after[len..]
+            }
+            Markup::Text { len, decoded: false } => {
+                out.push_str(&rest[open..open + 1 + len]);
+                &after[len..]
+            }
+        };
+    }
+    push_decoded(&mut out, rest);
+    crate::text::collapse_whitespace(&out)
+}
+
+/// Appends `text` with its character references decoded.
+fn push_decoded(out: &mut String, text: &str) {
+    if text.contains('&') {
+        out.push_str(&decode_references(text));
+    } else {
+        out.push_str(text);
+    }
 }
 
 /// Decodes the character references [`clean`] names, as Python's `html.unescape` does.
@@ -437,27 +452,55 @@ fn numeric_reference(code: u32) -> Option<char> {
     }
 }
 
-/// The length of the tag that `after` (the text after a `<`) starts, through its `>`; `None`
-/// when no tag opens there or it does not close.
-fn tag_len(after: &str) -> Option<usize> {
+/// What a `<` starts, as Python's `html.parser` reads it: the rest of a tag, or text.
+enum Markup {
+    /// `len` bytes after the `<`, through its `>`; whether it leaves a space.
+    Tag { len: usize, space: bool },
+    /// The `<` and `len` bytes after it, as one piece of text, its references decoded or not
+    /// (the parser hands the start of a tag that a NUL ends on as it is).
+    Text { len: usize, decoded: bool },
+}
+
+/// What `after` (the text after a `<`) starts: see [`Markup`].
+fn markup(after: &str) -> Markup {
     let b = after.as_bytes();
+    // A tag that opens but does not close is text through the next `>` (any `<` on the way
+    // included), else up to the next `<`, else just the `<`: the parser's last resort when
+    // its input ends.
+    let unclosed = || Markup::Text {
+        len: after.find('>').map(|end| end + 1).or_else(|| after.find('<')).unwrap_or(0),
+        decoded: true,
+    };
     if let Some(comment) = after.strip_prefix("!--") {
-        return comment.find("-->").map(|end| 3 + end + 3);
+        return comment.find("-->").map_or_else(unclosed, |end| Markup::Tag { len: 3 + end + 3, space: true });
     }
     let element = match b {
-        [b'/', b'>', ..] => return Some(2),
-        [b'/', c, ..] | [c, ..] if c.is_ascii_alphabetic() => true,
+        [b'/', b'>', ..] => return Markup::Tag { len: 2, space: false },
+        // An end tag, or a bogus comment: to the first `>` (Python's `parse_endtag`).
+        [b'/', ..] => return after.find('>').map_or_else(unclosed, |end| Markup::Tag { len: end + 1, space: true }),
+        [c, ..] if c.is_ascii_alphabetic() => {
+            // The tag name's end (Python's `tagfind_tolerant`): a NUL there ends the tag as
+            // text, the `<` and the name.
+            let name =
+                b.iter().take_while(|c| !matches!(c, b'\t' | b'\n' | b'\r' | 0x0c | b' ' | b'/' | b'>' | 0)).count();
+            if b.get(name) == Some(&0) {
+                return Markup::Text { len: name, decoded: false };
+            }
+            true
+        }
         [b'!' | b'?', ..] => false,
-        _ => return None,
+        // `<3`, `< 5`: only the `<` is text.
+        _ => return Markup::Text { len: 0, decoded: true },
     };
     // In an element's tag, a quote right after `=` (spaces allowed between) opens a value
     // that runs to the same quote and may hold `<` and `>`.
     let (mut i, mut after_eq) = (0, false);
     while i < b.len() {
         match b[i] {
-            b'>' => return Some(i + 1),
+            b'>' => return Markup::Tag { len: i + 1, space: true },
             q @ (b'"' | b'\'') if element && after_eq => {
-                i += 1 + after[i + 1..].find(q as char)?;
+                let Some(close) = after[i + 1..].find(q as char) else { return unclosed() };
+                i += 1 + close;
                 after_eq = false;
             }
             b'=' => after_eq = true,
@@ -466,7 +509,7 @@ fn tag_len(after: &str) -> Option<usize> {
         }
         i += 1;
     }
-    None
+    unclosed()
 }
 
 #[cfg(test)]
@@ -514,14 +557,29 @@ mod tests {
         // Comparisons are not tags (Python's html.parser keeps them as text too).
         assert_eq!(clean("Temperature < 5 and > 0 degrees", true), "Temperature < 5 and > 0 degrees");
         assert_eq!(clean("<<< Back to the album >>>", true), "<<< Back to the album >>>");
-        assert_eq!(clean("x</ y> <!-- note --> <?php ?>z", true), "x</ y> z");
+        assert_eq!(clean("x<? y> <!-- note --> <?php ?>z", true), "x z");
         // As Python's `html.parser`: `>` inside a quoted attribute value, comments that hold
         // `>`, the empty end tag.
         assert_eq!(clean("a <a href=\"x>y\">link</a> b", true), "a link b");
         assert_eq!(clean("a <img alt = '1 > 0'> b", true), "a b");
         assert_eq!(clean("a <a b=\"x\"c>d", true), "a d");
         assert_eq!(clean("<!-- a > b --> c", true), "c");
-        assert_eq!(clean("a</>b", true), "a b");
+        // `</>` goes without a word; other `</` run to the first `>` (Python's end tags and
+        // bogus comments); a NUL after a start tag's name makes it text.
+        assert_eq!(clean("a</>b", true), "ab");
+        assert_eq!(clean("a</ b>c</1>d</$ x>e", true), "a c d e");
+        assert_eq!(clean("a</a title=\"1 > 0\">b", true), "a 0\">b");
+        assert_eq!(clean("a<b\0>c <b \0>d", true), "a<b\0>c d");
+        assert_eq!(clean("a </ b", true), "a </ b");
+        // References end where a tag begins, even one that leaves no space.
+        assert_eq!(clean("&#x4a</>b &amp</>c", true), "Jb &c");
+        // A tag that opens but does not close is text through the next `>` (a tag on the way
+        // included), else up to the next `<`, else the `<` alone; the start of a tag that a
+        // NUL ends is text as it stands, references and all.
+        assert_eq!(clean("<b title='&amp; <i>y</i>", true), "<b title='& <i>y");
+        assert_eq!(clean("a <!-- &amp; <3 &amp;", true), "a <!-- & <3 &");
+        assert_eq!(clean("a <b &amp;", true), "a <b &");
+        assert_eq!(clean("<b&amp;\0&amp;> &amp;", true), "<b&amp;\0&> &");
         // Unclosed, they stay text.
         assert_eq!(clean("a <!-- unclosed > b", true), "a <!-- unclosed > b");
         assert_eq!(clean("a <b class=\"unclosed > c", true), "a <b class=\"unclosed > c");
