@@ -525,17 +525,26 @@ fn yfcc_urls_stay_as_they_are_and_ids_are_digits() {
     };
     let dir = tempfile::tempdir().unwrap();
     let tsv = dir.path().join("yfcc.tsv");
-    let text =
-        [line("114", "I+%3C3+NY+%3Cb%3Etoday%3C%2Fb%3E", "http://farm/a+b.jpg"), line("+5", "x", "http://farm/5.jpg")];
-    std::fs::write(&tsv, text.join("\n")).unwrap();
+    let text = [
+        line("114", "I+%3C3+NY+%3Cb%3Etoday%3C%2Fb%3E", "http://farm/a+b.jpg"),
+        line("+5", "x", "http://farm/5.jpg"),
+        // Blanks around an id are Python's (U+001C..U+001F too).
+        line("\u{1c}7\u{1f}", "y", "http://farm/7.jpg"),
+        line("8", "z", "http://farm/8-@.jpg"),
+    ];
+    // A download URL that is not UTF-8: the row has no image reference.
+    let bytes = text.join("\n").replace("8-@", "8-\u{1}").into_bytes();
+    let bytes: Vec<u8> = bytes.into_iter().map(|b| if b == 1 { 0xff } else { b }).collect();
+    std::fs::write(&tsv, bytes).unwrap();
     let (_d, data, rejects) = run_pipeline(&read_only(&format!(
         "type = \"read_yfcc\"\npath = \"{}\"\ncaption = \"title\"\nstrip_html = true",
         tsv.display()
     )));
-    assert_eq!(strs(&data, "sample_id"), ["114"]);
-    assert_eq!(strs(&data, "caption"), ["I <3 NY today"], "a `<` that opens no tag stays");
-    assert_eq!(strs(&data, "url"), ["http://farm/a+b.jpg"], "not form-decoded");
-    assert_eq!(reasons(&rejects), [("bad_id".into(), 2)]);
+    assert_eq!(strs(&data, "sample_id"), ["114", "7"]);
+    assert_eq!(strs(&data, "caption"), ["I <3 NY today", "y"], "a `<` that opens no tag stays");
+    assert_eq!(strs(&data, "url"), ["http://farm/a+b.jpg", "http://farm/7.jpg"], "not form-decoded");
+    assert_eq!(reasons(&rejects), [("bad_id".into(), 2), ("invalid_utf8".into(), 4)]);
+    assert_eq!(strs(&rejects, "detail")[1], "the download URL is not UTF-8");
 }
 
 #[test]

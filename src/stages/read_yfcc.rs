@@ -99,7 +99,8 @@ const SUBSET_HINT: &str = "expected `line_number<TAB>photo_id<TAB>hash` lines";
 /// A photo id, in the data or a subset list: digits only (no sign), around which blanks are
 /// allowed, of at most a 64-bit value (YFCC100M's go up to ~1.2e10); else why not.
 fn photo_id(field: &str) -> std::result::Result<u64, &'static str> {
-    let digits = field.trim();
+    // Blanks as Python's `str.split()` has them (U+001C..U+001F too), as for every id.
+    let digits = field.trim_matches(crate::text::is_python_whitespace);
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return Err("is not a number");
     }
@@ -236,16 +237,26 @@ impl Reader for ReadYfcc {
                     Ok(clean(&text, strip))
                 };
                 // The download URL is a URL as it stands: not form-decoded (`+` stays `+`).
-                let url = line.text(fields[layout.download_url]).map(|u| u.trim().to_owned()).ok_or(());
+                let url = line
+                    .text(fields[layout.download_url])
+                    .map(|u| u.trim_matches(crate::text::is_python_whitespace).to_owned());
                 // Only the fields the caption is made of are decoded: a field it does not use
                 // cannot reject the row.
                 let used = |i: usize, used: bool| if used { decode(i) } else { Ok(String::new()) };
                 let title = used(layout.title, !matches!(how, CaptionFrom::Description));
                 let desc = used(layout.description, !matches!(how, CaptionFrom::Title));
-                let (Ok(title), Ok(desc), Ok(url)) = (title, desc, url) else {
+                let (Ok(title), Ok(desc)) = (title, desc) else {
                     return LineOutcome::RejectWithId {
                         reason: "invalid_utf8",
-                        detail: "a decoded text field is not UTF-8".into(),
+                        detail: "the title or description is not UTF-8 once URL-decoded".into(),
+                        id: id.clone(),
+                    };
+                };
+                // The row's image reference: without it the pair is no pair.
+                let Some(url) = url else {
+                    return LineOutcome::RejectWithId {
+                        reason: "invalid_utf8",
+                        detail: "the download URL is not UTF-8".into(),
                         id: id.clone(),
                     };
                 };
@@ -519,6 +530,7 @@ mod tests {
     #[test]
     fn photo_ids_are_digits_of_at_most_64_bits_in_the_data_and_the_subset_alike() {
         assert_eq!(photo_id(" 007 "), Ok(7));
+        assert_eq!(photo_id("\u{1c}7\u{1f}\u{a0}"), Ok(7), "blanks as Python's str.split() has them");
         assert_eq!(photo_id("18446744073709551615"), Ok(u64::MAX));
         assert_eq!(photo_id("18446744073709551616"), Err("is too large (over 18446744073709551615)"));
         for bad in ["", " ", "+7", "-7", "7a", "0x7", "7.0"] {
