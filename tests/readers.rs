@@ -1236,10 +1236,13 @@ fn imagenet21k_extensions_must_be_extensions() {
          extensions = [\"*.jpeg\", \"\", \".png\"]\n[[stage]]\ntype = \"write_parquet\"\n",
         fixture("readers/imagenet21k/train")
     );
-    let err = config_errors(toml);
+    let err = config_errors(toml.clone());
     assert!(err.contains("`*.jpeg` is not a file extension"), "{err}");
     assert!(err.contains("`` is not a file extension"), "{err}");
     assert!(!err.contains("`.png`"), "`.png` is one: {err}");
+    // No extension at all would reject every file.
+    let err = config_errors(toml.replace("[\"*.jpeg\", \"\", \".png\"]", "[]"));
+    assert!(err.contains("no extension is listed: every file would be rejected"), "{err}");
 }
 
 #[test]

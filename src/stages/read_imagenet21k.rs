@@ -85,6 +85,13 @@ impl ReadImagenet21kConfig {
                 }
             }
         }
+        if self.extensions.is_empty() {
+            problems.push(
+                "extensions",
+                "no extension is listed: every file would be rejected (`unsupported_extension`)",
+                Some("leave `extensions` out (`jpeg`, `jpg`, `png`), or list some: `extensions = [\"jpeg\"]`".into()),
+            );
+        }
         for e in &self.extensions {
             let bare = e.strip_prefix('.').unwrap_or(e);
             if bare.is_empty() || !bare.chars().all(|c| c.is_alphanumeric()) {
@@ -120,10 +127,15 @@ fn load_words(path: &std::path::Path) -> std::result::Result<HashMap<String, Str
         // The words become `label_text`: a line that is not UTF-8 is refused, not made text
         // with U+FFFD in it.
         let text = |b: &[u8]| match std::str::from_utf8(b) {
-            Ok(t) => Ok(t.trim().to_owned()),
+            Ok(t) => Ok(t.trim_matches(crate::text::is_python_whitespace).to_owned()),
             Err(_) => Err(LoadError::Format(format!("`{}` line {no}: not UTF-8", path.display()))),
         };
         let synset = text(fields[0])?;
+        // Another file (a class list, a header line) would name no folder at all.
+        if !is_synset(&synset) {
+            let e = format!("`{}` line {no}: `{synset}` is not a synset id (`n` and 8 digits)", path.display());
+            return Err(LoadError::Format(e));
+        }
         if let Some((first, _)) = out.get(&synset) {
             let e = format!("`{}` line {no}: synset `{synset}` is already on line {first}", path.display());
             return Err(LoadError::Format(e));
@@ -546,5 +558,12 @@ mod tests {
         let (_dir, path) = words_file(b"n01440764\ttench\tTinca tinca\n");
         let e = format_error(load_words(&path));
         assert!(e.ends_with("line 1: expected 2 tab-separated fields"), "{e}");
+        // A header, or a class list of other ids, names no synset folder.
+        let (_dir, path) = words_file(b"synset\twords\nn01440764\ttench\n");
+        let e = format_error(load_words(&path));
+        assert!(e.ends_with("line 1: `synset` is not a synset id (`n` and 8 digits)"), "{e}");
+        // Blanks around a synset are Python's (U+001C..U+001F too).
+        let (_dir, path) = words_file(b"\x1cn01440764\x1f\ttench\n");
+        assert!(load_words(&path).is_ok_and(|w| w["n01440764"] == "tench"));
     }
 }
