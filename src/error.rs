@@ -111,6 +111,9 @@ impl Diagnostic {
     }
 }
 
+/// Characters of a pipeline file's line shown with an error, at most.
+const SNIPPET_CHARS: usize = 120;
+
 impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "error: {}", self.message)?;
@@ -120,9 +123,25 @@ impl fmt::Display for Diagnostic {
                 let pad = " ".repeat(num.len());
                 writeln!(f, "{pad}--> {}:{line}:{column}", path.display())?;
                 writeln!(f, "{pad} |")?;
-                writeln!(f, "{num} | {text}")?;
-                let caret_pad: String =
-                    text.chars().take(column.saturating_sub(1)).map(|c| if c == '\t' { '\t' } else { ' ' }).collect();
+                // A long line is shown around the column only (a one-line file of megabytes
+                // would flood a log).
+                let chars: Vec<char> = text.chars().collect();
+                let at = column.saturating_sub(1).min(chars.len());
+                let (from, to) = match chars.len() > SNIPPET_CHARS {
+                    true => {
+                        let from = at.saturating_sub(SNIPPET_CHARS / 2).min(chars.len() - SNIPPET_CHARS);
+                        (from, from + SNIPPET_CHARS)
+                    }
+                    false => (0, chars.len()),
+                };
+                let (before, after) = (if from > 0 { "…" } else { "" }, if to < chars.len() { "…" } else { "" });
+                let shown: String = chars[from..to].iter().collect();
+                writeln!(f, "{num} | {before}{shown}{after}")?;
+                let caret_pad: String = before
+                    .chars()
+                    .map(|_| ' ')
+                    .chain(chars[from..at].iter().map(|&c| if c == '\t' { '\t' } else { ' ' }))
+                    .collect();
                 writeln!(f, "{pad} | {caret_pad}^")?;
             }
             Some(Location::Override { arg }) => writeln!(f, "  --> --set {arg}")?,

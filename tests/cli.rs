@@ -162,6 +162,62 @@ fn a_missing_model_or_folder_says_it_does_not_exist() {
 }
 
 #[test]
+fn inputs_that_are_pipes_or_devices_are_refused_without_being_opened() {
+    // A FIFO with no writer would block `open` forever; a pipe or a device cannot be read twice.
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("in.tsv");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let words = format!("read_imagenet21k.words={}", fifo.display());
+    for (file, set) in [
+        ("pipelines/bow.toml", format!("read_cc_tsv.path={}", fifo.display())),
+        ("pipelines/bow.toml", "read_cc_tsv.path=/dev/null".to_owned()),
+        ("pipelines/image_teacher.toml", words),
+    ] {
+        let (code, _, stderr) = curate(&["validate", file, "--set", &set]);
+        assert_eq!(code, 2, "{stderr}");
+        let what = if set.contains("/dev/null") { "a device" } else { "a pipe" };
+        assert!(stderr.contains(&format!("is {what}, not a file")), "{stderr}");
+        assert!(stderr.contains("hint: write it to a file first"), "{stderr}");
+    }
+}
+
+#[test]
+fn output_dirs_the_kernel_cannot_make_are_refused() {
+    let long = "x".repeat(300);
+    let out = validate("output_places.toml", &[&format!("output_dir=out/{long}")]);
+    assert!(out.contains("the name `xxxx") && out.contains("` is 300 bytes long, over 255"), "{out}");
+    let deep = vec!["d"; 2100].join("/");
+    let out = validate("output_places.toml", &[&format!("output_dir={deep}")]);
+    assert!(out.contains("the path is 4199 bytes long, over 4,095"), "{out}");
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    std::os::unix::fs::symlink(&b, &a).unwrap();
+    std::os::unix::fs::symlink(&a, &b).unwrap();
+    let out = validate("output_places.toml", &[&format!("output_dir={}/out", a.display())]);
+    assert!(out.contains(&format!("`{}` is a link in a loop of links", a.display())), "{out}");
+}
+
+#[test]
+fn a_pipeline_file_is_read_up_to_16_mib_and_a_long_line_is_shown_in_part() {
+    let (code, _, stderr) = curate(&["validate", "/dev/zero"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("`/dev/zero` is over 16 MiB: not a pipeline or training file"), "{stderr}");
+    // A syntax error on a line of a megabyte: 120 characters around it are shown.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("long.toml");
+    std::fs::write(&file, format!("output_dir = \"{}\" oops {}\n", "a".repeat(500_000), "b".repeat(500_000))).unwrap();
+    let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.len() < 2000, "{} bytes of error", stderr.len());
+    let shown = stderr.lines().find(|l| l.starts_with("1 | ")).expect("the line");
+    assert!(shown.starts_with("1 | …aaa") && shown.contains("\" oops bbb") && shown.ends_with("b…"), "{shown}");
+    // The caret stands under the error's column, the window's `…` counted.
+    let caret = stderr.lines().skip_while(|l| !l.starts_with("1 | ")).nth(1).unwrap();
+    let col = caret.find('^').unwrap();
+    assert_eq!(shown.chars().nth(col), Some('o'), "{shown}\n{caret}");
+}
+
+#[test]
 fn an_emptied_stage_list_is_placed_at_its_set() {
     let out = validate("output_places.toml", &["stage=[]"]);
     assert!(out.contains("error: the pipeline has no stages\n  --> --set stage=[]\n"), "{out}");

@@ -194,7 +194,7 @@ fn a_killed_run_resumes_to_the_same_bytes_as_an_uninterrupted_one() {
 
         let (ok, stderr) = case.run(&name, None, &[]);
         assert!(ok, "{stderr}");
-        assert!(stderr.contains("resuming the run that was killed"), "{stderr}");
+        assert!(stderr.contains("resuming the run that stopped"), "{stderr}");
         let resumed = manifest(&out);
         assert_eq!(resumed["resumed"]["data_shards_kept"], kill_after, "{resumed}");
         same_files(&files(&out), &whole, &format!("killed after checkpoint {kill_after}"));
@@ -353,13 +353,13 @@ fn a_failed_run_keeps_its_last_checkpoint_and_the_next_run_goes_on_from_it() {
     let (ok, stderr) = case.run_hooked(&case.pipeline, "failed", Some(("CURATE_FAIL_AFTER_CHECKPOINTS", 2)), &[]);
     assert!(!ok, "{stderr}");
     assert!(stderr.contains("a write failed after checkpoint 2"), "{stderr}");
-    assert!(stderr.contains("the 4 shard(s) of the run's last checkpoint stay"), "{stderr}");
+    assert!(stderr.contains("last checkpoint and its 2 data and 2 rejects shard(s) stay"), "{stderr}");
     assert_eq!((shards(&out.join("data")).len(), shards(&out.join("rejects")).len()), (2, 2));
     assert!(out.join(".curate-checkpoint").exists() && !out.join("manifest.json").exists());
     // The resumed run fails too, at its own 1st checkpoint (the output's 3rd): 3 and 3 stay.
     let (ok, stderr) = case.run_hooked(&case.pipeline, "failed", Some(("CURATE_FAIL_AFTER_CHECKPOINTS", 1)), &[]);
     assert!(!ok && stderr.contains("resuming the run"), "{stderr}");
-    assert!(stderr.contains("the 6 shard(s) of the run's last checkpoint stay"), "{stderr}");
+    assert!(stderr.contains("last checkpoint and its 3 data and 3 rejects shard(s) stay"), "{stderr}");
     assert_eq!((shards(&out.join("data")).len(), shards(&out.join("rejects")).len()), (3, 3));
     // Run again (the cause fixed): it goes on, to the same bytes as the uninterrupted run.
     let (ok, stderr) = case.run("failed", None, &[]);

@@ -36,13 +36,31 @@ pub struct ConfigDoc {
     pub override_errors: Vec<Diagnostic>,
 }
 
+/// The largest pipeline or training file read: far beyond any real one.
+const MAX_FILE_BYTES: u64 = 16 << 20;
+
 impl ConfigDoc {
     /// Reads and parses `path`, then applies `overrides` (`key.path=value`). Bad overrides are
     /// kept in `override_errors`, so they are reported with the rest of the file's problems.
     pub fn load(path: &Path, overrides: &[String]) -> Result<ConfigDoc, Vec<Diagnostic>> {
-        let source = std::fs::read_to_string(path).map_err(|e| {
+        use std::io::Read;
+        let cannot = |e: std::io::Error| {
             vec![Diagnostic::new(format!("cannot read pipeline file `{}`: {e}", path.display()))
                 .hint("check the path; pipelines live in `pipelines/`")]
+        };
+        // At most MAX_FILE_BYTES: `/dev/zero` or a data file named by mistake would fill memory.
+        let mut bytes = Vec::new();
+        std::fs::File::open(path).and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes)).map_err(cannot)?;
+        if bytes.len() as u64 > MAX_FILE_BYTES {
+            return Err(vec![Diagnostic::new(format!(
+                "`{}` is over {} MiB: not a pipeline or training file",
+                path.display(),
+                MAX_FILE_BYTES >> 20
+            ))
+            .hint("name the pipeline file (`pipelines/bow.toml`), not a data file")]);
+        }
+        let source = String::from_utf8(bytes).map_err(|_| {
+            cannot(std::io::Error::new(std::io::ErrorKind::InvalidData, "stream did not contain valid UTF-8"))
         })?;
         if path.extension().is_some_and(|e| e == "json") {
             let root = json_as_table(path, &source)?;

@@ -167,10 +167,11 @@ pub fn run(plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
             remove_run_shards(dir, &keep);
         }
         if !keep.is_empty() {
+            let data = keep.iter().filter(|f| f.starts_with(&shard_dirs[0])).count();
             say!(
-                "note: the {} shard(s) of the run's last checkpoint stay in `{}`: run the same command again once \
-                 the cause is fixed, and it goes on from there (--restart starts over)",
-                keep.len(),
+                "note: the run's last checkpoint and its {data} data and {} rejects shard(s) stay in `{}`: run the \
+                 same command again once the cause is fixed, and it goes on from there (--restart starts over)",
+                keep.len() - data,
                 out.display()
             );
         }
@@ -278,7 +279,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
             kept.extend(c.data_shards.iter().map(|s| data_dir.join(&s.info.file)));
             kept.extend(c.reject_shards.iter().map(|s| rejects_dir.join(&s.info.file)));
             say!(
-                "resuming the run that was killed in `{}`: its {} data shard(s) ({} rows) and {} rejects shard(s) \
+                "resuming the run that stopped in `{}`: its {} data shard(s) ({} rows) and {} rejects shard(s) \
                  stay; {}the input is read again up to where it stopped (--restart starts over)",
                 out.display(),
                 c.data_shards.len(),

@@ -594,11 +594,23 @@ fn did_you_mean_key<'a>(keys: impl Iterator<Item = &'a str>) -> Option<String> {
 /// it does not exist yet, on its nearest existing ancestor (which must be a folder the user may
 /// write in). `validate` then catches what `run` would fail on only after reading.
 fn unwritable(dir: &Path) -> Option<String> {
-    // A link to nothing is not there to `exists`, but no folder can be made in its place.
+    use std::os::unix::ffi::OsStrExt;
+    // Names and paths the kernel refuses (NAME_MAX, PATH_MAX on Linux).
+    if let Some(long) = dir.components().map(|c| c.as_os_str()).find(|c| c.len() > 255) {
+        return Some(format!("the name `{}` is {} bytes long, over 255", long.to_string_lossy(), long.len()));
+    }
+    if dir.as_os_str().len() >= 4096 {
+        return Some(format!("the path is {} bytes long, over 4,095", dir.as_os_str().len()));
+    }
+    // A link to nothing is not there to `exists`, but no folder can be made in its place; nor
+    // in place of a loop of links.
     let dangling = dir.ancestors().take_while(|a| !a.as_os_str().is_empty() && !a.exists()).find_map(|a| {
-        std::fs::read_link(a)
-            .ok()
-            .map(|to| format!("`{}` is a link to `{}`, which does not exist", a.display(), to.display()))
+        let to = std::fs::read_link(a).ok()?;
+        let looped = std::fs::metadata(a).is_err_and(|e| e.raw_os_error() == Some(libc::ELOOP));
+        Some(match looped {
+            true => format!("`{}` is a link in a loop of links", a.display()),
+            false => format!("`{}` is a link to `{}`, which does not exist", a.display(), to.display()),
+        })
     });
     if dangling.is_some() {
         return dangling;
@@ -608,7 +620,6 @@ fn unwritable(dir: &Path) -> Option<String> {
     if !existing.is_dir() {
         return Some(format!("`{}` is not a folder", existing.display()));
     }
-    use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(existing.as_os_str().as_bytes()).ok()?;
     // The kernel's own file systems: `access` lets root through, but shards cannot be written there.
     #[cfg(target_os = "linux")]
@@ -630,8 +641,10 @@ fn unwritable(dir: &Path) -> Option<String> {
     }
     // SAFETY: `c` is a NUL-terminated path that outlives the call.
     let ok = unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0;
-    (!ok).then(|| match existing == dir {
-        true => "no permission to write in it".to_owned(),
-        false => format!("no permission to create folders in `{}`", existing.display()),
+    let read_only = !ok && std::io::Error::last_os_error().raw_os_error() == Some(libc::EROFS);
+    (!ok).then(|| match (read_only, existing == dir) {
+        (true, _) => format!("`{}` is on a read-only file system", existing.display()),
+        (false, true) => "no permission to write in it".to_owned(),
+        (false, false) => format!("no permission to create folders in `{}`", existing.display()),
     })
 }
