@@ -204,12 +204,18 @@ fn pseudo_bow_section(md: &mut String, out: &Path, name: &str, r: &Value) {
     }
 }
 
+/// Base captions below which the report says its figures are not the paper's (CC3M's 10% base
+/// holds ~290k).
+const PAPER_SCALE_BASE: u64 = 100_000;
+
 /// The BoW statistics: Markdown section, plots, and the report JSON with the full
 /// rank–frequency arrays replaced by log-spaced `[rank, count]` samples.
 fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Result<()> {
     let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
     let u = |k: &str| r[k].as_u64().unwrap_or(0);
     let _ = writeln!(md, "## Stage `{name}` (Bag-of-Words, mode `{}`)\n", r["mode"].as_str().unwrap_or(""));
+    let operators = r["operators"].as_str().unwrap_or("").to_owned();
+    let _ = writeln!(md, "Operators: {operators}; seed {}.\n", u("seed"));
     for w in r["warnings"].as_array().into_iter().flatten().filter_map(Value::as_str) {
         let _ = writeln!(md, "**Warning:** {w}\n");
     }
@@ -257,9 +263,24 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
             r["base_vocabulary_unit"].as_str().unwrap_or("words")
         );
     }
+    // LimitToBaseVocab and RmTopFreq(t) act on the base set's words by count, not share: on a
+    // sample, far fewer words survive than on CC3M, and the figures are not the paper's.
+    let matched = operators.contains("LimitToBaseVocab") || operators.contains("RmTopFreq");
+    if !only && matched && u("base") < PAPER_SCALE_BASE {
+        let _ = writeln!(
+            md,
+            "- note: LimitToBaseVocab and RmTopFreq(t) depend on the base set's size in captions; with {} base \
+             captions (CC3M's: ~290,000) Δ and words per caption are not comparable to the paper's tables",
+            u("base")
+        );
+    }
     let top: Vec<String> = r["top_removed"]
         .as_array()
-        .map(|a| a.iter().filter_map(|w| w["word"].as_str().map(str::to_owned)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|w| Some(format!("{} ({})", w["word"].as_str()?, w["base_df"].as_u64().unwrap_or(0))))
+                .collect()
+        })
         .unwrap_or_default();
     if !top.is_empty() {
         let shown: Vec<&str> = top.iter().take(100).map(String::as_str).collect();
@@ -269,12 +290,18 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
             String::new()
         };
         let unit = r["base_vocabulary_unit"].as_str().unwrap_or("words");
-        let _ = writeln!(md, "- removed top-{} {unit}, most frequent first: {}{more}", top.len(), shown.join(", "));
+        let _ = writeln!(
+            md,
+            "- removed top-{} {unit}, most frequent first (base captions holding it): {}{more}",
+            top.len(),
+            shown.join(", ")
+        );
     }
     std::fs::create_dir_all(plots).map_err(|e| Error::io("cannot create folder", plots, e))?;
     let (hb, ha) = (u64s(&r["length_histogram_before"]), u64s(&r["length_histogram_after"]));
     let svg = plot::histogram(
         &format!("Caption length ({name})"),
+        &operators,
         "words per caption",
         &[("before", &hb), ("after", &ha)],
         Some(MAX_HIST_WORDS),
@@ -282,14 +309,15 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
     let p = plots.join(format!("{name}{}", PLOT_SUFFIXES[0]));
     write_atomic(&p, svg.as_bytes())?;
     let (fb, fa) = (u64s(&r["rank_frequency_before"]), u64s(&r["rank_frequency_after"]));
-    let svg = plot::rank_frequency(&format!("Word rank–frequency ({name})"), &[("before", &fb), ("after", &fa)]);
+    let svg =
+        plot::rank_frequency(&format!("Word rank–frequency ({name})"), &operators, &[("before", &fb), ("after", &fa)]);
     let q = plots.join(format!("{name}{}", PLOT_SUFFIXES[1]));
     write_atomic(&q, svg.as_bytes())?;
-    let _ = writeln!(
-        md,
-        "\n![caption length](plots/{name}_caption_length.svg)\n\n(The last bin, {MAX_HIST_WORDS}+, counts \
-         captions of {MAX_HIST_WORDS} words or more.)\n\n![word rank](plots/{name}_word_rank.svg)\n"
-    );
+    let _ = writeln!(md, "\n![caption length](plots/{name}_caption_length.svg)\n");
+    if hb.len().max(ha.len()) > MAX_HIST_WORDS {
+        let _ = writeln!(md, "(The last bin, {MAX_HIST_WORDS}+, counts captions of {MAX_HIST_WORDS} words or more.)\n");
+    }
+    let _ = writeln!(md, "![word rank](plots/{name}_word_rank.svg)\n");
     for (key, counts) in [("rank_frequency_before", fb), ("rank_frequency_after", fa)] {
         let sampled: Vec<[u64; 2]> =
             plot::log_ranks(counts.len()).into_iter().map(|rk| [rk as u64, counts[rk - 1]]).collect();

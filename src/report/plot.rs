@@ -12,13 +12,16 @@ const TOP: f64 = 40.0;
 const BOTTOM: f64 = 55.0;
 pub const COLORS: [&str; 4] = ["#4C72B0", "#DD8452", "#55A868", "#C44E52"];
 
-fn header(title: &str, xlabel: &str, ylabel: &str) -> String {
+/// The plot's frame: its title, a smaller second line under it (`subtitle`, where not empty:
+/// the settings that made the data) and the axis labels.
+fn header(title: &str, subtitle: &str, xlabel: &str, ylabel: &str) -> String {
     let mut s = String::new();
+    let title_y = if subtitle.is_empty() { 22.0 } else { 17.0 };
     let _ = write!(
         s,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">
 <rect width="100%" height="100%" fill="white"/>
-<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>
+<text x="{}" y="{title_y}" text-anchor="middle" font-size="15">{}</text>
 <text x="{}" y="{}" text-anchor="middle">{}</text>
 <text transform="translate(16,{}) rotate(-90)" text-anchor="middle">{}</text>
 "#,
@@ -30,7 +33,25 @@ fn header(title: &str, xlabel: &str, ylabel: &str) -> String {
         TOP + (H - TOP - BOTTOM) / 2.0,
         esc(ylabel)
     );
+    if !subtitle.is_empty() {
+        let _ = writeln!(
+            s,
+            r##"<text x="{}" y="33" text-anchor="middle" font-size="11" fill="#555">{}</text>"##,
+            W / 2.0,
+            esc(subtitle)
+        );
+    }
     s
+}
+
+/// A power of ten as an axis label: `1`, `10`, `100`, `1k` ... `100M`, then `1e9` ...
+fn decade_label(d: i32) -> String {
+    match d {
+        0..=2 => 10u64.pow(d as u32).to_string(),
+        3..=5 => format!("{}k", 10u64.pow(d as u32 - 3)),
+        6..=8 => format!("{}M", 10u64.pow(d as u32 - 6)),
+        _ => format!("1e{d}"),
+    }
 }
 
 fn esc(t: &str) -> String {
@@ -81,8 +102,14 @@ fn nice_step(max: f64, n: f64) -> f64 {
 /// series' total so series of different sizes compare. The last bin is labelled `last_label`.
 /// Bars of the fraction of each series' counts per bin; `open_bin` is the bin that also counts
 /// everything above it (labelled `N+`, and always labelled when drawn).
-pub fn histogram(title: &str, xlabel: &str, series: &[(&str, &[u64])], open_bin: Option<usize>) -> String {
-    let mut s = header(title, xlabel, "fraction of captions");
+pub fn histogram(
+    title: &str,
+    subtitle: &str,
+    xlabel: &str,
+    series: &[(&str, &[u64])],
+    open_bin: Option<usize>,
+) -> String {
+    let mut s = header(title, subtitle, xlabel, "fraction of captions");
     let bins = series.iter().map(|(_, c)| c.iter().rposition(|&v| v > 0).map_or(1, |p| p + 1)).max().unwrap_or(1);
     let fracs: Vec<Vec<f64>> = series
         .iter()
@@ -92,16 +119,19 @@ pub fn histogram(title: &str, xlabel: &str, series: &[(&str, &[u64])], open_bin:
         })
         .collect();
     let top = fracs.iter().flatten().cloned().fold(0.0, f64::max);
-    // No caption at all: an axis from 0 to 1 and a word saying so, not ticks of 0.00.
-    let ymax = if top > 0.0 { top * 1.1 } else { 1.0 };
-    if top == 0.0 {
+    // No caption at all: an axis from 0 to 1 and a word saying so, not ticks of 0.00. Else the
+    // axis ends on the first tick above the tallest bar.
+    let top = if top > 0.0 { top } else { 1.0 };
+    if fracs.iter().flatten().all(|&f| f == 0.0) {
         nothing_to_plot(&mut s, "no captions");
     }
     let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
     let bw = pw / bins as f64;
-    let step = nice_step(ymax, 5.0);
-    let mut y = 0.0;
-    while y <= ymax {
+    let step = nice_step(top * 1.05, 5.0);
+    let ticks = (top * 1.05 / step).ceil() as usize;
+    let ymax = step * ticks as f64;
+    for t in 0..=ticks {
+        let y = step * t as f64;
         let py = TOP + ph * (1.0 - y / ymax);
         let _ = writeln!(
             s,
@@ -111,7 +141,6 @@ pub fn histogram(title: &str, xlabel: &str, series: &[(&str, &[u64])], open_bin:
             py + 4.0,
             y
         );
-        y += step;
     }
     for (k, f) in fracs.iter().enumerate() {
         let w = bw * 0.8 / series.len() as f64;
@@ -142,16 +171,18 @@ pub fn histogram(title: &str, xlabel: &str, series: &[(&str, &[u64])], open_bin:
     s
 }
 
-/// Log–log rank–frequency plot: each series is a list of counts sorted descending.
-pub fn rank_frequency(title: &str, series: &[(&str, &[u64])]) -> String {
-    let mut s = header(title, "word rank", "occurrences");
+/// Log–log rank–frequency plot: each series is a list of counts sorted descending. The count
+/// axis starts at 0.5, so that words seen once are drawn above the axis, not on it.
+pub fn rank_frequency(title: &str, subtitle: &str, series: &[(&str, &[u64])]) -> String {
+    let mut s = header(title, subtitle, "word rank", "occurrences");
     let max_rank = series.iter().map(|(_, c)| c.len()).max().unwrap_or(1).max(2) as f64;
     let max_count = series.iter().flat_map(|(_, c)| c.first().copied()).max().unwrap_or(1).max(2) as f64;
     let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
     let xmax = max_rank.log10().ceil().max(1.0);
     let ymax = max_count.log10().ceil().max(1.0);
+    let ymin = 0.5f64.log10();
     let px = |rank: f64| LEFT + pw * rank.log10() / xmax;
-    let py = |count: f64| TOP + ph * (1.0 - count.log10() / ymax);
+    let py = |count: f64| TOP + ph * (1.0 - (count.log10() - ymin) / (ymax - ymin));
     if series.iter().all(|(_, c)| c.is_empty()) {
         nothing_to_plot(&mut s, "no words");
     }
@@ -159,19 +190,21 @@ pub fn rank_frequency(title: &str, series: &[(&str, &[u64])]) -> String {
         let x = px(10f64.powi(d));
         let _ = writeln!(
             s,
-            r##"<line x1="{x}" x2="{x}" y1="{TOP}" y2="{}" stroke="#ddd"/><text x="{x}" y="{}" text-anchor="middle">1e{d}</text>"##,
+            r##"<line x1="{x}" x2="{x}" y1="{TOP}" y2="{}" stroke="#ddd"/><text x="{x}" y="{}" text-anchor="middle">{}</text>"##,
             H - BOTTOM,
-            H - BOTTOM + 16.0
+            H - BOTTOM + 16.0,
+            decade_label(d)
         );
     }
     for d in 0..=ymax as i32 {
         let y = py(10f64.powi(d));
         let _ = writeln!(
             s,
-            r##"<line x1="{LEFT}" x2="{}" y1="{y}" y2="{y}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">1e{d}</text>"##,
+            r##"<line x1="{LEFT}" x2="{}" y1="{y}" y2="{y}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
             W - RIGHT,
             LEFT - 6.0,
-            y + 4.0
+            y + 4.0,
+            decade_label(d)
         );
     }
     for (k, (_, counts)) in series.iter().enumerate() {
@@ -192,7 +225,7 @@ pub fn rank_frequency(title: &str, series: &[(&str, &[u64])]) -> String {
 /// Series with an even index are drawn solid, odd ones dashed, colours cycling per pair (an
 /// i2t/t2i pair shares a colour).
 pub fn log_x_lines(title: &str, xlabel: &str, ylabel: &str, series: &[(&str, Vec<(f64, f64)>)]) -> String {
-    let mut s = header(title, xlabel, ylabel);
+    let mut s = header(title, "", xlabel, ylabel);
     let max_x = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0)).fold(10.0, f64::max);
     let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
     let xmax = max_x.log10().ceil().max(1.0);
@@ -268,11 +301,11 @@ mod tests {
 
     #[test]
     fn plots_are_svg_with_one_shape_per_bar_and_series() {
-        let h = histogram("t", "words", &[("before", &[0, 2, 2]), ("after", &[0, 4])], Some(2));
+        let h = histogram("t", "", "words", &[("before", &[0, 2, 2]), ("after", &[0, 4])], Some(2));
         assert!(h.starts_with("<svg") && h.trim_end().ends_with("</svg>"));
         assert_eq!(h.matches("<rect x=").count(), 2 * 3 + 2, "3 bins x 2 series + 2 legend boxes");
         assert!(h.contains(">2+</text>") && h.contains(">1</text>"), "{h}");
-        let r = rank_frequency("t", &[("a", &[100, 10, 1])]);
+        let r = rank_frequency("t", "", &[("a", &[100, 10, 1])]);
         assert_eq!(r.matches("<path d=\"M").count(), 2, "one series line + the axes");
         let c = log_x_lines("t", "K", "recall", &[("a", vec![(1.0, 0.5), (100.0, 1.0)]), ("b", vec![(1.0, 0.2)])]);
         assert!(c.trim_end().ends_with("</svg>"));
@@ -281,19 +314,19 @@ mod tests {
 
     #[test]
     fn plots_of_nothing_say_so() {
-        let h = histogram("t", "words", &[("before", &[]), ("after", &[0, 0])], Some(64));
+        let h = histogram("t", "", "words", &[("before", &[]), ("after", &[0, 0])], Some(64));
         assert!(h.contains(">no captions</text>"), "{h}");
         assert!(h.contains(">1.00</text>") && h.matches(">0.00</text>").count() == 1, "an axis from 0 to 1: {h}");
-        let r = rank_frequency("t", &[("before", &[]), ("after", &[])]);
+        let r = rank_frequency("t", "", &[("before", &[]), ("after", &[])]);
         assert!(r.contains(">no words</text>"), "{r}");
         // With data, no such note.
-        assert!(!histogram("t", "words", &[("before", &[1, 2])], None).contains("no captions"));
+        assert!(!histogram("t", "", "words", &[("before", &[1, 2])], None).contains("no captions"));
     }
 
     #[test]
     fn only_the_open_bin_is_labelled_n_plus() {
         let label = |counts: &[u64]| {
-            let h = histogram("t", "words", &[("a", counts)], Some(64));
+            let h = histogram("t", "", "words", &[("a", counts)], Some(64));
             h.matches("+</text>").count()
         };
         // Captions of at most 30 words: no bar is the open bin.
@@ -302,9 +335,33 @@ mod tests {
         // A caption of 64 words or more: the open bin is drawn and labelled `64+`, once.
         short.resize(65, 0);
         short[64] = 1;
-        let h = histogram("t", "words", &[("a", &short)], Some(64));
+        let h = histogram("t", "", "words", &[("a", &short)], Some(64));
         assert_eq!(h.matches(">64+</text>").count(), 1, "{h}");
         assert_eq!(label(&short), 1);
+    }
+
+    #[test]
+    fn axes_reach_past_the_data_and_say_their_numbers_plainly() {
+        // Three captions of 8, 10 and 11 words: bars of 1/3; the count axis ends at a tick
+        // above them (it ended at 0.30).
+        let mut counts = vec![0u64; 12];
+        (counts[8], counts[10], counts[11]) = (1, 1, 1);
+        let h = histogram("t", "mostly: Keep(4)", "words", &[("a", &counts)], Some(64));
+        assert!(h.contains(">0.40</text>") && !h.contains(">0.50</text>"), "{h}");
+        assert!(h.contains(">mostly: Keep(4)</text>"), "the subtitle: {h}");
+        // Counts of 1 are drawn above the axis line (y = H - BOTTOM), ranks and counts labelled
+        // 1, 10, 100, 1k.
+        let mut words = vec![2000u64, 100, 10];
+        words.extend([1; 997]);
+        let r = rank_frequency("t", "", &[("a", &words)]);
+        let last = r.split("<path d=\"").nth(1).unwrap().split('"').next().unwrap();
+        let y: f64 = last.trim().rsplit(',').next().unwrap().parse().unwrap();
+        assert!(y < H - BOTTOM - 20.0, "a count of 1 at y {y}");
+        for label in [">1</text>", ">10</text>", ">100</text>", ">1k</text>"] {
+            assert!(r.contains(label), "{label}: {r}");
+        }
+        assert!(!r.contains(">1e"), "{r}");
+        assert_eq!((decade_label(6), decade_label(9)), ("1M".to_owned(), "1e9".to_owned()));
     }
 
     #[test]

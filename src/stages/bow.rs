@@ -793,6 +793,52 @@ impl Bow {
         self.stats_done = true;
     }
 
+    /// The operators as the paper names them, in the order they act, with the settings that
+    /// change them: `Shuffle, RmStopNalpha, LimitToBaseVocab, RmTopFreq(1000), Keep(4)`. For the
+    /// report and its plots, which would otherwise look alike across ablations.
+    fn operators(&self) -> String {
+        let c = &self.config;
+        let mostly = self.mostly();
+        let mut ops: Vec<String> = Vec::new();
+        if c.dedup {
+            ops.push("Dedup".into());
+        }
+        if c.shuffle {
+            ops.push("Shuffle".into());
+        }
+        if c.rm_stop_nalpha {
+            ops.push("RmStopNalpha".into());
+        }
+        if c.limit_to_base_vocab && mostly {
+            ops.push("LimitToBaseVocab".into());
+        }
+        if c.rm_top_freq > 0 && mostly {
+            ops.push(format!("RmTopFreq({})", c.rm_top_freq));
+        }
+        if c.keep_words > 0 {
+            ops.push(format!("Keep({})", c.keep_words));
+        }
+        let mut out = if ops.is_empty() { "no operator".to_owned() } else { ops.join(", ") };
+        let mut with: Vec<String> = Vec::new();
+        if mostly {
+            let pct = format!("{:.4}", 100.0 * c.base_fraction);
+            with.insert(0, format!("{}% base", pct.trim_end_matches('0').trim_end_matches('.')));
+        }
+        if c.stemmer != StemmerChoice::None {
+            with.push("stems".into());
+        }
+        if c.frequency_candidates == Candidates::Raw && c.rm_top_freq > 0 && mostly {
+            with.push("raw top-t".into());
+        }
+        if c.split_punct {
+            with.push("split_punct".into());
+        }
+        if !with.is_empty() {
+            out = format!("{out} ({})", with.join(", "));
+        }
+        format!("{}: {out}", if mostly { "mostly" } else { "only" })
+    }
+
     /// `rm_top_freq = t`, for warnings.
     fn top_text(&self) -> String {
         format!("rm_top_freq = {}", self.config.rm_top_freq)
@@ -1085,6 +1131,7 @@ impl Transform for Bow {
         let mean = |words: u64, n: u64| if n == 0 { 0.0 } else { words as f64 / n as f64 };
         json!({
             "mode": self.config.mode,
+            "operators": self.operators(),
             "seed": self.seed,
             "warnings": warnings,
             "rows_in": st.rows_in,
