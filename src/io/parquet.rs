@@ -644,6 +644,12 @@ mod tests {
         assert!(err.starts_with(&format!("cannot write Parquet shards in `{}`: ", dir.path().display())), "{err}");
     }
 
+    /// The text column `name` of the Parquet file `path`, every row in order.
+    fn strings_of(path: &Path, name: &str) -> Vec<String> {
+        let batches = read_file(path).unwrap();
+        batches.iter().flat_map(|b| crate::schema::str_col(b, name).iter().map(|v| v.unwrap().to_owned())).collect()
+    }
+
     #[test]
     fn small_pieces_do_not_keep_their_source_batches() {
         // One-row chunks (one-sample tar shards), each in buffers sized for a full chunk, as a
@@ -667,13 +673,7 @@ mod tests {
         assert!(source_bytes > 200 << 20 && held < 8 << 20, "{held} bytes held of {source_bytes}");
         // And the rows are all there, in order.
         let shards = w.finish().unwrap();
-        let back = read_file(&dir.path().join(&shards[0].file)).unwrap();
-        let ids: Vec<String> = back
-            .iter()
-            .flat_map(|b| {
-                (0..b.num_rows()).map(|r| crate::schema::str_col(b, "id").value(r).to_owned()).collect::<Vec<_>>()
-            })
-            .collect();
+        let ids = strings_of(&dir.path().join(&shards[0].file), "id");
         assert_eq!(ids, (0..chunks).map(|i| format!("id{i}")).collect::<Vec<_>>());
     }
 
@@ -707,13 +707,7 @@ mod tests {
         assert!(open.pending[2].column(0).to_data().buffers()[1].ptr_eq(&big.column(0).to_data().buffers()[1]));
         assert_eq!(open.pending_rows, 5);
         let shards = w.finish().unwrap();
-        let back = read_file(&dir.path().join(&shards[0].file)).unwrap();
-        let lens: Vec<usize> = back
-            .iter()
-            .flat_map(|b| {
-                (0..b.num_rows()).map(|r| crate::schema::str_col(b, "raw").value(r).len()).collect::<Vec<_>>()
-            })
-            .collect();
+        let lens: Vec<usize> = strings_of(&dir.path().join(&shards[0].file), "raw").iter().map(String::len).collect();
         assert_eq!(lens, [third, third, third, 10, SMALL_BYTES_AT_MOST]);
     }
 
