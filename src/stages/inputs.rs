@@ -35,16 +35,8 @@ pub fn expand_inputs(
         }
     };
     let mut ok = true;
-    // A pipe or a device (`/dev/stdin` from a pipe, a FIFO) can be read once, and a run reads
-    // its inputs more than once (fingerprint, fit passes, stream); opening a FIFO with no writer
-    // would also wait for one forever.
-    for (f, what) in files.iter().filter_map(|f| not_regular(f).map(|w| (f, w))) {
-        ok = false;
-        problems.push(
-            key,
-            format!("input `{}` is {what}, not a file", f.display()),
-            Some("write it to a file first: a run reads its inputs more than once".into()),
-        );
+    for f in &files {
+        ok &= !refuse_not_regular(f, problems, key);
     }
     for f in files.iter().filter(|f| f.is_dir()) {
         ok = false;
@@ -77,9 +69,22 @@ pub fn expand_inputs(
     }
 }
 
+/// Says so in `problems` when `path` is a pipe or a device (`/dev/stdin` from a pipe, a FIFO),
+/// without opening it: such an input can be read once, where a run reads its inputs more than
+/// once (fingerprint, fit passes, stream), and a FIFO with no writer would block `open` forever.
+fn refuse_not_regular(path: &Path, problems: &mut Problems, key: &'static str) -> bool {
+    let Some(what) = not_regular(path) else { return false };
+    problems.push(
+        key,
+        format!("input `{}` is {what}, not a file", path.display()),
+        Some("write it to a file first: a run reads its inputs more than once".into()),
+    );
+    true
+}
+
 /// What `path` is when it exists and is neither a regular file nor a folder (links followed):
 /// "a pipe", "a device", "a socket".
-pub fn not_regular(path: &Path) -> Option<&'static str> {
+fn not_regular(path: &Path) -> Option<&'static str> {
     use std::os::unix::fs::FileTypeExt;
     let kind = std::fs::metadata(path).ok()?.file_type();
     if kind.is_file() || kind.is_dir() {
@@ -169,13 +174,7 @@ pub fn refuse_non_text(
 ) -> bool {
     let before = problems.0.len();
     for f in files {
-        // Not opened: a FIFO without a writer would wait forever (expand_inputs says why).
-        if let Some(what) = not_regular(f) {
-            problems.push(
-                key,
-                format!("`{}` is {what}, not a file", f.display()),
-                Some("write it to a file first: a run reads its inputs more than once".into()),
-            );
+        if refuse_not_regular(f, problems, key) {
             continue;
         }
         if !lone_cr_ends_lines && cr_lines(f) {
