@@ -822,7 +822,7 @@ impl Bow {
         let mut with: Vec<String> = Vec::new();
         if mostly {
             let pct = format!("{:.4}", 100.0 * c.base_fraction);
-            with.insert(0, format!("{}% base", pct.trim_end_matches('0').trim_end_matches('.')));
+            with.push(format!("{}% base", pct.trim_end_matches('0').trim_end_matches('.')));
         }
         if c.stemmer != StemmerChoice::None {
             with.push("stems".into());
@@ -1380,6 +1380,28 @@ mod tests {
         assert_eq!(warnings_after_run(&all, &b), all.warnings);
         // Captions that survive: nothing to say.
         assert!(warnings_after_run(&fitted_with("rm_top_freq = 3\nstemmer = \"english\"", None, &b), &b).is_empty());
+    }
+
+    #[test]
+    fn the_operators_are_named_as_the_paper_names_them() {
+        let ops = |config: &str| {
+            let config: BowConfig = toml::from_str(config).unwrap();
+            config.build(5, &schema::pairs(), &mut Problems::default()).unwrap().operators()
+        };
+        assert_eq!(
+            ops("rm_top_freq = 500"),
+            "mostly: Shuffle, RmStopNalpha, LimitToBaseVocab, RmTopFreq(500), Keep(4) (10% base)"
+        );
+        assert_eq!(
+            ops("base_fraction = 0.25\nshuffle = false\nkeep_words = 0\nstemmer = \"english\"\nfrequency_candidates = \"raw\"\nrm_top_freq = 3"),
+            "mostly: RmStopNalpha, LimitToBaseVocab, RmTopFreq(3) (25% base, stems, raw top-t)"
+        );
+        assert_eq!(
+            ops("mode = \"only\"\nlimit_to_base_vocab = false\nrm_top_freq = 0\ndedup = true\nsplit_punct = true"),
+            "only: Dedup, Shuffle, RmStopNalpha, Keep(4) (split_punct)"
+        );
+        let off = "mode = \"only\"\nshuffle = false\nrm_stop_nalpha = false\nlimit_to_base_vocab = false\nrm_top_freq = 0\nkeep_words = 0";
+        assert_eq!(ops(off), "only: no operator");
     }
 
     #[test]
