@@ -130,15 +130,18 @@ pub fn histogram(
     let step = nice_step(top * 1.05, 5.0);
     let ticks = (top * 1.05 / step).ceil() as usize;
     let ymax = step * ticks as f64;
+    // Enough decimals to tell the ticks apart (a step of 0.005 needs three).
+    let decimals = (-step.log10().floor()).max(2.0) as usize;
     for t in 0..=ticks {
         let y = step * t as f64;
         let py = TOP + ph * (1.0 - y / ymax);
         let _ = writeln!(
             s,
-            r##"<line x1="{LEFT}" x2="{}" y1="{py}" y2="{py}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{:.2}</text>"##,
+            r##"<line x1="{LEFT}" x2="{}" y1="{py}" y2="{py}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{:.*}</text>"##,
             W - RIGHT,
             LEFT - 6.0,
             py + 4.0,
+            decimals,
             y
         );
     }
@@ -349,6 +352,9 @@ mod tests {
         let h = histogram("t", "mostly: Keep(4)", "words", &[("a", &counts)], Some(64));
         assert!(h.contains(">0.40</text>") && !h.contains(">0.50</text>"), "{h}");
         assert!(h.contains(">mostly: Keep(4)</text>"), "the subtitle: {h}");
+        // 64 bins of 1/64: ticks 0.005 apart, labelled with three decimals.
+        let flat = histogram("t", "", "words", &[("a", &[1u64; 64])], Some(64));
+        assert!(flat.contains(">0.005</text>") && flat.contains(">0.020</text>"), "{flat}");
         // Counts of 1 are drawn above the axis line (y = H - BOTTOM), ranks and counts labelled
         // 1, 10, 100, 1k.
         let mut words = vec![2000u64, 100, 10];
