@@ -83,7 +83,10 @@ def title(r):
             return r.choice(["</ b>", "</1>", "</$>", "</>", "</ b x>", '</a title="1 > 0">', "</é>",
                              "<b\x00>", "<b \x00>", "<b/\x00>", "</", "</ b",
                              # tags left open, with references in them
-                             "<b title='&amp;", '<a href="x&#65;', "<b&amp;\x00", "<!-- &lt;", "<?x &amp;"])
+                             "<b title='&amp;", '<a href="x&#65;', "<b&amp;\x00", "<!-- &lt;", "<?x &amp;",
+                             # start tags only Python's regular expressions read so, and `-- >`
+                             '<b="x>y">', "<b c=\xa0'>'>", '<b c= "x>y', "<b c= 'x' = 'y>z'>", "<x'\x00B>",
+                             "<!-- x -- >", "<!-- y --\n>", "<b\tc='>'>", '<b c=="x>y">'])
         return " "
 
     return "".join(piece() for _ in range(r.randint(1, 12)))

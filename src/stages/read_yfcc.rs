@@ -316,11 +316,11 @@ fn url_decode(s: &[u8]) -> Vec<u8> {
 }
 
 /// Strips HTML tags (optional) and collapses whitespace runs to one space. A tag opens as in
-/// HTML: `<` then a letter (`<b`), `</`, `<!` (`<!--`) or `<?`. A start tag runs to the next
-/// `>` outside a quoted attribute value (`<a title="1 > 0">`), whatever else comes first
-/// (`<x<b>` is one tag, as in a browser), unless a NUL ends its name (`<b\0>` is text); an
-/// end tag, or what Python reads as a bogus comment after `</` (`</ b>`, `</1>`), runs to the
-/// next `>`, quotes or not; a comment `<!--` runs to `-->`; `</>` goes. A tag that does not
+/// HTML: `<` then a letter (`<b`), `</`, `<!` (`<!--`) or `<?`. A start tag ends where Python's
+/// `html.parser` ends it ([`start_tag`]): at the `>` after its name and attributes, quoted
+/// values holding `<` and `>` (`<a title="1 > 0">`, `<x<b>` is one tag); an end tag, or what
+/// Python reads as a bogus comment after `</` (`</ b>`, `</1>`), runs to the next `>`, quotes
+/// or not; a comment `<!--` runs to `--` and a `>` (blanks between allowed); `</>` goes. A tag that does not
 /// close, and any other `<`, is text (`I <3 NY`, `< 5 and > 0`). This follows Python's
 /// `html.parser`, except that a tag becomes a space (`a<br>b` is two words; `</>`, which the
 /// parser drops without a word, leaves none). Then character references are decoded as Python's `html.unescape` decodes them:
@@ -483,44 +483,104 @@ fn markup(after: &str) -> Markup {
         decoded: true,
     };
     if let Some(comment) = after.strip_prefix("!--") {
-        return comment.find("-->").map_or_else(unclosed, |end| Markup::Tag { len: 3 + end + 3, space: true });
+        // To the first `--` that blanks and a `>` follow (Python's `--\s*>`).
+        let mut from = 0;
+        while let Some(dashes) = comment[from..].find("--").map(|d| from + d) {
+            let rest = &comment[dashes + 2..];
+            let blanks = rest.len() - rest.trim_start_matches(crate::text::is_python_whitespace).len();
+            if rest[blanks..].starts_with('>') {
+                return Markup::Tag { len: 3 + dashes + 2 + blanks + 1, space: true };
+            }
+            from = dashes + 1;
+        }
+        return unclosed();
     }
-    let element = match b {
-        [b'/', b'>', ..] => return Markup::Tag { len: 2, space: false },
+    match b {
+        [b'/', b'>', ..] => Markup::Tag { len: 2, space: false },
         // An end tag, or a bogus comment: to the first `>` (Python's `parse_endtag`).
-        [b'/', ..] => return after.find('>').map_or_else(unclosed, |end| Markup::Tag { len: end + 1, space: true }),
-        [c, ..] if c.is_ascii_alphabetic() => {
-            // The tag name's end (Python's `tagfind_tolerant`): a NUL there ends the tag as
-            // text, the `<` and the name.
-            let name =
-                b.iter().take_while(|c| !matches!(c, b'\t' | b'\n' | b'\r' | 0x0c | b' ' | b'/' | b'>' | 0)).count();
-            if b.get(name) == Some(&0) {
-                return Markup::Text { len: name, decoded: false };
-            }
-            true
-        }
-        [b'!' | b'?', ..] => false,
+        [b'/', ..] => after.find('>').map_or_else(unclosed, |end| Markup::Tag { len: end + 1, space: true }),
+        [c, ..] if c.is_ascii_alphabetic() => start_tag(after).unwrap_or_else(unclosed),
+        // A declaration, a bogus comment or a processing instruction: to the first `>`.
+        [b'!' | b'?', ..] => after.find('>').map_or_else(unclosed, |end| Markup::Tag { len: end + 1, space: true }),
         // `<3`, `< 5`: only the `<` is text.
-        _ => return Markup::Text { len: 0, decoded: true },
-    };
-    // In an element's tag, a quote right after `=` (spaces allowed between) opens a value
-    // that runs to the same quote and may hold `<` and `>`.
-    let (mut i, mut after_eq) = (0, false);
-    while i < b.len() {
-        match b[i] {
-            b'>' => return Markup::Tag { len: i + 1, space: true },
-            q @ (b'"' | b'\'') if element && after_eq => {
-                let Some(close) = after[i + 1..].find(q as char) else { return unclosed() };
-                i += 1 + close;
-                after_eq = false;
-            }
-            b'=' => after_eq = true,
-            c if c.is_ascii_whitespace() => {}
-            _ => after_eq = false,
-        }
-        i += 1;
+        _ => Markup::Text { len: 0, decoded: true },
     }
-    unclosed()
+}
+
+/// A start tag (`after` begins with a letter) as Python's `html.parser` finds its end: the
+/// match of its `locatestarttagend_tolerant` (a tag name, then attributes, `name`, `name=value`,
+/// `name='value'`, with its backtracking where a quote does not close), then
+/// `check_for_whole_start_tag`. `None` where the parser waits for more input (the tag is left
+/// open); `Text` where it gives up on the tag (its `<` and what it matched are text, as they
+/// stand).
+fn start_tag(after: &str) -> Option<Markup> {
+    // Byte positions, stepped a character at a time (the tag is read, not the rest of the text).
+    let ch = |i: usize| after[i..].chars().next();
+    let ws = |c: Option<char>| c.is_some_and(crate::text::is_python_whitespace);
+    let next = |i: usize| i + ch(i).map_or(0, char::len_utf8);
+    let n = after.len();
+    // The tag name: `[a-zA-Z][^\t\n\r\f />\x00]*`.
+    let mut q = 1;
+    while q < n && !matches!(ch(q), Some('\t' | '\n' | '\r' | '\x0c' | ' ' | '/' | '>' | '\0')) {
+        q = next(q);
+    }
+    // `[\s/]*`, then attributes: each starts after a quote, a blank or `/` (the character
+    // before, `prev`), with a character that is none of those nor `>`.
+    let mut prev = after[..q].chars().next_back();
+    while q < n && (ws(ch(q)) || ch(q) == Some('/')) {
+        prev = ch(q);
+        q = next(q);
+    }
+    let gap = |c: Option<char>| matches!(c, Some('\'' | '"' | '/')) || ws(c);
+    while q < n && gap(prev) && !(ws(ch(q)) || matches!(ch(q), Some('/' | '>'))) {
+        q = next(q);
+        while q < n && !(ws(ch(q)) || matches!(ch(q), Some('/' | '=' | '>'))) {
+            q = next(q);
+        }
+        if let Some(end) = attribute_value(after, q) {
+            q = end;
+        }
+        while q < n && (ws(ch(q)) || (ch(q) == Some('/') && ch(q + 1) != Some('>'))) {
+            q = next(q);
+        }
+        prev = after[..q].chars().next_back();
+    }
+    while q < n && ws(ch(q)) {
+        q = next(q);
+    }
+    match ch(q) {
+        Some('>') => Some(Markup::Tag { len: q + 1, space: true }),
+        Some('/') if ch(q + 1) == Some('>') => Some(Markup::Tag { len: q + 2, space: true }),
+        None | Some('/' | '=') => None,
+        Some(c) if c.is_ascii_alphabetic() => None,
+        // Anything else there: the parser hands `<` and the match on as text, undecoded.
+        Some(_) => Some(Markup::Text { len: q, decoded: false }),
+    }
+}
+
+/// Where `\s*=+\s*(?:'[^']*'|"[^"]*"|(?!['"])[^>\s]*)\s*` matched at byte `q` of `t` ends,
+/// with the backtracking of Python's `re`: a quote that does not close gives back the blanks
+/// before it (an empty bare value), then the `=`s one by one (a bare value that starts with `=`).
+fn attribute_value(t: &str, q: usize) -> Option<usize> {
+    let blanks_from = |i: usize| i + t[i..].len() - t[i..].trim_start_matches(crate::text::is_python_whitespace).len();
+    let a = blanks_from(q);
+    if !t[a..].starts_with('=') {
+        return None;
+    }
+    let b = a + t[a..].len() - t[a..].trim_start_matches('=').len();
+    let c = blanks_from(b);
+    let value = |p: usize| -> Option<usize> {
+        match t[p..].chars().next() {
+            Some(quote @ ('\'' | '"')) => t[p + 1..].find(quote).map(|k| p + 1 + k + 1),
+            _ => {
+                Some(p + t[p..].find(|x: char| x == '>' || crate::text::is_python_whitespace(x)).unwrap_or(t.len() - p))
+            }
+        }
+    };
+    // The blanks after the `=`s given back one by one, then the `=`s (one byte each).
+    let blanks: Vec<usize> = t[b..c].char_indices().map(|(i, _)| b + i).chain([c]).collect();
+    let end = blanks.into_iter().rev().chain((a + 1..b).rev()).find_map(value)?;
+    Some(blanks_from(end))
 }
 
 #[cfg(test)]
@@ -592,6 +652,14 @@ mod tests {
         assert_eq!(clean("a <!-- &amp; <3 &amp;", true), "a <!-- & <3 &");
         assert_eq!(clean("a <b &amp;", true), "a <b &");
         assert_eq!(clean("<b&amp;\0&amp;> &amp;", true), "<b&amp;\0&> &");
+        // Start tags as Python's regular expression reads them: a quote or `=` is part of a tag
+        // name; blanks are Unicode ones around `=`; an unclosed quote after `= ` leaves an empty
+        // value, and the quote starts the next attribute; comments end at `--`, blanks, `>`.
+        assert_eq!(clean("a<b=\"x>y\">c", true), "a y\">c");
+        assert_eq!(clean("a<b c=\u{a0}'>'>d e<x'\0B>f", true), "a d e f");
+        assert_eq!(clean("a<b c= \"x>y", true), "a y");
+        assert_eq!(clean("a<b c= 'x' = 'y>z'>w", true), "a z'>w");
+        assert_eq!(clean("a<!-- x -- >b<!-- y --\n>c", true), "a b c");
         // Unclosed, they stay text.
         assert_eq!(clean("a <!-- unclosed > b", true), "a <!-- unclosed > b");
         assert_eq!(clean("a <b class=\"unclosed > c", true), "a <b class=\"unclosed > c");
