@@ -162,6 +162,14 @@ proptest! {
         let deformed_vocab: std::collections::HashSet<String> =
             rows.iter().filter(|r| r.3 == "deformed").flat_map(|r| words(&r.1)).collect();
         prop_assert_eq!(report["vocabulary_deformed_after"].as_u64(), Some(deformed_vocab.len() as u64));
+        // Their occurrences, most frequent first: the rank plot's third curve.
+        let mut counts: HashMap<String, u64> = HashMap::new();
+        for w in rows.iter().filter(|r| r.3 == "deformed").flat_map(|r| words(&r.1)) {
+            *counts.entry(w).or_insert(0) += 1;
+        }
+        let mut ranked: Vec<u64> = counts.into_values().collect();
+        ranked.sort_unstable_by(|a, b| b.cmp(a));
+        prop_assert_eq!(&report["rank_frequency_deformed_after"], &serde_json::json!(ranked));
         for r in rows.iter().filter(|r| r.3 == "deformed") {
             let got = words(&r.1);
             prop_assert!(got.len() <= 4 && !got.is_empty());

@@ -419,6 +419,10 @@ fn bench_bow_stage_applies_the_stage_as_a_run_does() {
     for f in ["config.json", "manifest.json", "report.json"] {
         assert!(std::fs::read_to_string(out.join(f)).unwrap().ends_with("}\n"), "{f} ends its last line");
     }
+    // "mostly" mode: the rank plot draws before, after and the deformed captions alone.
+    let rank = std::fs::read_to_string(out.join("plots/bow_word_rank.svg")).unwrap();
+    assert_eq!(rank.matches("<path d=\"M").count(), 3 + 1, "three curves and the axes");
+    assert!(rank.contains(">deformed only</text>"), "its legend");
     let (code, stdout, stderr) = curate(&["bench", "bow-stage", "pipelines/bow.toml"]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.starts_with("fit ") && stdout.contains(" CPU-s; apply "), "{stdout}");

@@ -309,8 +309,14 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
     let p = plots.join(format!("{name}{}", PLOT_SUFFIXES[0]));
     write_atomic(&p, svg.as_bytes())?;
     let (fb, fa) = (u64s(&r["rank_frequency_before"]), u64s(&r["rank_frequency_after"]));
-    let svg =
-        plot::rank_frequency(&format!("Word rank–frequency ({name})"), &operators, &[("before", &fb), ("after", &fa)]);
+    let fd = u64s(&r["rank_frequency_deformed_after"]);
+    // In "mostly" mode "after" holds the intact base captions too: the deformed ones alone show
+    // what the operators did. (In "only" mode they are all of "after".)
+    let mut series = vec![("before", fb.as_slice()), ("after", fa.as_slice())];
+    if !only {
+        series.push(("deformed only", fd.as_slice()));
+    }
+    let svg = plot::rank_frequency(&format!("Word rank–frequency ({name})"), &operators, &series);
     let q = plots.join(format!("{name}{}", PLOT_SUFFIXES[1]));
     write_atomic(&q, svg.as_bytes())?;
     let _ = writeln!(md, "\n![caption length](plots/{name}_caption_length.svg)\n");
@@ -318,7 +324,9 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
         let _ = writeln!(md, "(The last bin, {MAX_HIST_WORDS}+, counts captions of {MAX_HIST_WORDS} words or more.)\n");
     }
     let _ = writeln!(md, "![word rank](plots/{name}_word_rank.svg)\n");
-    for (key, counts) in [("rank_frequency_before", fb), ("rank_frequency_after", fa)] {
+    for (key, counts) in
+        [("rank_frequency_before", fb), ("rank_frequency_after", fa), ("rank_frequency_deformed_after", fd)]
+    {
         let sampled: Vec<[u64; 2]> =
             plot::log_ranks(counts.len()).into_iter().map(|rk| [rk as u64, counts[rk - 1]]).collect();
         r[key] = json!(sampled);

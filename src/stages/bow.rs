@@ -1127,6 +1127,7 @@ impl Transform for Bow {
         let n_out = st.base + st.deformed_out;
         let (ranked_before, vocab_before) = st.ranked(BEFORE);
         let (ranked_after, vocab_after) = st.ranked(AFTER);
+        let (ranked_deformed_after, _) = st.ranked(DEFORMED_AFTER);
         let vocab_deformed_after = st.distinct(DEFORMED_AFTER);
         let mean = |words: u64, n: u64| if n == 0 { 0.0 } else { words as f64 / n as f64 };
         json!({
@@ -1160,6 +1161,7 @@ impl Transform for Bow {
             "length_histogram_after": st.len_after,
             "rank_frequency_before": ranked_before,
             "rank_frequency_after": ranked_after,
+            "rank_frequency_deformed_after": ranked_deformed_after,
         })
     }
 }
