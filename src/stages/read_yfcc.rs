@@ -344,12 +344,13 @@ pub fn clean(text: &str, strip_html: bool) -> String {
                 }
                 &after[len..]
             }
-            Markup::Text { len, decoded: true } => {
-                push_decoded(&mut out, &rest[open..open + 1 + len]);
-                &after[len..]
-            }
-            Markup::Text { len, decoded: false } => {
-                out.push_str(&rest[open..open + 1 + len]);
+            Markup::Text { len, decoded } => {
+                let text = &rest[open..open + 1 + len];
+                if decoded {
+                    push_decoded(&mut out, text);
+                } else {
+                    out.push_str(text);
+                }
                 &after[len..]
             }
         };
@@ -487,7 +488,7 @@ fn markup(after: &str) -> Markup {
         let mut from = 0;
         while let Some(dashes) = comment[from..].find("--").map(|d| from + d) {
             let rest = &comment[dashes + 2..];
-            let blanks = rest.len() - rest.trim_start_matches(crate::text::is_python_whitespace).len();
+            let blanks = leading_blanks(rest);
             if rest[blanks..].starts_with('>') {
                 return Markup::Tag { len: 3 + dashes + 2 + blanks + 1, space: true };
             }
@@ -497,11 +498,12 @@ fn markup(after: &str) -> Markup {
     }
     match b {
         [b'/', b'>', ..] => Markup::Tag { len: 2, space: false },
-        // An end tag, or a bogus comment: to the first `>` (Python's `parse_endtag`).
-        [b'/', ..] => after.find('>').map_or_else(unclosed, |end| Markup::Tag { len: end + 1, space: true }),
         [c, ..] if c.is_ascii_alphabetic() => start_tag(after).unwrap_or_else(unclosed),
-        // A declaration, a bogus comment or a processing instruction: to the first `>`.
-        [b'!' | b'?', ..] => after.find('>').map_or_else(unclosed, |end| Markup::Tag { len: end + 1, space: true }),
+        // An end tag or a bogus comment (Python's `parse_endtag`), a declaration or a
+        // processing instruction: to the first `>`, quotes or not.
+        [b'/' | b'!' | b'?', ..] => {
+            after.find('>').map_or_else(unclosed, |end| Markup::Tag { len: end + 1, space: true })
+        }
         // `<3`, `< 5`: only the `<` is text.
         _ => Markup::Text { len: 0, decoded: true },
     }
@@ -558,11 +560,16 @@ fn start_tag(after: &str) -> Option<Markup> {
     }
 }
 
+/// Bytes of the blanks (Python's `\s`) `s` starts with.
+fn leading_blanks(s: &str) -> usize {
+    s.len() - s.trim_start_matches(crate::text::is_python_whitespace).len()
+}
+
 /// Where `\s*=+\s*(?:'[^']*'|"[^"]*"|(?!['"])[^>\s]*)\s*` matched at byte `q` of `t` ends,
 /// with the backtracking of Python's `re`: a quote that does not close gives back the blanks
 /// before it (an empty bare value), then the `=`s one by one (a bare value that starts with `=`).
 fn attribute_value(t: &str, q: usize) -> Option<usize> {
-    let blanks_from = |i: usize| i + t[i..].len() - t[i..].trim_start_matches(crate::text::is_python_whitespace).len();
+    let blanks_from = |i: usize| i + leading_blanks(&t[i..]);
     let a = blanks_from(q);
     if !t[a..].starts_with('=') {
         return None;
