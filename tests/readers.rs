@@ -1667,6 +1667,23 @@ fn the_bow_report_says_what_it_cannot_measure() {
     assert!(!md.contains("base captions") && !md.contains("base vocabulary"), "{md}");
     assert!(md.contains("- deformed: 2 in, 1 out (1 emptied and dropped)"), "{md}");
     assert!(md.contains("- Δ dataset size: **-50.0%**"), "{md}");
+    assert!(md.contains("Operators: only: RmStopNalpha, Keep(4); seed 0.\n"), "{md}");
+    assert!(!md.contains("not comparable to the paper's") && !md.contains("64+"), "{md}");
+    // "mostly" mode on a few captions: the operators with the base share, the note that a small
+    // base set is not the paper's, the removed words with their base counts; a caption of 70
+    // words draws the 64+ bin, and the note about it comes.
+    let long = vec!["dog"; 70].join(" ");
+    let lines: Vec<String> = (0..40).map(|i| format!("a dog in the park {i}\thttp://u{i}")).collect();
+    std::fs::write(&input, format!("{}\n{long}\thttp://w\n", lines.join("\n"))).unwrap();
+    let (d, _, _) = run_pipeline(&bow("base_fraction = 0.5\nrm_top_freq = 1\n"));
+    let md = std::fs::read_to_string(d.path().join("out/report.md")).unwrap();
+    let ops = "Operators: mostly: Shuffle, RmStopNalpha, LimitToBaseVocab, RmTopFreq(1), Keep(4) (50% base); seed 0.";
+    assert!(md.contains(ops), "{md}");
+    assert!(md.contains("with 20 base captions (CC3M's: ~290,000) Δ and words per caption are not comparable"), "{md}");
+    assert!(md.contains("- removed top-1 words, most frequent first (base captions holding it): dog ("), "{md}");
+    assert!(md.contains("(The last bin, 64+, counts captions of 64 words or more.)"), "{md}");
+    let plot = std::fs::read_to_string(d.path().join("out/plots/bow_word_rank.svg")).unwrap();
+    assert!(plot.contains(&format!(">{}</text>", &ops["Operators: ".len()..ops.len() - "; seed 0.".len()])), "{plot}");
 }
 
 /// The JSON file at `path` (a manifest, a report).
