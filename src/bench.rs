@@ -304,6 +304,11 @@ pub struct KnnBenchArgs {
     /// Pool rows per matrix product (default: `knn::Blocking::default()`).
     #[arg(long, value_parser = positive)]
     pub pool_block: Option<usize>,
+    /// Search on a burn device (`cpu`, `ndarray`, `cuda[:N]`) with `knn::device_top_k`, as
+    /// `mine_pseudo_bow` does on a run that is not on the CPU; absent: the CPU kernel
+    /// (`knn::exact_top_k`). Each timed run includes copying the pool to the device.
+    #[arg(long)]
+    pub device: Option<String>,
 }
 
 /// A count flag of at least 1 (`--repeat`, `--k`, block sizes).
@@ -350,9 +355,10 @@ fn read_f32_matrix(path: &Path, dim: Option<usize>) -> Result<(Vec<f32>, usize)>
     Ok((body.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect(), width))
 }
 
-/// Times `knn::exact_top_k` on the queries and pool of `args` (after loading, excluded); prints
-/// queries/s of the best run as JSON and optionally writes the ids.
-pub fn knn(args: &KnnBenchArgs) -> Result<()> {
+/// Times `knn::exact_top_k` (or, with a `device`, `knn::device_top_k` on it) on the queries and
+/// pool of `args` (after loading, excluded); prints queries/s of the best run as JSON and
+/// optionally writes the ids.
+pub fn knn(args: &KnnBenchArgs, device: Option<&burn::tensor::Device>) -> Result<()> {
     let (queries, dim) = read_f32_matrix(&args.queries, args.dim)?;
     let (pool, pool_dim) = read_f32_matrix(&args.pool, args.dim)?;
     if pool_dim != dim {
@@ -362,7 +368,8 @@ pub fn knn(args: &KnnBenchArgs) -> Result<()> {
     if args.k > np {
         return Err(Error::data(format!("`--k {}` is more than the pool's {np} rows", args.k)));
     }
-    let default = crate::knn::Blocking::default();
+    let default =
+        if device.is_some() { crate::knn::Blocking::device_default() } else { crate::knn::Blocking::default() };
     let blocking = crate::knn::Blocking {
         queries: args.query_block.unwrap_or(default.queries),
         pool: args.pool_block.unwrap_or(default.pool),
@@ -371,7 +378,10 @@ pub fn knn(args: &KnnBenchArgs) -> Result<()> {
     let mut result = None;
     for _ in 0..args.repeat {
         let t = Instant::now();
-        result = Some(crate::knn::exact_top_k_with(&queries, &pool, dim, args.k, blocking));
+        result = Some(match device {
+            Some(d) => crate::knn::device_top_k_with(&queries, &pool, dim, args.k, d, blocking),
+            None => crate::knn::exact_top_k_with(&queries, &pool, dim, args.k, blocking),
+        });
         runs.push(t.elapsed().as_secs_f64());
     }
     let best = runs.iter().copied().fold(f64::INFINITY, f64::min);
@@ -381,7 +391,8 @@ pub fn knn(args: &KnnBenchArgs) -> Result<()> {
     }
     outln!(
         "{}",
-        serde_json::json!({"queries": nq, "pool": np, "dim": dim, "k": args.k, "threads": rayon::current_num_threads(),
+        serde_json::json!({"queries": nq, "pool": np, "dim": dim, "k": args.k, "device": args.device.as_deref().unwrap_or("cpu kernel"),
+            "threads": rayon::current_num_threads(),
             "query_block": blocking.queries, "pool_block": blocking.pool, "best_s": best,
             "queries_per_s": nq as f64 / best, "runs_s": runs})
     );

@@ -169,17 +169,25 @@ fn shapes(queries: &[f32], pool: &[f32], dim: usize, k: usize) -> (usize, usize,
     (nq, np, k.min(np))
 }
 
-/// Pool rows per product in [`device_top_k`].
-const DEVICE_POOL_BLOCK: usize = 65_536;
-/// Queries per product in [`device_top_k`]: with [`DEVICE_POOL_BLOCK`], a 1 GiB score block.
-const DEVICE_QUERY_BLOCK: usize = 4_096;
+impl Blocking {
+    /// The blocks of [`device_top_k`]: 4,096 queries × 65,536 pool rows, a 1 GiB score block.
+    pub fn device_default() -> Self {
+        Blocking { queries: 4_096, pool: 65_536 }
+    }
+}
+
+/// Scores per row of the first top-k stage in [`device_top_k`]: burn-cubecl reduces with one
+/// GPU thread per output row (without autotuning), so a pool block's scores are cut into rows of
+/// this many before the first top-k, and the rows' lists are reduced again.
+pub const DEVICE_TOP_K_CHUNK: usize = 1_024;
 
 /// [`exact_top_k`] on a burn device (a GPU with `--features cuda`): the pool goes to the device
 /// once, in blocks; each query block's product with each pool block is reduced to its top `k` on
-/// the device (`topk_with_indices`), and the blocks' lists are merged here in [`exact_top_k`]'s
-/// order. Still exhaustive, no index; but the device's matrix product rounds differently from the
-/// CPU kernel, and its top-k breaks exact ties its own way within a block, so rows whose scores
-/// tie or nearly tie at the k-th place may differ from [`exact_top_k`]'s.
+/// the device in two stages (`topk_with_indices` over every [`DEVICE_TOP_K_CHUNK`] scores, then
+/// over the chunks' lists), and the blocks' lists are merged here in [`exact_top_k`]'s order.
+/// Still exhaustive, no index; but the device's matrix product rounds differently from the CPU
+/// kernel, and its top-k breaks exact ties its own way within a block, so rows whose scores tie
+/// or nearly tie at the k-th place may differ from [`exact_top_k`]'s.
 ///
 /// # Shapes
 /// As [`exact_top_k`].
@@ -187,54 +195,98 @@ const DEVICE_QUERY_BLOCK: usize = 4_096;
 /// # Panics
 /// As [`exact_top_k`].
 pub fn device_top_k(queries: &[f32], pool: &[f32], dim: usize, k: usize, device: &burn::tensor::Device) -> TopK {
-    device_top_k_with(queries, pool, dim, k, device, [DEVICE_QUERY_BLOCK, DEVICE_POOL_BLOCK])
+    device_top_k_with(queries, pool, dim, k, device, Blocking::device_default())
 }
 
-/// [`device_top_k`] with `[queries, pool rows]` per product.
-fn device_top_k_with(
+/// [`device_top_k`] with other block sizes. The blocks' lists of one query block are joined on
+/// the device and read back at once, so the device runs every pool block of a query block
+/// without waiting for the host.
+pub fn device_top_k_with(
     queries: &[f32],
     pool: &[f32],
     dim: usize,
     k: usize,
     device: &burn::tensor::Device,
-    [query_block, pool_block]: [usize; 2],
+    blocking: Blocking,
 ) -> TopK {
-    use burn::tensor::{Tensor, TensorData};
+    device_top_k_chunked(queries, pool, dim, k, device, blocking, DEVICE_TOP_K_CHUNK)
+}
+
+/// [`device_top_k_with`] with `chunk` scores per first-stage row (tests use small ones).
+fn device_top_k_chunked(
+    queries: &[f32],
+    pool: &[f32],
+    dim: usize,
+    k: usize,
+    device: &burn::tensor::Device,
+    blocking: Blocking,
+    chunk: usize,
+) -> TopK {
+    use burn::tensor::{Int, Tensor, TensorData};
     let (nq, np, k) = shapes(queries, pool, dim, k);
     if k == 0 || nq == 0 {
         return TopK { k, ids: Vec::new(), scores: Vec::new() };
     }
+    let query_block = blocking.queries.max(1);
+    // Pool blocks of whole chunks, then the rest: whole chunks, and the last < `chunk` rows.
+    let pool_block = blocking.pool.max(chunk) / chunk * chunk;
+    let mut bounds: Vec<(usize, usize)> =
+        (0..np / pool_block).map(|b| (b * pool_block, (b + 1) * pool_block)).collect();
+    let mut at = np / pool_block * pool_block;
+    for end in [at + (np - at) / chunk * chunk, np] {
+        if end > at {
+            bounds.push((at, end));
+            at = end;
+        }
+    }
     // `[dim, rows]` per block, so each product is a plain `[q, dim] x [dim, rows]`.
-    let blocks: Vec<(usize, Tensor<2>)> = (0..np)
-        .step_by(pool_block)
-        .map(|start| {
-            let end = (start + pool_block).min(np);
+    let blocks: Vec<(usize, Tensor<2>)> = bounds
+        .iter()
+        .map(|&(start, end)| {
             let data = TensorData::new(pool[start * dim..end * dim].to_vec(), [end - start, dim]);
             (start, Tensor::<2>::from_data(data, device).transpose())
         })
         .collect();
+    // Each block's list: its first pool row and its length, in the joined columns' order.
+    let lists: Vec<(usize, usize)> = blocks.iter().map(|(start, b)| (*start, k.min(b.dims()[1]))).collect();
+    let width: usize = lists.iter().map(|l| l.1).sum();
+    // The top `kk` of each row of `scores` (`[q, rows]`), with column indices.
+    let top = |scores: Tensor<2>, kk: usize| -> (Tensor<2>, Tensor<2, Int>) {
+        let [q, rows] = scores.dims();
+        if rows <= chunk || rows % chunk != 0 {
+            return scores.topk_with_indices(kk, 1);
+        }
+        let chunks = rows / chunk;
+        let k1 = kk.min(chunk);
+        let (values, index) = scores.reshape([q * chunks, chunk]).topk_with_indices(k1, 1);
+        let offsets =
+            Tensor::<1, Int>::arange(0..chunks as i64, device).mul_scalar(chunk as i64).reshape([1, chunks, 1]);
+        let index = (index.reshape([q, chunks, k1]) + offsets).reshape([q, chunks * k1]);
+        let (values, pick) = values.reshape([q, chunks * k1]).topk_with_indices(kk, 1);
+        (values, index.gather(1, pick))
+    };
     let mut ids = Vec::with_capacity(nq * k);
     let mut scores = Vec::with_capacity(nq * k);
     for q0 in (0..nq).step_by(query_block) {
         let q1 = (q0 + query_block).min(nq);
         let q = Tensor::<2>::from_data(TensorData::new(queries[q0 * dim..q1 * dim].to_vec(), [q1 - q0, dim]), device);
-        let mut best: Vec<Vec<Candidate>> = vec![Vec::with_capacity(2 * k); q1 - q0];
-        for (start, block) in &blocks {
-            let kk = k.min(block.dims()[1]);
-            let (values, index) = q.clone().matmul(block.clone()).topk_with_indices(kk, 1);
-            let values = values.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32 scores");
-            let index = index.into_data().convert::<i64>().try_to_vec::<i64>().expect("integer indices");
-            for (r, list) in best.iter_mut().enumerate() {
-                for j in r * kk..(r + 1) * kk {
+        let (values, index): (Vec<_>, Vec<_>) =
+            blocks.iter().zip(&lists).map(|((_, block), &(_, kk))| top(q.clone().matmul(block.clone()), kk)).unzip();
+        let values = Tensor::cat(values, 1).into_data().convert::<f32>().try_to_vec::<f32>().expect("f32 scores");
+        let index = Tensor::cat(index, 1).into_data().convert::<i64>().try_to_vec::<i64>().expect("integer indices");
+        let mut list = Vec::with_capacity(width);
+        for r in 0..q1 - q0 {
+            list.clear();
+            let mut j = r * width;
+            for &(start, kk) in &lists {
+                for _ in 0..kk {
                     list.push(Candidate { score: values[j], id: (start + index[j] as usize) as u32 });
+                    j += 1;
                 }
-                list.sort_unstable_by(order);
-                list.truncate(k);
             }
-        }
-        for list in best {
-            ids.extend(list.iter().map(|c| c.id));
-            scores.extend(list.iter().map(|c| c.score));
+            list.sort_unstable_by(order);
+            ids.extend(list[..k].iter().map(|c| c.id));
+            scores.extend(list[..k].iter().map(|c| c.score));
         }
     }
     TopK { k, ids, scores }
@@ -526,9 +578,14 @@ mod tests {
         {
             let queries = uniform(nq * dim, 7 + nq as u64);
             let pool = uniform(np * dim, 11 + np as u64);
-            let got = device_top_k_with(&queries, &pool, dim, k, &device, blocks);
-            check_against_reference(&queries, &pool, dim, k, &got);
-            assert_eq!(got.ids, exact_top_k(&queries, &pool, dim, k).ids, "{nq}x{np}x{dim} k={k}");
+            // Chunks of 8 and 3 take the two-stage top-k on blocks of whole chunks, and the
+            // single stage on the rest.
+            for chunk in [DEVICE_TOP_K_CHUNK, 8, 3] {
+                let blocking = Blocking { queries: blocks[0], pool: blocks[1] };
+                let got = device_top_k_chunked(&queries, &pool, dim, k, &device, blocking, chunk);
+                check_against_reference(&queries, &pool, dim, k, &got);
+                assert_eq!(got.ids, exact_top_k(&queries, &pool, dim, k).ids, "{nq}x{np}x{dim} k={k} chunk {chunk}");
+            }
         }
         assert_eq!(device_top_k(&[], &uniform(8, 1), 4, 3, &device).ids.len(), 0);
     }

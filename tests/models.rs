@@ -357,6 +357,60 @@ fn im2col_convolutions_back_propagate_as_burns_kernel() {
 }
 
 #[test]
+fn staged_batch_norm_trains_as_burns() {
+    // On a GPU a training BatchNorm computes its statistics as staged sums
+    // (`resnet::batch_norm` with the im2col lowering). Output, every gradient and the running
+    // statistics after the step must equal burn's `BatchNorm` in training.
+    use burn::tensor::{Tensor, TensorData};
+    use curate::models::resnet::{batch_norm, ConvLowering};
+    use curate::models::weights::Weights;
+    let device = Device::flex().autodiff();
+    let (c, shape) = (5, [3, 5, 7, 6]);
+    let wave = |n: usize, a: f32, b: f32, o: f32| (0..n).map(|i| o + a * ((i as f32) * b).sin()).collect::<Vec<f32>>();
+    let parts = || {
+        vec![
+            ("bn.weight".to_string(), vec![c], wave(c, 0.7, 1.3, 1.0)),
+            ("bn.bias".to_string(), vec![c], wave(c, 0.4, 2.1, 0.1)),
+            ("bn.running_mean".to_string(), vec![c], wave(c, 0.5, 0.7, 0.2)),
+            ("bn.running_var".to_string(), vec![c], wave(c, 0.3, 1.9, 1.5)),
+        ]
+    };
+    let n: usize = shape.iter().product();
+    // Channels with their own offsets and spreads, so mean and variance both matter.
+    let values: Vec<f32> =
+        (0..n).map(|i| 3.0 * ((i * 7919 % 101) as f32 / 101.0 - 0.5) + ((i / 42) % 5) as f32).collect();
+    let direction = Tensor::<4>::from_data(TensorData::new(wave(n, 1.0, 0.37, 0.0), shape), &device);
+    let run = |staged: bool| {
+        let bn = Weights::from_parts(parts()).batch_norm("bn", c, 1e-5, &device);
+        let x = Tensor::<4>::from_data(TensorData::new(values.clone(), shape), &device).require_grad();
+        let lowering = if staged { ConvLowering::Im2col } else { ConvLowering::Native };
+        let out = batch_norm(&bn, x.clone(), lowering);
+        let grads = (out.clone() * direction.clone()).sum().backward();
+        let v = |t: Tensor<1>| t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+        let v4 = |t: Tensor<4>| t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+        vec![
+            v4(out),
+            v4(x.grad(&grads).unwrap()),
+            v(bn.gamma.val().grad(&grads).unwrap()),
+            v(bn.beta.val().grad(&grads).unwrap()),
+            v(bn.running_mean.value_sync()),
+            v(bn.running_var.value_sync()),
+        ]
+    };
+    let (staged, burn) = (run(true), run(false));
+    let names = ["output", "input gradient", "gamma gradient", "beta gradient", "running mean", "running variance"];
+    for ((name, a), b) in names.iter().zip(&staged).zip(&burn) {
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert!(scale > 0.1, "{name} is all but zero");
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= 1e-5 * scale, "{name} [{i}]: {x} vs {y}");
+        }
+    }
+    // The running statistics moved (momentum 0.1) from their starting values.
+    assert!((staged[4][0] - 0.2).abs() > 1e-3, "running mean {:?}", staged[4]);
+}
+
+#[test]
 fn a_tokenizer_past_the_models_vocabulary_is_refused_at_load() {
     // The tiny BERT's tokenizer has 125 tokens and its `vocab_size` is 125. A tokenizer with a
     // token more, or a pad id past the table, would let ids index past the embedding table.

@@ -388,7 +388,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Bench(BenchCommand::Knn(args)) => {
-            crate::bench::knn(&args)?;
+            let device = args.device.as_deref().map(device).transpose()?;
+            crate::bench::knn(&args, device.as_ref())?;
             Ok(0)
         }
         Command::Bench(BenchCommand::IoFloor { input, output }) => {
