@@ -194,3 +194,34 @@ mod tests {
         assert_eq!(did_you_mean("bwo", ["bow", "seed"]).as_deref(), Some("did you mean `bow`?"));
     }
 }
+
+thread_local! {
+    /// Set while [`catch_quietly`] runs `f` on this thread.
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`; a panic in it comes back as `Err(message)` without being printed. For calls into
+/// libraries that panic on damaged input where they should fail (the parquet crate on some
+/// corrupt pages): the caller turns the message into an error that names the file. Panics
+/// elsewhere, on any thread, are printed as before.
+pub fn catch_quietly<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(|q| q.get()) {
+                previous(info)
+            }
+        }));
+    });
+    let was = QUIET.with(|q| q.replace(true));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(was));
+    result.map_err(|panic| {
+        panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into())
+    })
+}

@@ -457,10 +457,7 @@ fn unreadable(path: &Path, e: impl std::fmt::Display) -> Error {
 /// Reads a whole Parquet file (inputs of readers, tests). Any codec Parquet writers use by
 /// default is read: Snappy (pyarrow), ZSTD (polars), GZIP, Brotli, LZ4 and LZ4_RAW.
 pub fn read_file(path: &Path) -> Result<Vec<RecordBatch>> {
-    let file = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
-    let reader =
-        ParquetRecordBatchReaderBuilder::try_new(file).and_then(|b| b.build()).map_err(|e| unreadable(path, e))?;
-    reader.map(|b| b.map_err(|e| unreadable(path, e))).collect()
+    read_batches(path, 1024)?.collect()
 }
 
 /// The record batches of a Parquet file, `batch_rows` rows each (the last one of each row group
@@ -470,11 +467,39 @@ pub fn read_batches(
     batch_rows: usize,
 ) -> Result<impl Iterator<Item = Result<RecordBatch>> + Send + 'static> {
     let file = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-        .and_then(|b| b.with_batch_size(batch_rows).build())
-        .map_err(|e| unreadable(path, e))?;
+    let reader = decoding(path, || {
+        ParquetRecordBatchReaderBuilder::try_new(file)
+            .and_then(|b| b.with_batch_size(batch_rows).build())
+            .map_err(|e| unreadable(path, e))
+    })?;
+    Ok(batches(path, reader))
+}
+
+/// `f`, a call into the parquet crate on the file at `path`, with a panic in it made an error
+/// naming the file: the crate panics on some damaged files (`Decoder for dict should have been
+/// set`) where it should fail.
+fn decoding<T>(path: &Path, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    crate::error::catch_quietly(f).unwrap_or_else(|panic| {
+        Err(unreadable(path, format!("the Parquet decoder failed ({panic}); the file is probably damaged")))
+    })
+}
+
+/// The record batches of `reader`, errors naming `path`; after a panic in the decoder (see
+/// [`decoding`]), that error and nothing more.
+fn batches(
+    path: &Path,
+    mut reader: parquet::arrow::arrow_reader::ParquetRecordBatchReader,
+) -> impl Iterator<Item = Result<RecordBatch>> + Send + 'static {
     let path = path.to_owned();
-    Ok(reader.map(move |b| b.map_err(|e| unreadable(&path, e))))
+    let mut failed = false;
+    std::iter::from_fn(move || {
+        if failed {
+            return None;
+        }
+        let next = decoding(&path, || Ok(reader.next())).and_then(|b| b.transpose().map_err(|e| unreadable(&path, e)));
+        failed = next.is_err();
+        next.transpose()
+    })
 }
 
 /// [`read_batches`] with every top-level text column (Arrow `Utf8`, `LargeUtf8`, `Utf8View`
@@ -490,7 +515,9 @@ pub fn read_batches_text_unchecked(
     use arrow_schema::{DataType, Field};
     use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
     let file = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
-    let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(|e| unreadable(path, e))?;
+    let meta = decoding(path, || {
+        ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(|e| unreadable(path, e))
+    })?;
     let bytes_of = |t: &DataType| match t {
         DataType::Utf8 => Some(DataType::Binary),
         DataType::LargeUtf8 => Some(DataType::LargeBinary),
@@ -517,8 +544,7 @@ pub fn read_batches_text_unchecked(
         .with_batch_size(batch_rows)
         .build()
         .map_err(|e| unreadable(path, e))?;
-    let path = path.to_owned();
-    Ok(reader.map(move |b| b.map_err(|e| unreadable(&path, e))))
+    Ok(batches(path, reader))
 }
 
 /// `meta` with the text annotation taken off the top-level byte-array columns marked in
@@ -566,13 +592,15 @@ fn text_as_bytes(
 /// The Arrow schema stored in a Parquet file's footer (no data is read).
 pub fn read_schema(path: &Path) -> Result<SchemaRef> {
     let file = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
-    Ok(ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| unreadable(path, e))?.schema().clone())
+    decoding(path, || {
+        Ok(ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| unreadable(path, e))?.schema().clone())
+    })
 }
 
 /// The rows of a Parquet file, from its footer (no data is read).
 pub fn row_count(path: &Path) -> Result<u64> {
     let file = File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| unreadable(path, e))?;
+    let builder = decoding(path, || ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| unreadable(path, e)))?;
     Ok(builder.metadata().file_metadata().num_rows().max(0) as u64)
 }
 
@@ -791,5 +819,52 @@ mod tests {
         let shards = w.finish().unwrap();
         assert_eq!(shards, vec![ShardInfo { file: "part-00000.parquet".into(), rows: 0 }]);
         assert_eq!(read_schema(&dir.path().join("part-00000.parquet")).unwrap().fields().len(), pairs().fields().len());
+    }
+    #[test]
+    fn a_damaged_file_is_an_error_naming_it_never_a_panic() {
+        // The parquet crate panics on some corrupt pages and footers (`Option::unwrap()` on a
+        // `None`, "capacity overflow", …) where it should fail. Every one-byte damage of a small
+        // Snappy file with dictionary pages must read as rows or fail with an error naming the
+        // file; some of them go through such a panic, which must come back as that error.
+        use arrow_array::{ArrayRef, StringArray};
+        use parquet::basic::Compression;
+        use parquet::file::properties::WriterProperties;
+        let dir = tempfile::tempdir().unwrap();
+        let words = ["a dog", "two cats", "a red car", "the sea", "grey sky"];
+        let ids: Vec<String> = (0..400).map(|i| format!("id{i:05}")).collect();
+        let captions: Vec<&str> = (0..400).map(|i| words[(i * 7) % 5]).collect();
+        let batch = RecordBatch::try_from_iter([
+            ("id", Arc::new(StringArray::from(ids)) as ArrayRef),
+            ("caption", Arc::new(StringArray::from(captions)) as ArrayRef),
+        ])
+        .unwrap();
+        let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
+        let good = dir.path().join("good.parquet");
+        let mut w = ArrowWriter::try_new(File::create(&good).unwrap(), batch.schema(), Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let bytes = std::fs::read(&good).unwrap();
+        let bad = dir.path().join("bad.parquet");
+        let mut through_a_panic = 0;
+        for at in 4..bytes.len() - 8 {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= 1;
+            std::fs::write(&bad, &damaged).unwrap();
+            let read = std::panic::catch_unwind(|| {
+                read_batches_text_unchecked(&bad, 64).and_then(|b| b.collect::<Result<Vec<_>>>())
+            });
+            let footer = std::panic::catch_unwind(|| (read_schema(&bad).is_ok(), row_count(&bad).is_ok()));
+            assert!(footer.is_ok(), "byte {at}: reading the footer panicked");
+            match read {
+                Err(_) => panic!("byte {at}: the reader panicked"),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    let e = e.to_string();
+                    assert!(e.starts_with(&format!("cannot read Parquet file `{}`", bad.display())), "byte {at}: {e}");
+                    through_a_panic += e.contains("the Parquet decoder failed (") as usize;
+                }
+            }
+        }
+        assert!(through_a_panic > 0, "no damage went through a decoder panic: the test no longer tests it");
     }
 }
