@@ -106,6 +106,8 @@ def main():
             results[name] = {"best_s": best, "runs_s": runs, "queries_per_s": nq / best}
             results[name + "_ids"] = ids
             print(json.dumps({"side": name, **results[name]}), flush=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # PyTorch's cached blocks would sit beside curate's
         cmd = [args.curate, "bench", "knn", "--queries", qf, "--pool", pf, "--k", str(k), "--device", args.device,
                "--repeat", str(args.repeat), "--ids-out", idf]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True)

@@ -298,10 +298,12 @@ pub struct KnnBenchArgs {
     /// Write the ids of the last run here: raw little-endian u32, `[nq, k]` row-major.
     #[arg(long)]
     pub ids_out: Option<PathBuf>,
-    /// Queries per matrix product (default: `knn::Blocking::default()`).
+    /// Queries per matrix product (default: `knn::Blocking::default()`, with `--device`
+    /// `knn::Blocking::device_default()`).
     #[arg(long, value_parser = positive)]
     pub query_block: Option<usize>,
-    /// Pool rows per matrix product (default: `knn::Blocking::default()`).
+    /// Pool rows per matrix product (defaults as `--query-block`; with `--device`, whole chunks of
+    /// `knn::DEVICE_TOP_K_CHUNK` rows, the JSON says how many were used).
     #[arg(long, value_parser = positive)]
     pub pool_block: Option<usize>,
     /// Search on a burn device (`cpu`, `ndarray`, `cuda[:N]`) with `knn::device_top_k`, as
@@ -370,10 +372,13 @@ pub fn knn(args: &KnnBenchArgs, device: Option<&burn::tensor::Device>) -> Result
     }
     let default =
         if device.is_some() { crate::knn::Blocking::device_default() } else { crate::knn::Blocking::default() };
-    let blocking = crate::knn::Blocking {
+    let mut blocking = crate::knn::Blocking {
         queries: args.query_block.unwrap_or(default.queries),
         pool: args.pool_block.unwrap_or(default.pool),
     };
+    if device.is_some() {
+        blocking.pool = crate::knn::device_pool_block_used(blocking.pool);
+    }
     let mut runs = Vec::new();
     let mut result = None;
     for _ in 0..args.repeat {

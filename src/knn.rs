@@ -198,9 +198,10 @@ pub fn device_top_k(queries: &[f32], pool: &[f32], dim: usize, k: usize, device:
     device_top_k_with(queries, pool, dim, k, device, Blocking::device_default())
 }
 
-/// [`device_top_k`] with other block sizes. The blocks' lists of one query block are joined on
-/// the device and read back at once, so the device runs every pool block of a query block
-/// without waiting for the host.
+/// [`device_top_k`] with other block sizes; the pool block is rounded down to whole chunks of
+/// [`DEVICE_TOP_K_CHUNK`] rows, and up to one chunk ([`device_pool_block_used`]). The blocks'
+/// lists of one query block are joined on the device and read back at once, so the device runs
+/// every pool block of a query block without waiting for the host.
 pub fn device_top_k_with(
     queries: &[f32],
     pool: &[f32],
@@ -210,6 +211,16 @@ pub fn device_top_k_with(
     blocking: Blocking,
 ) -> TopK {
     device_top_k_chunked(queries, pool, dim, k, device, blocking, DEVICE_TOP_K_CHUNK)
+}
+
+/// The pool rows per product that [`device_top_k_with`] uses when asked for `requested`: whole
+/// chunks of [`DEVICE_TOP_K_CHUNK`] scores, at least one.
+pub fn device_pool_block_used(requested: usize) -> usize {
+    device_pool_block(requested, DEVICE_TOP_K_CHUNK)
+}
+
+fn device_pool_block(requested: usize, chunk: usize) -> usize {
+    requested.max(chunk) / chunk * chunk
 }
 
 /// [`device_top_k_with`] with `chunk` scores per first-stage row (tests use small ones).
@@ -229,7 +240,7 @@ fn device_top_k_chunked(
     }
     let query_block = blocking.queries.max(1);
     // Pool blocks of whole chunks, then the rest: whole chunks, and the last < `chunk` rows.
-    let pool_block = blocking.pool.max(chunk) / chunk * chunk;
+    let pool_block = device_pool_block(blocking.pool, chunk);
     let mut bounds: Vec<(usize, usize)> =
         (0..np / pool_block).map(|b| (b * pool_block, (b + 1) * pool_block)).collect();
     let mut at = np / pool_block * pool_block;
@@ -587,6 +598,20 @@ mod tests {
                 assert_eq!(got.ids, exact_top_k(&queries, &pool, dim, k).ids, "{nq}x{np}x{dim} k={k} chunk {chunk}");
             }
         }
+        // A query whose 10 nearest rows are 16..26, so one chunk of 8 holds 8 of its top 10:
+        // each chunk must keep min(k, chunk) rows, not fewer.
+        let (dim, k) = (6, 10);
+        let queries = uniform(3 * dim, 5);
+        let mut pool = uniform(200 * dim, 6);
+        for (j, row) in pool.chunks_mut(dim).enumerate().skip(16).take(10) {
+            for (x, q) in row.iter_mut().zip(&queries[..dim]) {
+                *x = 4.0 * q + 0.01 * j as f32;
+            }
+        }
+        let blocking = Blocking { queries: 2, pool: 64 };
+        let got = device_top_k_chunked(&queries, &pool, dim, k, &device, blocking, 8);
+        assert_eq!(got.ids_of(0).iter().filter(|&&i| (16..26).contains(&i)).count(), 10, "{:?}", got.ids_of(0));
+        assert_eq!(got.ids, exact_top_k(&queries, &pool, dim, k).ids);
         assert_eq!(device_top_k(&[], &uniform(8, 1), 4, 3, &device).ids.len(), 0);
     }
 

@@ -464,8 +464,9 @@ fn bench_counts_are_checked() {
 #[test]
 fn bench_knn_on_a_device_finds_the_cpu_kernels_neighbours() {
     // `--device cpu` runs `knn::device_top_k` (burn's matmul and top-k, as on a GPU) in blocks
-    // small enough that lists are merged across pool and query blocks; the ids must equal the
-    // CPU kernel's, whose scores here have no near ties.
+    // small enough that lists are merged across query blocks and across pool blocks of two
+    // 1,024-score chunks (the two-stage top-k) and a rest; the ids must equal the CPU kernel's,
+    // whose scores here have no near ties.
     let dir = tempfile::tempdir().unwrap();
     let (q, p) = (dir.path().join("q.f32"), dir.path().join("p.f32"));
     let mut state = 12345u64;
@@ -473,7 +474,7 @@ fn bench_knn_on_a_device_finds_the_cpu_kernels_neighbours() {
         state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
     };
-    let (nq, np, dim, k) = (37, 500, 16, 7);
+    let (nq, np, dim, k) = (37, 5000, 16, 7);
     let f32s = |n: usize, next: &mut dyn FnMut() -> f32| (0..n).flat_map(|_| next().to_le_bytes()).collect::<Vec<u8>>();
     std::fs::write(&q, f32s(nq * dim, &mut next)).unwrap();
     std::fs::write(&p, f32s(np * dim, &mut next)).unwrap();
@@ -482,11 +483,14 @@ fn bench_knn_on_a_device_finds_the_cpu_kernels_neighbours() {
         let mut args = vec!["bench", "knn", "--queries", q.to_str().unwrap(), "--pool", p.to_str().unwrap()];
         args.extend(["--dim", "16", "--k", "7", "--repeat", "1", "--ids-out", out.to_str().unwrap()]);
         if let Some(d) = device {
-            args.extend(["--device", d, "--query-block", "10", "--pool-block", "120"]);
+            args.extend(["--device", d, "--query-block", "10", "--pool-block", "2100"]);
         }
         let (code, stdout, stderr) = curate(&args);
         assert_eq!(code, 0, "{stderr}");
         assert!(stdout.contains(&format!("\"device\":\"{}\"", device.unwrap_or("cpu kernel"))), "{stdout}");
+        if device.is_some() {
+            assert!(stdout.contains("\"pool_block\":2048"), "the pool block used: {stdout}");
+        }
         std::fs::read(out).unwrap()
     };
     let kernel = ids(None);

@@ -359,13 +359,15 @@ fn im2col_convolutions_back_propagate_as_burns_kernel() {
 #[test]
 fn staged_batch_norm_trains_as_burns() {
     // On a GPU a training BatchNorm computes its statistics as staged sums
-    // (`resnet::batch_norm` with the im2col lowering). Output, every gradient and the running
-    // statistics after the step must equal burn's `BatchNorm` in training.
+    // (`resnet::staged_batch_norm`, which `batch_norm` takes with the im2col lowering). Output,
+    // every gradient and the running statistics after the step must equal burn's `BatchNorm` in
+    // training. Epsilon is large and channel 4 nearly constant, so a lost epsilon shows.
+    use burn::module::Param;
     use burn::tensor::{Tensor, TensorData};
-    use curate::models::resnet::{batch_norm, ConvLowering};
+    use curate::models::resnet::{batch_norm, staged_batch_norm, ConvLowering};
     use curate::models::weights::Weights;
     let device = Device::flex().autodiff();
-    let (c, shape) = (5, [3, 5, 7, 6]);
+    let (c, shape, eps) = (5, [3, 5, 7, 6], 0.05);
     let wave = |n: usize, a: f32, b: f32, o: f32| (0..n).map(|i| o + a * ((i as f32) * b).sin()).collect::<Vec<f32>>();
     let parts = || {
         vec![
@@ -377,17 +379,20 @@ fn staged_batch_norm_trains_as_burns() {
     };
     let n: usize = shape.iter().product();
     // Channels with their own offsets and spreads, so mean and variance both matter.
-    let values: Vec<f32> =
-        (0..n).map(|i| 3.0 * ((i * 7919 % 101) as f32 / 101.0 - 0.5) + ((i / 42) % 5) as f32).collect();
+    let values: Vec<f32> = (0..n)
+        .map(|i| {
+            let spread = if (i / 42) % 5 == 4 { 0.01 } else { 3.0 };
+            spread * ((i * 7919 % 101) as f32 / 101.0 - 0.5) + ((i / 42) % 5) as f32
+        })
+        .collect();
     let direction = Tensor::<4>::from_data(TensorData::new(wave(n, 1.0, 0.37, 0.0), shape), &device);
+    let v = |t: Tensor<1>| t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+    let v4 = |t: Tensor<4>| t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
     let run = |staged: bool| {
-        let bn = Weights::from_parts(parts()).batch_norm("bn", c, 1e-5, &device);
+        let bn = Weights::from_parts(parts()).batch_norm("bn", c, eps, &device);
         let x = Tensor::<4>::from_data(TensorData::new(values.clone(), shape), &device).require_grad();
-        let lowering = if staged { ConvLowering::Im2col } else { ConvLowering::Native };
-        let out = batch_norm(&bn, x.clone(), lowering);
+        let out = if staged { staged_batch_norm(&bn, x.clone()) } else { bn.forward(x.clone()) };
         let grads = (out.clone() * direction.clone()).sum().backward();
-        let v = |t: Tensor<1>| t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
-        let v4 = |t: Tensor<4>| t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
         vec![
             v4(out),
             v4(x.grad(&grads).unwrap()),
@@ -408,6 +413,21 @@ fn staged_batch_norm_trains_as_burns() {
     }
     // The running statistics moved (momentum 0.1) from their starting values.
     assert!((staged[4][0] - 0.2).abs() > 1e-3, "running mean {:?}", staged[4]);
+    // `batch_norm` takes the staged path only in training on an autodiff device: a layer whose
+    // training flag is off, or a device without autodiff, normalises with the running statistics
+    // and leaves them as they were.
+    let start = wave(c, 0.5, 0.7, 0.2);
+    let mut frozen = Weights::from_parts(parts()).batch_norm("bn", c, eps, &device);
+    frozen.training = Param::from_bool(false);
+    let plain = Device::flex();
+    let inference = Weights::from_parts(parts()).batch_norm("bn", c, eps, &plain);
+    for (bn, device) in [(&frozen, &device), (&inference, &plain)] {
+        let x = Tensor::<4>::from_data(TensorData::new(values.clone(), shape), device);
+        let out = v4(batch_norm(bn, x.clone(), ConvLowering::Im2col));
+        assert_eq!(v(bn.running_mean.value_sync()), start, "the running mean was left alone");
+        let want = v4(bn.forward(x));
+        assert_eq!(out, want, "the running statistics normalise");
+    }
 }
 
 #[test]

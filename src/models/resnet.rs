@@ -128,9 +128,15 @@ fn convolve(conv: &Conv2d, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
 /// sums, ResNet-50 trained at 62–65 samples/s there instead of 40–45). Elsewhere (the CPU's
 /// lowering, or inference) this is `bn.forward(x)`.
 pub fn batch_norm(bn: &BatchNorm, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
-    if lowering != ConvLowering::Im2col || !(x.device().is_autodiff() && bn.training.is_enabled()) {
-        return bn.forward(x);
+    if lowering == ConvLowering::Im2col && x.device().is_autodiff() && bn.training.is_enabled() {
+        staged_batch_norm(bn, x)
+    } else {
+        bn.forward(x)
     }
+}
+
+/// A training BatchNorm with its statistics as staged sums: see [`batch_norm`], which takes it.
+pub fn staged_batch_norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
     let [b, c, h, w] = x.dims();
     let count = (b * h * w) as f64;
     // Per-channel sums of a `[batch, C, H, W]` tensor, as `[1, C, 1, 1]`.
