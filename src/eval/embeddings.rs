@@ -109,7 +109,13 @@ const LEVELS_PER_CALL: usize = 1 << 19;
 /// 52 MB of COCO 25K caption embeddings in ~75 ms instead of ~170 ms). `None` at the first
 /// thing out of the ordinary — a missing column, another type, a null anywhere, a non-finite
 /// value, no rows — and the caller reads the file again the general way, which reports it.
+/// A panic in the parquet crate (it panics on some damaged files) is `None` too: the general
+/// path, which turns such a panic into an error naming the file, reads it again.
 fn read_clean(path: &Path, id_columns: &[&str], embedding: &str) -> Option<(Vec<Vec<i64>>, Matrix)> {
+    crate::error::catch_quietly(|| read_clean_unguarded(path, id_columns, embedding)).ok().flatten()
+}
+
+fn read_clean_unguarded(path: &Path, id_columns: &[&str], embedding: &str) -> Option<(Vec<Vec<i64>>, Matrix)> {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use parquet::arrow::ProjectionMask;
 
@@ -462,5 +468,24 @@ mod tests {
         assert!(read_clean(&p, &["coco_image_id"], "embedding").is_none());
         let e = read_images(&p).unwrap_err().to_string();
         assert!(e.contains("null"), "{e}");
+    }
+
+    #[test]
+    fn a_damaged_table_is_read_or_refused_by_name_never_a_panic() {
+        // The parquet crate panics on some damaged files, in the fast path's column reader too.
+        let dir = tempfile::tempdir().unwrap();
+        let (good, bad) = (dir.path().join("good.parquet"), dir.path().join("bad.parquet"));
+        write(&good, 8, 5, None);
+        let bytes = std::fs::read(&good).unwrap();
+        for at in 4..bytes.len() - 8 {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= 1;
+            std::fs::write(&bad, &damaged).unwrap();
+            match std::panic::catch_unwind(|| read_images(&bad)) {
+                Err(_) => panic!("byte {at}: reading panicked"),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => assert!(e.to_string().contains(&bad.display().to_string()), "byte {at}: {e}"),
+            }
+        }
     }
 }
