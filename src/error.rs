@@ -181,20 +181,6 @@ pub fn did_you_mean<'a>(given: &str, candidates: impl IntoIterator<Item = &'a st
     best.map(|(_, _, c)| format!("did you mean `{c}`?"))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn suggests_close_names_only() {
-        let keys = ["keep_words", "rm_top_freq", "shuffle"];
-        assert_eq!(did_you_mean("keep", keys).as_deref(), Some("did you mean `keep_words`?"));
-        assert_eq!(did_you_mean("shufle", keys).as_deref(), Some("did you mean `shuffle`?"));
-        assert_eq!(did_you_mean("zzz", keys), None);
-        assert_eq!(did_you_mean("bwo", ["bow", "seed"]).as_deref(), Some("did you mean `bow`?"));
-    }
-}
-
 thread_local! {
     /// Set while [`catch_quietly`] runs `f` on this thread.
     static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -224,4 +210,18 @@ pub fn catch_quietly<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String>
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "a panic without a message".into())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggests_close_names_only() {
+        let keys = ["keep_words", "rm_top_freq", "shuffle"];
+        assert_eq!(did_you_mean("keep", keys).as_deref(), Some("did you mean `keep_words`?"));
+        assert_eq!(did_you_mean("shufle", keys).as_deref(), Some("did you mean `shuffle`?"));
+        assert_eq!(did_you_mean("zzz", keys), None);
+        assert_eq!(did_you_mean("bwo", ["bow", "seed"]).as_deref(), Some("did you mean `bow`?"));
+    }
 }
