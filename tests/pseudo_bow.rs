@@ -209,6 +209,14 @@ fn unusable_images_and_images_without_candidates_are_rejected() {
     reasons.sort();
     let reasons: Vec<String> = reasons.into_iter().flatten().collect();
     assert_eq!(reasons, ["no_candidate_word", "no_candidate_word", "undecodable_image"]);
+    // Nothing mined: the mean words per caption is undefined, not 0.
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    let stage = report["stages"].as_object().unwrap().values().next().unwrap();
+    assert_eq!((stage["images_mined"].as_u64(), stage["no_candidate_word"].as_u64()), (Some(0), Some(2)));
+    assert_eq!(stage["mean_words"], serde_json::Value::Null);
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("no candidate word: 2; mean words per caption n/a"), "{md}");
 }
 
 #[test]

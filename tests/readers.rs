@@ -1644,7 +1644,7 @@ fn a_run_that_writes_nothing_says_so() {
 
 #[test]
 fn the_bow_report_says_what_it_cannot_measure() {
-    // No caption: no Δ dataset size (0 in the JSON, "n/a" in the Markdown). "only" mode has no
+    // No caption: no Δ dataset size nor mean (`null` in the JSON, "n/a" in the Markdown). "only" mode has no
     // base set: no line about one.
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("c.tsv");
@@ -1659,7 +1659,10 @@ fn the_bow_report_says_what_it_cannot_measure() {
     let (d, _, _) = run_pipeline(&bow(""));
     let md = std::fs::read_to_string(d.path().join("out/report.md")).unwrap();
     assert!(md.contains("- Δ dataset size: **n/a**") && md.contains("| mean words per caption | n/a | n/a |"), "{md}");
-    assert_eq!(json_file(&d.path().join("out/report.json"))["stages"]["bow"]["delta_dataset_size"], 0.0);
+    let report = json_file(&d.path().join("out/report.json"));
+    for key in ["delta_dataset_size", "mean_words_before", "mean_words_after", "mean_words_deformed_after"] {
+        assert_eq!(report["stages"]["bow"][key], serde_json::Value::Null, "{key}");
+    }
     std::fs::write(&input, "a dog in the park\thttp://u\nthe a\thttp://v\n").unwrap();
     let (d, _, _) =
         run_pipeline(&bow("mode = \"only\"\nlimit_to_base_vocab = false\nrm_top_freq = 0\nshuffle = false\n"));

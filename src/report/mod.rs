@@ -139,11 +139,11 @@ fn pseudo_bow_section(md: &mut String, out: &Path, name: &str, r: &Value) {
     );
     let _ = writeln!(
         md,
-        "- images in: {}, mined: {}, no candidate word: {}; mean words per caption {:.2}",
+        "- images in: {}, mined: {}, no candidate word: {}; mean words per caption {}",
         u("images_in"),
         u("images_mined"),
         u("no_candidate_word"),
-        r["mean_words"].as_f64().unwrap_or(0.0)
+        r["mean_words"].as_f64().map_or_else(|| "n/a".to_owned(), |m| format!("{m:.2}"))
     );
     let _ = writeln!(
         md,
@@ -219,7 +219,7 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
     for w in r["warnings"].as_array().into_iter().flatten().filter_map(Value::as_str) {
         let _ = writeln!(md, "**Warning:** {w}\n");
     }
-    // A mean (or Δ) over no caption is 0 in the JSON, "n/a" here.
+    // A mean (or Δ) over no caption is `null` in the JSON, "n/a" here.
     let mean = |k: &str, n: &str| if u(n) == 0 { "n/a".to_owned() } else { format!("{:.2}", f(k)) };
     let _ = writeln!(md, "| | before | after |\n| --- | ---: | ---: |");
     let _ = writeln!(md, "| captions | {} | {} |", u("captions_in"), u("captions_out"));

@@ -1129,7 +1129,8 @@ impl Transform for Bow {
         let (ranked_after, vocab_after) = st.ranked(AFTER);
         let (ranked_deformed_after, _) = st.ranked(DEFORMED_AFTER);
         let vocab_deformed_after = st.distinct(DEFORMED_AFTER);
-        let mean = |words: u64, n: u64| if n == 0 { 0.0 } else { words as f64 / n as f64 };
+        // A mean or Δ over no caption is undefined: `null` in the JSON.
+        let mean = |words: u64, n: u64| (n > 0).then(|| words as f64 / n as f64);
         json!({
             "mode": self.config.mode,
             "operators": self.operators(),
@@ -1143,7 +1144,7 @@ impl Transform for Bow {
             "deformed_in": st.deformed_in,
             "deformed_out": st.deformed_out,
             "emptied": st.emptied,
-            "delta_dataset_size": if n_in == 0 { 0.0 } else { (n_out as f64 - n_in as f64) / n_in as f64 },
+            "delta_dataset_size": (n_in > 0).then(|| (n_out as f64 - n_in as f64) / n_in as f64),
             "mean_words_before": mean(st.words_before, n_in),
             "mean_words_after": mean(st.words_after, n_out),
             "mean_words_deformed_after": mean(st.words_deformed_after, st.deformed_out),

@@ -703,7 +703,7 @@ impl Transform for MinePseudoBow {
             "images_in": s.images,
             "images_mined": s.mined,
             "no_candidate_word": s.no_candidate,
-            "mean_words": if s.mined > 0 { s.words_out as f64 / s.mined as f64 } else { 0.0 },
+            "mean_words": (s.mined > 0).then(|| s.words_out as f64 / s.mined as f64),
             "crop_embed_seconds": s.embed_seconds,
             "search_seconds": s.search_seconds,
             "crops_per_second_searched": if s.search_seconds > 0.0 { s.crops as f64 / s.search_seconds } else { 0.0 },
