@@ -284,17 +284,51 @@ fn same_output_for_any_thread_count_and_cache_budget() {
     }
 }
 
-/// `config.json` has every value the run used: a stage seed left out is written as the
-/// pipeline's seed, not as `null`.
+/// A stage seed left out of the pipeline file stays out of `config.json`, so a replay with
+/// `--set seed=N` reseeds the stage as the pipeline file does; a stage's own seed is kept and wins.
 #[test]
-fn resolved_config_writes_out_the_stage_seed() {
-    let plan = curate::pipeline::plan::compile(std::path::Path::new("pipelines/bow.toml"), &["seed=7".into()]).unwrap();
-    let bow = plan.resolved["stage"].as_array().unwrap().iter().find(|s| s["type"] == "bow").unwrap();
-    assert_eq!(bow["seed"], serde_json::json!(7));
-    let plan =
-        curate::pipeline::plan::compile(std::path::Path::new("pipelines/bow.toml"), &["bow.seed=3".into()]).unwrap();
-    let bow = plan.resolved["stage"].as_array().unwrap().iter().find(|s| s["type"] == "bow").unwrap();
-    assert_eq!(bow["seed"], serde_json::json!(3));
+fn a_run_config_replayed_with_another_seed_reseeds_its_stages() {
+    use curate::pipeline::{self, plan::compile, RunOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("c.tsv");
+    let mut tsv = String::new();
+    for i in 0..400 {
+        tsv.push_str(&format!("a red dog w{} and a cat near the old park w{}\thttp://x/{i}\n", i % 37, i % 11));
+    }
+    std::fs::write(&input, tsv).unwrap();
+    let file = dir.path().join("p.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "output_dir = \"{}\"\n[[stage]]\ntype = \"read_cc_tsv\"\npath = \"{}\"\n[[stage]]\ntype = \"bow\"\n\
+             [[stage]]\ntype = \"write_parquet\"\n",
+            dir.path().join("a").display(),
+            input.display()
+        ),
+    )
+    .unwrap();
+    let run = |file: &std::path::Path, sets: &[String]| {
+        let plan = compile(file, sets).unwrap();
+        let out = std::path::PathBuf::from(plan.resolved["output_dir"].as_str().unwrap());
+        let bow = plan.resolved["stage"].as_array().unwrap().iter().find(|s| s["type"] == "bow").unwrap().clone();
+        pipeline::run(plan, &RunOptions::default()).unwrap();
+        (common::strs(&common::read_dir(&out.join("data")), "caption"), bow, out)
+    };
+    let at = |name: &str| format!("output_dir={}", dir.path().join(name).display());
+    let (seed0, bow, out) = run(&file, &[]);
+    assert!(bow.get("seed").is_none(), "an inherited seed is not written: {bow}");
+    let config = out.join("config.json");
+    let (replayed, _, _) = run(&config, &[at("b")]);
+    assert_eq!(replayed, seed0, "config.json replays the run");
+    let (seed1, _, _) = run(&file, &["seed=1".into(), at("c")]);
+    assert_ne!(seed1, seed0, "another seed shuffles otherwise");
+    let (replayed1, _, _) = run(&config, &["seed=1".into(), at("d")]);
+    assert_eq!(replayed1, seed1, "`--set seed=1` on config.json reseeds the bow stage");
+    // A stage's own seed is written out, and a pipeline seed does not override it.
+    let (own, bow, out) = run(&file, &["bow.seed=1".into(), "seed=5".into(), at("e")]);
+    assert_eq!((own.clone(), bow["seed"].clone()), (seed1.clone(), serde_json::json!(1)));
+    let (replayed_own, _, _) = run(&out.join("config.json"), &["seed=9".into(), at("f")]);
+    assert_eq!(replayed_own, seed1);
 }
 
 /// The base size is `round(base_fraction·N)` with Python's `round`, as in the spec's

@@ -271,9 +271,10 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
         }
         let mut resolved = resolved;
         if let serde_json::Value::Object(m) = &mut resolved {
-            // A stage seed left out is the pipeline's: resolved, every value is written out.
+            // A stage seed left out is the pipeline's, and stays left out: `curate run
+            // config.json --set seed=N` then reseeds the stage as it would the pipeline file.
             if m.get("seed").is_some_and(serde_json::Value::is_null) {
-                m.insert("seed".into(), json!(seed));
+                m.remove("seed");
             }
             let mut with_type = serde_json::Map::new();
             with_type.insert("type".into(), json!(ty));
