@@ -303,3 +303,40 @@ fn semi_aligned_training_takes_aligned_and_pseudo_captioned_tables() {
     assert!(s.last_loss.is_finite());
     assert!(out.join("model.bpk").is_file());
 }
+
+/// `validate` finds what the run would find only after embedding its input: a label column
+/// named by hand that the input lacks, an aligned or features table that is no Parquet or
+/// lacks a column; and a missing run beside another key's problem.
+#[test]
+fn validate_checks_the_tables_and_columns_the_stage_will_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let root = "data/train_sample/unaligned";
+    let aligned = "data/train_sample/train.parquet";
+    let compile = |toml: String| compile_doc(&ConfigDoc::parse(Path::new("t.toml"), toml, &[]).unwrap()).err();
+    assert!(compile(pipeline(&out, root, aligned, "")).is_none(), "the bundled tables serve");
+    let err = compile(pipeline(&out, root, aligned, "label_column = \"label_txt\"")).expect("no such column");
+    let err = err.to_string();
+    assert!(
+        err.contains("the stage's input has no column `label_txt`") && err.contains("did you mean `label_text`?"),
+        "{err}"
+    );
+    // A TSV named as the aligned set, and a table without the caption column.
+    let tsv = dir.path().join("aligned.tsv");
+    std::fs::write(&tsv, "a dog\thttp://x\n").unwrap();
+    let err = compile(pipeline(&out, root, &tsv.to_string_lossy(), "")).expect("not Parquet").to_string();
+    assert!(err.contains("aligned.tsv") && err.contains("--> t.toml:"), "{err}");
+    let err = compile(pipeline(&out, root, aligned, "caption_column = \"text\"")).expect("no column").to_string();
+    assert!(err.contains("train.parquet` has no column `text` (its columns: "), "{err}");
+    let err = compile(pipeline(&out, root, aligned, &format!("aligned_features = [{aligned:?}]")))
+        .expect("no embeddings")
+        .to_string();
+    assert!(err.contains("has no column `embedding`"), "{err}");
+    // A wrong `crops` and a missing run: both reported by one compile.
+    let toml = pipeline(&out, root, aligned, "crops = 0").replace(
+        &format!("run = {:?}", trained_run().to_string_lossy()),
+        &format!("run = {:?}", dir.path().join("no_run").to_string_lossy()),
+    );
+    let err = compile(toml).expect("two problems").to_string();
+    assert!(err.contains("crops") && err.contains("is not a `curate train` run"), "{err}");
+}

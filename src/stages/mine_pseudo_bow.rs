@@ -224,17 +224,61 @@ impl MinePseudoBowConfig {
                 None
             }
         };
-        if !problems.is_empty() {
-            return None;
+        // The tables' footers: what the run would find only after embedding the input.
+        for file in &aligned {
+            let caption = self.caption_column.as_deref();
+            if let Some(problem) = table_problem(file, |has| {
+                let caption = caption.unwrap_or(if has(schema::ORIGINAL_CAPTION) {
+                    schema::ORIGINAL_CAPTION
+                } else {
+                    schema::CAPTION
+                });
+                [schema::SAMPLE_ID, caption].into_iter().find(|c| !has(c)).map(str::to_owned)
+            }) {
+                problems.push("aligned", problem, Some("Parquet tables of the captioned pairs S_a".into()));
+            }
         }
+        for file in aligned_features.iter().flatten() {
+            if let Some(problem) = table_problem(file, |has| {
+                [schema::SAMPLE_ID, "embedding"].into_iter().find(|c| !has(c)).map(str::to_owned)
+            }) {
+                problems.push(
+                    "aligned_features",
+                    problem,
+                    Some("caption embeddings as `encode_text` writes them: `sample_id` + `embedding`".into()),
+                );
+            }
+        }
+        // The default column scores when the input has it; a column named by hand must be there.
+        if self.label_column != schema::LABEL_TEXT {
+            match input.field_with_name(&self.label_column) {
+                Ok(f) if f.data_type() == &DataType::Utf8 => {}
+                Ok(f) => problems.push(
+                    "label_column",
+                    format!("column `{}` is {}, expected text", self.label_column, f.data_type()),
+                    None,
+                ),
+                Err(_) => {
+                    let names: Vec<&str> = input.fields().iter().map(|f| f.name().as_str()).collect();
+                    problems.push(
+                        "label_column",
+                        format!("the stage's input has no column `{}`", self.label_column),
+                        crate::error::did_you_mean(&self.label_column, names.iter().copied())
+                            .or_else(|| Some(format!("its columns: {}", names.join(", ")))),
+                    )
+                }
+            }
+        }
+        // The run is loaded whatever else is wrong, so one `validate` reports a missing run too.
         let run = match TrainedRun::load(Path::new(&self.run), device) {
-            Ok(r) => r,
+            Ok(r) => Some(r),
             Err(e) => {
                 let (message, hint) = e.into_message_and_hint();
                 problems.push("run", message, hint);
-                return None;
+                None
             }
         };
+        let run = run.filter(|_| problems.is_empty())?;
         let mut fields: Vec<Field> =
             input.fields().iter().filter(|f| f.name() != schema::CAPTION).map(|f| f.as_ref().clone()).collect();
         fields.push(Field::new(schema::CAPTION, DataType::Utf8, false));
@@ -259,6 +303,19 @@ impl MinePseudoBowConfig {
             schema: Arc::new(Schema::new(fields)),
             pool: None,
         })
+    }
+}
+
+/// Why the Parquet table `file` cannot serve, from its footer: unreadable, or without the
+/// column `missing` names (given a test of the columns it has).
+fn table_problem(file: &Path, missing: impl FnOnce(&dyn Fn(&str) -> bool) -> Option<String>) -> Option<String> {
+    match crate::io::parquet::read_schema(file) {
+        Err(e) => Some(e.to_string()),
+        Ok(schema) => {
+            let column = missing(&|c| schema.field_with_name(c).is_ok())?;
+            let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            Some(format!("`{}` has no column `{column}` (its columns: {})", file.display(), names.join(", ")))
+        }
     }
 }
 
