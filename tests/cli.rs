@@ -559,3 +559,32 @@ fn a_large_subset_list_is_announced_before_it_is_read() {
     let error = stderr.find("subset.tsv` line 1001").unwrap_or_else(|| panic!("{stderr}"));
     assert!(note < error, "{stderr}");
 }
+
+/// A stage without a known type may be of any kind: the order is reported wrong only when no
+/// kind there would make it right, so a misspelt reader or writer gets its own error alone.
+#[test]
+fn a_stage_of_unknown_type_does_not_make_the_order_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let read = "[[stage]]\ntype = \"read_cc_tsv\"\npath = \"tests/fixtures/readers/cc/cc_train.tsv\"\n";
+    let (bow, write) = ("[[stage]]\ntype = \"bow\"\n", "[[stage]]\ntype = \"write_parquet\"\n");
+    let check = |stages: &[&str], wrong_order: &[&str]| {
+        let file = dir.path().join("p.toml");
+        std::fs::write(&file, format!("output_dir = \"out/test\"\n{}", stages.concat())).unwrap();
+        let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(stderr.contains("unknown stage type `read_cc_tsvv`") || stderr.contains("has no `type`"), "{stderr}");
+        for (want, what) in [("starts with exactly one read stage", "read"), ("ends with exactly one", "write")] {
+            assert_eq!(stderr.contains(want), wrong_order.contains(&what), "{what}: {stderr}");
+        }
+    };
+    let typo = "[[stage]]\ntype = \"read_cc_tsvv\"\n";
+    let untyped = "[[stage]]\ntyp = \"write_parquet\"\n";
+    check(&[typo, bow, write], &[]);
+    check(&[read, bow, untyped], &[]);
+    check(&[typo, bow, untyped], &[]);
+    // No kind for the unknown stage helps: a transform first, or a second reader.
+    check(&[bow, typo, write], &["read"]);
+    check(&[typo, read, write], &["read"]);
+    check(&[read, untyped, bow], &["write"]);
+    check(&[read, write, untyped, write], &["write"]);
+}

@@ -48,43 +48,50 @@ impl<'de> Deserialize<'de> for PathPatterns {
 
 impl PathPatterns {
     /// Expands the patterns into existing files, in pattern order then sorted matches.
-    /// The error says which pattern matched nothing.
+    /// The error says which patterns matched nothing: every one of them, `; `-separated.
     pub fn expand(&self) -> std::result::Result<Vec<PathBuf>, String> {
         if self.0.is_empty() {
             return Err("no path given".into());
         }
         let mut out = Vec::new();
+        let mut errors = Vec::new();
         for pat in &self.0 {
-            if !pat.contains(['*', '?', '[']) {
-                let p = PathBuf::from(pat);
-                if !p.exists() {
-                    return Err(format!("`{pat}` does not exist"));
-                }
-                out.push(p);
-                continue;
+            match expand_one(pat) {
+                Ok(files) => out.extend(files),
+                Err(e) => errors.push(e),
             }
-            let mut matches: Vec<PathBuf> = glob::glob(pat)
-                .map_err(|e| format!("bad pattern `{pat}`: {e}"))?
-                .filter_map(std::result::Result::ok)
-                .collect();
-            // A file named with `[` (`shard[1].tsv`) is itself, not a pattern matching nothing.
-            if matches.is_empty() && Path::new(pat).exists() {
-                matches.push(PathBuf::from(pat));
-            }
-            if let Some(name) = unmatchable_name(pat) {
-                return Err(format!(
-                    "`{pat}`: the file name `{name}` is not UTF-8, so no pattern can match it and its rows would be \
-                     left out; rename it"
-                ));
-            }
-            if matches.is_empty() {
-                return Err(format!("`{pat}` matches no file"));
-            }
-            matches.sort();
-            out.extend(matches);
         }
-        Ok(out)
+        if errors.is_empty() {
+            Ok(out)
+        } else {
+            Err(errors.join("; "))
+        }
     }
+}
+
+/// The files one pattern names: itself, or its sorted matches.
+fn expand_one(pat: &str) -> std::result::Result<Vec<PathBuf>, String> {
+    if !pat.contains(['*', '?', '[']) {
+        let p = PathBuf::from(pat);
+        return if p.exists() { Ok(vec![p]) } else { Err(format!("`{pat}` does not exist")) };
+    }
+    let mut matches: Vec<PathBuf> =
+        glob::glob(pat).map_err(|e| format!("bad pattern `{pat}`: {e}"))?.filter_map(std::result::Result::ok).collect();
+    // A file named with `[` (`shard[1].tsv`) is itself, not a pattern matching nothing.
+    if matches.is_empty() && Path::new(pat).exists() {
+        matches.push(PathBuf::from(pat));
+    }
+    if let Some(name) = unmatchable_name(pat) {
+        return Err(format!(
+            "`{pat}`: the file name `{name}` is not UTF-8, so no pattern can match it and its rows would be \
+             left out; rename it"
+        ));
+    }
+    if matches.is_empty() {
+        return Err(format!("`{pat}` matches no file"));
+    }
+    matches.sort();
+    Ok(matches)
 }
 
 /// A file of the pattern's folder whose name is not UTF-8 but, made text, matches the
@@ -327,6 +334,14 @@ mod tests {
         let miss = PathPatterns(vec![format!("{}/*.parquet", dir.path().display())]).expand().unwrap_err();
         assert!(miss.contains("matches no file"));
         assert!(PathPatterns(vec!["/nonexistent/x".into()]).expand().unwrap_err().contains("does not exist"));
+        // Every miss is named, not only the first.
+        let a = dir.path().join("a.tsv").display().to_string();
+        let both = PathPatterns(vec!["/nonexistent/x".into(), a, format!("{}/*.csv", dir.path().display())]);
+        let err = both.expand().unwrap_err();
+        assert!(
+            err.starts_with("`/nonexistent/x` does not exist; `") && err.ends_with("*.csv` matches no file"),
+            "{err}"
+        );
     }
 
     #[test]

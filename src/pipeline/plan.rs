@@ -136,12 +136,15 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
     // a broken stage, column checks would report columns it might have produced).
     let mut schema_known = true;
     let mut names: Vec<String> = Vec::new();
+    // Stages without a known type (already reported): for the order check, any kind.
+    let mut untyped: Vec<usize> = Vec::new();
     // The schema flowing into the next stage, so each transform is checked against its input.
     let mut schema = schema::pairs();
     for (i, table) in doc.indexed_stages() {
         let at = format!("stage[{i}]");
         let Some(ty) = table.get("type") else {
             schema_known = false;
+            untyped.push(i);
             // A misspelt `type` key (`typ = "bow"`) is what is most often behind a missing one.
             let misspelt = did_you_mean_key(table.keys().map(String::as_str));
             diags.push(Diagnostic::new(format!("`{at}` has no `type`")).at(doc.location(&at)).hint(
@@ -153,12 +156,14 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
         };
         let Some(ty) = ty.as_str() else {
             schema_known = false;
+            untyped.push(i);
             diags
                 .push(Diagnostic::new(format!("`{at}.type` must be a string")).at(doc.location(&format!("{at}.type"))));
             continue;
         };
         let Some(&(ty, kind, keys)) = types.iter().find(|t| t.0 == ty) else {
             schema_known = false;
+            untyped.push(i);
             let hint = did_you_mean(ty, types.iter().map(|t| t.0))
                 .or_else(|| Some(format!("stage types: {}", list(&types.iter().map(|t| t.0).collect::<Vec<_>>()))));
             diags.push(
@@ -290,7 +295,7 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
         built.push(Compiled { name, kind, stage, resolved, index: i });
     }
 
-    check_order(doc, &built, &types, &mut diags);
+    check_order(doc, &built, &untyped, &types, &mut diags);
     check_bow_has_captions(doc, &built, &mut diags);
     let output_schema = if schema_known { written_schema(doc, &built, &schema, &mut diags) } else { schema.clone() };
     check_inputs_are_not_cleared(doc, &built, top.as_ref(), &mut diags);
@@ -407,32 +412,43 @@ fn check_top(doc: &ConfigDoc, diags: &mut Vec<Diagnostic>) -> Option<PipelineCon
 }
 
 /// Order: one reader first, transforms, one writer last.
-fn check_order(doc: &ConfigDoc, built: &[Compiled], types: &[StageType], diags: &mut Vec<Diagnostic>) {
-    let kinds: Vec<Kind> = built.iter().map(|b| b.kind).collect();
-    if !kinds.is_empty() {
-        if kinds[0] != Kind::Read || kinds.iter().filter(|k| **k == Kind::Read).count() != 1 {
-            // Point at the first read stage out of place (or at the first stage, if none reads).
-            let at = match kinds.iter().position(|k| *k == Kind::Read) {
-                Some(0) => built.iter().filter(|b| b.kind == Kind::Read).nth(1).map_or(0, |b| b.index),
-                _ => built[0].index,
-            };
-            diags.push(
-                Diagnostic::new("a pipeline starts with exactly one read stage")
-                    .at(doc.location(&format!("stage[{at}]")))
-                    .hint(format!(
-                        "read stages: {}",
-                        list(&types.iter().filter(|t| t.1 == Kind::Read).map(|t| t.0).collect::<Vec<_>>())
-                    )),
-            );
+fn check_order(
+    doc: &ConfigDoc,
+    built: &[Compiled],
+    untyped: &[usize],
+    types: &[StageType],
+    diags: &mut Vec<Diagnostic>,
+) {
+    // Every stage in file order with its kind; `None` for one without a known type, which may
+    // be of any kind (its own error says what is wrong): the order is wrong only if no kind
+    // there would make it right.
+    let mut slots: Vec<(usize, Option<Kind>)> =
+        built.iter().map(|b| (b.index, Some(b.kind))).chain(untyped.iter().map(|&i| (i, None))).collect();
+    slots.sort_by_key(|s| s.0);
+    let (Some(first), Some(last)) = (slots.first(), slots.last()) else { return };
+    // The end that holds another kind, or else a stage of `kind` placed where it cannot be.
+    let misplaced = |kind: Kind, end: (usize, Option<Kind>)| {
+        if end.1.is_some_and(|k| k != kind) {
+            return Some(end.0);
         }
-        if *kinds.last().expect("non-empty") != Kind::Write || kinds.iter().filter(|k| **k == Kind::Write).count() != 1
-        {
-            diags.push(
-                Diagnostic::new("a pipeline ends with exactly one `write_parquet` stage")
-                    .at(doc.location(&format!("stage[{}]", built.last().expect("non-empty").index)))
-                    .hint("end the file with a `[[stage]]` of `type = \"write_parquet\"`"),
-            );
-        }
+        slots.iter().find(|s| s.1 == Some(kind) && s.0 != end.0).map(|s| s.0)
+    };
+    if let Some(at) = misplaced(Kind::Read, *first) {
+        diags.push(
+            Diagnostic::new("a pipeline starts with exactly one read stage")
+                .at(doc.location(&format!("stage[{at}]")))
+                .hint(format!(
+                    "read stages: {}",
+                    list(&types.iter().filter(|t| t.1 == Kind::Read).map(|t| t.0).collect::<Vec<_>>())
+                )),
+        );
+    }
+    if misplaced(Kind::Write, *last).is_some() {
+        diags.push(
+            Diagnostic::new("a pipeline ends with exactly one `write_parquet` stage")
+                .at(doc.location(&format!("stage[{}]", last.0)))
+                .hint("end the file with a `[[stage]]` of `type = \"write_parquet\"`"),
+        );
     }
 }
 
