@@ -588,3 +588,40 @@ fn a_stage_of_unknown_type_does_not_make_the_order_wrong() {
     check(&[read, untyped, bow], &["write"]);
     check(&[read, write, untyped, write], &["write"]);
 }
+
+/// A file where a run writes a folder (`data/`, `rejects/`, `plots/`), or a folder where it
+/// writes a file (`manifest.json`), fails `validate`, not the run after its reading.
+#[test]
+fn output_places_held_by_the_wrong_kind_fail_validate() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(out.join("manifest.json")).unwrap();
+    for f in ["shards", "rejects", "plots"] {
+        std::fs::write(out.join(f), "x").unwrap();
+    }
+    let set = format!("output_dir={}", out.display());
+    let (code, _, stderr) =
+        curate(&["validate", "pipelines/bow.toml", "--set", &set, "--set", "write_parquet.dir=shards"]);
+    assert_eq!(code, 2, "{stderr}");
+    for f in ["shards", "rejects", "plots"] {
+        assert!(
+            stderr.contains(&format!("out/{f}` is a file, where the run writes its folder `{f}`")),
+            "{f}: {stderr}"
+        );
+    }
+    assert!(
+        stderr.contains("out/manifest.json` is a folder, where the run writes its file `manifest.json`"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("4 configuration errors"), "{stderr}");
+    // The data folder's error points at the writer's `dir`.
+    assert!(stderr.contains("--> --set write_parquet.dir=shards"), "{stderr}");
+    // The same folder, cleared of them, validates.
+    std::fs::remove_dir(out.join("manifest.json")).unwrap();
+    for f in ["shards", "rejects", "plots"] {
+        std::fs::remove_file(out.join(f)).unwrap();
+    }
+    let (code, _, stderr) =
+        curate(&["validate", "pipelines/bow.toml", "--set", &set, "--set", "write_parquet.dir=shards"]);
+    assert_eq!(code, 0, "{stderr}");
+}

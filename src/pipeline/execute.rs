@@ -747,7 +747,7 @@ fn is_run_file(name: &str) -> bool {
 }
 
 /// The files a run writes in its output folder beside the data.
-const RUN_FILES: [&str; 5] = ["config.json", "manifest.json", "report.json", "report.md", checkpoint::FILE];
+pub const RUN_FILES: [&str; 5] = ["config.json", "manifest.json", "report.json", "report.md", checkpoint::FILE];
 
 /// Whether a file named `name` in the output folder's `plots/` is a plot a run draws (and so
 /// clears before it starts); other files there are the user's.

@@ -299,6 +299,7 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
     check_bow_has_captions(doc, &built, &mut diags);
     let output_schema = if schema_known { written_schema(doc, &built, &schema, &mut diags) } else { schema.clone() };
     check_inputs_are_not_cleared(doc, &built, top.as_ref(), &mut diags);
+    check_output_places(doc, &built, top.as_ref(), &mut diags);
 
     if !diags.is_empty() {
         return Err(Error::Config(doc.in_file_syntax(diags)));
@@ -522,6 +523,42 @@ fn written_schema(doc: &ConfigDoc, built: &[Compiled], schema: &SchemaRef, diags
 }
 
 /// An input among the shards a run into `output_dir` clears first would be deleted unread.
+/// What a run makes in `output_dir` that something of another kind holds already (a file
+/// where it writes a folder, a folder where it writes a file): the run would fail there only
+/// after reading everything.
+fn check_output_places(doc: &ConfigDoc, built: &[Compiled], top: Option<&PipelineConfig>, diags: &mut Vec<Diagnostic>) {
+    let Some(top) = top else { return };
+    let out = Path::new(&top.output_dir);
+    let data = built.iter().find_map(|b| match &b.stage {
+        Some(Built::Write(w)) => Some((w.dir.as_str(), b.index)),
+        _ => None,
+    });
+    let folders = data
+        .iter()
+        .map(|&(dir, i)| (dir, format!("stage[{i}].dir")))
+        .chain(["rejects", "plots", crate::stages::write_parquet::STALE_DIR].map(|d| (d, "output_dir".to_owned())));
+    for (name, key) in folders {
+        let place = out.join(name);
+        if place.exists() && !place.is_dir() {
+            diags.push(
+                Diagnostic::new(format!("`{}` is a file, where the run writes its folder `{name}`", place.display()))
+                    .at(doc.location(&key))
+                    .hint("move or delete it, or write to another `output_dir` (e.g. `--set output_dir=...`)"),
+            );
+        }
+    }
+    for name in crate::pipeline::execute::RUN_FILES {
+        let place = out.join(name);
+        if place.is_dir() {
+            diags.push(
+                Diagnostic::new(format!("`{}` is a folder, where the run writes its file `{name}`", place.display()))
+                    .at(doc.location("output_dir"))
+                    .hint("move or delete it, or write to another `output_dir` (e.g. `--set output_dir=...`)"),
+            );
+        }
+    }
+}
+
 fn check_inputs_are_not_cleared(
     doc: &ConfigDoc,
     built: &[Compiled],
