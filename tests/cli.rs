@@ -625,3 +625,41 @@ fn output_places_held_by_the_wrong_kind_fail_validate() {
         curate(&["validate", "pipelines/bow.toml", "--set", &set, "--set", "write_parquet.dir=shards"]);
     assert_eq!(code, 0, "{stderr}");
 }
+
+/// A pipeline file with a byte that is not UTF-8 is placed at that byte; a byte-order mark is
+/// read past (TOML and JSON alike) and is no column; `.JSON` is JSON as `.json` is.
+#[test]
+fn encoding_slips_in_pipeline_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, bytes: &[u8]| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    let latin1 = write("latin1.toml", b"output_dir = \"out/p\"\n# r\xe9sum\xe9\n");
+    let (code, _, stderr) = curate(&["validate", &latin1]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("is not UTF-8 text: byte 0xE9") && stderr.contains("latin1.toml:2:4"), "{stderr}");
+    assert!(stderr.contains("hint: save the file as UTF-8"), "{stderr}");
+    // A mark, then a key at column 1.
+    let toml = write("bom.toml", "\u{feff}output_dr = \"out/p\"\n".as_bytes());
+    let (_, _, stderr) = curate(&["validate", &toml]);
+    assert!(
+        stderr.contains("unknown top-level key `output_dr`\n --> ") && stderr.contains("bom.toml:1:1\n"),
+        "{stderr}"
+    );
+    let pipeline = std::fs::read_to_string("tests/fixtures/configs/output_places.toml").unwrap();
+    let json = serde_json::to_string(&toml::from_str::<toml::Value>(&pipeline).unwrap()).unwrap();
+    for name in ["bom.json", "BOM.JSON"] {
+        let file = write(name, format!("\u{feff}{json}").as_bytes());
+        let (code, _, stderr) = curate(&["validate", &file, "--set", "output_dir=out/test-json"]);
+        let (code_plain, _, plain) =
+            curate(&["validate", &write("plain.json", json.as_bytes()), "--set", "output_dir=out/test-json"]);
+        assert_eq!((code, stderr.replace(name, "plain.json")), (code_plain, plain), "{name}");
+    }
+    // A JSON error on the mark's line is placed by the characters a reader sees.
+    let bad = write("bad.json", "\u{feff}{\"seed\": }".as_bytes());
+    let (code, _, stderr) = curate(&["validate", &bad]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("bad.json:1:10"), "{stderr}");
+}

@@ -59,10 +59,19 @@ impl ConfigDoc {
             ))
             .hint("name the pipeline file (`pipelines/bow.toml`), not a data file")]);
         }
-        let source = String::from_utf8(bytes).map_err(|_| {
-            cannot(std::io::Error::new(std::io::ErrorKind::InvalidData, "stream did not contain valid UTF-8"))
+        let source = String::from_utf8(bytes).map_err(|e| {
+            // Placed at the first byte that is not UTF-8 (the text before it is).
+            let at = e.utf8_error().valid_up_to();
+            let byte = e.as_bytes()[at];
+            let lossy = String::from_utf8_lossy(e.as_bytes());
+            vec![Diagnostic::new(format!(
+                "`{}` is not UTF-8 text: byte 0x{byte:02X} cannot be read as a character",
+                path.display()
+            ))
+            .at(Some(location_in(path, &lossy, at)))
+            .hint("save the file as UTF-8 (pipeline and training files are TOML or JSON, both UTF-8)")]
         })?;
-        if path.extension().is_some_and(|e| e == "json") {
+        if is_json_path(path) {
             let root = json_as_table(path, &source)?;
             let origins = json_spans(&source);
             return Ok(Self::assemble(path, source, root, origins, overrides));
@@ -119,7 +128,7 @@ impl ConfigDoc {
 
     /// Whether the file is JSON (above all a run's `config.json`).
     pub fn is_json(&self) -> bool {
-        self.path.extension().is_some_and(|e| e == "json")
+        is_json_path(&self.path)
     }
 
     /// `diags` with their hints in the file's own syntax: a JSON file's problems say
@@ -358,8 +367,16 @@ impl ConfigDoc {
     }
 }
 
-/// Line, column and text of byte `offset` in `source`, the file at `path`.
+/// Whether the file at `path` is read as JSON: its extension is `json` (`.JSON` too).
+fn is_json_path(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"))
+}
+
+/// Line, column and text of byte `offset` in `source`, the file at `path`. A byte-order mark
+/// at the start is not a column (editors do not show it).
 fn location_in(path: &Path, source: &str, offset: usize) -> Location {
+    let bom = if source.starts_with('\u{feff}') { '\u{feff}'.len_utf8() } else { 0 };
+    let (source, offset) = (&source[bom..], offset.saturating_sub(bom));
     let mut offset = offset.min(source.len());
     while !source.is_char_boundary(offset) {
         offset -= 1;
@@ -376,6 +393,9 @@ fn location_in(path: &Path, source: &str, offset: usize) -> Location {
 /// out/bow/config.json` repeats that run — as the TOML table it stands for. JSON nulls (a
 /// setting left at "none") are left out, as TOML has no null.
 fn json_as_table(path: &Path, source: &str) -> Result<Table, Vec<Diagnostic>> {
+    // A byte-order mark (which some editors write) before the JSON is not part of it.
+    let body = source.strip_prefix('\u{feff}').unwrap_or(source);
+    let bom = source.len() - body.len();
     let bad = |e: serde_json::Error| {
         let message = e.to_string();
         // serde_json ends its messages with the place, which the location shows.
@@ -385,8 +405,8 @@ fn json_as_table(path: &Path, source: &str) -> Result<Table, Vec<Diagnostic>> {
         };
         // serde_json counts lines from 1 and columns in bytes from 1.
         let at = (e.line() > 0).then(|| {
-            let line_start: usize = source.split_inclusive('\n').take(e.line() - 1).map(str::len).sum();
-            location_in(path, source, line_start + e.column().saturating_sub(1))
+            let line_start: usize = body.split_inclusive('\n').take(e.line() - 1).map(str::len).sum();
+            location_in(path, source, bom + line_start + e.column().saturating_sub(1))
         });
         // Without a line, the text is JSON but not a table of settings (an array at the top, a
         // number past TOML's integers).
@@ -410,7 +430,7 @@ fn json_as_table(path: &Path, source: &str) -> Result<Table, Vec<Diagnostic>> {
             _ => {}
         }
     }
-    let mut value: serde_json::Value = serde_json::from_str(source).map_err(bad)?;
+    let mut value: serde_json::Value = serde_json::from_str(body).map_err(bad)?;
     drop_nulls(&mut value);
     serde_json::from_value(value).map_err(bad)
 }
@@ -568,7 +588,8 @@ fn json_spans(source: &str) -> HashMap<String, Origin> {
             Some(())
         }
     }
-    let mut walk = Walk { s: source.as_bytes(), i: 0, out: HashMap::new() };
+    let bom = if source.starts_with('\u{feff}') { '\u{feff}'.len_utf8() } else { 0 };
+    let mut walk = Walk { s: source.as_bytes(), i: bom, out: HashMap::new() };
     walk.peek();
     let start = walk.i;
     walk.value(String::new(), start..start);
