@@ -663,3 +663,21 @@ fn encoding_slips_in_pipeline_files() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("bad.json:1:10"), "{stderr}");
 }
+
+/// An unknown key inside an inline table is shown at the key, with its near miss, as a stage's
+/// own unknown keys are.
+#[test]
+fn an_unknown_key_in_an_inline_table_gets_did_you_mean() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.toml");
+    std::fs::write(
+        &file,
+        "output_dir = \"out/test\"\n[[stage]]\ntype = \"read_table\"\npath = \"data/cc3m_sample.tsv\"\n\
+         columns = { sample_id = \"id\", captoin = \"text\" }\n[[stage]]\ntype = \"write_parquet\"\n",
+    )
+    .unwrap();
+    let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.starts_with("error: unknown key `captoin` in `read_table.columns`\n"), "{stderr}");
+    assert!(stderr.contains("p.toml:5:31\n") && stderr.contains("hint: did you mean `caption`?"), "{stderr}");
+}

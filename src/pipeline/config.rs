@@ -350,7 +350,22 @@ impl ConfigDoc {
                         }
                     }
                     let (msg, hint) = explain_serde_error(&message, &join(shown));
-                    diags.push(Diagnostic::new(msg).at(self.location(&full)).maybe_hint(hint));
+                    // An unknown key is shown at the key, as the file's other unknown keys are.
+                    let at = if let Some(rest) = message.strip_prefix("unknown field `") {
+                        // The error's path ends at the key, or (inside a tagged enum, `[loss]`) at its table.
+                        let given = rest.split('`').next().unwrap_or("");
+                        let key = if full.ends_with(&format!(".{given}")) || full == given {
+                            full.clone()
+                        } else if full.is_empty() {
+                            given.to_owned()
+                        } else {
+                            format!("{full}.{given}")
+                        };
+                        self.key_location(&key).or_else(|| self.location(&full))
+                    } else {
+                        self.location(&full)
+                    };
+                    diags.push(Diagnostic::new(msg).at(at).maybe_hint(hint));
                     // Drop the offending key and retry to find further errors.
                     if inner == "." || inner.is_empty() || !remove_path(&mut value, &now) {
                         dropped.push(inner);
@@ -705,6 +720,19 @@ fn explain_serde_error(message: &str, shown: &str) -> (String, Option<String>) {
             Some(format!("choose one of {}", expected.iter().map(|e| format!("`{e}`")).collect::<Vec<_>>().join(", ")))
         });
         return (format!("`{shown}`: unknown value `{given}`"), hint);
+    }
+    if let Some(rest) = message.strip_prefix("unknown field ") {
+        // A key of a nested table (`columns = { captoin = "text" }`): its table, and a near miss.
+        let given = rest.split('`').nth(1).unwrap_or("");
+        let expected: Vec<&str> = rest.split("expected").nth(1).unwrap_or("").split('`').skip(1).step_by(2).collect();
+        let table = shown.strip_suffix(given).map_or(shown, |t| t.trim_end_matches('.'));
+        let hint = did_you_mean(given, expected.iter().copied()).or_else(|| {
+            (!expected.is_empty()).then(|| {
+                format!("keys here: {}", expected.iter().map(|e| format!("`{e}`")).collect::<Vec<_>>().join(", "))
+            })
+        });
+        let within = if table.is_empty() { String::new() } else { format!(" in `{table}`") };
+        return (format!("unknown key `{given}`{within}"), hint);
     }
     if let Some(field) = message.strip_prefix("missing field ") {
         let key = field.trim_matches('`');

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use toml::Value;
 
-use crate::error::{did_you_mean, Diagnostic, Error, Result};
+use crate::error::{Diagnostic, Error, Result};
 use crate::io::PathPatterns;
 use crate::losses::LossConfig;
 use crate::models::pooling::Pooling;
@@ -398,27 +398,10 @@ impl TrainConfig {
         if let Some(c) = &parsed {
             c.check(&doc, &mut diags);
         }
+        // An unknown key is placed at the key, with its near miss (`ConfigDoc::extract`).
         match parsed {
             Some(c) if diags.is_empty() => Ok(c),
-            _ => {
-                // "`loss`: unknown field `temprature`, expected one of `temperature`, ...": point
-                // at the key and suggest the closest name.
-                for d in diags.iter_mut() {
-                    if d.message.contains("unknown field") {
-                        let parts: Vec<String> = d.message.split('`').map(str::to_owned).collect();
-                        let (table, given) =
-                            (parts.get(1).cloned().unwrap_or_default(), parts.get(3).cloned().unwrap_or_default());
-                        let key = if table.is_empty() { given.clone() } else { format!("{table}.{given}") };
-                        if let Some(loc) = doc.key_location(&key) {
-                            d.location = Some(loc);
-                        }
-                        if d.hint.is_none() {
-                            d.hint = did_you_mean(&given, parts.iter().skip(5).step_by(2).map(String::as_str));
-                        }
-                    }
-                }
-                Err(Error::Config(diags))
-            }
+            _ => Err(Error::Config(diags)),
         }
     }
 
