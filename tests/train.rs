@@ -297,6 +297,68 @@ fn rows_whose_image_is_not_there_are_counted() {
     assert!(stderr.contains("note: 144 training row(s) left out: their image file is not there"), "{stderr}");
 }
 
+/// The sample's teacher image features, rows `range`, each row cut to its first `width` values,
+/// with `poison` (row, value) written over the first value of a row, saved as `file`.
+fn teacher_table(file: &Path, range: std::ops::Range<usize>, width: usize, poison: Option<(usize, f32)>) {
+    use arrow_array::{Array, ArrayRef, FixedSizeListArray, Float32Array, RecordBatch, StringArray};
+    let batches = curate::io::parquet::read_file(Path::new("data/train_sample/teacher_image.parquet")).unwrap();
+    let ids = common::strs(&batches, "sample_id");
+    let mut values = Vec::new();
+    for b in &batches {
+        let list = b.column_by_name("embedding").unwrap().as_any().downcast_ref::<FixedSizeListArray>().unwrap();
+        for i in 0..list.len() {
+            let row = list.value(i);
+            let row = row.as_any().downcast_ref::<Float32Array>().unwrap();
+            values.push(row.values()[..width].to_vec());
+        }
+    }
+    if let Some((r, v)) = poison {
+        values[r][0] = v;
+    }
+    let flat: Vec<f32> = values[range.clone()].concat();
+    let field = Arc::new(arrow_schema::Field::new("item", arrow_schema::DataType::Float32, true));
+    let list = FixedSizeListArray::new(field, width as i32, Arc::new(Float32Array::from(flat)), None);
+    let batch = RecordBatch::try_from_iter([
+        ("sample_id", Arc::new(StringArray::from(ids[range].to_vec())) as ArrayRef),
+        ("embedding", Arc::new(list) as ArrayRef),
+    ])
+    .unwrap();
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(file).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+#[test]
+fn teacher_tables_of_other_widths_or_with_a_nan_are_refused_at_load() {
+    // Two tables of 64 and 32 values: in one order a data worker read past the narrow rows and
+    // panicked, in the other the run trained on misaligned features. Both orders are refused
+    // before training, naming both files and widths.
+    let dir = tempfile::tempdir().unwrap();
+    let (wide, narrow) = (dir.path().join("wide.parquet"), dir.path().join("narrow.parquet"));
+    teacher_table(&wide, 0..300, 64, None);
+    teacher_table(&narrow, 300..576, 32, None);
+    for (a, b, wa, wb) in [(&wide, &narrow, 64, 32), (&narrow, &wide, 32, 64)] {
+        let c = config(
+            dir.path(),
+            &["loss.type=cusa", &format!("data.teacher_image=[\"{}\", \"{}\"]", a.display(), b.display())],
+        );
+        let e = TrainSet::load(&c).unwrap_err().to_string();
+        let want =
+            format!("feature widths differ: `{}` has {wa}-d embeddings, `{}` has {wb}-d", a.display(), b.display());
+        assert!(e.contains(&want), "wanted `{want}` in:\n{e}");
+    }
+    // A NaN (and an inf) in row 7 of a table: named by file, column and row, not "the loss is NaN".
+    for bad in [f32::NAN, f32::INFINITY] {
+        let poisoned = dir.path().join("poisoned.parquet");
+        teacher_table(&poisoned, 0..576, 64, Some((7, bad)));
+        let c = config(dir.path(), &["loss.type=cusa", &format!("data.teacher_image=\"{}\"", poisoned.display())]);
+        let e = TrainSet::load(&c).unwrap_err().to_string();
+        let want = format!("column `embedding` of `{}` has a null or non-finite value (row 7", poisoned.display());
+        assert!(e.contains(&want), "wanted `{want}` in:\n{e}");
+    }
+}
+
 #[test]
 fn set_makes_an_optional_table_the_file_leaves_out() {
     // BASE has no `[eval]`: `--set eval.key=...` makes it, as it would a stage's key.

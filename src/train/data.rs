@@ -117,10 +117,18 @@ fn expand(p: &PathPatterns) -> Result<Vec<PathBuf>> {
 }
 
 /// `sample_id` → embedding of the feature tables `files` (`encode_text` / `encode_image` output).
+///
+/// Every table must have the same width: rows are gathered by a fixed stride later (and mined
+/// against one run's width), so a narrower table would be read past its end and a wider one
+/// silently misaligned. A non-finite or null value is refused here, naming file, column and row,
+/// as `curate eval` does: found later it only shows as a NaN loss that points at the learning
+/// rate.
 pub(crate) fn read_features(files: &[PathBuf]) -> Result<(HashMap<String, Vec<f32>>, usize)> {
     let mut out = HashMap::new();
-    let mut dim = 0;
+    // The width and the file it was first seen in.
+    let mut first: Option<(usize, &Path)> = None;
     for file in files {
+        let mut row = 0;
         for batch in crate::io::parquet::read_file(file)? {
             let ids = string_column(&batch, "sample_id", file)?;
             let col = batch.column_by_name("embedding").ok_or_else(|| Error::Schema {
@@ -136,16 +144,49 @@ pub(crate) fn read_features(files: &[PathBuf]) -> Result<(HashMap<String, Vec<f3
                 message: format!("`{}`: `embedding` values are not Float32", file.display()),
                 hint: None,
             })?;
-            dim = d;
-            for (i, id) in ids.into_iter().enumerate() {
-                if let Some(id) = id {
-                    let start = (list.offset() + i) * d;
-                    out.insert(id, values.values()[start..start + d].to_vec());
+            match first {
+                Some((w, at)) if w != d => {
+                    return Err(Error::Data {
+                        message: format!(
+                            "feature widths differ: `{}` has {w}-d embeddings, `{}` has {d}-d",
+                            at.display(),
+                            file.display()
+                        ),
+                        hint: Some("list tables of one encoder only (the same `encode_*` stage's outputs)".into()),
+                    })
                 }
+                Some(_) => {}
+                None => first = Some((d, file.as_path())),
             }
+            if d == 0 && list.len() > 0 {
+                return Err(Error::Data {
+                    message: format!("`{}`: column `embedding` has width 0", file.display()),
+                    hint: Some("teacher tables are outputs of the encode_text / encode_image stages".into()),
+                });
+            }
+            for (i, id) in ids.into_iter().enumerate() {
+                let Some(id) = id else { continue };
+                let start = (list.offset() + i) * d;
+                let v = &values.values()[start..start + d];
+                let bad = list.is_null(i)
+                    || (start..start + d).any(|k| values.is_null(k))
+                    || v.iter().any(|x| !x.is_finite());
+                if bad {
+                    return Err(Error::Data {
+                        message: format!(
+                            "column `embedding` of `{}` has a null or non-finite value (row {}, sample `{id}`)",
+                            file.display(),
+                            row + i
+                        ),
+                        hint: Some("re-encode that table, or leave its rows out of the training tables".into()),
+                    });
+                }
+                out.insert(id, v.to_vec());
+            }
+            row += batch.num_rows();
         }
     }
-    Ok((out, dim))
+    Ok((out, first.map_or(0, |(d, _)| d)))
 }
 
 impl TrainSet {
