@@ -1461,6 +1461,44 @@ fn table_cells_timestamps_paths_and_an_open_quote_at_the_end() {
 }
 
 #[test]
+fn parquet_dates_out_of_range_reject_their_row_only() {
+    // Nanoseconds stored in a millisecond column, or a day count past the calendar, cannot be
+    // read as text; Arrow's cast of the column failed and stopped the whole run.
+    use arrow_array::{ArrayRef, Date32Array, RecordBatch, StringArray, TimestampMillisecondArray};
+    let dir = tempfile::tempdir().unwrap();
+    let ms = 1_700_000_000_000;
+    let id: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["a", "b", "c", "d"]));
+    let text: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["a dog", "a cat", "a cow", "a hen"]));
+    let taken: ArrayRef =
+        std::sync::Arc::new(TimestampMillisecondArray::from(vec![Some(ms), Some(ms * 1_000_000), None, Some(0)]));
+    let utc: ArrayRef = std::sync::Arc::new(
+        TimestampMillisecondArray::from(vec![Some(ms), Some(0), Some(0), Some(i64::MAX)]).with_timezone("UTC"),
+    );
+    let day: ArrayRef = std::sync::Arc::new(Date32Array::from(vec![Some(0), Some(0), Some(i32::MAX), None]));
+    let batch =
+        RecordBatch::try_from_iter([("id", id), ("text", text), ("taken", taken), ("utc", utc), ("day", day)]).unwrap();
+    let path = dir.path().join("t.parquet");
+    write_batch(&path, &batch);
+    let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"id\", caption = \"text\", label = \"taken\", label_text = \"utc\", url = \"day\" }}",
+        path.display()
+    )));
+    assert_eq!(strs(&data, "sample_id"), ["a"]);
+    assert_eq!(col(&data, "label"), [Some("2023-11-14T22:13:20".into())]);
+    assert_eq!(col(&data, "label_text"), [Some("2023-11-14T22:13:20Z".into())]);
+    let why = "unreadable_value".to_string();
+    assert_eq!(reasons(&rejects), [(why.clone(), 1), (why.clone(), 2), (why, 3)]);
+    assert_eq!(col(&rejects, "sample_id"), [Some("b".into()), Some("c".into()), Some("d".into())]);
+    // `raw` is the number as stored; `detail` names the column.
+    assert_eq!(raws(&rejects), ["1700000000000000000", "2147483647", "9223372036854775807"]);
+    let details = common::col(&rejects, "detail");
+    for (d, name) in details.iter().zip(["taken", "day", "utc"]) {
+        let d = d.as_deref().unwrap();
+        assert!(d.starts_with(&format!("column `{name}`: the value cannot be read as text")), "{d}");
+    }
+}
+
+#[test]
 fn table_files_of_different_formats_need_format_set() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.tsv"), "1\ta dog\n").unwrap();
