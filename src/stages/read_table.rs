@@ -927,12 +927,12 @@ impl ReadTable {
                 (valid && !c.is_valid(r) && !bad.contains_key(&r)).then_some(orig)
             });
             if let Some(orig) = not_text {
-                let raw = match orig.data_type() {
-                    DataType::Binary => orig.as_binary::<i32>().value(r).to_vec(),
-                    DataType::LargeBinary => orig.as_binary::<i64>().value(r).to_vec(),
-                    DataType::BinaryView => orig.as_binary_view().value(r).to_vec(),
-                    _ => Vec::new(),
-                };
+                // Through a cast of the one value, so that a dictionary of bytes (a categorical
+                // column) gives its bytes as a plain binary column does.
+                let raw = arrow_cast::cast(&orig.slice(r, 1), &DataType::Binary)
+                    .ok()
+                    .and_then(|b| b.as_binary::<i32>().iter().next().flatten().map(<[u8]>::to_vec))
+                    .unwrap_or_default();
                 let id = cols[0].as_ref().map(|c| c.as_string::<i32>()).filter(|c| c.is_valid(r)).map(|c| c.value(r));
                 rejects.push(self.reject(
                     path,
