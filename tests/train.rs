@@ -372,6 +372,57 @@ fn set_makes_an_optional_table_the_file_leaves_out() {
 }
 
 #[test]
+fn an_empty_zero_shot_table_is_an_error_and_null_rows_are_counted() {
+    // An empty table scored 0.0 at every evaluation (hit@k of no image) and the run exited 0;
+    // rows with a null path or label were dropped unsaid.
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    use curate::train::zeroshot::ZeroShot;
+    let dir = tempfile::tempdir().unwrap();
+    let batches = curate::io::parquet::read_file(Path::new("data/train_sample/zeroshot.parquet")).unwrap();
+    let paths = common::strs(&batches, "path");
+    let labels = common::strs(&batches, "label");
+    let table = |file: &str, n: usize| {
+        let opt = |v: &[String], null: usize| -> ArrayRef {
+            Arc::new(StringArray::from((0..n).map(|i| (i != null).then(|| v[i].clone())).collect::<Vec<_>>()))
+        };
+        let batch = RecordBatch::try_from_iter([("path", opt(&paths, 1)), ("label", opt(&labels, 3))]).unwrap();
+        let path = dir.path().join(file);
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        path
+    };
+    let eval_config = |file: &Path| {
+        let c = config(
+            dir.path(),
+            &[&format!("eval.images=\"{}\"", file.display()), "eval.classes=data/train_sample/classes.txt"],
+        );
+        c.eval.unwrap()
+    };
+    let five = table("five.parquet", 5);
+    let z = ZeroShot::load(&eval_config(&five), 16).unwrap();
+    assert_eq!(z.skipped, 2);
+    let empty = table("empty.parquet", 0);
+    let e = ZeroShot::load(&eval_config(&empty), 16).err().expect("an empty table is refused").to_string();
+    let want = format!("no zero-shot images in `{}` (0 row(s) with a null `path` or `label`)", empty.display());
+    assert!(e.contains(&want), "wanted `{want}` in:\n{e}");
+    assert!(e.contains("hint: "), "{e}");
+    // The binary stops before its first step, exit code 2.
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_curate"))
+        .arg("train")
+        .arg(dir.path().join("train.toml"))
+        .args(["--set", &format!("output_dir={}", dir.path().join("out").display()), "--set", "steps=1"])
+        .args(["--set", &format!("eval.images=\"{}\"", empty.display())])
+        .args(["--set", "eval.classes=data/train_sample/classes.txt"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no zero-shot images in"), "{stderr}");
+}
+
+#[test]
 fn zero_shot_hit_at_k_by_hand() {
     // 3 images, 4 classes. Image 0: best class 2 (label 2) → top-1 hit. Image 1: best 0, second
     // 3 (label 3) → top-1 miss, top-2 hit. Image 2: labels {0, 1} (multi-label), best 1 → hit.

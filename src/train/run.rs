@@ -489,6 +489,9 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let total = config.total_steps(rows);
     let maker = Arc::new(BatchMaker::new(set.clone(), config)?);
     let zeroshot = config.eval.as_ref().map(|e| ZeroShot::load(e, config.model.image_size_px)).transpose()?;
+    if let Some(z) = zeroshot.as_ref().filter(|z| z.skipped > 0) {
+        say!("note: {} zero-shot row(s) left out: their image path or label is null", z.skipped);
+    }
 
     let device = opts.device.clone().autodiff();
     let encoder = DualEncoder::init(&config.model, heads(&config.loss), config.seed, &device)?;
