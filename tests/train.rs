@@ -261,6 +261,57 @@ fn values_no_loss_optimiser_or_model_can_take_are_config_errors() {
 }
 
 #[test]
+fn loss_and_msda_settings_out_of_range_are_config_errors() {
+    // Each was accepted, then showed as a NaN loss ("lower optim.lr") or trained on nonsense.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("train.toml");
+    std::fs::write(&file, BASE).unwrap();
+    let cases: [(&[&str], &[&str]); 5] = [
+        (&["loss.type=otter", "loss.sinkhorn_lambda=0"], &["`loss.sinkhorn_lambda`: 0 is not positive"]),
+        (
+            &["loss.type=pcmepp", "data.msda.beta=0", "data.msda.mix_ratio=1.5"],
+            &["`data.msda.beta`: 0 is not positive", "`data.msda.mix_ratio`: 1.5 is not in [0, 1]"],
+        ),
+        (
+            &["loss.type=infonce", "loss.min_logit_scale=100", "loss.max_logit_scale=1"],
+            &["`loss.max_logit_scale`: 1 is not at least `loss.min_logit_scale`"],
+        ),
+        (&["loss.type=kd", "loss.min_logit_scale=-5"], &["`loss.min_logit_scale`: -5 is not positive"]),
+        (
+            &["loss.type=pcmepp", "loss.label_smoothing=2", "loss.vib_weight=-1", "loss.vib_guard=0", "loss.init_a=0"],
+            &[
+                "`loss.label_smoothing`: 2 is not in [0, 1)",
+                "`loss.vib_weight`: -1 is not at least 0",
+                "`loss.vib_guard`: 0 is not positive",
+                "`loss.init_a`: 0 is not positive",
+            ],
+        ),
+    ];
+    for (sets, wants) in cases {
+        let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        sets.push("output_dir=out/never".into());
+        let e = TrainConfig::load(&file, &sets).unwrap_err().to_string();
+        for want in wants {
+            assert!(e.contains(want), "wanted `{want}` in:\n{e}");
+        }
+        assert!(e.contains("hint: "), "{e}");
+    }
+    // The defaults pass (the loss settings are checked, not just refused).
+    for t in LossType::ALL {
+        let ty = format!("loss.type={t}");
+        let mut sets = vec![ty.as_str(), "output_dir=out/never"];
+        if t == LossType::MemoryBank {
+            sets.push("loss.size=16");
+        }
+        if t == LossType::Pcmepp {
+            sets.push("data.msda={mix_ratio = 0.5}");
+        }
+        TrainConfig::load(&file, &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .unwrap_or_else(|e| panic!("{t}: {e}"));
+    }
+}
+
+#[test]
 fn rows_whose_image_is_not_there_are_counted() {
     // The sample's table with every 4th image path broken: those rows are left out, and
     // counted (the run says how many).
