@@ -150,6 +150,58 @@ fn resume_reproduces_the_losses_of_an_uninterrupted_run() {
     assert!(e.to_string().contains("differs"), "{e}");
 }
 
+/// The lines of `metrics.jsonl` without their timing (`samples_per_s`).
+fn metric_lines(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().remove("samples_per_s");
+            v
+        })
+        .collect()
+}
+
+#[test]
+fn a_resumed_run_logs_the_zero_shot_lines_of_an_uninterrupted_one() {
+    // A checkpoint is saved before its step's zero-shot evaluation: a run killed between the
+    // two lost that line for good, since a resumed run evaluated only from step 0.
+    let sets = [
+        "eval.images=data/train_sample/zeroshot.parquet",
+        "eval.classes=data/train_sample/classes.txt",
+        "eval.every_steps=3",
+    ];
+    let whole = tempfile::tempdir().unwrap();
+    train(&config(whole.path(), &sets), &TrainOptions::default()).unwrap();
+    let want = metric_lines(&whole.path().join("out"));
+    let zeroshot_steps: Vec<u64> =
+        want.iter().filter(|v| v.get("zeroshot_top1").is_some()).map(|v| v["step"].as_u64().unwrap()).collect();
+    assert_eq!(zeroshot_steps, [0, 3, 6]);
+    for killed_before_eval in [false, true] {
+        let parts = tempfile::tempdir().unwrap();
+        let c = config(parts.path(), &sets);
+        let out = parts.path().join("out");
+        train(&c, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
+        assert_eq!(curate::train::run::last_checkpoint(&out).unwrap().0, 3);
+        if killed_before_eval {
+            // What a kill right after checkpoint 3 leaves: nothing of step 3's evaluation.
+            let log = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+            let kept: String = log
+                .lines()
+                .filter(|l| {
+                    let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                    v["step"].as_u64().unwrap() <= 3 && !(v["step"] == 3 && v.get("zeroshot_top1").is_some())
+                })
+                .map(|l| format!("{l}\n"))
+                .collect();
+            std::fs::write(out.join("metrics.jsonl"), kept).unwrap();
+        }
+        train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
+        assert_eq!(metric_lines(&out), want, "killed before step 3's evaluation: {killed_before_eval}");
+    }
+}
+
 #[test]
 fn a_run_from_step_0_does_not_keep_an_earlier_runs_checkpoints() {
     // Seed 0 trains 6 steps into a folder (checkpoints at 2 and 4); seed 1 then stops after 3 in

@@ -422,8 +422,10 @@ fn loss_of(
 struct Metrics(std::fs::File);
 
 impl Metrics {
-    /// Opens the log; on resume, drops the lines of steps after `keep_through`.
-    fn open(path: &Path, keep_through: Option<u64>) -> Result<Metrics> {
+    /// Opens the log; on resume, drops the lines of steps after `keep_through`, and says
+    /// whether a zero-shot line of step `keep_through` is among those kept.
+    fn open(path: &Path, keep_through: Option<u64>) -> Result<(Metrics, bool)> {
+        let mut zeroshot_kept = false;
         if let Some(step) = keep_through {
             let text = std::fs::read_to_string(path).unwrap_or_default();
             let kept: String = text
@@ -436,12 +438,16 @@ impl Metrics {
                 })
                 .map(|l| format!("{l}\n"))
                 .collect();
+            zeroshot_kept = kept
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .any(|v| v["step"].as_u64() == Some(step) && v.get("zeroshot_top1").is_some());
             crate::io::write_atomic(path, kept.as_bytes())?;
         } else {
             std::fs::write(path, b"").map_err(|e| Error::io("cannot write", path, e))?;
         }
         let f = std::fs::OpenOptions::new().append(true).open(path).map_err(|e| Error::io("cannot open", path, e))?;
-        Ok(Metrics(f))
+        Ok((Metrics(f), zeroshot_kept))
     }
 
     fn line(&mut self, v: serde_json::Value) -> Result<()> {
@@ -516,7 +522,8 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         start = state.step;
         debug_assert_eq!(start, *step);
     }
-    let mut metrics = Metrics::open(&out.join("metrics.jsonl"), resume_from.as_ref().map(|(s, _)| *s))?;
+    let (mut metrics, zeroshot_logged) =
+        Metrics::open(&out.join("metrics.jsonl"), resume_from.as_ref().map(|(s, _)| *s))?;
 
     let mut first_zeroshot = None;
     let mut first_zeroshot_step = 0;
@@ -532,8 +539,12 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         }
         Ok(())
     };
-    if start == 0 {
-        evaluate(&run, 0, &mut metrics)?;
+    // A checkpoint is written before its step's zero-shot evaluation, so a run killed between
+    // the two resumes without that line: evaluate the checkpoint's step again (the model is
+    // the same, so is the line), and the log matches an uninterrupted run's.
+    let due = |step: u64| config.eval.as_ref().is_some_and(|e| step.is_multiple_of(e.every_steps) && step < total);
+    if start == 0 || (due(start) && !zeroshot_logged) {
+        evaluate(&run, start, &mut metrics)?;
     }
 
     let bar = opts.progress.then(|| {
