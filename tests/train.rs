@@ -463,6 +463,80 @@ fn teacher_tables_of_other_widths_or_with_a_nan_are_refused_at_load() {
 }
 
 #[test]
+fn an_undecodable_image_is_left_out_and_resume_still_matches() {
+    // The first two rows of epoch 0, and the first of its batch 4, point at a file that is not
+    // an image: training aborted at the first batch met, and `--resume` again at the same place.
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let plain = config(dir.path(), &[]);
+    let maker = BatchMaker::new(Arc::new(TrainSet::load(&plain).unwrap()), &plain).unwrap();
+    let order = maker.epoch_order(0);
+    let first = [order[0], order[1], order[32]];
+    let broken = dir.path().join("broken.png");
+    std::fs::write(&broken, b"\x89PNG\r\n\x1a\n not really").unwrap();
+    let batches = curate::io::parquet::read_file(Path::new("data/train_sample/train.parquet")).unwrap();
+    let col = |name: &str| common::strs(&batches, name);
+    let paths: Vec<String> = col("path")
+        .iter()
+        .enumerate()
+        .map(|(i, p)| if first.contains(&i) { broken.display().to_string() } else { p.clone() })
+        .collect();
+    let strings = |v: Vec<String>| -> ArrayRef { Arc::new(StringArray::from(v)) };
+    let batch = RecordBatch::try_from_iter([
+        ("sample_id", strings(col("sample_id"))),
+        ("caption", strings(col("caption"))),
+        ("path", strings(paths)),
+    ])
+    .unwrap();
+    let table = dir.path().join("t.parquet");
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&table).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let tables = format!("data.tables=[\"{}\"]", table.display());
+
+    // Batch 0 keeps its size, without the two rows and without a repeat; they are reported.
+    let c = config(dir.path(), &[&tables]);
+    let maker = BatchMaker::new(Arc::new(TrainSet::load(&c).unwrap()), &c).unwrap();
+    let b = maker.make(0, &maker.epoch_order(0)).unwrap();
+    assert_eq!(b.rows.len(), 8);
+    assert!(b.rows.iter().all(|r| !first.contains(r)), "{:?}", b.rows);
+    let mut unique = b.rows.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), 8, "{:?}", b.rows);
+    assert_eq!(b.undecodable.len(), 2);
+    assert!(b.undecodable.iter().all(|(name, _)| name == &broken.display().to_string()));
+
+    // Trained whole, or stopped and resumed: the same losses; the run says what it left out.
+    let whole = tempfile::tempdir().unwrap();
+    let s = train(&config(whole.path(), &[&tables]), &TrainOptions::default()).unwrap();
+    assert_eq!(s.undecodable_images, 1, "one file, named once");
+    let want = losses(&whole.path().join("out"));
+    assert_eq!(want.len(), 6);
+    let parts = tempfile::tempdir().unwrap();
+    let c = config(parts.path(), &[&tables]);
+    // Stopped after step 4, resumed from checkpoint 3: batch 4 is made again after the resume.
+    train(&c, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
+    let s = train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
+    assert_eq!((s.resumed_at, s.undecodable_images), (3, 1));
+    assert_eq!(losses(&parts.path().join("out")), want);
+
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_curate"))
+        .arg("train")
+        .arg(dir.path().join("train.toml"))
+        .args(["--set", &format!("output_dir={}", dir.path().join("out").display()), "--set", "steps=1"])
+        .args(["--set", &tables])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let note = format!("note: training image `{}` cannot be decoded", broken.display());
+    assert!(stderr.contains(&note), "{stderr}");
+    assert!(stderr.contains("1 training image(s) could not be decoded and were left out"), "{stderr}");
+}
+
+#[test]
 fn set_makes_an_optional_table_the_file_leaves_out() {
     // BASE has no `[eval]`: `--set eval.key=...` makes it, as it would a stage's key.
     let dir = tempfile::tempdir().unwrap();

@@ -84,6 +84,8 @@ pub struct TrainSummary {
     pub output_dir: PathBuf,
     pub seconds: f64,
     pub rows: usize,
+    /// Training images met in this run's batches that cannot be decoded (each left out).
+    pub undecodable_images: usize,
 }
 
 /// The loss's learnable scalars.
@@ -562,8 +564,20 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let mut last_loss = f32::NAN;
     let mut window = (Instant::now(), 0usize);
     let mut step_started = Instant::now();
+    let mut undecodable = std::collections::HashSet::new();
     for batch in loader {
         let batch = batch?;
+        for (name, error) in &batch.undecodable {
+            if undecodable.insert(name.clone()) {
+                let note = || {
+                    say!("note: training image `{name}` cannot be decoded ({error}): left out, another row takes its place")
+                };
+                match &bar {
+                    Some(b) => b.suspend(note),
+                    None => note(),
+                }
+            }
+        }
         let step = batch.step + 1; // steps completed after this one
         let lr = super::optim::learning_rate(&config.optim, batch.step, total);
         // EMA teacher first (spec §4 step 2, §5.6), then its forward without gradient.
@@ -661,5 +675,6 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         output_dir: out,
         seconds: started.elapsed().as_secs_f64(),
         rows,
+        undecodable_images: undecodable.len(),
     })
 }
