@@ -211,10 +211,14 @@ fn a_run_from_step_0_does_not_keep_an_earlier_runs_checkpoints() {
     let out = dir.path().join("out");
     train(&config(dir.path(), &["checkpoint_every=2"]), &TrainOptions::default()).unwrap();
     assert_eq!(curate::train::run::last_checkpoint(&out).unwrap().0, 4);
+    // What `curate eval RUN_DIR` writes: the scores of seed 0's model.
+    std::fs::create_dir_all(out.join("eval")).unwrap();
+    std::fs::write(out.join("eval/metrics.json"), "{}").unwrap();
     let other = config(dir.path(), &["checkpoint_every=2", "seed=1"]);
     train(&other, &TrainOptions { stop_after: Some(3), ..Default::default() }).unwrap();
     assert_eq!(curate::train::run::last_checkpoint(&out).unwrap().0, 2, "seed 0's step 4 is gone");
     assert!(!out.join("model.bpk").exists(), "seed 0's final model is gone");
+    assert!(!out.join("eval").exists(), "seed 0's evaluation is gone");
     train(&other, &TrainOptions { resume: true, ..Default::default() }).unwrap();
     let fresh = tempfile::tempdir().unwrap();
     train(&config(fresh.path(), &["checkpoint_every=2", "seed=1"]), &TrainOptions::default()).unwrap();

@@ -195,8 +195,10 @@ fn checkpoint_dir(output: &Path, step: u64) -> PathBuf {
 
 /// Removes what an earlier run left in `output` that this one, starting at step 0, would
 /// otherwise keep beside its own: checkpoints (a later `--resume` would go on from another
-/// run's) and the final model (`curate eval` would score it under this run's config).
-/// `metrics.jsonl` and `config.json` are written anew; other files stay.
+/// run's), the final model (`curate eval` would score it under this run's config) and the
+/// `eval/` folder `curate eval RUN_DIR` wrote (the scores of the model being replaced, which
+/// would otherwise sit beside the new one as if they were its own). `metrics.jsonl` and
+/// `config.json` are written anew; other files stay.
 fn clear_earlier_run(output: &Path) -> Result<()> {
     let dir = output.join("checkpoints");
     let steps: Vec<PathBuf> = match std::fs::read_dir(&dir) {
@@ -208,16 +210,20 @@ fn clear_earlier_run(output: &Path) -> Result<()> {
         Err(_) => Vec::new(),
     };
     let model = output.join("model.bpk");
-    if !steps.is_empty() || model.exists() {
+    let eval = output.join("eval");
+    if !steps.is_empty() || model.exists() || eval.is_dir() {
         say!(
-            "note: `{}` holds an earlier run: its {} checkpoint(s) and final model are removed (train into a new \
-             `output_dir` to keep them, or `--resume` to go on from them)",
+            "note: `{}` holds an earlier run: its {} checkpoint(s), final model and `eval/` results are removed \
+             (train into a new `output_dir` to keep them, or `--resume` to go on from them)",
             output.display(),
             steps.len()
         );
     }
     for p in steps {
         std::fs::remove_dir_all(&p).map_err(|e| Error::io("cannot remove", &p, e))?;
+    }
+    if eval.is_dir() {
+        std::fs::remove_dir_all(&eval).map_err(|e| Error::io("cannot remove", &eval, e))?;
     }
     match std::fs::remove_file(&model) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io("cannot remove", &model, e)),
