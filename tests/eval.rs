@@ -236,6 +236,13 @@ fn input_errors_name_the_file_and_column() {
     let e = embeddings::check_pair(&im, &cap, &ip, &cp).unwrap_err().to_string();
     assert!(e.contains("embedding widths differ") && e.contains("has 3") && e.contains("has 4"), "{e}");
 
+    // An empty table (no rows, so no width) is nothing to evaluate, not a width mismatch.
+    let ep = write(d, "empty.parquet", vec![("coco_image_id", ids(&[])), ("embedding", emb(0, 16))]);
+    let empty = embeddings::read_images(&ep).unwrap();
+    let e = embeddings::check_pair(&empty, &cap, &ep, &cp).unwrap_err().to_string();
+    let want = format!("nothing to evaluate: 0 image(s) in `{}`, 2 caption(s) in `{}`", ep.display(), cp.display());
+    assert!(e.contains(&want) && !e.contains("widths differ"), "{e}");
+
     let cp = write(
         d,
         "orphan.parquet",

@@ -720,6 +720,50 @@ fn webdataset_keys_seen_twice_and_shards_cut_short() {
 }
 
 #[test]
+fn dictionary_encoded_bytes_that_are_not_utf8_reject_as_plain_bytes_do() {
+    // A categorical byte column (pyarrow's `dictionary_encode`, pandas' `category`) with a value
+    // that is not UTF-8: img2dataset rejected the caption as `missing_caption` (raw null) and
+    // kept the url as a null; a table gave an empty `raw`. Both must match plain bytes.
+    use arrow_array::types::Int32Type;
+    use arrow_array::{ArrayRef, BinaryArray, DictionaryArray, Int32Array, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let dict = |v: Vec<&[u8]>| -> ArrayRef {
+        let keys = Int32Array::from((0..v.len() as i32).collect::<Vec<_>>());
+        std::sync::Arc::new(
+            DictionaryArray::<Int32Type>::try_new(keys, std::sync::Arc::new(BinaryArray::from(v))).unwrap(),
+        )
+    };
+    let s = |v: Vec<&str>| -> ArrayRef { std::sync::Arc::new(StringArray::from(v)) };
+    let batch = RecordBatch::try_from_iter([
+        ("key", s(vec!["0", "1", "2"])),
+        ("caption", dict(vec![b"a dog", b"caf\xe9 latin-1", b"a cat"])),
+        ("url", dict(vec![b"http://a", b"http://b", b"http://c/\xff"])),
+        ("status", s(vec!["success"; 3])),
+    ])
+    .unwrap();
+    assert!(matches!(batch.column(1).data_type(), arrow_schema::DataType::Dictionary(..)));
+    let path = dir.path().join("00000.parquet");
+    write_batch(&path, &batch);
+    let (_d, data, rejects) =
+        run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", path.display())));
+    assert_eq!(strs(&data, "sample_id"), ["0"]);
+    assert_eq!(reasons(&rejects), [("invalid_utf8".into(), 1), ("invalid_utf8".into(), 2)]);
+    let raw = |rejects: &[RecordBatch], i: usize| {
+        arrow_array::cast::AsArray::as_binary::<i32>(rejects[0].column_by_name("raw").unwrap()).value(i).to_vec()
+    };
+    assert_eq!(raw(&rejects, 0), b"1\tcaf\xe9 latin-1\thttp://b\tsuccess");
+    assert_eq!(raw(&rejects, 1), b"2\ta cat\thttp://c/\xff\tsuccess");
+    // The table reader: the value's bytes as they were.
+    let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"key\", caption = \"caption\" }}",
+        path.display()
+    )));
+    assert_eq!(strs(&data, "sample_id"), ["0", "2"]);
+    assert_eq!(reasons(&rejects), [("invalid_utf8".into(), 1)]);
+    assert_eq!(raw(&rejects, 0), b"caf\xe9 latin-1");
+}
+
+#[test]
 fn parquet_binary_captions_that_are_not_utf8() {
     use arrow_array::{ArrayRef, BinaryArray, RecordBatch, StringArray};
     let dir = tempfile::tempdir().unwrap();
@@ -1458,6 +1502,44 @@ fn table_cells_timestamps_paths_and_an_open_quote_at_the_end() {
     assert_eq!(col(&data, "path"), [None, Some(dir.path().join("x.jpg").to_string_lossy().into_owned())]);
     assert_eq!(reasons(&rejects), [("wrong_field_count".into(), 4)]);
     assert_eq!(raws(&rejects), ["\"a bird,y.jpg\n"]);
+}
+
+#[test]
+fn parquet_dates_out_of_range_reject_their_row_only() {
+    // Nanoseconds stored in a millisecond column, or a day count past the calendar, cannot be
+    // read as text; Arrow's cast of the column failed and stopped the whole run.
+    use arrow_array::{ArrayRef, Date32Array, RecordBatch, StringArray, TimestampMillisecondArray};
+    let dir = tempfile::tempdir().unwrap();
+    let ms = 1_700_000_000_000;
+    let id: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["a", "b", "c", "d"]));
+    let text: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["a dog", "a cat", "a cow", "a hen"]));
+    let taken: ArrayRef =
+        std::sync::Arc::new(TimestampMillisecondArray::from(vec![Some(ms), Some(ms * 1_000_000), None, Some(0)]));
+    let utc: ArrayRef = std::sync::Arc::new(
+        TimestampMillisecondArray::from(vec![Some(ms), Some(0), Some(0), Some(i64::MAX)]).with_timezone("UTC"),
+    );
+    let day: ArrayRef = std::sync::Arc::new(Date32Array::from(vec![Some(0), Some(0), Some(i32::MAX), None]));
+    let batch =
+        RecordBatch::try_from_iter([("id", id), ("text", text), ("taken", taken), ("utc", utc), ("day", day)]).unwrap();
+    let path = dir.path().join("t.parquet");
+    write_batch(&path, &batch);
+    let (_d, data, rejects) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"id\", caption = \"text\", label = \"taken\", label_text = \"utc\", url = \"day\" }}",
+        path.display()
+    )));
+    assert_eq!(strs(&data, "sample_id"), ["a"]);
+    assert_eq!(col(&data, "label"), [Some("2023-11-14T22:13:20".into())]);
+    assert_eq!(col(&data, "label_text"), [Some("2023-11-14T22:13:20Z".into())]);
+    let why = "unreadable_value".to_string();
+    assert_eq!(reasons(&rejects), [(why.clone(), 1), (why.clone(), 2), (why, 3)]);
+    assert_eq!(col(&rejects, "sample_id"), [Some("b".into()), Some("c".into()), Some("d".into())]);
+    // `raw` is the number as stored; `detail` names the column.
+    assert_eq!(raws(&rejects), ["1700000000000000000", "2147483647", "9223372036854775807"]);
+    let details = common::col(&rejects, "detail");
+    for (d, name) in details.iter().zip(["taken", "day", "utc"]) {
+        let d = d.as_deref().unwrap();
+        assert!(d.starts_with(&format!("column `{name}`: the value cannot be read as text")), "{d}");
+    }
 }
 
 #[test]

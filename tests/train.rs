@@ -150,6 +150,58 @@ fn resume_reproduces_the_losses_of_an_uninterrupted_run() {
     assert!(e.to_string().contains("differs"), "{e}");
 }
 
+/// The lines of `metrics.jsonl` without their timing (`samples_per_s`).
+fn metric_lines(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().remove("samples_per_s");
+            v
+        })
+        .collect()
+}
+
+#[test]
+fn a_resumed_run_logs_the_zero_shot_lines_of_an_uninterrupted_one() {
+    // A checkpoint is saved before its step's zero-shot evaluation: a run killed between the
+    // two lost that line for good, since a resumed run evaluated only from step 0.
+    let sets = [
+        "eval.images=data/train_sample/zeroshot.parquet",
+        "eval.classes=data/train_sample/classes.txt",
+        "eval.every_steps=3",
+    ];
+    let whole = tempfile::tempdir().unwrap();
+    train(&config(whole.path(), &sets), &TrainOptions::default()).unwrap();
+    let want = metric_lines(&whole.path().join("out"));
+    let zeroshot_steps: Vec<u64> =
+        want.iter().filter(|v| v.get("zeroshot_top1").is_some()).map(|v| v["step"].as_u64().unwrap()).collect();
+    assert_eq!(zeroshot_steps, [0, 3, 6]);
+    for killed_before_eval in [false, true] {
+        let parts = tempfile::tempdir().unwrap();
+        let c = config(parts.path(), &sets);
+        let out = parts.path().join("out");
+        train(&c, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
+        assert_eq!(curate::train::run::last_checkpoint(&out).unwrap().0, 3);
+        if killed_before_eval {
+            // What a kill right after checkpoint 3 leaves: nothing of step 3's evaluation.
+            let log = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+            let kept: String = log
+                .lines()
+                .filter(|l| {
+                    let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                    v["step"].as_u64().unwrap() <= 3 && !(v["step"] == 3 && v.get("zeroshot_top1").is_some())
+                })
+                .map(|l| format!("{l}\n"))
+                .collect();
+            std::fs::write(out.join("metrics.jsonl"), kept).unwrap();
+        }
+        train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
+        assert_eq!(metric_lines(&out), want, "killed before step 3's evaluation: {killed_before_eval}");
+    }
+}
+
 #[test]
 fn a_run_from_step_0_does_not_keep_an_earlier_runs_checkpoints() {
     // Seed 0 trains 6 steps into a folder (checkpoints at 2 and 4); seed 1 then stops after 3 in
@@ -159,10 +211,14 @@ fn a_run_from_step_0_does_not_keep_an_earlier_runs_checkpoints() {
     let out = dir.path().join("out");
     train(&config(dir.path(), &["checkpoint_every=2"]), &TrainOptions::default()).unwrap();
     assert_eq!(curate::train::run::last_checkpoint(&out).unwrap().0, 4);
+    // What `curate eval RUN_DIR` writes: the scores of seed 0's model.
+    std::fs::create_dir_all(out.join("eval")).unwrap();
+    std::fs::write(out.join("eval/metrics.json"), "{}").unwrap();
     let other = config(dir.path(), &["checkpoint_every=2", "seed=1"]);
     train(&other, &TrainOptions { stop_after: Some(3), ..Default::default() }).unwrap();
     assert_eq!(curate::train::run::last_checkpoint(&out).unwrap().0, 2, "seed 0's step 4 is gone");
     assert!(!out.join("model.bpk").exists(), "seed 0's final model is gone");
+    assert!(!out.join("eval").exists(), "seed 0's evaluation is gone");
     train(&other, &TrainOptions { resume: true, ..Default::default() }).unwrap();
     let fresh = tempfile::tempdir().unwrap();
     train(&config(fresh.path(), &["checkpoint_every=2", "seed=1"]), &TrainOptions::default()).unwrap();
@@ -261,6 +317,57 @@ fn values_no_loss_optimiser_or_model_can_take_are_config_errors() {
 }
 
 #[test]
+fn loss_and_msda_settings_out_of_range_are_config_errors() {
+    // Each was accepted, then showed as a NaN loss ("lower optim.lr") or trained on nonsense.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("train.toml");
+    std::fs::write(&file, BASE).unwrap();
+    let cases: [(&[&str], &[&str]); 5] = [
+        (&["loss.type=otter", "loss.sinkhorn_lambda=0"], &["`loss.sinkhorn_lambda`: 0 is not positive"]),
+        (
+            &["loss.type=pcmepp", "data.msda.beta=0", "data.msda.mix_ratio=1.5"],
+            &["`data.msda.beta`: 0 is not positive", "`data.msda.mix_ratio`: 1.5 is not in [0, 1]"],
+        ),
+        (
+            &["loss.type=infonce", "loss.min_logit_scale=100", "loss.max_logit_scale=1"],
+            &["`loss.max_logit_scale`: 1 is not at least `loss.min_logit_scale`"],
+        ),
+        (&["loss.type=kd", "loss.min_logit_scale=-5"], &["`loss.min_logit_scale`: -5 is not positive"]),
+        (
+            &["loss.type=pcmepp", "loss.label_smoothing=2", "loss.vib_weight=-1", "loss.vib_guard=0", "loss.init_a=0"],
+            &[
+                "`loss.label_smoothing`: 2 is not in [0, 1)",
+                "`loss.vib_weight`: -1 is not at least 0",
+                "`loss.vib_guard`: 0 is not positive",
+                "`loss.init_a`: 0 is not positive",
+            ],
+        ),
+    ];
+    for (sets, wants) in cases {
+        let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        sets.push("output_dir=out/never".into());
+        let e = TrainConfig::load(&file, &sets).unwrap_err().to_string();
+        for want in wants {
+            assert!(e.contains(want), "wanted `{want}` in:\n{e}");
+        }
+        assert!(e.contains("hint: "), "{e}");
+    }
+    // The defaults pass (the loss settings are checked, not just refused).
+    for t in LossType::ALL {
+        let ty = format!("loss.type={t}");
+        let mut sets = vec![ty.as_str(), "output_dir=out/never"];
+        if t == LossType::MemoryBank {
+            sets.push("loss.size=16");
+        }
+        if t == LossType::Pcmepp {
+            sets.push("data.msda={mix_ratio = 0.5}");
+        }
+        TrainConfig::load(&file, &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .unwrap_or_else(|e| panic!("{t}: {e}"));
+    }
+}
+
+#[test]
 fn rows_whose_image_is_not_there_are_counted() {
     // The sample's table with every 4th image path broken: those rows are left out, and
     // counted (the run says how many).
@@ -297,6 +404,142 @@ fn rows_whose_image_is_not_there_are_counted() {
     assert!(stderr.contains("note: 144 training row(s) left out: their image file is not there"), "{stderr}");
 }
 
+/// The sample's teacher image features, rows `range`, each row cut to its first `width` values,
+/// with `poison` (row, value) written over the first value of a row, saved as `file`.
+fn teacher_table(file: &Path, range: std::ops::Range<usize>, width: usize, poison: Option<(usize, f32)>) {
+    use arrow_array::{Array, ArrayRef, FixedSizeListArray, Float32Array, RecordBatch, StringArray};
+    let batches = curate::io::parquet::read_file(Path::new("data/train_sample/teacher_image.parquet")).unwrap();
+    let ids = common::strs(&batches, "sample_id");
+    let mut values = Vec::new();
+    for b in &batches {
+        let list = b.column_by_name("embedding").unwrap().as_any().downcast_ref::<FixedSizeListArray>().unwrap();
+        for i in 0..list.len() {
+            let row = list.value(i);
+            let row = row.as_any().downcast_ref::<Float32Array>().unwrap();
+            values.push(row.values()[..width].to_vec());
+        }
+    }
+    if let Some((r, v)) = poison {
+        values[r][0] = v;
+    }
+    let flat: Vec<f32> = values[range.clone()].concat();
+    let field = Arc::new(arrow_schema::Field::new("item", arrow_schema::DataType::Float32, true));
+    let list = FixedSizeListArray::new(field, width as i32, Arc::new(Float32Array::from(flat)), None);
+    let batch = RecordBatch::try_from_iter([
+        ("sample_id", Arc::new(StringArray::from(ids[range].to_vec())) as ArrayRef),
+        ("embedding", Arc::new(list) as ArrayRef),
+    ])
+    .unwrap();
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(file).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+#[test]
+fn teacher_tables_of_other_widths_or_with_a_nan_are_refused_at_load() {
+    // Two tables of 64 and 32 values: in one order a data worker read past the narrow rows and
+    // panicked, in the other the run trained on misaligned features. Both orders are refused
+    // before training, naming both files and widths.
+    let dir = tempfile::tempdir().unwrap();
+    let (wide, narrow) = (dir.path().join("wide.parquet"), dir.path().join("narrow.parquet"));
+    teacher_table(&wide, 0..300, 64, None);
+    teacher_table(&narrow, 300..576, 32, None);
+    for (a, b, wa, wb) in [(&wide, &narrow, 64, 32), (&narrow, &wide, 32, 64)] {
+        let c = config(
+            dir.path(),
+            &["loss.type=cusa", &format!("data.teacher_image=[\"{}\", \"{}\"]", a.display(), b.display())],
+        );
+        let e = TrainSet::load(&c).unwrap_err().to_string();
+        let want =
+            format!("feature widths differ: `{}` has {wa}-d embeddings, `{}` has {wb}-d", a.display(), b.display());
+        assert!(e.contains(&want), "wanted `{want}` in:\n{e}");
+    }
+    // A NaN (and an inf) in row 7 of a table: named by file, column and row, not "the loss is NaN".
+    for bad in [f32::NAN, f32::INFINITY] {
+        let poisoned = dir.path().join("poisoned.parquet");
+        teacher_table(&poisoned, 0..576, 64, Some((7, bad)));
+        let c = config(dir.path(), &["loss.type=cusa", &format!("data.teacher_image=\"{}\"", poisoned.display())]);
+        let e = TrainSet::load(&c).unwrap_err().to_string();
+        let want = format!("column `embedding` of `{}` has a null or non-finite value (row 7", poisoned.display());
+        assert!(e.contains(&want), "wanted `{want}` in:\n{e}");
+    }
+}
+
+#[test]
+fn an_undecodable_image_is_left_out_and_resume_still_matches() {
+    // The first two rows of epoch 0, and the first of its batch 4, point at a file that is not
+    // an image: training aborted at the first batch met, and `--resume` again at the same place.
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let plain = config(dir.path(), &[]);
+    let maker = BatchMaker::new(Arc::new(TrainSet::load(&plain).unwrap()), &plain).unwrap();
+    let order = maker.epoch_order(0);
+    let first = [order[0], order[1], order[32]];
+    let broken = dir.path().join("broken.png");
+    std::fs::write(&broken, b"\x89PNG\r\n\x1a\n not really").unwrap();
+    let batches = curate::io::parquet::read_file(Path::new("data/train_sample/train.parquet")).unwrap();
+    let col = |name: &str| common::strs(&batches, name);
+    let paths: Vec<String> = col("path")
+        .iter()
+        .enumerate()
+        .map(|(i, p)| if first.contains(&i) { broken.display().to_string() } else { p.clone() })
+        .collect();
+    let strings = |v: Vec<String>| -> ArrayRef { Arc::new(StringArray::from(v)) };
+    let batch = RecordBatch::try_from_iter([
+        ("sample_id", strings(col("sample_id"))),
+        ("caption", strings(col("caption"))),
+        ("path", strings(paths)),
+    ])
+    .unwrap();
+    let table = dir.path().join("t.parquet");
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&table).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let tables = format!("data.tables=[\"{}\"]", table.display());
+
+    // Batch 0 keeps its size, without the two rows and without a repeat; they are reported.
+    let c = config(dir.path(), &[&tables]);
+    let maker = BatchMaker::new(Arc::new(TrainSet::load(&c).unwrap()), &c).unwrap();
+    let b = maker.make(0, &maker.epoch_order(0)).unwrap();
+    assert_eq!(b.rows.len(), 8);
+    assert!(b.rows.iter().all(|r| !first.contains(r)), "{:?}", b.rows);
+    let mut unique = b.rows.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), 8, "{:?}", b.rows);
+    assert_eq!(b.undecodable.len(), 2);
+    assert!(b.undecodable.iter().all(|(name, _)| name == &broken.display().to_string()));
+
+    // Trained whole, or stopped and resumed: the same losses; the run says what it left out.
+    let whole = tempfile::tempdir().unwrap();
+    let s = train(&config(whole.path(), &[&tables]), &TrainOptions::default()).unwrap();
+    assert_eq!(s.undecodable_images, 1, "one file, named once");
+    let want = losses(&whole.path().join("out"));
+    assert_eq!(want.len(), 6);
+    let parts = tempfile::tempdir().unwrap();
+    let c = config(parts.path(), &[&tables]);
+    // Stopped after step 4, resumed from checkpoint 3: batch 4 is made again after the resume.
+    train(&c, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
+    let s = train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
+    assert_eq!((s.resumed_at, s.undecodable_images), (3, 1));
+    assert_eq!(losses(&parts.path().join("out")), want);
+
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_curate"))
+        .arg("train")
+        .arg(dir.path().join("train.toml"))
+        .args(["--set", &format!("output_dir={}", dir.path().join("out").display()), "--set", "steps=1"])
+        .args(["--set", &tables])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let note = format!("note: training image `{}` cannot be decoded", broken.display());
+    assert!(stderr.contains(&note), "{stderr}");
+    assert!(stderr.contains("1 training image(s) could not be decoded and were left out"), "{stderr}");
+}
+
 #[test]
 fn set_makes_an_optional_table_the_file_leaves_out() {
     // BASE has no `[eval]`: `--set eval.key=...` makes it, as it would a stage's key.
@@ -307,6 +550,57 @@ fn set_makes_an_optional_table_the_file_leaves_out() {
     );
     let eval = c.eval.expect("an [eval] table from --set");
     assert_eq!(eval.classes, PathBuf::from("data/train_sample/classes.txt"));
+}
+
+#[test]
+fn an_empty_zero_shot_table_is_an_error_and_null_rows_are_counted() {
+    // An empty table scored 0.0 at every evaluation (hit@k of no image) and the run exited 0;
+    // rows with a null path or label were dropped unsaid.
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    use curate::train::zeroshot::ZeroShot;
+    let dir = tempfile::tempdir().unwrap();
+    let batches = curate::io::parquet::read_file(Path::new("data/train_sample/zeroshot.parquet")).unwrap();
+    let paths = common::strs(&batches, "path");
+    let labels = common::strs(&batches, "label");
+    let table = |file: &str, n: usize| {
+        let opt = |v: &[String], null: usize| -> ArrayRef {
+            Arc::new(StringArray::from((0..n).map(|i| (i != null).then(|| v[i].clone())).collect::<Vec<_>>()))
+        };
+        let batch = RecordBatch::try_from_iter([("path", opt(&paths, 1)), ("label", opt(&labels, 3))]).unwrap();
+        let path = dir.path().join(file);
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        path
+    };
+    let eval_config = |file: &Path| {
+        let c = config(
+            dir.path(),
+            &[&format!("eval.images=\"{}\"", file.display()), "eval.classes=data/train_sample/classes.txt"],
+        );
+        c.eval.unwrap()
+    };
+    let five = table("five.parquet", 5);
+    let z = ZeroShot::load(&eval_config(&five), 16).unwrap();
+    assert_eq!(z.skipped, 2);
+    let empty = table("empty.parquet", 0);
+    let e = ZeroShot::load(&eval_config(&empty), 16).err().expect("an empty table is refused").to_string();
+    let want = format!("no zero-shot images in `{}` (0 row(s) with a null `path` or `label`)", empty.display());
+    assert!(e.contains(&want), "wanted `{want}` in:\n{e}");
+    assert!(e.contains("hint: "), "{e}");
+    // The binary stops before its first step, exit code 2.
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_curate"))
+        .arg("train")
+        .arg(dir.path().join("train.toml"))
+        .args(["--set", &format!("output_dir={}", dir.path().join("out").display()), "--set", "steps=1"])
+        .args(["--set", &format!("eval.images=\"{}\"", empty.display())])
+        .args(["--set", "eval.classes=data/train_sample/classes.txt"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no zero-shot images in"), "{stderr}");
 }
 
 #[test]

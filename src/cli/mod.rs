@@ -376,6 +376,12 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 zs(s.first_zeroshot),
                 zs(s.last_zeroshot)
             );
+            if s.undecodable_images > 0 {
+                say!(
+                    "{} training image(s) could not be decoded and were left out (named in the notes above)",
+                    s.undecodable_images
+                );
+            }
             say!("output: `{}` (config.json, metrics.jsonl, checkpoints/, model.bpk)", s.output_dir.display());
             Ok(0)
         }

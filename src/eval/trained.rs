@@ -195,6 +195,9 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     }
     if let Some(z) = zeroshot {
         note(format!("zero-shot classification over {} classes", z.classes));
+        if z.skipped > 0 {
+            note(format!("{} zero-shot row(s) left out: their image path or label is null", z.skipped));
+        }
         let t4 = Instant::now();
         ev.zeroshot = Some(z.evaluate(&run.model, &run.tokenizer)?.into());
         ev.timings_s.push(("zeroshot".to_owned(), t4.elapsed().as_secs_f64()));

@@ -115,8 +115,9 @@ pub fn read_samples(path: &Path) -> Result<(Vec<Sample>, Option<Damage>)> {
     // Where the next member's header blocks start: after the last member's data, padded.
     let mut end = 0u64;
     let mut members = 0u64;
-    for (i, entry) in entries.enumerate() {
-        let i = i as u64;
+    for entry in entries {
+        // Member indexes count members only (see the PAX global header below).
+        let i = members;
         let mut entry = match entry {
             Ok(entry) => entry,
             Err(e) => {
@@ -124,7 +125,6 @@ pub fn read_samples(path: &Path) -> Result<(Vec<Sample>, Option<Damage>)> {
                 return Ok(stop(out, kind, i, name.as_deref(), detail));
             }
         };
-        members = i + 1;
         let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
         let data_end = entry.raw_file_position() + entry.size();
         if data_end > file_len {
@@ -132,6 +132,14 @@ pub fn read_samples(path: &Path) -> Result<(Vec<Sample>, Option<Damage>)> {
             return Ok(stop(out, DamageKind::Cut, i, Some(&entry.path_bytes()), detail));
         }
         end = data_end.div_ceil(BLOCK) * BLOCK;
+        // A PAX global header (type `g`, as `git archive` and Python's `tarfile` with
+        // `pax_headers` write) sets defaults for the members after it: the `tar` crate hands
+        // it out as an entry, but Python's `tarfile` and GNU tar do not count it as a member,
+        // so a reject's `row` after it would be off by one from theirs.
+        if entry.header().entry_type().is_pax_global_extensions() {
+            continue;
+        }
+        members = i + 1;
         // Regular files; type `7` (contiguous file) is one too, as Python's `tarfile` and GNU
         // tar read it.
         let kind = entry.header().entry_type();
@@ -442,6 +450,38 @@ mod tests {
         let cut = cut.unwrap();
         assert_eq!((cut.kind, cut.left_out.as_deref()), (DamageKind::Cut, Some("a")));
         assert!(cut.detail.contains("cut short"), "{}", cut.detail);
+    }
+
+    #[test]
+    fn a_pax_global_header_is_not_a_member() {
+        // `git archive`, and Python's `tarfile` with `pax_headers`, start the archive with a
+        // global header (type `g`). Python's `tarfile` lists `a.jpg` as member 0, so a reject's
+        // `row` must too: counting the header put every index after it one too high.
+        let mut b = tar::Builder::new(Vec::new());
+        let mut g = tar::Header::new_ustar();
+        let record = b"19 comment=shard 0\n";
+        g.set_entry_type(tar::EntryType::XGlobalHeader);
+        g.set_size(record.len() as u64);
+        g.set_mode(0o644);
+        g.set_cksum();
+        b.append_data(&mut g, "pax_global_header", &record[..]).unwrap();
+        for (name, data) in [("a.jpg", &b"\xff\xd8"[..]), ("a.txt", b"a dog"), ("b.txt", b"x"), ("b.txt", b"y")] {
+            let mut h = tar::Header::new_ustar();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, name, data).unwrap();
+        }
+        let bytes = b.into_inner().unwrap();
+        let (s, damage) = read(&bytes);
+        assert_eq!(damage, None);
+        let keys: Vec<(&str, u64)> = s.iter().map(|s| (s.key.as_str(), s.member_index)).collect();
+        assert_eq!(keys, [("a", 0), ("b", 2)]);
+        assert_eq!(s[1].repeats.iter().map(|r| r.member_index).collect::<Vec<_>>(), [3]);
+        // Cut where the last member's data starts (a header and a data block each, the global
+        // header first): member 3 is cut.
+        let (_, damage) = read(&bytes[..4 * 1024 + 512]);
+        assert_eq!(damage.map(|d| (d.kind, d.member_index)), Some((DamageKind::Cut, 3)));
     }
 
     #[test]

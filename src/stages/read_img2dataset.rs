@@ -160,8 +160,7 @@ fn read_metadata(path: &Path, source: &str, seen: &mut UniqueIds) -> Result<Chun
         // values, as stored, joined by tabs.
         let bytes: [Option<arrow_array::BinaryArray>; 4] = COLUMNS.map(|n| {
             let col = batch.column_by_name(n)?;
-            let binary = matches!(col.data_type(), DataType::Binary | DataType::LargeBinary | DataType::BinaryView);
-            let cast = binary.then(|| arrow_cast::cast(col, &DataType::Binary).ok()).flatten()?;
+            let cast = is_bytes(col.data_type()).then(|| arrow_cast::cast(col, &DataType::Binary).ok()).flatten()?;
             Some(cast.as_binary::<i32>().clone())
         });
         let raw_bytes = |i: usize| -> Option<(&'static str, Vec<u8>)> {
@@ -241,6 +240,17 @@ fn is_text(t: &DataType) -> bool {
         // How the shard's text columns are read (`read_batches_text_unchecked`).
         DataType::Binary | DataType::LargeBinary | DataType::BinaryView => true,
         DataType::Dictionary(_, values) => is_text(values),
+        _ => false,
+    }
+}
+
+/// Bytes, and dictionaries of them: a categorical byte column (pandas' `category` of `bytes`,
+/// pyarrow's `dictionary_encode`) holds a value that is not UTF-8 as well as a plain one does,
+/// and must reject its row as `invalid_utf8` the same way, not read as a null.
+fn is_bytes(t: &DataType) -> bool {
+    match t {
+        DataType::Binary | DataType::LargeBinary | DataType::BinaryView => true,
+        DataType::Dictionary(_, values) => is_bytes(values),
         _ => false,
     }
 }

@@ -381,16 +381,68 @@ impl ReadTableConfig {
 /// and pyarrow write every tz-aware datetime so) is its UTC instant in RFC 3339,
 /// `2020-01-02T03:04:05Z`: Arrow's own cast would need the time-zone database for names such as
 /// `Europe/Paris`.
-fn as_text(col: &arrow_array::ArrayRef) -> std::result::Result<arrow_array::ArrayRef, arrow_schema::ArrowError> {
+///
+/// Also returns the rows whose value cannot be read as text, with Arrow's reason: a timestamp
+/// or date outside the dates chrono represents (nanoseconds stored in a millisecond column, say)
+/// fails Arrow's cast of the whole column, and one bad value must reject its row, not stop the
+/// run (README: a malformed row never does).
+fn as_text(
+    col: &arrow_array::ArrayRef,
+) -> std::result::Result<(arrow_array::ArrayRef, Unreadable), arrow_schema::ArrowError> {
     if let DataType::Timestamp(unit, Some(_)) = col.data_type() {
         let naive = DataType::Timestamp(*unit, None);
         let utc = arrow_array::make_array(col.to_data().into_builder().data_type(naive).build()?);
-        let text = arrow_cast::cast(&utc, &DataType::Utf8)?;
+        let (text, unreadable) = cast_each_value(&utc)?;
         let rfc3339: arrow_array::StringArray =
             text.as_string::<i32>().iter().map(|v| v.map(|v| format!("{v}Z"))).collect();
-        return Ok(std::sync::Arc::new(rfc3339));
+        return Ok((std::sync::Arc::new(rfc3339), unreadable));
     }
-    arrow_cast::cast(col, &DataType::Utf8)
+    cast_each_value(col)
+}
+
+/// Rows of a column whose value cannot be read as text, with the reason.
+type Unreadable = std::collections::BTreeMap<usize, String>;
+
+/// `col` cast to text; where the cast of the whole column fails, each value is cast alone and
+/// those that fail are null and listed. A type with no cast to text at all stays an error of
+/// the column (its every row would fail the same way).
+fn cast_each_value(
+    col: &arrow_array::ArrayRef,
+) -> std::result::Result<(arrow_array::ArrayRef, Unreadable), arrow_schema::ArrowError> {
+    let whole = match arrow_cast::cast(col, &DataType::Utf8) {
+        Ok(text) => return Ok((text, Unreadable::new())),
+        Err(e) if !arrow_cast::can_cast_types(col.data_type(), &DataType::Utf8) => return Err(e),
+        Err(e) => e,
+    };
+    let mut text = arrow_array::builder::StringBuilder::new();
+    let mut unreadable = Unreadable::new();
+    for i in 0..col.len() {
+        match arrow_cast::cast(&col.slice(i, 1), &DataType::Utf8) {
+            Ok(v) => text.append_option(v.as_string::<i32>().iter().next().flatten()),
+            Err(e) => {
+                unreadable.insert(i, e.to_string());
+                text.append_null();
+            }
+        }
+    }
+    // The column failed as a whole yet every value alone is fine: not expected, so the
+    // column's own error is kept rather than guessed at.
+    if unreadable.is_empty() {
+        return Err(whole);
+    }
+    Ok((std::sync::Arc::new(text.finish()), unreadable))
+}
+
+/// Value `r` of `col` as it is stored, for the `raw` of an `unreadable_value` reject: the
+/// number behind a timestamp, date, time or duration (empty for a type with no such number).
+fn stored_value(col: &dyn Array, r: usize) -> Vec<u8> {
+    arrow_cast::cast(&col.slice(r, 1), &DataType::Int64)
+        .ok()
+        .and_then(|v| {
+            v.as_primitive_opt::<arrow_array::types::Int64Type>().filter(|v| v.is_valid(0)).map(|v| v.value(0))
+        })
+        .map(|v| v.to_string().into_bytes())
+        .unwrap_or_default()
 }
 
 /// Whether `raw` parses to `record` (a CSV record's bytes without their line end do).
@@ -851,36 +903,36 @@ impl ReadTable {
         let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
         let mut out = PairsBuilder::new(&self.source);
         let mut rejects = Vec::new();
-        let cols: Vec<Option<arrow_array::ArrayRef>> = indexes
+        let (cols, unreadable): (Vec<Option<arrow_array::ArrayRef>>, Vec<Unreadable>) = indexes
             .iter()
-            .map(|i| {
-                i.map(|i| {
-                    as_text(batch.column(i)).map_err(|e| {
-                        let name = batch.schema().field(i).name().clone();
-                        Error::data(format!("`{}`: column `{name}` cannot be read as text: {e}", path.display()))
-                    })
-                })
-                .transpose()
+            .map(|i| match i {
+                None => Ok((None, Unreadable::new())),
+                Some(i) => as_text(batch.column(*i)).map(|(text, bad)| (Some(text), bad)).map_err(|e| {
+                    let name = batch.schema().field(*i).name().clone();
+                    Error::data(format!("`{}`: column `{name}` cannot be read as text: {e}", path.display()))
+                }),
             })
-            .collect::<Result<_>>()?;
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .unzip();
         for r in 0..batch.num_rows() {
             // A value the cast to text turned into a null was not text: bytes that are not
             // UTF-8 (in a binary column, or in a text column whose writer did not check them:
             // text columns are read as bytes), kept as they were.
-            let not_text = indexes.iter().zip(&cols).find_map(|(i, c)| {
+            let not_text = indexes.iter().zip(&cols).zip(&unreadable).find_map(|((i, c), bad)| {
                 let (i, c) = (i.as_ref()?, c.as_ref()?);
                 let orig = batch.column(*i);
                 // (A column of type Null, as pyarrow writes an all-None one, is nulls.)
                 let valid = orig.data_type() != &DataType::Null && orig.is_valid(r);
-                (valid && !c.is_valid(r)).then_some(orig)
+                (valid && !c.is_valid(r) && !bad.contains_key(&r)).then_some(orig)
             });
             if let Some(orig) = not_text {
-                let raw = match orig.data_type() {
-                    DataType::Binary => orig.as_binary::<i32>().value(r).to_vec(),
-                    DataType::LargeBinary => orig.as_binary::<i64>().value(r).to_vec(),
-                    DataType::BinaryView => orig.as_binary_view().value(r).to_vec(),
-                    _ => Vec::new(),
-                };
+                // Through a cast of the one value, so that a dictionary of bytes (a categorical
+                // column) gives its bytes as a plain binary column does.
+                let raw = arrow_cast::cast(&orig.slice(r, 1), &DataType::Binary)
+                    .ok()
+                    .and_then(|b| b.as_binary::<i32>().iter().next().flatten().map(<[u8]>::to_vec))
+                    .unwrap_or_default();
                 let id = cols[0].as_ref().map(|c| c.as_string::<i32>()).filter(|c| c.is_valid(r)).map(|c| c.value(r));
                 rejects.push(self.reject(
                     path,
@@ -890,6 +942,17 @@ impl ReadTable {
                     "a mapped value is not UTF-8 text".into(),
                     raw,
                 ));
+                *row += 1;
+                continue;
+            }
+            // A value that is there but cannot be read as text (see `as_text`): its row only.
+            let cannot_read = indexes.iter().zip(&unreadable).find_map(|(i, bad)| Some((i.as_ref()?, bad.get(&r)?)));
+            if let Some((&i, why)) = cannot_read {
+                let name = batch.schema().field(i).name().clone();
+                let id = cols[0].as_ref().map(|c| c.as_string::<i32>()).filter(|c| c.is_valid(r)).map(|c| c.value(r));
+                let detail = format!("column `{name}`: the value cannot be read as text: {why}");
+                let raw = stored_value(batch.column(i).as_ref(), r);
+                rejects.push(self.reject(path, *row, id, "unreadable_value", detail, raw));
                 *row += 1;
                 continue;
             }

@@ -548,7 +548,26 @@ impl TrainConfig {
         }
         let [lo, hi] = self.data.crop_ratio;
         within("data.crop_ratio", lo, 0.0 < lo && lo <= hi && hi.is_finite(), "a range of positive ratios");
+        if let Some(m) = &self.data.msda {
+            within("data.msda.mix_ratio", m.mix_ratio, (0.0..=1.0).contains(&m.mix_ratio), "in [0, 1]");
+            within("data.msda.cutmix_prob", m.cutmix_prob, (0.0..=1.0).contains(&m.cutmix_prob), "in [0, 1]");
+            // λ ~ Beta(beta, beta) is drawn as x / (x + y) of two Gamma(beta) draws: 0 / 0 at 0.
+            within("data.msda.beta", m.beta, m.beta > 0.0, "positive");
+        }
         let positive = |t: f64| t > 0.0;
+        // A logit scale multiplies cosine similarities: a negative one ranks the worst pair
+        // first, and a clamp whose low end is above its high end is no range at all.
+        let mut scale_range = |lo: f64, hi: f64| {
+            within("loss.min_logit_scale", lo, positive(lo), "positive");
+            within("loss.max_logit_scale", hi, lo <= hi || !positive(lo), "at least `loss.min_logit_scale`");
+        };
+        match &self.loss {
+            LossConfig::Infonce(c) => scale_range(c.min_logit_scale, c.max_logit_scale),
+            LossConfig::LabelSmoothing(c) => scale_range(c.min_logit_scale, c.max_logit_scale),
+            LossConfig::Kd(c) => scale_range(c.min_logit_scale, c.max_logit_scale),
+            LossConfig::Otter(c) => scale_range(c.min_logit_scale, c.max_logit_scale),
+            _ => {}
+        }
         match &self.loss {
             LossConfig::Infonce(c) => within("loss.temperature", c.temperature, positive(c.temperature), "positive"),
             LossConfig::MemoryBank(c) => {
@@ -561,7 +580,12 @@ impl TrainConfig {
                 let t = c.teacher_temperature;
                 within("loss.teacher_temperature", t, positive(t), "positive");
             }
-            LossConfig::Otter(c) => within("loss.alpha", c.alpha, (0.0..=1.0).contains(&c.alpha), "in [0, 1]"),
+            LossConfig::Otter(c) => {
+                within("loss.alpha", c.alpha, (0.0..=1.0).contains(&c.alpha), "in [0, 1]");
+                // Sinkhorn divides the similarities by λ (spec `bow-and-otter.md` §4).
+                within("loss.sinkhorn_lambda", c.sinkhorn_lambda, positive(c.sinkhorn_lambda), "positive");
+                within("loss.init_log_scale", c.init_log_scale, true, "finite");
+            }
             LossConfig::Cusa(c) => {
                 let t = c.teacher_temperature;
                 within("loss.teacher_temperature", t, positive(t), "positive");
@@ -578,7 +602,23 @@ impl TrainConfig {
                     );
                 }
             }
-            LossConfig::Pcmepp(_) => {}
+            LossConfig::Pcmepp(c) => {
+                // BCE targets are `1 − e` and `e`: past 1 they leave [0, 1], at 1 they swap.
+                let e = c.label_smoothing;
+                within("loss.label_smoothing", e, (0.0..1.0).contains(&e), "in [0, 1)");
+                // Negative weights would maximise their terms.
+                for (key, w) in [
+                    ("loss.match_weight", c.match_weight),
+                    ("loss.pseudo_positive_weight", c.pseudo_positive_weight),
+                    ("loss.vib_weight", c.vib_weight),
+                ] {
+                    within(key, w, w >= 0.0, "at least 0");
+                }
+                within("loss.vib_guard", c.vib_guard, positive(c.vib_guard), "positive");
+                // `a` scales the distance in `−a·d + b`: at 0 or below, farther pairs match more.
+                within("loss.init_a", c.init_a, positive(c.init_a), "positive");
+                within("loss.init_b", c.init_b, true, "finite");
+            }
         }
         let m = &self.model;
         if m.embed_dim > 1 << 16 || m.image_size_px > 4096 {

@@ -117,10 +117,18 @@ fn expand(p: &PathPatterns) -> Result<Vec<PathBuf>> {
 }
 
 /// `sample_id` → embedding of the feature tables `files` (`encode_text` / `encode_image` output).
+///
+/// Every table must have the same width: rows are gathered by a fixed stride later (and mined
+/// against one run's width), so a narrower table would be read past its end and a wider one
+/// silently misaligned. A non-finite or null value is refused here, naming file, column and row,
+/// as `curate eval` does: found later it only shows as a NaN loss that points at the learning
+/// rate.
 pub(crate) fn read_features(files: &[PathBuf]) -> Result<(HashMap<String, Vec<f32>>, usize)> {
     let mut out = HashMap::new();
-    let mut dim = 0;
+    // The width and the file it was first seen in.
+    let mut first: Option<(usize, &Path)> = None;
     for file in files {
+        let mut row = 0;
         for batch in crate::io::parquet::read_file(file)? {
             let ids = string_column(&batch, "sample_id", file)?;
             let col = batch.column_by_name("embedding").ok_or_else(|| Error::Schema {
@@ -136,16 +144,49 @@ pub(crate) fn read_features(files: &[PathBuf]) -> Result<(HashMap<String, Vec<f3
                 message: format!("`{}`: `embedding` values are not Float32", file.display()),
                 hint: None,
             })?;
-            dim = d;
-            for (i, id) in ids.into_iter().enumerate() {
-                if let Some(id) = id {
-                    let start = (list.offset() + i) * d;
-                    out.insert(id, values.values()[start..start + d].to_vec());
+            match first {
+                Some((w, at)) if w != d => {
+                    return Err(Error::Data {
+                        message: format!(
+                            "feature widths differ: `{}` has {w}-d embeddings, `{}` has {d}-d",
+                            at.display(),
+                            file.display()
+                        ),
+                        hint: Some("list tables of one encoder only (the same `encode_*` stage's outputs)".into()),
+                    })
                 }
+                Some(_) => {}
+                None => first = Some((d, file.as_path())),
             }
+            if d == 0 && list.len() > 0 {
+                return Err(Error::Data {
+                    message: format!("`{}`: column `embedding` has width 0", file.display()),
+                    hint: Some("teacher tables are outputs of the encode_text / encode_image stages".into()),
+                });
+            }
+            for (i, id) in ids.into_iter().enumerate() {
+                let Some(id) = id else { continue };
+                let start = (list.offset() + i) * d;
+                let v = &values.values()[start..start + d];
+                let bad = list.is_null(i)
+                    || (start..start + d).any(|k| values.is_null(k))
+                    || v.iter().any(|x| !x.is_finite());
+                if bad {
+                    return Err(Error::Data {
+                        message: format!(
+                            "column `embedding` of `{}` has a null or non-finite value (row {}, sample `{id}`)",
+                            file.display(),
+                            row + i
+                        ),
+                        hint: Some("re-encode that table, or leave its rows out of the training tables".into()),
+                    });
+                }
+                out.insert(id, v.to_vec());
+            }
+            row += batch.num_rows();
         }
     }
-    Ok((out, dim))
+    Ok((out, first.map_or(0, |(d, _)| d)))
 }
 
 impl TrainSet {
@@ -419,6 +460,9 @@ pub struct Batch {
     pub image_ids: Vec<u64>,
     /// MSDA's λ per element when images were mixed (PCME++).
     pub lambdas: Option<Vec<f64>>,
+    /// Images this batch met that cannot be decoded (name and error), each left out and its
+    /// place taken by another row (see [`BatchMaker::make`]).
+    pub undecodable: Vec<(String, String)>,
     /// `[B, d]` teacher features when the set has them.
     pub teacher_image: Option<Vec<f32>>,
     pub teacher_text: Option<Vec<f32>>,
@@ -435,6 +479,9 @@ pub struct BatchMaker {
     pub crop_ratio: [f64; 2],
     pub flip: bool,
     pub msda: Option<super::config::MsdaConfig>,
+    /// Rows whose image was found undecodable, so that no worker reads them again. Only a
+    /// cache: whether a row is in it changes no batch, since its image fails every time.
+    pub undecodable: std::sync::Mutex<HashMap<usize, String>>,
 }
 
 impl BatchMaker {
@@ -449,6 +496,7 @@ impl BatchMaker {
             crop_ratio: c.data.crop_ratio,
             flip: c.data.flip,
             msda: c.data.msda.clone(),
+            undecodable: Default::default(),
         })
     }
 
@@ -459,17 +507,65 @@ impl BatchMaker {
         order
     }
 
+    /// Row `r`'s image, or `None` (with the name and the error in `undecodable`) when its
+    /// bytes are there but are not an image the decoder reads. A file that cannot be read is
+    /// still an error: it was there when the set was loaded.
+    fn decode_row(&self, r: usize, undecodable: &mut Vec<(String, String)>) -> Result<Option<Rgb8>> {
+        let source = &self.set.samples[r].image;
+        let known = self.undecodable.lock().ok().and_then(|bad| bad.get(&r).cloned());
+        let error = match known {
+            Some(error) => error,
+            None => match decode(&source.read()?) {
+                Ok(img) => return Ok(Some(img)),
+                Err(e) => {
+                    let error = e.to_string();
+                    if let Ok(mut bad) = self.undecodable.lock() {
+                        bad.insert(r, error.clone());
+                    }
+                    error
+                }
+            },
+        };
+        undecodable.push((source.name(), error));
+        Ok(None)
+    }
+
     /// Batch `step` given the order of its epoch (see [`BatchMaker::epoch_order`]).
+    ///
+    /// A row whose image cannot be decoded is left out, as a row whose file is missing is at
+    /// load (decoding every image up front would cost a pass over the data set at every
+    /// start): its place goes to the first row after this batch in the epoch's order (then
+    /// from the epoch's start) that decodes and is not in the batch. That depends on the files
+    /// only, so the batch stays a function of `(seed, step)` and a resumed run sees the same.
     pub fn make(&self, step: u64, order: &[usize]) -> Result<Batch> {
         let per_epoch = self.set.steps_per_epoch(self.batch_size);
         let (epoch, pos) = (step / per_epoch, (step % per_epoch) as usize);
-        let rows: Vec<usize> = order[pos * self.batch_size..(pos + 1) * self.batch_size].to_vec();
+        let (from, to) = (pos * self.batch_size, (pos + 1) * self.batch_size);
+        let mut rows: Vec<usize> = order[from..to].to_vec();
+        let mut undecodable = Vec::new();
+        let mut decoded = Vec::with_capacity(rows.len());
+        let mut spare = order[to..].iter().chain(&order[..from]).copied();
+        for k in 0..rows.len() {
+            loop {
+                if let Some(img) = self.decode_row(rows[k], &mut undecodable)? {
+                    decoded.push(img);
+                    break;
+                }
+                rows[k] = spare.by_ref().find(|r| !rows.contains(r)).ok_or_else(|| Error::Data {
+                    message: format!(
+                        "fewer than {} training images of the {} can be decoded",
+                        self.batch_size,
+                        order.len()
+                    ),
+                    hint: Some("check the image files of `data.tables` (see the notes above)".into()),
+                })?;
+            }
+        }
         let tag = format!("augment/{epoch}");
         let mut images = Vec::with_capacity(rows.len() * 3 * self.image_size * self.image_size);
         let mut image_ids = Vec::with_capacity(rows.len());
-        for &r in &rows {
+        for (&r, img) in rows.iter().zip(decoded) {
             let s = &self.set.samples[r];
-            let img = read_image(&s.image)?;
             let mut rng = RowRng::new(self.seed, &tag, &s.sample_id);
             let crop = random_resized_crop(img.width, img.height, self.crop_scale, self.crop_ratio, &mut rng);
             let flip = self.flip && rng.below(2) == 1;
@@ -496,6 +592,7 @@ impl BatchMaker {
             rows,
             image_ids,
             lambdas,
+            undecodable,
         })
     }
 }

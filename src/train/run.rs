@@ -84,6 +84,8 @@ pub struct TrainSummary {
     pub output_dir: PathBuf,
     pub seconds: f64,
     pub rows: usize,
+    /// Training images met in this run's batches that cannot be decoded (each left out).
+    pub undecodable_images: usize,
 }
 
 /// The loss's learnable scalars.
@@ -193,8 +195,10 @@ fn checkpoint_dir(output: &Path, step: u64) -> PathBuf {
 
 /// Removes what an earlier run left in `output` that this one, starting at step 0, would
 /// otherwise keep beside its own: checkpoints (a later `--resume` would go on from another
-/// run's) and the final model (`curate eval` would score it under this run's config).
-/// `metrics.jsonl` and `config.json` are written anew; other files stay.
+/// run's), the final model (`curate eval` would score it under this run's config) and the
+/// `eval/` folder `curate eval RUN_DIR` wrote (the scores of the model being replaced, which
+/// would otherwise sit beside the new one as if they were its own). `metrics.jsonl` and
+/// `config.json` are written anew; other files stay.
 fn clear_earlier_run(output: &Path) -> Result<()> {
     let dir = output.join("checkpoints");
     let steps: Vec<PathBuf> = match std::fs::read_dir(&dir) {
@@ -206,16 +210,20 @@ fn clear_earlier_run(output: &Path) -> Result<()> {
         Err(_) => Vec::new(),
     };
     let model = output.join("model.bpk");
-    if !steps.is_empty() || model.exists() {
+    let eval = output.join("eval");
+    if !steps.is_empty() || model.exists() || eval.is_dir() {
         say!(
-            "note: `{}` holds an earlier run: its {} checkpoint(s) and final model are removed (train into a new \
-             `output_dir` to keep them, or `--resume` to go on from them)",
+            "note: `{}` holds an earlier run: its {} checkpoint(s), final model and `eval/` results are removed \
+             (train into a new `output_dir` to keep them, or `--resume` to go on from them)",
             output.display(),
             steps.len()
         );
     }
     for p in steps {
         std::fs::remove_dir_all(&p).map_err(|e| Error::io("cannot remove", &p, e))?;
+    }
+    if eval.is_dir() {
+        std::fs::remove_dir_all(&eval).map_err(|e| Error::io("cannot remove", &eval, e))?;
     }
     match std::fs::remove_file(&model) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io("cannot remove", &model, e)),
@@ -422,8 +430,10 @@ fn loss_of(
 struct Metrics(std::fs::File);
 
 impl Metrics {
-    /// Opens the log; on resume, drops the lines of steps after `keep_through`.
-    fn open(path: &Path, keep_through: Option<u64>) -> Result<Metrics> {
+    /// Opens the log; on resume, drops the lines of steps after `keep_through`, and says
+    /// whether a zero-shot line of step `keep_through` is among those kept.
+    fn open(path: &Path, keep_through: Option<u64>) -> Result<(Metrics, bool)> {
+        let mut zeroshot_kept = false;
         if let Some(step) = keep_through {
             let text = std::fs::read_to_string(path).unwrap_or_default();
             let kept: String = text
@@ -436,12 +446,16 @@ impl Metrics {
                 })
                 .map(|l| format!("{l}\n"))
                 .collect();
+            zeroshot_kept = kept
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .any(|v| v["step"].as_u64() == Some(step) && v.get("zeroshot_top1").is_some());
             crate::io::write_atomic(path, kept.as_bytes())?;
         } else {
             std::fs::write(path, b"").map_err(|e| Error::io("cannot write", path, e))?;
         }
         let f = std::fs::OpenOptions::new().append(true).open(path).map_err(|e| Error::io("cannot open", path, e))?;
-        Ok(Metrics(f))
+        Ok((Metrics(f), zeroshot_kept))
     }
 
     fn line(&mut self, v: serde_json::Value) -> Result<()> {
@@ -489,6 +503,9 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let total = config.total_steps(rows);
     let maker = Arc::new(BatchMaker::new(set.clone(), config)?);
     let zeroshot = config.eval.as_ref().map(|e| ZeroShot::load(e, config.model.image_size_px)).transpose()?;
+    if let Some(z) = zeroshot.as_ref().filter(|z| z.skipped > 0) {
+        say!("note: {} zero-shot row(s) left out: their image path or label is null", z.skipped);
+    }
 
     let device = opts.device.clone().autodiff();
     let encoder = DualEncoder::init(&config.model, heads(&config.loss), config.seed, &device)?;
@@ -513,7 +530,8 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         start = state.step;
         debug_assert_eq!(start, *step);
     }
-    let mut metrics = Metrics::open(&out.join("metrics.jsonl"), resume_from.as_ref().map(|(s, _)| *s))?;
+    let (mut metrics, zeroshot_logged) =
+        Metrics::open(&out.join("metrics.jsonl"), resume_from.as_ref().map(|(s, _)| *s))?;
 
     let mut first_zeroshot = None;
     let mut first_zeroshot_step = 0;
@@ -529,8 +547,12 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         }
         Ok(())
     };
-    if start == 0 {
-        evaluate(&run, 0, &mut metrics)?;
+    // A checkpoint is written before its step's zero-shot evaluation, so a run killed between
+    // the two resumes without that line: evaluate the checkpoint's step again (the model is
+    // the same, so is the line), and the log matches an uninterrupted run's.
+    let due = |step: u64| config.eval.as_ref().is_some_and(|e| step.is_multiple_of(e.every_steps) && step < total);
+    if start == 0 || (due(start) && !zeroshot_logged) {
+        evaluate(&run, start, &mut metrics)?;
     }
 
     let bar = opts.progress.then(|| {
@@ -548,8 +570,20 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let mut last_loss = f32::NAN;
     let mut window = (Instant::now(), 0usize);
     let mut step_started = Instant::now();
+    let mut undecodable = std::collections::HashSet::new();
     for batch in loader {
         let batch = batch?;
+        for (name, error) in &batch.undecodable {
+            if undecodable.insert(name.clone()) {
+                let note = || {
+                    say!("note: training image `{name}` cannot be decoded ({error}): left out, another row takes its place")
+                };
+                match &bar {
+                    Some(b) => b.suspend(note),
+                    None => note(),
+                }
+            }
+        }
         let step = batch.step + 1; // steps completed after this one
         let lr = super::optim::learning_rate(&config.optim, batch.step, total);
         // EMA teacher first (spec §4 step 2, §5.6), then its forward without gradient.
@@ -647,5 +681,6 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         output_dir: out,
         seconds: started.elapsed().as_secs_f64(),
         rows,
+        undecodable_images: undecodable.len(),
     })
 }

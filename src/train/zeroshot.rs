@@ -63,6 +63,9 @@ pub struct ZeroShot {
     prompts: Vec<String>,
     templates: usize,
     pub classes: usize,
+    /// Rows of the image tables left out because their path or label is null (said on stderr
+    /// by the caller: a silent drop would change the score's denominator unseen).
+    pub skipped: usize,
 }
 
 /// Zero-shot results.
@@ -80,12 +83,18 @@ impl ZeroShot {
         let index = |name: &str| class_names.iter().position(|c| c.iter().any(|n| n == name));
         let mut images = Vec::new();
         let mut labels = Vec::new();
-        for file in c.images.expand().map_err(Error::data)? {
-            for batch in crate::io::parquet::read_file(&file)? {
-                let paths = string_column(&batch, &c.image_column, &file)?;
-                let names = string_column(&batch, &c.label_column, &file)?;
+        let mut skipped = 0;
+        let files = c.images.expand().map_err(Error::data)?;
+        for file in &files {
+            let file = file.as_path();
+            for batch in crate::io::parquet::read_file(file)? {
+                let paths = string_column(&batch, &c.image_column, file)?;
+                let names = string_column(&batch, &c.label_column, file)?;
                 for (path, label) in paths.into_iter().zip(names) {
-                    let (Some(path), Some(label)) = (path, label) else { continue };
+                    let (Some(path), Some(label)) = (path, label) else {
+                        skipped += 1;
+                        continue;
+                    };
                     let set: Vec<usize> = label
                         .split('|')
                         .map(|l| {
@@ -109,8 +118,34 @@ impl ZeroShot {
                 }
             }
         }
+        // No image at all would score 0.0 at every evaluation (hit@k of nothing) and look like
+        // a model that learnt nothing: refuse it before training.
+        if labels.is_empty() {
+            let names: Vec<String> = files.iter().map(|f| format!("`{}`", f.display())).collect();
+            return Err(Error::Data {
+                message: format!(
+                    "no zero-shot images in {} ({skipped} row(s) with a null `{}` or `{}`)",
+                    names.join(", "),
+                    c.image_column,
+                    c.label_column
+                ),
+                hint: Some(
+                    "`eval.images` must list tables with image paths and labels (`eval.image_column`, \
+                     `eval.label_column`), or leave out `[eval]`"
+                        .into(),
+                ),
+            });
+        }
         let prompts = class_names.iter().flat_map(|names| c.templates.iter().map(|t| class_prompt(t, names))).collect();
-        Ok(ZeroShot { images, size, labels, prompts, templates: c.templates.len(), classes: class_names.len() })
+        Ok(ZeroShot {
+            images,
+            size,
+            labels,
+            prompts,
+            templates: c.templates.len(),
+            classes: class_names.len(),
+            skipped,
+        })
     }
 
     /// Top-1 and top-5 flat hit rates of `model` (an inference copy: [`burn::module::Module::valid`]).
