@@ -244,9 +244,12 @@ fn checkpoints_stamp_every_file_the_stage_loads() {
     let dir = tempfile::tempdir().unwrap();
     let features = dir.path().join("features");
     std::fs::create_dir_all(&features).unwrap();
-    for f in ["b.parquet", "a.parquet", "notes.txt"] {
-        std::fs::write(features.join(f), b"x").unwrap();
+    // Tables `validate` accepts (a `sample_id` and an `embedding` column), and a file the
+    // pattern leaves out.
+    for f in ["b.parquet", "a.parquet"] {
+        std::fs::copy("data/train_sample/teacher_text.parquet", features.join(f)).unwrap();
     }
+    std::fs::write(features.join("notes.txt"), b"x").unwrap();
     let keys = format!("aligned_features = {:?}", features.join("*.parquet").to_string_lossy());
     let toml =
         pipeline(&dir.path().join("out"), "data/train_sample/unaligned", "data/train_sample/train.parquet", &keys);
