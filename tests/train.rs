@@ -214,6 +214,13 @@ fn a_run_from_step_0_does_not_keep_an_earlier_runs_checkpoints() {
     // What `curate eval RUN_DIR` writes: the scores of seed 0's model.
     std::fs::create_dir_all(out.join("eval")).unwrap();
     std::fs::write(out.join("eval/metrics.json"), "{}").unwrap();
+    // A run that fails on its data (batches larger than the set) leaves all of that be.
+    let e = train(&config(dir.path(), &["batch_size=100000"]), &TrainOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("fewer than one batch of 100000"), "{e}");
+    assert_eq!(curate::train::run::last_checkpoint(&out).unwrap().0, 4, "seed 0's checkpoints stay");
+    assert!(out.join("model.bpk").exists() && out.join("eval/metrics.json").exists());
+    let config_json = std::fs::read_to_string(out.join("config.json")).unwrap();
+    assert!(!config_json.contains("100000"), "the failed run's config is not written");
     let other = config(dir.path(), &["checkpoint_every=2", "seed=1"]);
     train(&other, &TrainOptions { stop_after: Some(3), ..Default::default() }).unwrap();
     assert_eq!(curate::train::run::last_checkpoint(&out).unwrap().0, 2, "seed 0's step 4 is gone");

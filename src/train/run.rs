@@ -483,14 +483,10 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
                 hint: Some("resume with the same file and `--set` values, or train into a new `output_dir`".into()),
             });
         }
-    } else {
-        if opts.resume {
-            say!("note: --resume: `{}` has no complete checkpoint; training from step 0", out.display());
-        }
-        clear_earlier_run(&out)?;
-        crate::io::write_atomic(&config_path, resolved.as_bytes())?;
     }
 
+    // The data is loaded before an earlier run's files are cleared: a wrong path or an empty
+    // table then leaves that run as it was.
     let set = Arc::new(TrainSet::load(config)?);
     let rows = set.samples.len();
     if set.missing_images > 0 {
@@ -507,8 +503,18 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         say!("note: {} zero-shot row(s) left out: their image path or label is null", z.skipped);
     }
 
+    // The towers too (a pretrained checkpoint that does not load leaves the earlier run be).
     let device = opts.device.clone().autodiff();
     let encoder = DualEncoder::init(&config.model, heads(&config.loss), config.seed, &device)?;
+
+    if resume_from.is_none() {
+        if opts.resume {
+            say!("note: --resume: `{}` has no complete checkpoint; training from step 0", out.display());
+        }
+        clear_earlier_run(&out)?;
+        crate::io::write_atomic(&config_path, resolved.as_bytes())?;
+    }
+
     let ema = teacher_momentum(&config.loss);
     let teacher = ema.map(|_| encoder.clone().no_grad());
     let bank = match &config.loss {
