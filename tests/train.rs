@@ -272,7 +272,12 @@ fn config_errors_are_reported_at_once_with_file_and_line() {
     assert_eq!(line_of("temprature"), line("temprature"));
     let d = diags.iter().find(|d| d.message.contains("temprature")).unwrap();
     assert_eq!(d.hint.as_deref(), Some("did you mean `temperature`?"));
-    // Checks that need a parsed file (paths, sizes) come once the types are right.
+    // Checks of the rest (paths, sizes) come in the same report; none of the dropped keys.
+    let want = format!("bad.toml:{}:", line("nowhere.safetensors"));
+    assert!(e.to_string().contains("nowhere.safetensors") && e.to_string().contains(&want), "{e}");
+    assert_eq!(diags.len(), 3, "{e}");
+    let e = TrainConfig::load(&file, &["optim.foo=1".into(), "batch_size=0".into()]).unwrap_err().to_string();
+    assert!(e.contains("unknown key `foo` in `optim`") && e.contains("`batch_size`: 0 is too small"), "{e}");
     let fixed = source.replace("\"eight\"", "8").replace("temprature = 0.02\n", "");
     std::fs::write(&file, &fixed).unwrap();
     let e = TrainConfig::load(&file, &[]).unwrap_err().to_string();

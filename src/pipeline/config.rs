@@ -329,7 +329,18 @@ impl ConfigDoc {
             match serde_path_to_error::deserialize::<_, T>(value.clone()) {
                 Ok(t) => return (Some(t), dropped),
                 Err(e) => {
-                    let now = e.path().to_string();
+                    let mut now = e.path().to_string();
+                    // Inside a tagged enum (`[loss]`) serde's path of an unknown key ends at its
+                    // table: the key itself is what gets dropped (not the whole table).
+                    if let Some(field) =
+                        e.inner().to_string().strip_prefix("unknown field `").and_then(|r| r.split('`').next())
+                    {
+                        if now == "." || now.is_empty() {
+                            now = field.to_owned();
+                        } else if !now.ends_with(&format!(".{field}")) && now != field {
+                            now = format!("{now}.{field}");
+                        }
+                    }
                     let inner = as_given(&now, &removed);
                     let join = |prefix: &str| match (prefix.is_empty(), inner == "." || inner.is_empty()) {
                         (_, true) => prefix.to_owned(),
@@ -351,17 +362,8 @@ impl ConfigDoc {
                     }
                     let (msg, hint) = explain_serde_error(&message, &join(shown));
                     // An unknown key is shown at the key, as the file's other unknown keys are.
-                    let at = if let Some(rest) = message.strip_prefix("unknown field `") {
-                        // The error's path ends at the key, or (inside a tagged enum, `[loss]`) at its table.
-                        let given = rest.split('`').next().unwrap_or("");
-                        let key = if full.ends_with(&format!(".{given}")) || full == given {
-                            full.clone()
-                        } else if full.is_empty() {
-                            given.to_owned()
-                        } else {
-                            format!("{full}.{given}")
-                        };
-                        self.key_location(&key).or_else(|| self.location(&full))
+                    let at = if message.starts_with("unknown field `") {
+                        self.key_location(&full).or_else(|| self.location(&full))
                     } else {
                         self.location(&full)
                     };

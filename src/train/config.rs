@@ -394,20 +394,28 @@ impl TrainConfig {
             return Err(Error::Config(diags));
         }
         let root = Value::Table(doc.root.clone());
-        let parsed: Option<TrainConfig> = doc.extract("", &root, &mut diags);
+        // Keys of a wrong type or unknown are reported (an unknown one at the key, with its near
+        // miss) and dropped; the rest is still checked, so one `validate` reports a quoted
+        // number and a negative `lr` together. Problems of a dropped key (at its default now)
+        // are left out.
+        let (parsed, dropped) = doc.extract_recovering::<TrainConfig>("", &root, &mut diags);
         if let Some(c) = &parsed {
-            c.check(&doc, &mut diags);
+            let related = |a: &str, b: &str| a == b || [".", "["].iter().any(|s| a.starts_with(&format!("{b}{s}")));
+            let skip = |path: &str| dropped.iter().any(|d| related(path, d) || related(d, path));
+            c.check(&doc, &mut diags, &skip);
         }
-        // An unknown key is placed at the key, with its near miss (`ConfigDoc::extract`).
         match parsed {
-            Some(c) if diags.is_empty() => Ok(c),
+            Some(c) if diags.is_empty() && dropped.is_empty() => Ok(c),
             _ => Err(Error::Config(diags)),
         }
     }
 
-    fn check(&self, doc: &ConfigDoc, diags: &mut Vec<Diagnostic>) {
+    /// Checks values and files; a problem at a path `skip` names is left out.
+    fn check(&self, doc: &ConfigDoc, diags: &mut Vec<Diagnostic>, skip: &dyn Fn(&str) -> bool) {
         let mut bad = |path: &str, message: String, hint: &str| {
-            diags.push(Diagnostic::new(format!("`{path}`: {message}")).at(doc.location(path)).hint(hint));
+            if !skip(path) {
+                diags.push(Diagnostic::new(format!("`{path}`: {message}")).at(doc.location(path)).hint(hint));
+            }
         };
         match (self.steps, self.epochs) {
             (Some(_), Some(_)) => bad("steps", "both `steps` and `epochs` are set".into(), "keep one of them"),
