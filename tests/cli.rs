@@ -681,3 +681,19 @@ fn an_unknown_key_in_an_inline_table_gets_did_you_mean() {
     assert!(stderr.starts_with("error: unknown key `captoin` in `read_table.columns`\n"), "{stderr}");
     assert!(stderr.contains("p.toml:5:31\n") && stderr.contains("hint: did you mean `caption`?"), "{stderr}");
 }
+
+/// A wrong value of the writer (`rows_per_shard`, `dir`) or of `bow` does not hide a column the
+/// writer names that no stage makes: one `validate` reports them all.
+#[test]
+fn a_wrong_setting_does_not_hide_a_missing_column() {
+    let cols = "write_parquet.columns=[\"sample_id\", \"captoin\"]";
+    for set in ["write_parquet.rows_per_shard=0", "write_parquet.dir=rejects", "bow.base_fraction=2"] {
+        let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", set, "--set", cols]);
+        assert_eq!(code, 2, "{set}: {stderr}");
+        assert!(
+            stderr.contains("missing column `captoin`") && stderr.contains("did you mean `caption`?"),
+            "{set}: {stderr}"
+        );
+        assert!(stderr.contains("2 configuration errors"), "{set}: {stderr}");
+    }
+}

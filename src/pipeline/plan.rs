@@ -265,7 +265,9 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
                     if let Some(problem) = c.dir_problem() {
                         p.push("dir", problem, Some("the default is `data`".into()));
                     }
-                    p.is_empty().then(|| Built::Write(c.clone()))
+                    // Built whatever its problems (reported, so nothing runs): its `columns` are
+                    // still checked against what reaches it.
+                    Some(Built::Write(c.clone()))
                 })
             }
             _ => unreachable!("every registered type is handled"),
@@ -289,6 +291,9 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
         }
         match &stage {
             Some(Built::Transform(t)) => schema = t.output_schema(),
+            // `bow` writes the same columns whatever its settings: the writer's `columns` are
+            // still checked when a setting of it is wrong.
+            None if ty == bow::TYPE => schema = bow::output_schema(),
             None if kind == Kind::Transform => schema_known = false,
             _ => {}
         }
@@ -530,7 +535,7 @@ fn check_output_places(doc: &ConfigDoc, built: &[Compiled], top: Option<&Pipelin
     let Some(top) = top else { return };
     let out = Path::new(&top.output_dir);
     let data = built.iter().find_map(|b| match &b.stage {
-        Some(Built::Write(w)) => Some((w.dir.as_str(), b.index)),
+        Some(Built::Write(w)) if w.dir_problem().is_none() => Some((w.dir.as_str(), b.index)),
         _ => None,
     });
     let folders = data
@@ -570,7 +575,7 @@ fn check_inputs_are_not_cleared(
         _ => None,
     });
     let writer = built.iter().find_map(|b| match &b.stage {
-        Some(Built::Write(w)) => Some(w),
+        Some(Built::Write(w)) if w.dir_problem().is_none() => Some(w),
         _ => None,
     });
     if let (Some((r, ri)), Some(w), Some(t)) = (reader, writer, &top) {
