@@ -32,7 +32,8 @@ pub struct ConfigDoc {
     source: String,
     pub root: Table,
     origins: HashMap<String, Origin>,
-    /// Problems with `--set` arguments; reported together with the file's own problems.
+    /// Problems found while reading: numbers out of range, then `--set` arguments; reported
+    /// together with the file's other problems.
     pub override_errors: Vec<Diagnostic>,
 }
 
@@ -93,20 +94,60 @@ impl ConfigDoc {
         let mut origins = HashMap::new();
         record_spans(&mut origins, "", parsed.get_ref());
         // DeTable keeps numbers as text; converting them can still fail (an integer past i64, a
-        // float past f64).
-        let root = toml::from_str(&source).map_err(|e| {
+        // float past f64). Each such number is reported, then blanked out (`0` and spaces, so
+        // later places keep their offsets) and its key dropped, and the rest is read on: one
+        // run reports every number, and the file's other problems with them.
+        let out_of_range = |e: &toml::de::Error| {
             let loc = e.span().map(|s| location_in(path, &source, s.start));
             let what = match e.span().and_then(|s| source.get(s)) {
                 Some(text) => format!("number `{text}` is out of range"),
                 None => e.message().lines().next().unwrap_or("invalid TOML").to_owned(),
             };
-            vec![Diagnostic::new(format!("invalid TOML: {what}")).at(loc).hint(format!(
+            Diagnostic::new(format!("invalid TOML: {what}")).at(loc).hint(format!(
                 "TOML integers go from {} to {}; floats are finite",
                 i64::MIN,
                 i64::MAX
-            ))]
-        })?;
-        Ok(Self::assemble(path, source, root, origins, overrides))
+            ))
+        };
+        let mut text = source.clone();
+        let mut numbers: Vec<(Range<usize>, Diagnostic)> = Vec::new();
+        let mut root: Table = loop {
+            match toml::from_str(&text) {
+                Ok(t) => break t,
+                Err(e) => {
+                    let span = e
+                        .span()
+                        .filter(|s| !s.is_empty() && text.is_char_boundary(s.start) && text.is_char_boundary(s.end));
+                    let Some(span) =
+                        span.filter(|s| !numbers.iter().any(|(n, _)| n == s) && numbers.len() < MAX_ERRORS_PER_STAGE)
+                    else {
+                        let mut diags: Vec<Diagnostic> = numbers.into_iter().map(|(_, d)| d).collect();
+                        diags.push(out_of_range(&e));
+                        return Err(diags);
+                    };
+                    numbers.push((span.clone(), out_of_range(&e)));
+                    text.replace_range(span.clone(), &format!("0{}", " ".repeat(span.len() - 1)));
+                }
+            }
+        };
+        // Each blanked number's key (or array element, the last first) is dropped.
+        let mut gone: Vec<String> = numbers
+            .iter()
+            .filter_map(|(span, _)| {
+                origins
+                    .iter()
+                    .find_map(|(k, o)| matches!(o, Origin::Span { value, .. } if value == span).then(|| k.clone()))
+            })
+            .collect();
+        gone.sort_by(|a, b| b.cmp(a));
+        let mut value = Value::Table(std::mem::take(&mut root));
+        for key in &gone {
+            remove_path(&mut value, key);
+        }
+        let Value::Table(root) = value else { unreachable!("a table stays a table") };
+        let mut doc = Self::assemble(path, source, root, origins, overrides);
+        doc.override_errors.splice(0..0, numbers.into_iter().map(|(_, d)| d));
+        Ok(doc)
     }
 
     /// The document from its values and their places in `source`, with `overrides` applied.
@@ -833,6 +874,35 @@ mod tests {
     fn doc(src: &str, sets: &[&str]) -> ConfigDoc {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
         ConfigDoc::parse(Path::new("p.toml"), src.to_owned(), &sets).unwrap()
+    }
+
+    #[test]
+    fn every_number_out_of_range_is_reported_and_its_key_dropped() {
+        let d = doc(
+            "seed = 99999999999999999999\nname = \"x\"\n[[stage]]\ntype = \"bow\"\nkeep_words = 1e999\n\
+             crop_scale = [0.5, -1e400, 2e400]\n",
+            &["seed=x=1"],
+        );
+        let messages: Vec<(String, usize)> = d
+            .override_errors
+            .iter()
+            .map(|e| match &e.location {
+                Some(Location::File { line, .. }) => (e.message.clone(), *line),
+                _ => (e.message.clone(), 0),
+            })
+            .collect();
+        let out = |n: &str| format!("invalid TOML: number `{n}` is out of range");
+        assert_eq!(
+            messages[..4],
+            [(out("99999999999999999999"), 1), (out("1e999"), 5), (out("-1e400"), 6), (out("2e400"), 6)]
+        );
+        assert_eq!(messages.len(), 4, "`seed=x=1` sets a string: no error of its own here");
+        // The rest is read: the keys with a number out of range are gone, the others stay.
+        assert_eq!(d.root["seed"].as_str(), Some("x=1"));
+        assert_eq!(d.root["name"].as_str(), Some("x"));
+        let stage = &d.stages()[0];
+        assert!(stage.get("keep_words").is_none());
+        assert_eq!(stage["crop_scale"].as_array().map(|a| a.len()), Some(1));
     }
 
     #[test]
