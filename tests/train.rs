@@ -334,8 +334,16 @@ fn loss_and_msda_settings_out_of_range_are_config_errors() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("train.toml");
     std::fs::write(&file, BASE).unwrap();
-    let cases: [(&[&str], &[&str]); 5] = [
+    let cases: [(&[&str], &[&str]); 6] = [
         (&["loss.type=otter", "loss.sinkhorn_lambda=0"], &["`loss.sinkhorn_lambda`: 0 is not positive"]),
+        (
+            &["loss.type=otter", "loss.teacher_momentum=1.5", "loss.gamma_v=-1", "loss.gamma_t=-0.5"],
+            &[
+                "`loss.teacher_momentum`: 1.5 is not in [0, 1]",
+                "`loss.gamma_v`: -1 is not at least 0",
+                "`loss.gamma_t`: -0.5 is not at least 0",
+            ],
+        ),
         (
             &["loss.type=pcmepp", "data.msda.beta=0", "data.msda.mix_ratio=1.5"],
             &["`data.msda.beta`: 0 is not positive", "`data.msda.mix_ratio`: 1.5 is not in [0, 1]"],

@@ -593,6 +593,17 @@ impl TrainConfig {
                 // Sinkhorn divides the similarities by λ (spec `bow-and-otter.md` §4).
                 within("loss.sinkhorn_lambda", c.sinkhorn_lambda, positive(c.sinkhorn_lambda), "positive");
                 within("loss.init_log_scale", c.init_log_scale, true, "finite");
+                // The EMA teacher: `m·θ_teacher + (1 − m)·θ`, a convex mix only for m in [0, 1].
+                within(
+                    "loss.teacher_momentum",
+                    c.teacher_momentum,
+                    (0.0..=1.0).contains(&c.teacher_momentum),
+                    "in [0, 1]",
+                );
+                // The teacher's similarities are added to the identity with these weights: a
+                // negative one makes a pair's own image or caption count against it.
+                within("loss.gamma_v", c.gamma_v, c.gamma_v >= 0.0, "at least 0");
+                within("loss.gamma_t", c.gamma_t, c.gamma_t >= 0.0, "at least 0");
             }
             LossConfig::Cusa(c) => {
                 let t = c.teacher_temperature;
