@@ -587,6 +587,8 @@ fn a_stage_of_unknown_type_does_not_make_the_order_wrong() {
     check(&[typo, read, write], &["read"]);
     check(&[read, untyped, bow], &["write"]);
     check(&[read, write, untyped, write], &["write"]);
+    // One stage alone cannot be both ends.
+    check(&[typo], &["write"]);
 }
 
 /// A file where a run writes a folder (`data/`, `rejects/`, `plots/`), or a folder where it
@@ -616,6 +618,11 @@ fn output_places_held_by_the_wrong_kind_fail_validate() {
     assert!(stderr.contains("4 configuration errors"), "{stderr}");
     // The data folder's error points at the writer's `dir`.
     assert!(stderr.contains("--> --set write_parquet.dir=shards"), "{stderr}");
+    // A file where a folder holding the data folder goes.
+    let (code, _, stderr) =
+        curate(&["validate", "pipelines/bow.toml", "--set", &set, "--set", "write_parquet.dir=shards/data"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("out/shards` is a file, where the run writes its folder `shards/data`"), "{stderr}");
     // The same folder, cleared of them, validates.
     std::fs::remove_dir(out.join("manifest.json")).unwrap();
     for f in ["shards", "rejects", "plots"] {

@@ -276,6 +276,23 @@ fn config_errors_are_reported_at_once_with_file_and_line() {
     let want = format!("bad.toml:{}:", line("nowhere.safetensors"));
     assert!(e.to_string().contains("nowhere.safetensors") && e.to_string().contains(&want), "{e}");
     assert_eq!(diags.len(), 3, "{e}");
+    // Inside `[loss]` (a tagged table) a wrong key is dropped alone, named and placed, and the
+    // rest of the table is still checked; so is a key named like its table.
+    let tagged = dir.path().join("tagged.toml");
+    let loss = "type = \"infonce\"\ntemperature = \"x\"\nmin_logit_scale = -1\nloss = 1";
+    std::fs::write(&tagged, format!("output_dir = \"out\"\n{}", BASE.replace("type = \"infonce\"", loss))).unwrap();
+    let e = TrainConfig::load(&tagged, &[]).unwrap_err().to_string();
+    let text = std::fs::read_to_string(&tagged).unwrap();
+    let at = |s: &str| format!("tagged.toml:{}:", text.lines().position(|l| l.contains(s)).unwrap() + 1);
+    for (want, place) in [
+        ("`loss.temperature`: wrong type: invalid type: string \"x\"", at("temperature = \"x\"")),
+        ("unknown key `loss` in `loss`", at("loss = 1")),
+        ("`loss.min_logit_scale`: -1 is not positive", at("min_logit_scale = -1")),
+    ] {
+        let found = e.find(want).unwrap_or_else(|| panic!("{want}: {e}"));
+        assert!(e[found..].lines().nth(1).is_some_and(|l| l.contains(&place)), "{want} at {place}: {e}");
+    }
+    assert!(e.contains("3 configuration errors"), "{e}");
     let e = TrainConfig::load(&file, &["optim.foo=1".into(), "batch_size=0".into()]).unwrap_err().to_string();
     assert!(e.contains("unknown key `foo` in `optim`") && e.contains("`batch_size`: 0 is too small"), "{e}");
     let fixed = source.replace("\"eight\"", "8").replace("temprature = 0.02\n", "");
@@ -334,11 +351,30 @@ fn loss_and_msda_settings_out_of_range_are_config_errors() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("train.toml");
     std::fs::write(&file, BASE).unwrap();
-    let cases: [(&[&str], &[&str]); 6] = [
+    let cases: [(&[&str], &[&str]); 8] = [
+        (
+            &["loss.type=pcmepp", "data.msda.cutmix_prob=-0.5", "loss.init_b=nan", "loss.match_weight=-1"],
+            &[
+                "`data.msda.cutmix_prob`: -0.5 is not in [0, 1]",
+                "`loss.init_b`: NaN is not finite",
+                "`loss.match_weight`: -1 is not at least 0",
+            ],
+        ),
+        (
+            &["loss.type=pcmepp", "loss.pseudo_positive_weight=-2"],
+            &["`loss.pseudo_positive_weight`: -2 is not at least 0"],
+        ),
         (&["loss.type=otter", "loss.sinkhorn_lambda=0"], &["`loss.sinkhorn_lambda`: 0 is not positive"]),
         (
-            &["loss.type=otter", "loss.teacher_momentum=1.5", "loss.gamma_v=-1", "loss.gamma_t=-0.5"],
             &[
+                "loss.type=otter",
+                "loss.teacher_momentum=1.5",
+                "loss.gamma_v=-1",
+                "loss.gamma_t=-0.5",
+                "loss.init_log_scale=inf",
+            ],
+            &[
+                "`loss.init_log_scale`: inf is not finite",
                 "`loss.teacher_momentum`: 1.5 is not in [0, 1]",
                 "`loss.gamma_v`: -1 is not at least 0",
                 "`loss.gamma_t`: -0.5 is not at least 0",
@@ -426,7 +462,15 @@ fn rows_whose_image_is_not_there_are_counted() {
 
 /// The sample's teacher image features, rows `range`, each row cut to its first `width` values,
 /// with `poison` (row, value) written over the first value of a row, saved as `file`.
-fn teacher_table(file: &Path, range: std::ops::Range<usize>, width: usize, poison: Option<(usize, f32)>) {
+/// What [`teacher_table`] puts in one row: a value, a null value, or a null row.
+#[derive(Clone, Copy)]
+enum Poison {
+    Value(f32),
+    NullValue,
+    NullRow,
+}
+
+fn teacher_table(file: &Path, range: std::ops::Range<usize>, width: usize, poison: Option<(usize, Poison)>) {
     use arrow_array::{Array, ArrayRef, FixedSizeListArray, Float32Array, RecordBatch, StringArray};
     let batches = curate::io::parquet::read_file(Path::new("data/train_sample/teacher_image.parquet")).unwrap();
     let ids = common::strs(&batches, "sample_id");
@@ -439,12 +483,17 @@ fn teacher_table(file: &Path, range: std::ops::Range<usize>, width: usize, poiso
             values.push(row.values()[..width].to_vec());
         }
     }
-    if let Some((r, v)) = poison {
-        values[r][0] = v;
+    let (mut value_nulls, mut row_nulls) = (vec![true; range.len() * width], vec![true; range.len()]);
+    match poison {
+        Some((r, Poison::Value(v))) => values[r][0] = v,
+        Some((r, Poison::NullValue)) => value_nulls[(r - range.start) * width + 1] = false,
+        Some((r, Poison::NullRow)) => row_nulls[r - range.start] = false,
+        None => {}
     }
     let flat: Vec<f32> = values[range.clone()].concat();
     let field = Arc::new(arrow_schema::Field::new("item", arrow_schema::DataType::Float32, true));
-    let list = FixedSizeListArray::new(field, width as i32, Arc::new(Float32Array::from(flat)), None);
+    let values = Float32Array::new(flat.into(), Some(value_nulls.into()));
+    let list = FixedSizeListArray::new(field, width as i32, Arc::new(values), Some(row_nulls.into()));
     let batch = RecordBatch::try_from_iter([
         ("sample_id", Arc::new(StringArray::from(ids[range].to_vec())) as ArrayRef),
         ("embedding", Arc::new(list) as ArrayRef),
@@ -475,8 +524,9 @@ fn teacher_tables_of_other_widths_or_with_a_nan_are_refused_at_load() {
             format!("feature widths differ: `{}` has {wa}-d embeddings, `{}` has {wb}-d", a.display(), b.display());
         assert!(e.contains(&want), "wanted `{want}` in:\n{e}");
     }
-    // A NaN (and an inf) in row 7 of a table: named by file, column and row, not "the loss is NaN".
-    for bad in [f32::NAN, f32::INFINITY] {
+    // A NaN, an inf, a null value or a null row 7 of a table: named by file, column and row,
+    // not "the loss is NaN" (or zeros read as features).
+    for bad in [Poison::Value(f32::NAN), Poison::Value(f32::INFINITY), Poison::NullValue, Poison::NullRow] {
         let poisoned = dir.path().join("poisoned.parquet");
         teacher_table(&poisoned, 0..576, 64, Some((7, bad)));
         let c = config(dir.path(), &["loss.type=cusa", &format!("data.teacher_image=\"{}\"", poisoned.display())]);

@@ -35,6 +35,9 @@ pub struct ConfigDoc {
     /// Problems found while reading: numbers out of range, then `--set` arguments; reported
     /// together with the file's other problems.
     pub override_errors: Vec<Diagnostic>,
+    /// Keys dropped while reading (a number out of range, reported): as a wrong-typed key, one
+    /// is not reported missing, nor are the problems of its default.
+    dropped: Vec<String>,
 }
 
 /// The largest pipeline or training file read: far beyond any real one.
@@ -130,8 +133,10 @@ impl ConfigDoc {
                 }
             }
         };
-        // Each blanked number's key (or array element, the last first) is dropped.
-        let mut gone: Vec<String> = numbers
+        // Each blanked number's key (or array element) is dropped, the last in the file first:
+        // an array's later elements go before its earlier ones shift them.
+        numbers.sort_by_key(|(span, _)| std::cmp::Reverse(span.start));
+        let gone: Vec<String> = numbers
             .iter()
             .filter_map(|(span, _)| {
                 origins
@@ -139,14 +144,14 @@ impl ConfigDoc {
                     .find_map(|(k, o)| matches!(o, Origin::Span { value, .. } if value == span).then(|| k.clone()))
             })
             .collect();
-        gone.sort_by(|a, b| b.cmp(a));
         let mut value = Value::Table(std::mem::take(&mut root));
         for key in &gone {
             remove_path(&mut value, key);
         }
         let Value::Table(root) = value else { unreachable!("a table stays a table") };
         let mut doc = Self::assemble(path, source, root, origins, overrides);
-        doc.override_errors.splice(0..0, numbers.into_iter().map(|(_, d)| d));
+        doc.override_errors.splice(0..0, numbers.into_iter().rev().map(|(_, d)| d));
+        doc.dropped = gone;
         Ok(doc)
     }
 
@@ -158,7 +163,14 @@ impl ConfigDoc {
         origins: HashMap<String, Origin>,
         overrides: &[String],
     ) -> ConfigDoc {
-        let mut doc = ConfigDoc { path: path.to_owned(), source, root, origins, override_errors: Vec::new() };
+        let mut doc = ConfigDoc {
+            path: path.to_owned(),
+            source,
+            root,
+            origins,
+            override_errors: Vec::new(),
+            dropped: Vec::new(),
+        };
         for arg in overrides {
             if let Err(d) = doc.apply_override(arg) {
                 doc.override_errors.push(d);
@@ -360,7 +372,20 @@ impl ConfigDoc {
         diags: &mut Vec<Diagnostic>,
     ) -> (Option<T>, Vec<String>) {
         let mut value = value.clone();
-        let mut dropped: Vec<String> = Vec::new();
+        // Keys of `value` dropped while reading (their parent is a table of `value`).
+        let mut dropped: Vec<String> = self
+            .dropped
+            .iter()
+            .filter_map(|d| match path {
+                "" => Some(d.as_str()),
+                p => d.strip_prefix(p).and_then(|r| r.strip_prefix('.')),
+            })
+            .filter(|d| {
+                let parent = d.rfind(['.', '[']).map_or("", |i| &d[..i]);
+                parent.is_empty() || lookup(&value, parent).is_some_and(Value::is_table)
+            })
+            .map(str::to_owned)
+            .collect();
         // Array elements dropped so far, as (array's path, index) in `value` as given: serde's
         // paths index the array as it is now, with those elements gone.
         let mut removed: Vec<(String, usize)> = Vec::new();
@@ -371,16 +396,11 @@ impl ConfigDoc {
                 Ok(t) => return (Some(t), dropped),
                 Err(e) => {
                     let mut now = e.path().to_string();
-                    // Inside a tagged enum (`[loss]`) serde's path of an unknown key ends at its
+                    // Inside a tagged enum (`[loss]`) serde's path of a wrong key ends at its
                     // table: the key itself is what gets dropped (not the whole table).
-                    if let Some(field) =
-                        e.inner().to_string().strip_prefix("unknown field `").and_then(|r| r.split('`').next())
-                    {
-                        if now == "." || now.is_empty() {
-                            now = field.to_owned();
-                        } else if !now.ends_with(&format!(".{field}")) && now != field {
-                            now = format!("{now}.{field}");
-                        }
+                    let table = if now == "." || now.is_empty() { Some(&value) } else { lookup(&value, &now) };
+                    if let Some(key) = table.and_then(Value::as_table).and_then(|t| culprit(t, e.inner().message())) {
+                        now = if now == "." || now.is_empty() { key } else { format!("{now}.{key}") };
                     }
                     let inner = as_given(&now, &removed);
                     let join = |prefix: &str| match (prefix.is_empty(), inner == "." || inner.is_empty()) {
@@ -709,6 +729,50 @@ fn as_given(path: &str, removed: &[(String, usize)]) -> String {
     out
 }
 
+/// The value at `path` (`a.b[2].c`) in `value`.
+fn lookup<'v>(value: &'v Value, path: &str) -> Option<&'v Value> {
+    let mut cur = value;
+    for part in path.split('.') {
+        let (name, index) = match part.split_once('[') {
+            Some((n, rest)) => (n, Some(rest.trim_end_matches(']').parse::<usize>().ok()?)),
+            None => (part, None),
+        };
+        cur = cur.as_table()?.get(name)?;
+        if let Some(ix) = index {
+            cur = cur.as_array()?.get(ix)?;
+        }
+    }
+    Some(cur)
+}
+
+/// The key of `table` a serde error `message` is about, where its path names only the table
+/// (as inside an internally tagged enum): an unknown key by its name, a wrong value by the value
+/// the message quotes (`invalid type: string "x", expected a number`).
+fn culprit(table: &Table, message: &str) -> Option<String> {
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        let field = rest.split('`').next()?;
+        return table.contains_key(field).then(|| field.to_owned());
+    }
+    let got = message.strip_prefix("invalid type: ").or_else(|| message.strip_prefix("invalid value: "))?;
+    let got = got.rsplit_once(", expected").map_or(got, |(g, _)| g);
+    // A table where another type was expected: the table itself is wrong, not a key of it.
+    if got == "map" {
+        return None;
+    }
+    let quoted = || got.split('`').nth(1);
+    table
+        .iter()
+        .find(|(_, v)| match v {
+            Value::String(s) => got == format!("string {s:?}"),
+            Value::Integer(i) => got.starts_with("integer") && quoted() == Some(&i.to_string()),
+            Value::Float(f) => got.starts_with("floating point") && quoted().and_then(|q| q.parse().ok()) == Some(*f),
+            Value::Boolean(b) => got.starts_with("boolean") && quoted() == Some(&b.to_string()),
+            Value::Array(_) => got == "sequence",
+            Value::Table(_) | Value::Datetime(_) => false,
+        })
+        .map(|(k, _)| k.clone())
+}
+
 fn remove_path(value: &mut Value, path: &str) -> bool {
     let parts: Vec<&str> = path.split('.').collect();
     let mut cur = value;
@@ -880,7 +944,7 @@ mod tests {
     fn every_number_out_of_range_is_reported_and_its_key_dropped() {
         let d = doc(
             "seed = 99999999999999999999\nname = \"x\"\n[[stage]]\ntype = \"bow\"\nkeep_words = 1e999\n\
-             crop_scale = [0.5, -1e400, 2e400]\n",
+             crop_scale = [0.5, -1e400, 2e400, 1, 2, 3, 4, 5, 6, 7, 8e999, 11]\n",
             &["seed=x=1"],
         );
         let messages: Vec<(String, usize)> = d
@@ -893,16 +957,41 @@ mod tests {
             .collect();
         let out = |n: &str| format!("invalid TOML: number `{n}` is out of range");
         assert_eq!(
-            messages[..4],
-            [(out("99999999999999999999"), 1), (out("1e999"), 5), (out("-1e400"), 6), (out("2e400"), 6)]
+            messages,
+            [
+                (out("99999999999999999999"), 1),
+                (out("1e999"), 5),
+                (out("-1e400"), 6),
+                (out("2e400"), 6),
+                (out("8e999"), 6)
+            ],
+            "`seed=x=1` sets a string: no error of its own here"
         );
-        assert_eq!(messages.len(), 4, "`seed=x=1` sets a string: no error of its own here");
         // The rest is read: the keys with a number out of range are gone, the others stay.
         assert_eq!(d.root["seed"].as_str(), Some("x=1"));
         assert_eq!(d.root["name"].as_str(), Some("x"));
         let stage = &d.stages()[0];
         assert!(stage.get("keep_words").is_none());
-        assert_eq!(stage["crop_scale"].as_array().map(|a| a.len()), Some(1));
+        // Elements past the tenth go too, and the right ones (the later first).
+        let kept: Vec<f64> = stage["crop_scale"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_float().or(v.as_integer().map(|i| i as f64)).unwrap())
+            .collect();
+        assert_eq!(kept, [0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 11.0]);
+        // A key dropped for its number is not reported missing: `seed=x=1` put `seed` back; a
+        // dropped required key leaves the stage unbuilt, without a word of its own.
+        let d = doc("output_dir = \"o\"\nseed = 1e999\n", &[]);
+        let mut diags = Vec::new();
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Top {
+            output_dir: String,
+            seed: u64,
+        }
+        let (top, dropped) = d.extract_recovering::<Top>("", &Value::Table(d.root.clone()), &mut diags);
+        assert!(top.is_none() && diags.is_empty() && dropped == ["seed"], "{diags:?}");
     }
 
     #[test]

@@ -449,7 +449,9 @@ fn check_order(
                 )),
         );
     }
-    if misplaced(Kind::Write, *last).is_some() {
+    // One stage alone cannot be both ends: if its type is unknown, at least the writer is missing.
+    let alone = slots.len() == 1 && last.1.is_none();
+    if alone || misplaced(Kind::Write, *last).is_some() {
         diags.push(
             Diagnostic::new("a pipeline ends with exactly one `write_parquet` stage")
                 .at(doc.location(&format!("stage[{}]", last.0)))
@@ -543,8 +545,14 @@ fn check_output_places(doc: &ConfigDoc, built: &[Compiled], top: Option<&Pipelin
         .map(|&(dir, i)| (dir, format!("stage[{i}].dir")))
         .chain(["rejects", "plots", crate::stages::write_parquet::STALE_DIR].map(|d| (d, "output_dir".to_owned())));
     for (name, key) in folders {
-        let place = out.join(name);
-        if place.exists() && !place.is_dir() {
+        // The folder, or a folder it is made in (`dir = "x/data"`), below `output_dir`.
+        let blocked = Path::new(name)
+            .ancestors()
+            .filter(|a| !a.as_os_str().is_empty())
+            .map(|a| out.join(a))
+            .filter(|p| p.exists() && !p.is_dir())
+            .last();
+        if let Some(place) = blocked {
             diags.push(
                 Diagnostic::new(format!("`{}` is a file, where the run writes its folder `{name}`", place.display()))
                     .at(doc.location(&key))
