@@ -79,6 +79,25 @@ fn cli_matches_the_eccv_caption_package() {
     }
     let md = std::fs::read_to_string(out.path().join("metrics.md")).unwrap();
     assert!(md.contains("| eccv_map_at_r |") && md.contains("exact score ties"), "{md}");
+    // An evaluation into the same folder that fails (annotations that are not there) leaves
+    // its own config.json and none of the earlier results beside it.
+    let failed = Command::new(env!("CARGO_BIN_EXE_curate"))
+        .args(["eval", "--image-embeddings"])
+        .arg(fixture("images.parquet"))
+        .arg("--caption-embeddings")
+        .arg(fixture("captions.parquet"))
+        .arg("--eccv-annotations")
+        .arg(out.path().join("nowhere"))
+        .arg("--out")
+        .arg(out.path())
+        .args(["--similarity", "cosine"])
+        .output()
+        .unwrap();
+    assert_eq!(failed.status.code(), Some(2), "{}", String::from_utf8_lossy(&failed.stderr));
+    assert!(std::fs::read_to_string(out.path().join("config.json")).unwrap().contains("cosine"));
+    for f in curate::eval::report::RESULT_FILES {
+        assert!(!out.path().join(f).exists(), "{f} of the earlier evaluation is gone");
+    }
 }
 
 #[test]
@@ -257,6 +276,11 @@ fn input_errors_name_the_file_and_column() {
     let ann = Annotations { eccv_i2t: PositivePairs(vec![(555, vec![5])]), ..Annotations::default() };
     let e = evaluate(&im, &cap, Some(&ann), Similarity::Dot).unwrap_err().to_string();
     assert!(e.contains("query 555 of `eccv_image_to_caption.json` is not in the gallery"), "{e}");
+    // An ECCV query without positives is named by its COCO id (R = 0: mAP@R is undefined).
+    let first = im.ids[0];
+    let ann = Annotations { eccv_i2t: PositivePairs(vec![(first, vec![])]), ..Annotations::default() };
+    let e = evaluate(&im, &cap, Some(&ann), Similarity::Dot).unwrap_err().to_string();
+    assert!(e.contains(&format!("`eccv_image_to_caption.json`: query {first} has no positives")), "{e}");
     let e = Annotations::read_dir(d).unwrap_err().to_string();
     assert!(e.contains("lacks cxc_image_to_caption.json") && e.contains("eccv-caption"), "{e}");
 }

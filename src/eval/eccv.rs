@@ -34,10 +34,10 @@ pub fn plan(
         resolve(i2t_pairs, "eccv_image_to_caption.json", &index.image_row, &index.caption_row, i2t, eccv_need)?;
     let (qt, at) =
         resolve(t2i_pairs, "eccv_caption_to_image.json", &index.caption_row, &index.image_row, t2i, eccv_need)?;
-    for (name, qs) in [("eccv_image_to_caption.json", &qi), ("eccv_caption_to_image.json", &qt)] {
-        if let Some(q) = qs.iter().find(|q| q.n_positives == 0) {
+    for (name, pairs) in [("eccv_image_to_caption.json", i2t_pairs), ("eccv_caption_to_image.json", t2i_pairs)] {
+        if let Some((q, _)) = pairs.0.iter().find(|(_, ids)| ids.is_empty()) {
             // R = 0 leaves mAP@R and R-Precision undefined (the package divides by zero).
-            return Err(Error::data(format!("`{name}`: a query (gallery row {}) has no positives", q.row)));
+            return Err(Error::data(format!("`{name}`: query {q} has no positives")));
         }
     }
     Ok(EccvPlan { i2t: qi, t2i: qt, absent: ai + at })

@@ -70,17 +70,27 @@ impl PositivePairs {
             hint: Some("expected the eccv-caption package's format: {\"<query id>\": [<positive id>, ...]}".into()),
         };
         let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
-        let serde_json::Value::Object(map) = value else {
+        if !value.is_object() {
             return Err(bad("the top level is not an object".into()));
-        };
+        }
+        // Every entry as written: a JSON object read into a map keeps only the last of a
+        // repeated key, and would drop a query without a word.
+        let Entries(mut map) = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        // In key order, as a JSON map is read (the order queries are summed in).
+        map.sort_by(|a, b| a.0.cmp(&b.0));
         let int = |v: &serde_json::Value| match v {
             serde_json::Value::Number(n) => n.as_i64(),
             serde_json::Value::String(s) => s.trim().parse().ok(),
             _ => None,
         };
         let mut out = Vec::with_capacity(map.len());
+        let mut seen: std::collections::HashMap<i64, &str> = std::collections::HashMap::with_capacity(map.len());
         for (k, v) in &map {
             let q: i64 = k.trim().parse().map_err(|_| bad(format!("key `{k}` is not an integer id")))?;
+            // One query, one list: a second would be scored as another query (or replace the first).
+            if let Some(first) = seen.insert(q, k) {
+                return Err(bad(format!("query id {q} is listed twice (as `{first}` and as `{k}`)")));
+            }
             let serde_json::Value::Array(items) = v else {
                 return Err(bad(format!("the value of `{k}` is not a list")));
             };
@@ -91,6 +101,29 @@ impl PositivePairs {
             out.push((q, ids));
         }
         Ok(PositivePairs(out))
+    }
+}
+
+/// A JSON object's entries in file order, repeated keys included.
+struct Entries(Vec<(String, serde_json::Value)>);
+
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> std::result::Result<Entries, A::Error> {
+                let mut out = Vec::new();
+                while let Some(entry) = m.next_entry()? {
+                    out.push(entry);
+                }
+                Ok(Entries(out))
+            }
+        }
+        d.deserialize_map(V)
     }
 }
 
@@ -432,4 +465,40 @@ pub fn run_embeddings(run: &EmbeddingsRun) -> Result<Evaluation> {
     ev.timings_s.insert(0, ("read".to_owned(), t_read));
     report::write(&run.out, &ev)?;
     Ok(ev)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positive_pairs_read_every_query_once_and_refuse_a_repeated_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cxc.json");
+        let read = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            PositivePairs::read(&file)
+        };
+        // Numbers or decimal strings, in key order.
+        let ok = read(r#"{"9": [1, "2"], "10": []}"#).unwrap();
+        assert_eq!(ok, PositivePairs(vec![(10, vec![]), (9, vec![1, 2])]));
+        // The same key twice (a map keeps the last), or one id written two ways.
+        for (text, first, second) in
+            [(r#"{"7": [1], "7": [2]}"#, "7", "7"), (r#"{"112141": [1], "0112141": [2]}"#, "0112141", "112141")]
+        {
+            let e = read(text).unwrap_err().to_string();
+            let want =
+                format!("query id {} is listed twice (as `{first}` and as `{second}`)", first.trim_start_matches('0'));
+            assert!(e.contains(&want) && e.contains("cxc.json"), "{e}");
+        }
+        for (text, want) in [
+            ("[1]", "the top level is not an object"),
+            (r#"{"x": [1]}"#, "key `x` is not an integer id"),
+            (r#"{"1": 2}"#, "the value of `1` is not a list"),
+            (r#"{"1": [1.5]}"#, "a positive of `1` is not an integer id: 1.5"),
+        ] {
+            let e = read(text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+    }
 }

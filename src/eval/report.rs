@@ -130,9 +130,21 @@ pub fn plot(ev: &Evaluation) -> String {
     crate::report::plot::log_x_lines("Recall@K (full galleries)", "K", "recall", &refs)
 }
 
+/// What [`write`] writes: an earlier evaluation's are removed when a new one starts.
+pub const RESULT_FILES: [&str; 3] = ["metrics.json", "metrics.md", "recall_at_k.svg"];
+
 /// Writes `config.json` (before the work starts): the version, the command and the inputs
-/// (`run`: [`super::EmbeddingsRun`] or [`super::trained::Resolved`]).
+/// (`run`: [`super::EmbeddingsRun`] or [`super::trained::Resolved`]). An earlier evaluation's
+/// results in `out` are removed first, so an evaluation that fails leaves none beside its
+/// `config.json` that are not its own.
 pub fn write_config<T: Serialize>(out: &Path, run: &T) -> Result<()> {
+    for name in RESULT_FILES {
+        let path = out.join(name);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io("cannot remove", &path, e)),
+            _ => {}
+        }
+    }
     #[derive(Serialize)]
     struct Config<'a, T> {
         curate_version: &'a str,
