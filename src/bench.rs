@@ -132,6 +132,14 @@ fn cpu_seconds(u: &libc::rusage) -> f64 {
 
 pub fn bow(args: &BowBenchArgs) -> Result<()> {
     let exe = std::env::current_exe().map_err(|e| Error::io("cannot find", "curate", e))?;
+    // The input first: a missing one leaves nothing behind (not even the `--out` folder).
+    let rows = Lines::open(&args.input).and_then(|mut l| {
+        let mut n = 0u64;
+        while l.next_line()?.is_some() {
+            n += 1;
+        }
+        Ok(n)
+    })?;
     std::fs::create_dir_all(&args.out).map_err(|e| Error::io("cannot create", &args.out, e))?;
     // The default cascade, and the same reader and writer without the BoW stage ("intact"):
     // the second separates the cost of the output's volume from the cost of the deformation.
@@ -148,13 +156,6 @@ pub fn bow(args: &BowBenchArgs) -> Result<()> {
     };
     let pipeline = write_pipeline("run", true)?;
     let intact = write_pipeline("intact", false)?;
-    let rows = Lines::open(&args.input).and_then(|mut l| {
-        let mut n = 0u64;
-        while l.next_line()?.is_some() {
-            n += 1;
-        }
-        Ok(n)
-    })?;
     let floor_out = args.out.join("floor");
     let mut floor = Vec::new();
     let mut plain = Vec::new();
@@ -261,6 +262,13 @@ pub fn text(args: &TextBenchArgs, device: &burn::tensor::Device) -> Result<()> {
             captions.push(String::from_utf8_lossy(c).into_owned());
         }
     }
+    if captions.is_empty() {
+        return Err(Error::data(format!(
+            "`{}` has no caption in column {} (0-based, tab-separated)",
+            args.input.display(),
+            args.column
+        )));
+    }
     let enc = crate::models::text_encoder::TextEncoder::load(&args.model, None, None, device)?;
     let refs: Vec<&str> = captions.iter().map(String::as_str).collect();
     let batch = args.batch_size;
@@ -346,13 +354,25 @@ fn read_f32_matrix(path: &Path, dim: Option<usize>) -> Result<(Vec<f32>, usize)>
             .ok_or_else(|| bad("no shape in the .npy header"))?;
         let dims: Vec<usize> =
             shape.split(',').filter(|s| !s.trim().is_empty()).filter_map(|s| s.trim().parse().ok()).collect();
-        let [_, width] = dims[..] else { return Err(bad("expected a 2-D array")) };
-        (&bytes[at + len..], width)
+        let [rows, width] = dims[..] else { return Err(bad("expected a 2-D array")) };
+        let body = &bytes[at + len..];
+        // A file cut short (or with bytes after the array) is not the array its header names.
+        if rows.checked_mul(width).and_then(|n| n.checked_mul(4)) != Some(body.len()) {
+            return Err(bad(&format!(
+                "the header says {rows} x {width} float32 ({} bytes), the file holds {} bytes after it",
+                rows.saturating_mul(width).saturating_mul(4),
+                body.len()
+            )));
+        }
+        (body, width)
     } else {
         (&bytes[..], dim.ok_or_else(|| bad("raw f32 input needs `--dim`"))?)
     };
     if width == 0 || body.len() % (4 * width) != 0 {
         return Err(bad(&format!("{} bytes do not make rows of {width} f32", body.len())));
+    }
+    if body.is_empty() {
+        return Err(bad("no rows"));
     }
     Ok((body.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect(), width))
 }

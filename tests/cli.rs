@@ -459,6 +459,45 @@ fn bench_counts_are_checked() {
     }
     let (code, _, stderr) = curate(&["bench", "bow", "--input", "data/cc3m_sample.tsv", "--repeat", "0"]);
     assert!(code != 0 && stderr.contains("must be at least 1"), "{stderr}");
+    // A .npy cut short is not the array its header names; an empty one has no rows to time.
+    let npy = |name: &str, rows: usize, values: &[f32]| {
+        let header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, 2), }}");
+        let header = format!("{header:<117}\n");
+        let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+        bytes.extend((header.len() as u16).to_le_bytes());
+        bytes.extend(header.as_bytes());
+        bytes.extend(f32s(values));
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    let good = npy("good.npy", 2, &[1.0, 0.0, 0.0, 1.0]);
+    let short = npy("short.npy", 3, &[1.0, 0.0, 0.0, 1.0]);
+    let empty = npy("empty.npy", 0, &[]);
+    let bench = |q: &str, p: &str| curate(&["bench", "knn", "--queries", q, "--pool", p, "--k", "1", "--repeat", "1"]);
+    let (code, _, stderr) = bench(&good, &good);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, _, stderr) = bench(&good, &short);
+    assert!(code != 0 && stderr.contains("the header says 3 x 2 float32 (24 bytes), the file holds 16"), "{stderr}");
+    let (code, _, stderr) = bench(&empty, &good);
+    assert!(code != 0 && stderr.contains("no rows"), "{stderr}");
+    // `bench text` without a caption in its column, and `bench bow` without its input, fail
+    // (the latter leaving no `--out` folder behind).
+    let (code, _, stderr) = curate(&[
+        "bench",
+        "text",
+        "--model",
+        "data/train_sample/text_model",
+        "--input",
+        "data/cc3m_sample.tsv",
+        "--column",
+        "7",
+    ]);
+    assert!(code != 0 && stderr.contains("has no caption in column 7"), "{stderr}");
+    let out = dir.path().join("bench_out");
+    let (code, _, stderr) =
+        curate(&["bench", "bow", "--input", "nowhere.tsv", "--out", out.to_str().unwrap(), "--repeat", "1"]);
+    assert!(code != 0 && !out.exists(), "{stderr}");
 }
 
 #[test]
