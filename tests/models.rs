@@ -432,26 +432,35 @@ fn staged_batch_norm_trains_as_burns() {
 
 #[test]
 fn a_tokenizer_past_the_models_vocabulary_is_refused_at_load() {
-    // The tiny BERT's tokenizer has 125 tokens and its `vocab_size` is 125. A tokenizer with a
-    // token more, or a pad id past the table, would let ids index past the embedding table.
+    // The tiny BERT's tokenizer has 125 tokens and its `vocab_size` is 125. A token more, a
+    // stray id with the count unchanged, a special token of the post-processor or a pad id past
+    // the table would each let ids index past the embedding table, a panic mid-run.
     let src = fixtures().join("tiny_bert");
     let json = |f: &str| -> serde_json::Value { serde_json::from_slice(&std::fs::read(src.join(f)).unwrap()).unwrap() };
-    let (mut more, mut pad) = (json("tokenizer.json"), json("config.json"));
+    let (mut more, mut stray, mut special, mut pad) =
+        (json("tokenizer.json"), json("tokenizer.json"), json("tokenizer.json"), json("config.json"));
     more["model"]["vocab"]["zzzz"] = 125.into();
+    stray["model"]["vocab"]["dog"] = 900.into();
+    assert_eq!(stray["model"]["vocab"].as_object().unwrap().len(), 125, "the entry count alone fits");
+    special["post_processor"]["special_tokens"]["[CLS]"]["ids"] = serde_json::json!([500]);
     pad["pad_token_id"] = 125.into();
-    for (file, changed, want) in
-        [("tokenizer.json", more, "the tokenizer has 126 tokens"), ("config.json", pad, "(pad id 125)")]
-    {
+    for (file, changed, want) in [
+        ("tokenizer.json", more, "tokenizer.json`: token `zzzz` has id 125"),
+        ("tokenizer.json", stray, "tokenizer.json`: token `dog` has id 900"),
+        ("tokenizer.json", special, "special token `[CLS]` (inserted by its `post_processor`) has id 500"),
+        ("config.json", pad, "config.json`: the pad id is 125"),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         for f in ["config.json", "model.safetensors", "sentence_bert_config.json", "tokenizer.json"] {
             std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
         }
         std::fs::write(dir.path().join(file), changed.to_string()).unwrap();
         let e = match TextEncoder::load(dir.path(), None, None, &Device::flex()) {
-            Ok(_) => panic!("{file}: loaded"),
+            Ok(_) => panic!("{want}: loaded"),
             Err(e) => e.to_string(),
         };
-        assert!(e.contains(want) && e.contains("the model's `vocab_size` is 125"), "{file}: {e}");
+        assert!(e.contains(want) && e.contains("the model's `vocab_size` is 125"), "{want}: {e}");
+        assert!(e.contains("hint:"), "{e}");
     }
 }
 
