@@ -488,3 +488,50 @@ fn encode_text_rejects_rows_with_no_text() {
         rejects.iter().flat_map(|b| b.column_by_name("raw").unwrap().as_binary::<i32>().iter().flatten()).collect();
     assert_eq!(raw, [b"a cat".as_slice(), b"a cow"], "the caption, as for every stage after the reader");
 }
+
+#[test]
+fn a_max_length_without_room_for_text_or_past_the_positions_is_refused_at_load() {
+    // The tiny BERT's tokenizer adds [CLS] and [SEP]; its position table has 64 rows. A
+    // max_seq_length of 0 to 2 made the tokenizers crate wrap `max_length - 2` (nothing truncated,
+    // then a long caption panicked past the position table); 65 would run past the table too.
+    let src = fixtures().join("tiny_bert");
+    let folder = |st: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+            std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+        }
+        std::fs::write(dir.path().join("sentence_bert_config.json"), st).unwrap();
+        dir
+    };
+    for (value, want) in [
+        ("0", "`max_seq_length` is 0, but the tokenizer adds 2 special tokens"),
+        ("1", "`max_seq_length` is 1, but the tokenizer adds 2 special tokens"),
+        ("2", "`max_seq_length` is 2, but the tokenizer adds 2 special tokens"),
+        ("65", "`max_seq_length` is 65, past the model's 64 positions"),
+        ("-1", "`max_seq_length` is -1, not a token count"),
+        ("\"16\"", "`max_seq_length` is \"16\", not a token count"),
+    ] {
+        let dir = folder(&format!("{{\"max_seq_length\": {value}}}"));
+        let e = match TextEncoder::load(dir.path(), None, None, &Device::flex()) {
+            Ok(_) => panic!("max_seq_length {value}: loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("sentence_bert_config.json`: ") && e.contains(want), "{value}: {e}");
+        assert!(
+            e.contains("hint: a max length from 3 to 64") || e.contains("hint: a whole number from 3 to 64"),
+            "{e}"
+        );
+    }
+    // The smallest length that leaves room for text truncates every caption, short ones too,
+    // and a long one encodes.
+    let dir = folder("{\"max_seq_length\": 3}");
+    let enc = TextEncoder::load(dir.path(), None, None, &Device::flex()).unwrap();
+    let long = "a dog runs ".repeat(100);
+    let (_, mask, shape) = enc.tokenize(&["a dog runs", &long]).unwrap();
+    assert_eq!(shape, [2, 3]);
+    assert_eq!(mask, [1; 6]);
+    assert_eq!(enc.encode(&[&long]).unwrap().len(), enc.dim);
+    // Without a max_seq_length the model's own limit holds.
+    let dir = folder("{\"do_lower_case\": false}");
+    assert_eq!(TextEncoder::load(dir.path(), None, None, &Device::flex()).unwrap().max_tokens(), 64);
+}

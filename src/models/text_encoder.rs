@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use tokenizers::{PaddingStrategy, Tokenizer, TruncationParams};
+use tokenizers::{PaddingStrategy, PostProcessor, Tokenizer, TruncationParams};
 
 use super::bert::Bert;
 use super::mpnet::MpNet;
@@ -78,10 +78,7 @@ impl TextEncoder {
         let tok_path = dir.join("tokenizer.json");
         let mut tokenizer = Tokenizer::from_file(&tok_path)
             .map_err(|e| model_err(format!("cannot load tokenizer `{}`: {e}", tok_path.display())))?;
-        let st_max = read_json(&dir.join("sentence_bert_config.json"))
-            .and_then(|v| v["max_seq_length"].as_u64())
-            .map(|v| v as usize);
-        let max_tokens = st_max.unwrap_or(model_max).min(model_max);
+        let max_tokens = max_length(dir, &tokenizer, model_max, model_type.as_deref() == Some("mpnet"))?;
         tokenizer
             .with_truncation(Some(TruncationParams { max_length: max_tokens, ..Default::default() }))
             .map_err(|e| model_err(format!("tokenizer truncation: {e}")))?;
@@ -180,6 +177,63 @@ impl TextEncoder {
         }
         Ok(out)
     }
+}
+
+/// The truncation length: sentence-transformers' `max_seq_length` (`sentence_bert_config.json`)
+/// when the folder has one, else the model's own limit (`model_max`: BERT's
+/// `max_position_embeddings`, MPNet's less its 2 reserved positions). It must leave room for at
+/// least one text token beside the special tokens the tokenizer adds (`[CLS]`, `[SEP]`): the
+/// `tokenizers` crate computes `max_length - special tokens` unchecked, so a smaller length wraps,
+/// no caption is truncated and a long one runs past the position table (a panic mid-run). A
+/// `max_seq_length` past the model's limit would do the same, so it is refused too.
+fn max_length(dir: &Path, tokenizer: &Tokenizer, model_max: usize, mpnet: bool) -> Result<usize> {
+    let specials = tokenizer.get_post_processor().map_or(0, |p| p.added_tokens(false));
+    let model_key = if mpnet { "`max_position_embeddings` less 2" } else { "`max_position_embeddings`" };
+    let config_path = dir.join("config.json");
+    let st_path = dir.join("sentence_bert_config.json");
+    let st_max = match read_json(&st_path).map(|v| v["max_seq_length"].clone()) {
+        None | Some(serde_json::Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            None => {
+                return Err(Error::Model {
+                    message: format!("`{}`: `max_seq_length` is {v}, not a token count", st_path.display()),
+                    hint: Some(format!("a whole number from {} to {model_max}", specials + 1)),
+                })
+            }
+        },
+    };
+    let (max, source, key) = match st_max {
+        Some(n) => (n, &st_path, "`max_seq_length`"),
+        None => (model_max, &config_path, model_key),
+    };
+    if max <= specials {
+        return Err(Error::Model {
+            message: format!(
+                "`{}`: {key} is {max}, but the tokenizer adds {specials} special tokens to every text: \
+                 the max length must leave room for at least one token of text",
+                source.display()
+            ),
+            hint: Some(format!(
+                "a max length from {} to {model_max} (sentence-transformers models use 128 to 512)",
+                specials + 1
+            )),
+        });
+    }
+    if max > model_max {
+        return Err(Error::Model {
+            message: format!(
+                "`{}`: `max_seq_length` is {max}, past the model's {model_max} positions ({model_key} in `{}`)",
+                st_path.display(),
+                config_path.display()
+            ),
+            hint: Some(format!(
+                "a max length from {} to {model_max}, or no `max_seq_length` to use the model's",
+                specials + 1
+            )),
+        });
+    }
+    Ok(max)
 }
 
 /// Every id the tokenizer can give must index a row of the embedding table (`vocab_size` rows):
