@@ -535,3 +535,41 @@ fn a_max_length_without_room_for_text_or_past_the_positions_is_refused_at_load()
     let dir = folder("{\"do_lower_case\": false}");
     assert_eq!(TextEncoder::load(dir.path(), None, None, &Device::flex()).unwrap().max_tokens(), 64);
 }
+
+#[test]
+fn a_checkpoint_saved_in_double_precision_loads_as_its_float_one() {
+    use safetensors::tensor::{Dtype, TensorView};
+    // torch.save of a `.double()` model: every weight F64. It was reported as every tensor
+    // missing; read as f32 it is the f32 checkpoint exactly (f32 → f64 → f32 is lossless).
+    let src = fixtures().join("tiny_bert");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "sentence_bert_config.json", "tokenizer.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let doubled: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            assert_eq!(view.dtype(), Dtype::F32, "{name}");
+            let data = view
+                .data()
+                .chunks_exact(4)
+                .flat_map(|b| (f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64).to_le_bytes())
+                .collect();
+            (name, view.shape().to_vec(), data)
+        })
+        .collect();
+    let views: Vec<(&str, TensorView)> =
+        doubled.iter().map(|(n, s, d)| (n.as_str(), TensorView::new(Dtype::F64, s.clone(), d).unwrap())).collect();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    let captions = ["a dog runs on the beach .", "two dogs"];
+    let device = Device::flex();
+    let want = TextEncoder::load(&src, None, None, &device).unwrap().encode(&captions).unwrap();
+    let got = match TextEncoder::load(dir.path(), None, None, &device) {
+        Ok(enc) => enc.encode(&captions).unwrap(),
+        Err(e) => panic!("the F64 checkpoint was refused: {e}"),
+    };
+    assert_eq!(got, want);
+}

@@ -45,6 +45,11 @@ struct Stored {
 pub struct Weights {
     source: String,
     tensors: BTreeMap<String, Stored>,
+    /// Tensors of a type curate does not read as weights (integers, booleans, 8-bit and smaller
+    /// floats), by name: their type and shape. Integer buffers such as BERT's `position_ids` are
+    /// never asked for and are passed over; one a model asks for is reported with its type.
+    other_dtypes: BTreeMap<String, (String, Vec<usize>)>,
+    wrong_dtype: RefCell<Vec<String>>,
     used: RefCell<BTreeSet<String>>,
     missing: RefCell<Vec<String>>,
     misshaped: RefCell<Vec<String>>,
@@ -64,8 +69,11 @@ enum Init {
 }
 
 impl Weights {
-    /// Reads every floating-point tensor of a safetensors file (F32, F16, BF16 → f32). Integer
-    /// tensors are buffers such as BERT's `position_ids`, never weights: they are skipped.
+    /// Reads every floating-point tensor of a safetensors file (F64, F32, F16, BF16 → f32: a
+    /// model saved in double precision loads as it would in PyTorch after `.float()`). Tensors
+    /// of other types are kept aside by name: integer ones are buffers such as BERT's
+    /// `position_ids`, never weights, and a model that asks for one gets it reported with its
+    /// type (not as missing).
     pub fn from_safetensors(path: &Path) -> Result<Weights> {
         let bytes = std::fs::read(path).map_err(|e| Error::io("cannot read checkpoint", path, e))?;
         let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::Model {
@@ -73,6 +81,7 @@ impl Weights {
             hint: Some("curate loads `model.safetensors` checkpoints".into()),
         })?;
         let mut tensors = BTreeMap::new();
+        let mut other_dtypes = BTreeMap::new();
         for (name, view) in st.tensors() {
             let raw = view.data();
             let data: Vec<f32> = match view.dtype() {
@@ -85,17 +94,28 @@ impl Weights {
                 safetensors::Dtype::BF16 => {
                     raw.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
                 }
-                _ => continue,
+                safetensors::Dtype::F64 => raw
+                    .chunks_exact(8)
+                    .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f32)
+                    .collect(),
+                other => {
+                    other_dtypes.insert(name, (format!("{other:?}"), view.shape().to_vec()));
+                    continue;
+                }
             };
             tensors.insert(name, Stored { shape: view.shape().to_vec(), data });
         }
-        Ok(Weights::new(path.display().to_string(), tensors))
+        let mut w = Weights::new(path.display().to_string(), tensors);
+        w.other_dtypes = other_dtypes;
+        Ok(w)
     }
 
     fn new(source: String, tensors: BTreeMap<String, Stored>) -> Weights {
         Weights {
             source,
             tensors,
+            other_dtypes: Default::default(),
+            wrong_dtype: Default::default(),
             used: Default::default(),
             missing: Default::default(),
             misshaped: Default::default(),
@@ -123,8 +143,9 @@ impl Weights {
         Weights::new("memory".into(), tensors)
     }
 
+    /// Whether the checkpoint holds `name`, of any type (layouts are told apart by names).
     pub fn contains(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
+        self.tensors.contains_key(name) || self.other_dtypes.contains_key(name)
     }
 
     /// The tensor `name`, which must have `shape`. A missing or mis-shaped tensor is recorded and
@@ -146,7 +167,10 @@ impl Weights {
                 Tensor::zeros(shape, device)
             }
             None => {
-                self.missing.borrow_mut().push(format!("{name} {shape:?}"));
+                match self.other_dtypes.get(name) {
+                    Some((dtype, stored)) => self.wrong_dtype.borrow_mut().push(format!("{name}: {dtype} {stored:?}")),
+                    None => self.missing.borrow_mut().push(format!("{name} {shape:?}")),
+                }
                 Tensor::zeros(shape, device)
             }
         }
@@ -255,11 +279,15 @@ impl Weights {
             .collect();
         let missing = self.missing.into_inner();
         let misshaped = self.misshaped.into_inner();
-        if missing.is_empty() && misshaped.is_empty() && unexpected.is_empty() {
+        let wrong_dtype = self.wrong_dtype.into_inner();
+        if missing.is_empty() && misshaped.is_empty() && unexpected.is_empty() && wrong_dtype.is_empty() {
             return Ok(());
         }
         let mut message = format!("checkpoint `{}` does not fit the model", self.source);
-        for (title, list) in [("missing", &missing), ("mis-shaped", &misshaped), ("unexpected", &unexpected)] {
+        let not_float = "not of a float type curate reads (F64, F32, F16, BF16)";
+        for (title, list) in
+            [("missing", &missing), ("mis-shaped", &misshaped), (not_float, &wrong_dtype), ("unexpected", &unexpected)]
+        {
             if !list.is_empty() {
                 message.push_str(&format!("\n  {} {title}:", list.len()));
                 for item in list.iter().take(20) {
@@ -270,13 +298,16 @@ impl Weights {
                 }
             }
         }
-        Err(Error::Model {
-            message,
-            hint: Some(
-                "check that config.json describes this checkpoint (architecture, sizes) and that the file is complete"
-                    .into(),
-            ),
-        })
+        let mut hint = Vec::new();
+        if !wrong_dtype.is_empty() {
+            hint.push("save the weights as floats (`model.float()` before saving, or a dequantised checkpoint)");
+        }
+        if !(missing.is_empty() && misshaped.is_empty() && unexpected.is_empty()) {
+            hint.push(
+                "check that config.json describes this checkpoint (architecture, sizes) and that the file is complete",
+            );
+        }
+        Err(Error::Model { message, hint: Some(hint.join("; ")) })
     }
 }
 
@@ -324,5 +355,41 @@ mod tests {
         let other = Weights::random(8).tensor("emb.weight", [200, 10], &d).into_data().try_to_vec::<f32>().unwrap();
         assert_ne!(emb, other);
         assert!(w.finish(&[]).is_ok());
+    }
+
+    #[test]
+    fn f64_tensors_are_read_and_other_types_reported_by_name_and_type() {
+        use safetensors::tensor::{Dtype, TensorView};
+        // A double-precision weight (torch.save of a `.double()` model) is read as f32, not
+        // reported missing; an integer tensor the model asks for is named with its type, and
+        // an integer buffer nobody asks for (BERT's `position_ids`) is passed over.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        let f64s: Vec<u8> = [0.5f64, -1.25, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let i64s: Vec<u8> = [0i64, 1, 2].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let views = vec![
+            ("double.weight", TensorView::new(Dtype::F64, vec![3], &f64s).unwrap()),
+            ("int.weight", TensorView::new(Dtype::I64, vec![3], &i64s).unwrap()),
+            ("position_ids", TensorView::new(Dtype::I64, vec![1, 3], &i64s).unwrap()),
+        ];
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        let d = Device::flex();
+
+        let w = Weights::from_safetensors(&path).unwrap();
+        let t = w.tensor("double.weight", [3], &d).into_data().try_to_vec::<f32>().unwrap();
+        assert_eq!(t, [0.5, -1.25, 3.0]);
+        assert!(w.contains("int.weight"));
+        assert!(w.finish(&[]).is_ok(), "the unasked integer tensors are buffers");
+
+        let w = Weights::from_safetensors(&path).unwrap();
+        w.tensor("double.weight", [3], &d);
+        w.tensor("int.weight", [3], &d);
+        let e = w.finish(&[]).unwrap_err().to_string();
+        assert!(
+            e.contains("1 not of a float type curate reads (F64, F32, F16, BF16):\n    int.weight: I64 [3]"),
+            "{e}"
+        );
+        assert!(!e.contains("missing"), "{e}");
+        assert!(e.contains("hint: save the weights as floats"), "{e}");
     }
 }
