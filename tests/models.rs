@@ -573,3 +573,42 @@ fn a_checkpoint_saved_in_double_precision_loads_as_its_float_one() {
     };
     assert_eq!(got, want);
 }
+
+#[test]
+fn a_config_with_absurd_sizes_is_refused_with_the_full_list_without_allocating_them() {
+    // Sizes no machine holds: zeros of the expected shape for each mis-shaped tensor
+    // (intermediate_size 10^13: petabytes) and one layer after another (10^12 layers) used to be
+    // allocated before the checkpoint was refused, aborting the process (20,000,000 took ~10 GB
+    // and 20 s). The tiny checkpoint is refused at once, with every problem listed.
+    for model in ["tiny_bert", "tiny_mpnet"] {
+        let src = fixtures().join(model);
+        let dir = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(&src).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_file() {
+                std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+            }
+        }
+        let path = dir.path().join("config.json");
+        let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let (layers, inter) = (config["num_hidden_layers"].as_u64().unwrap(), config["intermediate_size"].clone());
+        config["intermediate_size"] = 10_000_000_000_000u64.into();
+        config["num_hidden_layers"] = 1_000_000_000_000u64.into();
+        std::fs::write(&path, config.to_string()).unwrap();
+        let start = std::time::Instant::now();
+        let e = match TextEncoder::load(dir.path(), None, None, &Device::flex()) {
+            Ok(_) => panic!("{model}: loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(start.elapsed().as_secs() < 10, "{model}: {:?}", start.elapsed());
+        let want = format!(
+            "1 missing:\n    encoder.layer.{layers}.* to encoder.layer.999999999999.*: {} layers, none in the \
+             checkpoint (it has {layers})",
+            1_000_000_000_000 - layers
+        );
+        assert!(e.contains(&want), "{model}: {e}");
+        let misshaped =
+            format!("{} mis-shaped:\n    encoder.layer.0.intermediate.dense.weight: [{inter}, ", 3 * layers);
+        assert!(e.contains(&misshaped) && e.contains("expected [10000000000000, "), "{model}: {e}");
+    }
+}

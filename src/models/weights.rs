@@ -1,7 +1,9 @@
 //! Checkpoint tensors by name, read from a safetensors file (Hugging Face, torchvision and CLIP
 //! checkpoints all ship them), handed to model constructors one at a time. Every tensor that is
 //! missing, mis-shaped or left unused is recorded, and [`Weights::finish`] refuses the
-//! checkpoint with the complete list — a model never runs on half-loaded weights.
+//! checkpoint with the complete list (the first 20 of each kind, and how many more) — a model
+//! never runs on half-loaded weights. Nothing of the size a config names is allocated for a
+//! tensor the checkpoint cannot give, so a config with absurd sizes is refused fast.
 //!
 //! PyTorch stores a `Linear` weight as `[out, in]`; burn's is `[in, out]`: [`Weights::linear`]
 //! transposes on load.
@@ -49,12 +51,32 @@ pub struct Weights {
     /// floats), by name: their type and shape. Integer buffers such as BERT's `position_ids` are
     /// never asked for and are passed over; one a model asks for is reported with its type.
     other_dtypes: BTreeMap<String, (String, Vec<usize>)>,
-    wrong_dtype: RefCell<Vec<String>>,
+    wrong_dtype: RefCell<Problems>,
     used: RefCell<BTreeSet<String>>,
-    missing: RefCell<Vec<String>>,
-    misshaped: RefCell<Vec<String>>,
+    missing: RefCell<Problems>,
+    misshaped: RefCell<Problems>,
     /// `Some(seed)`: no checkpoint, every tensor is initialised at random (see [`Init`]).
     random: Option<u64>,
+}
+
+/// Problems of one kind: how many, and the first [`Problems::SHOWN`] of them, which is all the
+/// report lists. A config.json with absurd sizes (200,000 layers) names millions of missing
+/// tensors; keeping only a count of the rest keeps refusing it cheap.
+#[derive(Default)]
+struct Problems {
+    shown: Vec<String>,
+    count: usize,
+}
+
+impl Problems {
+    const SHOWN: usize = 20;
+
+    fn push(&mut self, item: impl FnOnce() -> String) {
+        if self.count < Self::SHOWN {
+            self.shown.push(item());
+        }
+        self.count += 1;
+    }
 }
 
 /// How [`Weights::random`] fills a tensor of a given kind.
@@ -148,32 +170,65 @@ impl Weights {
         self.tensors.contains_key(name) || self.other_dtypes.contains_key(name)
     }
 
+    /// How many of the `n` numbered blocks `{prefix}{i}.` (a transformer's layers) a model should
+    /// build: all of them from a random source, else those up to the last one the checkpoint
+    /// holds anything of. The blocks past it are recorded as one missing entry rather than built
+    /// from placeholders tensor by tensor: a config.json asking for 200,000 layers (or 10¹²) of a
+    /// 2-layer checkpoint is refused at once, not after building (or failing to allocate) them.
+    pub fn blocks(&self, prefix: &str, n: usize, what: &str) -> usize {
+        if self.is_random() {
+            return n;
+        }
+        let stored = self
+            .tensors
+            .keys()
+            .chain(self.other_dtypes.keys())
+            .filter_map(|k| k.strip_prefix(prefix)?.split_once('.')?.0.parse::<usize>().ok())
+            .filter(|&i| i < n)
+            .max()
+            .map_or(0, |i| i + 1);
+        if stored < n {
+            self.missing.borrow_mut().push(|| {
+                format!(
+                    "{prefix}{stored}.* to {prefix}{}.*: {} {what}, none in the checkpoint (it has {stored})",
+                    n - 1,
+                    n - stored
+                )
+            });
+        }
+        stored
+    }
+
     /// The tensor `name`, which must have `shape`. A missing or mis-shaped tensor is recorded and
-    /// zeros stand in, so that loading goes on and every problem is reported at once.
+    /// zeros stand in, so that loading goes on and every problem is reported at once. The zeros
+    /// are one element broadcast to the shape, a view on the CPU backend: nothing of the size
+    /// config.json names is allocated for a tensor the checkpoint lacks, so a config with absurd
+    /// sizes (`intermediate_size` 20,000,000) is refused at once and in little memory, not after
+    /// allocating gigabytes of zeros. The model they stand in is never run: [`Weights::finish`]
+    /// refuses the checkpoint.
     pub fn tensor<const D: usize>(&self, name: &str, shape: [usize; D], device: &Device) -> Tensor<D> {
         self.tensor_init(name, shape, Init::ByName, device)
     }
 
     fn tensor_init<const D: usize>(&self, name: &str, shape: [usize; D], init: Init, device: &Device) -> Tensor<D> {
-        self.used.borrow_mut().insert(name.to_owned());
         if let Some(seed) = self.random {
             let data = random_values(seed, name, shape.iter().product(), init);
             return Tensor::from_data(TensorData::new(data, shape), device);
         }
-        match self.tensors.get(name) {
-            Some(t) if t.shape == shape => Tensor::from_data(TensorData::new(t.data.clone(), shape), device),
-            Some(t) => {
-                self.misshaped.borrow_mut().push(format!("{name}: {:?}, expected {shape:?}", t.shape));
-                Tensor::zeros(shape, device)
-            }
-            None => {
-                match self.other_dtypes.get(name) {
-                    Some((dtype, stored)) => self.wrong_dtype.borrow_mut().push(format!("{name}: {dtype} {stored:?}")),
-                    None => self.missing.borrow_mut().push(format!("{name} {shape:?}")),
-                }
-                Tensor::zeros(shape, device)
-            }
+        // Only checkpoint names matter to `finish`'s unused list; recording the names of
+        // missing tensors too would grow with the config's sizes.
+        if self.contains(name) {
+            self.used.borrow_mut().insert(name.to_owned());
         }
+        match self.tensors.get(name) {
+            Some(t) if t.shape == shape => return Tensor::from_data(TensorData::new(t.data.clone(), shape), device),
+            Some(t) => self.misshaped.borrow_mut().push(|| format!("{name}: {:?}, expected {shape:?}", t.shape)),
+            None => match self.other_dtypes.get(name) {
+                Some((dtype, stored)) => self.wrong_dtype.borrow_mut().push(|| format!("{name}: {dtype} {stored:?}")),
+                None => self.missing.borrow_mut().push(|| format!("{name} {shape:?}")),
+            },
+        }
+        placeholder(shape)
     }
 
     pub fn param<const D: usize>(&self, name: &str, shape: [usize; D], device: &Device) -> Param<Tensor<D>> {
@@ -277,10 +332,15 @@ impl Weights {
             .filter(|k| !used.contains(*k) && !ignored.iter().any(|p| k.starts_with(p)))
             .cloned()
             .collect();
+        let mut unexpected_problems = Problems::default();
+        for k in unexpected {
+            unexpected_problems.push(|| k);
+        }
+        let unexpected = unexpected_problems;
         let missing = self.missing.into_inner();
         let misshaped = self.misshaped.into_inner();
         let wrong_dtype = self.wrong_dtype.into_inner();
-        if missing.is_empty() && misshaped.is_empty() && unexpected.is_empty() && wrong_dtype.is_empty() {
+        if missing.count + misshaped.count + unexpected.count + wrong_dtype.count == 0 {
             return Ok(());
         }
         let mut message = format!("checkpoint `{}` does not fit the model", self.source);
@@ -288,27 +348,34 @@ impl Weights {
         for (title, list) in
             [("missing", &missing), ("mis-shaped", &misshaped), (not_float, &wrong_dtype), ("unexpected", &unexpected)]
         {
-            if !list.is_empty() {
-                message.push_str(&format!("\n  {} {title}:", list.len()));
-                for item in list.iter().take(20) {
+            if list.count > 0 {
+                message.push_str(&format!("\n  {} {title}:", list.count));
+                for item in &list.shown {
                     message.push_str(&format!("\n    {item}"));
                 }
-                if list.len() > 20 {
-                    message.push_str(&format!("\n    ... and {} more", list.len() - 20));
+                if list.count > list.shown.len() {
+                    message.push_str(&format!("\n    ... and {} more", list.count - list.shown.len()));
                 }
             }
         }
         let mut hint = Vec::new();
-        if !wrong_dtype.is_empty() {
+        if wrong_dtype.count > 0 {
             hint.push("save the weights as floats (`model.float()` before saving, or a dequantised checkpoint)");
         }
-        if !(missing.is_empty() && misshaped.is_empty() && unexpected.is_empty()) {
+        if missing.count + misshaped.count + unexpected.count > 0 {
             hint.push(
                 "check that config.json describes this checkpoint (architecture, sizes) and that the file is complete",
             );
         }
         Err(Error::Model { message, hint: Some(hint.join("; ")) })
     }
+}
+
+/// Zeros of `shape` that stand in for a tensor the checkpoint cannot give: one element broadcast
+/// (`expand`), on the CPU backend whatever the model's device, where a broadcast is a stride-0
+/// view rather than a copy (the ndarray backend, and a GPU, would allocate the whole shape).
+fn placeholder<const D: usize>(shape: [usize; D]) -> Tensor<D> {
+    Tensor::<D>::zeros([1; D], &Device::flex()).expand(shape)
 }
 
 /// `n` values for the tensor `name` of a random source: a SplitMix64 stream keyed by
