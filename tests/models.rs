@@ -432,26 +432,35 @@ fn staged_batch_norm_trains_as_burns() {
 
 #[test]
 fn a_tokenizer_past_the_models_vocabulary_is_refused_at_load() {
-    // The tiny BERT's tokenizer has 125 tokens and its `vocab_size` is 125. A tokenizer with a
-    // token more, or a pad id past the table, would let ids index past the embedding table.
+    // The tiny BERT's tokenizer has 125 tokens and its `vocab_size` is 125. A token more, a
+    // stray id with the count unchanged, a special token of the post-processor or a pad id past
+    // the table would each let ids index past the embedding table, a panic mid-run.
     let src = fixtures().join("tiny_bert");
     let json = |f: &str| -> serde_json::Value { serde_json::from_slice(&std::fs::read(src.join(f)).unwrap()).unwrap() };
-    let (mut more, mut pad) = (json("tokenizer.json"), json("config.json"));
+    let (mut more, mut stray, mut special, mut pad) =
+        (json("tokenizer.json"), json("tokenizer.json"), json("tokenizer.json"), json("config.json"));
     more["model"]["vocab"]["zzzz"] = 125.into();
+    stray["model"]["vocab"]["dog"] = 900.into();
+    assert_eq!(stray["model"]["vocab"].as_object().unwrap().len(), 125, "the entry count alone fits");
+    special["post_processor"]["special_tokens"]["[CLS]"]["ids"] = serde_json::json!([500]);
     pad["pad_token_id"] = 125.into();
-    for (file, changed, want) in
-        [("tokenizer.json", more, "the tokenizer has 126 tokens"), ("config.json", pad, "(pad id 125)")]
-    {
+    for (file, changed, want) in [
+        ("tokenizer.json", more, "tokenizer.json`: token `zzzz` has id 125"),
+        ("tokenizer.json", stray, "tokenizer.json`: token `dog` has id 900"),
+        ("tokenizer.json", special, "special token `[CLS]` (inserted by its `post_processor`) has id 500"),
+        ("config.json", pad, "config.json`: the pad id is 125"),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         for f in ["config.json", "model.safetensors", "sentence_bert_config.json", "tokenizer.json"] {
             std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
         }
         std::fs::write(dir.path().join(file), changed.to_string()).unwrap();
         let e = match TextEncoder::load(dir.path(), None, None, &Device::flex()) {
-            Ok(_) => panic!("{file}: loaded"),
+            Ok(_) => panic!("{want}: loaded"),
             Err(e) => e.to_string(),
         };
-        assert!(e.contains(want) && e.contains("the model's `vocab_size` is 125"), "{file}: {e}");
+        assert!(e.contains(want) && e.contains("the model's `vocab_size` is 125"), "{want}: {e}");
+        assert!(e.contains("hint:"), "{e}");
     }
 }
 
@@ -478,4 +487,128 @@ fn encode_text_rejects_rows_with_no_text() {
     let raw: Vec<&[u8]> =
         rejects.iter().flat_map(|b| b.column_by_name("raw").unwrap().as_binary::<i32>().iter().flatten()).collect();
     assert_eq!(raw, [b"a cat".as_slice(), b"a cow"], "the caption, as for every stage after the reader");
+}
+
+#[test]
+fn a_max_length_without_room_for_text_or_past_the_positions_is_refused_at_load() {
+    // The tiny BERT's tokenizer adds [CLS] and [SEP]; its position table has 64 rows. A
+    // max_seq_length of 0 to 2 made the tokenizers crate wrap `max_length - 2` (nothing truncated,
+    // then a long caption panicked past the position table); 65 would run past the table too.
+    let src = fixtures().join("tiny_bert");
+    let folder = |st: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+            std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+        }
+        std::fs::write(dir.path().join("sentence_bert_config.json"), st).unwrap();
+        dir
+    };
+    for (value, want) in [
+        ("0", "`max_seq_length` is 0, but the tokenizer adds 2 special tokens"),
+        ("1", "`max_seq_length` is 1, but the tokenizer adds 2 special tokens"),
+        ("2", "`max_seq_length` is 2, but the tokenizer adds 2 special tokens"),
+        ("65", "`max_seq_length` is 65, past the model's 64 positions"),
+        ("-1", "`max_seq_length` is -1, not a token count"),
+        ("\"16\"", "`max_seq_length` is \"16\", not a token count"),
+    ] {
+        let dir = folder(&format!("{{\"max_seq_length\": {value}}}"));
+        let e = match TextEncoder::load(dir.path(), None, None, &Device::flex()) {
+            Ok(_) => panic!("max_seq_length {value}: loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("sentence_bert_config.json`: ") && e.contains(want), "{value}: {e}");
+        assert!(
+            e.contains("hint: a max length from 3 to 64") || e.contains("hint: a whole number from 3 to 64"),
+            "{e}"
+        );
+    }
+    // The smallest length that leaves room for text truncates every caption, short ones too,
+    // and a long one encodes.
+    let dir = folder("{\"max_seq_length\": 3}");
+    let enc = TextEncoder::load(dir.path(), None, None, &Device::flex()).unwrap();
+    let long = "a dog runs ".repeat(100);
+    let (_, mask, shape) = enc.tokenize(&["a dog runs", &long]).unwrap();
+    assert_eq!(shape, [2, 3]);
+    assert_eq!(mask, [1; 6]);
+    assert_eq!(enc.encode(&[&long]).unwrap().len(), enc.dim);
+    // Without a max_seq_length the model's own limit holds.
+    let dir = folder("{\"do_lower_case\": false}");
+    assert_eq!(TextEncoder::load(dir.path(), None, None, &Device::flex()).unwrap().max_tokens(), 64);
+}
+
+#[test]
+fn a_checkpoint_saved_in_double_precision_loads_as_its_float_one() {
+    use safetensors::tensor::{Dtype, TensorView};
+    // torch.save of a `.double()` model: every weight F64. It was reported as every tensor
+    // missing; read as f32 it is the f32 checkpoint exactly (f32 → f64 → f32 is lossless).
+    let src = fixtures().join("tiny_bert");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "sentence_bert_config.json", "tokenizer.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let doubled: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            assert_eq!(view.dtype(), Dtype::F32, "{name}");
+            let data = view
+                .data()
+                .chunks_exact(4)
+                .flat_map(|b| (f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64).to_le_bytes())
+                .collect();
+            (name, view.shape().to_vec(), data)
+        })
+        .collect();
+    let views: Vec<(&str, TensorView)> =
+        doubled.iter().map(|(n, s, d)| (n.as_str(), TensorView::new(Dtype::F64, s.clone(), d).unwrap())).collect();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    let captions = ["a dog runs on the beach .", "two dogs"];
+    let device = Device::flex();
+    let want = TextEncoder::load(&src, None, None, &device).unwrap().encode(&captions).unwrap();
+    let got = match TextEncoder::load(dir.path(), None, None, &device) {
+        Ok(enc) => enc.encode(&captions).unwrap(),
+        Err(e) => panic!("the F64 checkpoint was refused: {e}"),
+    };
+    assert_eq!(got, want);
+}
+
+#[test]
+fn a_config_with_absurd_sizes_is_refused_with_the_full_list_without_allocating_them() {
+    // Sizes no machine holds: zeros of the expected shape for each mis-shaped tensor
+    // (intermediate_size 10^13: petabytes) and one layer after another (10^12 layers) used to be
+    // allocated before the checkpoint was refused, aborting the process (20,000,000 took ~10 GB
+    // and 20 s). The tiny checkpoint is refused at once, with every problem listed.
+    for model in ["tiny_bert", "tiny_mpnet"] {
+        let src = fixtures().join(model);
+        let dir = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(&src).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_file() {
+                std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+            }
+        }
+        let path = dir.path().join("config.json");
+        let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let (layers, inter) = (config["num_hidden_layers"].as_u64().unwrap(), config["intermediate_size"].clone());
+        config["intermediate_size"] = 10_000_000_000_000u64.into();
+        config["num_hidden_layers"] = 1_000_000_000_000u64.into();
+        std::fs::write(&path, config.to_string()).unwrap();
+        let start = std::time::Instant::now();
+        let e = match TextEncoder::load(dir.path(), None, None, &Device::flex()) {
+            Ok(_) => panic!("{model}: loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(start.elapsed().as_secs() < 10, "{model}: {:?}", start.elapsed());
+        let want = format!(
+            "1 missing:\n    encoder.layer.{layers}.* to encoder.layer.999999999999.*: {} layers, none in the \
+             checkpoint (it has {layers})",
+            1_000_000_000_000 - layers
+        );
+        assert!(e.contains(&want), "{model}: {e}");
+        let misshaped =
+            format!("{} mis-shaped:\n    encoder.layer.0.intermediate.dense.weight: [{inter}, ", 3 * layers);
+        assert!(e.contains(&misshaped) && e.contains("expected [10000000000000, "), "{model}: {e}");
+    }
 }

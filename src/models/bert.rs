@@ -176,7 +176,7 @@ impl Bert {
         let p =
             if w.contains(&format!("{}embeddings.word_embeddings.weight", n.task_prefix)) { n.task_prefix } else { "" };
         let (h, eps) = (c.hidden_size, c.layer_norm_eps);
-        let layers = (0..c.num_hidden_layers)
+        let layers = (0..w.blocks(&format!("{p}{}.", n.layers), c.num_hidden_layers, "layers"))
             .map(|i| {
                 let t = |part: &str| format!("{p}{}.{i}.{part}", n.layers);
                 BertLayer {

@@ -187,7 +187,7 @@ impl MpNet {
     pub fn from_weights(c: &MpNetConfig, w: &Weights, device: &Device) -> MpNet {
         let p = if w.contains("mpnet.embeddings.word_embeddings.weight") { "mpnet." } else { "" };
         let (h, eps) = (c.hidden_size, c.layer_norm_eps);
-        let layers = (0..c.num_hidden_layers)
+        let layers = (0..w.blocks(&format!("{p}encoder.layer."), c.num_hidden_layers, "layers"))
             .map(|i| {
                 let t = |part: &str| format!("{p}encoder.layer.{i}.{part}");
                 MpNetLayer {

@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use tokenizers::{PaddingStrategy, Tokenizer, TruncationParams};
+use tokenizers::{PaddingStrategy, PostProcessor, Tokenizer, TruncationParams};
 
 use super::bert::Bert;
 use super::mpnet::MpNet;
@@ -55,15 +55,15 @@ impl TextEncoder {
         let config_path = dir.join("config.json");
         let raw = read_json(&config_path);
         let model_type = raw.as_ref().and_then(|v| v["model_type"].as_str().map(str::to_owned));
-        let (model, dim, model_max) = match model_type.as_deref() {
+        let (model, dim, model_max, vocab_rows) = match model_type.as_deref() {
             Some("mpnet") => {
                 let (m, c) = MpNet::load(dir, device)?;
                 let max = m.max_tokens();
-                (TextModel::MpNet(m), c.hidden_size, max)
+                (TextModel::MpNet(m), c.hidden_size, max, c.vocab_size)
             }
             None | Some("bert" | "distilbert") => {
                 let (m, c) = Bert::load(dir, device)?;
-                (TextModel::Bert(m), c.hidden_size, c.max_position_embeddings)
+                (TextModel::Bert(m), c.hidden_size, c.max_position_embeddings, c.vocab_size)
             }
             Some(other) => {
                 return Err(Error::Model {
@@ -78,31 +78,15 @@ impl TextEncoder {
         let tok_path = dir.join("tokenizer.json");
         let mut tokenizer = Tokenizer::from_file(&tok_path)
             .map_err(|e| model_err(format!("cannot load tokenizer `{}`: {e}", tok_path.display())))?;
-        // Every id the tokenizer can give, the pad id too, must have a row in the embedding
-        // table (a tokenizer from another model would index past it).
-        let vocab = raw.as_ref().and_then(|v| v["vocab_size"].as_u64());
-        let pad = raw.as_ref().and_then(|v| v["pad_token_id"].as_u64());
-        let ids = tokenizer.get_vocab_size(true) as u64;
-        if let Some(vocab) = vocab.filter(|&v| ids > v || pad.is_some_and(|p| p >= v)) {
-            return Err(Error::Model {
-                message: format!(
-                    "`{}`: the tokenizer has {ids} tokens{}, but the model's `vocab_size` is {vocab}",
-                    dir.display(),
-                    pad.map(|p| format!(" (pad id {p})")).unwrap_or_default()
-                ),
-                hint: Some("the tokenizer.json and config.json of one model folder belong together".into()),
-            });
-        }
-        let st_max = read_json(&dir.join("sentence_bert_config.json"))
-            .and_then(|v| v["max_seq_length"].as_u64())
-            .map(|v| v as usize);
-        let max_tokens = st_max.unwrap_or(model_max).min(model_max);
+        let max_tokens = max_length(dir, &tokenizer, model_max, model_type.as_deref() == Some("mpnet"))?;
         tokenizer
             .with_truncation(Some(TruncationParams { max_length: max_tokens, ..Default::default() }))
             .map_err(|e| model_err(format!("tokenizer truncation: {e}")))?;
         // Pad with the model's own pad id (config.json), as transformers' tokenizers do; the
         // tokenizer.json may carry none or a fixed-length one.
-        let pad_id = raw.as_ref().and_then(|v| v["pad_token_id"].as_u64()).map(|v| v as u32);
+        // An id past u32 saturates, to be refused below rather than wrapped to a valid one.
+        let pad_id =
+            raw.as_ref().and_then(|v| v["pad_token_id"].as_u64()).map(|v| u32::try_from(v).unwrap_or(u32::MAX));
         let mut padding = tokenizer.get_padding().cloned().unwrap_or_default();
         if let Some(id) = pad_id {
             padding.pad_id = id;
@@ -110,7 +94,9 @@ impl TextEncoder {
         }
         padding.strategy = PaddingStrategy::BatchLongest;
         padding.pad_to_multiple_of = None;
+        let pad = (padding.pad_id, if pad_id.is_some() { config_path.as_path() } else { tok_path.as_path() });
         tokenizer.with_padding(Some(padding));
+        check_ids_fit(&tokenizer, &tok_path, vocab_rows, pad, &config_path)?;
         let st_pool = read_json(&dir.join("1_Pooling/config.json")).map(|v| {
             if v["pooling_mode_cls_token"].as_bool() == Some(true) {
                 Pooling::Cls
@@ -191,6 +177,112 @@ impl TextEncoder {
         }
         Ok(out)
     }
+}
+
+/// The truncation length: sentence-transformers' `max_seq_length` (`sentence_bert_config.json`)
+/// when the folder has one, else the model's own limit (`model_max`: BERT's
+/// `max_position_embeddings`, MPNet's less its 2 reserved positions). It must leave room for at
+/// least one text token beside the special tokens the tokenizer adds (`[CLS]`, `[SEP]`): the
+/// `tokenizers` crate computes `max_length - special tokens` unchecked, so a smaller length wraps,
+/// no caption is truncated and a long one runs past the position table (a panic mid-run). A
+/// `max_seq_length` past the model's limit would do the same, so it is refused too.
+fn max_length(dir: &Path, tokenizer: &Tokenizer, model_max: usize, mpnet: bool) -> Result<usize> {
+    let specials = tokenizer.get_post_processor().map_or(0, |p| p.added_tokens(false));
+    let model_key = if mpnet { "`max_position_embeddings` less 2" } else { "`max_position_embeddings`" };
+    let config_path = dir.join("config.json");
+    let st_path = dir.join("sentence_bert_config.json");
+    let st_max = match read_json(&st_path).map(|v| v["max_seq_length"].clone()) {
+        None | Some(serde_json::Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            None => {
+                return Err(Error::Model {
+                    message: format!("`{}`: `max_seq_length` is {v}, not a token count", st_path.display()),
+                    hint: Some(format!("a whole number from {} to {model_max}", specials + 1)),
+                })
+            }
+        },
+    };
+    let (max, source, key) = match st_max {
+        Some(n) => (n, &st_path, "`max_seq_length`"),
+        None => (model_max, &config_path, model_key),
+    };
+    if max <= specials {
+        return Err(Error::Model {
+            message: format!(
+                "`{}`: {key} is {max}, but the tokenizer adds {specials} special tokens to every text: \
+                 the max length must leave room for at least one token of text",
+                source.display()
+            ),
+            hint: Some(format!(
+                "a max length from {} to {model_max} (sentence-transformers models use 128 to 512)",
+                specials + 1
+            )),
+        });
+    }
+    if max > model_max {
+        return Err(Error::Model {
+            message: format!(
+                "`{}`: `max_seq_length` is {max}, past the model's {model_max} positions ({model_key} in `{}`)",
+                st_path.display(),
+                config_path.display()
+            ),
+            hint: Some(format!(
+                "a max length from {} to {model_max}, or no `max_seq_length` to use the model's",
+                specials + 1
+            )),
+        });
+    }
+    Ok(max)
+}
+
+/// Every id the tokenizer can give must index a row of the embedding table (`vocab_size` rows):
+/// the ids of its vocabulary and added tokens, the special tokens its post-processor inserts
+/// (`[CLS]`/`[SEP]`, which need not be in the vocabulary) and the pad id (`config.json`'s
+/// `pad_token_id`, else `tokenizer.json`'s padding). Counting the
+/// tokenizer's entries is not enough: ids need not be `0..n`, and one stray id (`"dog": 900` in
+/// a 125-entry vocabulary) would index past the table in the middle of a run.
+fn check_ids_fit(
+    tokenizer: &Tokenizer,
+    tok_path: &Path,
+    rows: usize,
+    (pad, pad_source): (u32, &Path),
+    config_path: &Path,
+) -> Result<()> {
+    let hint = || Some("the tokenizer.json and config.json of one model folder belong together".to_owned());
+    let past = |what: String, id: u32| Error::Model {
+        message: format!(
+            "`{}`: {what} has id {id}, but the model's `vocab_size` is {rows} (`{}`): ids must be below it",
+            tok_path.display(),
+            config_path.display()
+        ),
+        hint: hint(),
+    };
+    // The largest id (ties by token, so the message does not depend on hash order).
+    let vocab = tokenizer.get_vocab(true);
+    if let Some((token, &id)) = vocab.iter().max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0))) {
+        if id as usize >= rows {
+            return Err(past(format!("token `{token}`"), id));
+        }
+    }
+    let specials = tokenizer
+        .encode("", true)
+        .map_err(|e| model_err(format!("`{}`: cannot encode an empty text: {e}", tok_path.display())))?;
+    for (&id, token) in specials.get_ids().iter().zip(specials.get_tokens()) {
+        if id as usize >= rows {
+            return Err(past(format!("special token `{token}` (inserted by its `post_processor`)"), id));
+        }
+    }
+    if pad as usize >= rows {
+        return Err(Error::Model {
+            message: format!(
+                "`{}`: the pad id is {pad}, but the model's `vocab_size` is {rows}: ids must be below it",
+                pad_source.display()
+            ),
+            hint: hint(),
+        });
+    }
+    Ok(())
 }
 
 fn read_json(path: &Path) -> Option<serde_json::Value> {

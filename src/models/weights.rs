@@ -1,7 +1,9 @@
 //! Checkpoint tensors by name, read from a safetensors file (Hugging Face, torchvision and CLIP
 //! checkpoints all ship them), handed to model constructors one at a time. Every tensor that is
 //! missing, mis-shaped or left unused is recorded, and [`Weights::finish`] refuses the
-//! checkpoint with the complete list — a model never runs on half-loaded weights.
+//! checkpoint with the complete list (the first 20 of each kind, and how many more) — a model
+//! never runs on half-loaded weights. Nothing of the size a config names is allocated for a
+//! tensor the checkpoint cannot give, so a config with absurd sizes is refused fast.
 //!
 //! PyTorch stores a `Linear` weight as `[out, in]`; burn's is `[in, out]`: [`Weights::linear`]
 //! transposes on load.
@@ -45,11 +47,36 @@ struct Stored {
 pub struct Weights {
     source: String,
     tensors: BTreeMap<String, Stored>,
+    /// Tensors of a type curate does not read as weights (integers, booleans, 8-bit and smaller
+    /// floats), by name: their type and shape. Integer buffers such as BERT's `position_ids` are
+    /// never asked for and are passed over; one a model asks for is reported with its type.
+    other_dtypes: BTreeMap<String, (String, Vec<usize>)>,
+    wrong_dtype: RefCell<Problems>,
     used: RefCell<BTreeSet<String>>,
-    missing: RefCell<Vec<String>>,
-    misshaped: RefCell<Vec<String>>,
+    missing: RefCell<Problems>,
+    misshaped: RefCell<Problems>,
     /// `Some(seed)`: no checkpoint, every tensor is initialised at random (see [`Init`]).
     random: Option<u64>,
+}
+
+/// Problems of one kind: how many, and the first [`Problems::SHOWN`] of them, which is all the
+/// report lists. A config.json with absurd sizes (200,000 layers) names millions of missing
+/// tensors; keeping only a count of the rest keeps refusing it cheap.
+#[derive(Default)]
+struct Problems {
+    shown: Vec<String>,
+    count: usize,
+}
+
+impl Problems {
+    const SHOWN: usize = 20;
+
+    fn push(&mut self, item: impl FnOnce() -> String) {
+        if self.count < Self::SHOWN {
+            self.shown.push(item());
+        }
+        self.count += 1;
+    }
 }
 
 /// How [`Weights::random`] fills a tensor of a given kind.
@@ -64,8 +91,11 @@ enum Init {
 }
 
 impl Weights {
-    /// Reads every floating-point tensor of a safetensors file (F32, F16, BF16 → f32). Integer
-    /// tensors are buffers such as BERT's `position_ids`, never weights: they are skipped.
+    /// Reads every floating-point tensor of a safetensors file (F64, F32, F16, BF16 → f32: a
+    /// model saved in double precision loads as it would in PyTorch after `.float()`). Tensors
+    /// of other types are kept aside by name: integer ones are buffers such as BERT's
+    /// `position_ids`, never weights, and a model that asks for one gets it reported with its
+    /// type (not as missing).
     pub fn from_safetensors(path: &Path) -> Result<Weights> {
         let bytes = std::fs::read(path).map_err(|e| Error::io("cannot read checkpoint", path, e))?;
         let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::Model {
@@ -73,6 +103,7 @@ impl Weights {
             hint: Some("curate loads `model.safetensors` checkpoints".into()),
         })?;
         let mut tensors = BTreeMap::new();
+        let mut other_dtypes = BTreeMap::new();
         for (name, view) in st.tensors() {
             let raw = view.data();
             let data: Vec<f32> = match view.dtype() {
@@ -85,17 +116,28 @@ impl Weights {
                 safetensors::Dtype::BF16 => {
                     raw.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
                 }
-                _ => continue,
+                safetensors::Dtype::F64 => raw
+                    .chunks_exact(8)
+                    .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f32)
+                    .collect(),
+                other => {
+                    other_dtypes.insert(name, (format!("{other:?}"), view.shape().to_vec()));
+                    continue;
+                }
             };
             tensors.insert(name, Stored { shape: view.shape().to_vec(), data });
         }
-        Ok(Weights::new(path.display().to_string(), tensors))
+        let mut w = Weights::new(path.display().to_string(), tensors);
+        w.other_dtypes = other_dtypes;
+        Ok(w)
     }
 
     fn new(source: String, tensors: BTreeMap<String, Stored>) -> Weights {
         Weights {
             source,
             tensors,
+            other_dtypes: Default::default(),
+            wrong_dtype: Default::default(),
             used: Default::default(),
             missing: Default::default(),
             misshaped: Default::default(),
@@ -123,33 +165,70 @@ impl Weights {
         Weights::new("memory".into(), tensors)
     }
 
+    /// Whether the checkpoint holds `name`, of any type (layouts are told apart by names).
     pub fn contains(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
+        self.tensors.contains_key(name) || self.other_dtypes.contains_key(name)
+    }
+
+    /// How many of the `n` numbered blocks `{prefix}{i}.` (a transformer's layers) a model should
+    /// build: all of them from a random source, else those up to the last one the checkpoint
+    /// holds anything of. The blocks past it are recorded as one missing entry rather than built
+    /// from placeholders tensor by tensor: a config.json asking for 200,000 layers (or 10¹²) of a
+    /// 2-layer checkpoint is refused at once, not after building (or failing to allocate) them.
+    pub fn blocks(&self, prefix: &str, n: usize, what: &str) -> usize {
+        if self.is_random() {
+            return n;
+        }
+        let stored = self
+            .tensors
+            .keys()
+            .chain(self.other_dtypes.keys())
+            .filter_map(|k| k.strip_prefix(prefix)?.split_once('.')?.0.parse::<usize>().ok())
+            .filter(|&i| i < n)
+            .max()
+            .map_or(0, |i| i + 1);
+        if stored < n {
+            self.missing.borrow_mut().push(|| {
+                format!(
+                    "{prefix}{stored}.* to {prefix}{}.*: {} {what}, none in the checkpoint (it has {stored})",
+                    n - 1,
+                    n - stored
+                )
+            });
+        }
+        stored
     }
 
     /// The tensor `name`, which must have `shape`. A missing or mis-shaped tensor is recorded and
-    /// zeros stand in, so that loading goes on and every problem is reported at once.
+    /// zeros stand in, so that loading goes on and every problem is reported at once. The zeros
+    /// are one element broadcast to the shape, a view on the CPU backend: nothing of the size
+    /// config.json names is allocated for a tensor the checkpoint lacks, so a config with absurd
+    /// sizes (`intermediate_size` 20,000,000) is refused at once and in little memory, not after
+    /// allocating gigabytes of zeros. The model they stand in is never run: [`Weights::finish`]
+    /// refuses the checkpoint.
     pub fn tensor<const D: usize>(&self, name: &str, shape: [usize; D], device: &Device) -> Tensor<D> {
         self.tensor_init(name, shape, Init::ByName, device)
     }
 
     fn tensor_init<const D: usize>(&self, name: &str, shape: [usize; D], init: Init, device: &Device) -> Tensor<D> {
-        self.used.borrow_mut().insert(name.to_owned());
         if let Some(seed) = self.random {
             let data = random_values(seed, name, shape.iter().product(), init);
             return Tensor::from_data(TensorData::new(data, shape), device);
         }
-        match self.tensors.get(name) {
-            Some(t) if t.shape == shape => Tensor::from_data(TensorData::new(t.data.clone(), shape), device),
-            Some(t) => {
-                self.misshaped.borrow_mut().push(format!("{name}: {:?}, expected {shape:?}", t.shape));
-                Tensor::zeros(shape, device)
-            }
-            None => {
-                self.missing.borrow_mut().push(format!("{name} {shape:?}"));
-                Tensor::zeros(shape, device)
-            }
+        // Only checkpoint names matter to `finish`'s unused list; recording the names of
+        // missing tensors too would grow with the config's sizes.
+        if self.contains(name) {
+            self.used.borrow_mut().insert(name.to_owned());
         }
+        match self.tensors.get(name) {
+            Some(t) if t.shape == shape => return Tensor::from_data(TensorData::new(t.data.clone(), shape), device),
+            Some(t) => self.misshaped.borrow_mut().push(|| format!("{name}: {:?}, expected {shape:?}", t.shape)),
+            None => match self.other_dtypes.get(name) {
+                Some((dtype, stored)) => self.wrong_dtype.borrow_mut().push(|| format!("{name}: {dtype} {stored:?}")),
+                None => self.missing.borrow_mut().push(|| format!("{name} {shape:?}")),
+            },
+        }
+        placeholder(shape)
     }
 
     pub fn param<const D: usize>(&self, name: &str, shape: [usize; D], device: &Device) -> Param<Tensor<D>> {
@@ -253,31 +332,50 @@ impl Weights {
             .filter(|k| !used.contains(*k) && !ignored.iter().any(|p| k.starts_with(p)))
             .cloned()
             .collect();
+        let mut unexpected_problems = Problems::default();
+        for k in unexpected {
+            unexpected_problems.push(|| k);
+        }
+        let unexpected = unexpected_problems;
         let missing = self.missing.into_inner();
         let misshaped = self.misshaped.into_inner();
-        if missing.is_empty() && misshaped.is_empty() && unexpected.is_empty() {
+        let wrong_dtype = self.wrong_dtype.into_inner();
+        if missing.count + misshaped.count + unexpected.count + wrong_dtype.count == 0 {
             return Ok(());
         }
         let mut message = format!("checkpoint `{}` does not fit the model", self.source);
-        for (title, list) in [("missing", &missing), ("mis-shaped", &misshaped), ("unexpected", &unexpected)] {
-            if !list.is_empty() {
-                message.push_str(&format!("\n  {} {title}:", list.len()));
-                for item in list.iter().take(20) {
+        let not_float = "not of a float type curate reads (F64, F32, F16, BF16)";
+        for (title, list) in
+            [("missing", &missing), ("mis-shaped", &misshaped), (not_float, &wrong_dtype), ("unexpected", &unexpected)]
+        {
+            if list.count > 0 {
+                message.push_str(&format!("\n  {} {title}:", list.count));
+                for item in &list.shown {
                     message.push_str(&format!("\n    {item}"));
                 }
-                if list.len() > 20 {
-                    message.push_str(&format!("\n    ... and {} more", list.len() - 20));
+                if list.count > list.shown.len() {
+                    message.push_str(&format!("\n    ... and {} more", list.count - list.shown.len()));
                 }
             }
         }
-        Err(Error::Model {
-            message,
-            hint: Some(
-                "check that config.json describes this checkpoint (architecture, sizes) and that the file is complete"
-                    .into(),
-            ),
-        })
+        let mut hint = Vec::new();
+        if wrong_dtype.count > 0 {
+            hint.push("save the weights as floats (`model.float()` before saving, or a dequantised checkpoint)");
+        }
+        if missing.count + misshaped.count + unexpected.count > 0 {
+            hint.push(
+                "check that config.json describes this checkpoint (architecture, sizes) and that the file is complete",
+            );
+        }
+        Err(Error::Model { message, hint: Some(hint.join("; ")) })
     }
+}
+
+/// Zeros of `shape` that stand in for a tensor the checkpoint cannot give: one element broadcast
+/// (`expand`), on the CPU backend whatever the model's device, where a broadcast is a stride-0
+/// view rather than a copy (the ndarray backend, and a GPU, would allocate the whole shape).
+fn placeholder<const D: usize>(shape: [usize; D]) -> Tensor<D> {
+    Tensor::<D>::zeros([1; D], &Device::flex()).expand(shape)
 }
 
 /// `n` values for the tensor `name` of a random source: a SplitMix64 stream keyed by
@@ -324,5 +422,41 @@ mod tests {
         let other = Weights::random(8).tensor("emb.weight", [200, 10], &d).into_data().try_to_vec::<f32>().unwrap();
         assert_ne!(emb, other);
         assert!(w.finish(&[]).is_ok());
+    }
+
+    #[test]
+    fn f64_tensors_are_read_and_other_types_reported_by_name_and_type() {
+        use safetensors::tensor::{Dtype, TensorView};
+        // A double-precision weight (torch.save of a `.double()` model) is read as f32, not
+        // reported missing; an integer tensor the model asks for is named with its type, and
+        // an integer buffer nobody asks for (BERT's `position_ids`) is passed over.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        let f64s: Vec<u8> = [0.5f64, -1.25, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let i64s: Vec<u8> = [0i64, 1, 2].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let views = vec![
+            ("double.weight", TensorView::new(Dtype::F64, vec![3], &f64s).unwrap()),
+            ("int.weight", TensorView::new(Dtype::I64, vec![3], &i64s).unwrap()),
+            ("position_ids", TensorView::new(Dtype::I64, vec![1, 3], &i64s).unwrap()),
+        ];
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        let d = Device::flex();
+
+        let w = Weights::from_safetensors(&path).unwrap();
+        let t = w.tensor("double.weight", [3], &d).into_data().try_to_vec::<f32>().unwrap();
+        assert_eq!(t, [0.5, -1.25, 3.0]);
+        assert!(w.contains("int.weight"));
+        assert!(w.finish(&[]).is_ok(), "the unasked integer tensors are buffers");
+
+        let w = Weights::from_safetensors(&path).unwrap();
+        w.tensor("double.weight", [3], &d);
+        w.tensor("int.weight", [3], &d);
+        let e = w.finish(&[]).unwrap_err().to_string();
+        assert!(
+            e.contains("1 not of a float type curate reads (F64, F32, F16, BF16):\n    int.weight: I64 [3]"),
+            "{e}"
+        );
+        assert!(!e.contains("missing"), "{e}");
+        assert!(e.contains("hint: save the weights as floats"), "{e}");
     }
 }
