@@ -490,10 +490,10 @@ fn encode_text_rejects_rows_with_no_text() {
 }
 
 #[test]
-fn a_max_length_without_room_for_text_or_past_the_positions_is_refused_at_load() {
+fn a_max_length_without_room_for_text_is_refused_and_one_past_the_positions_cut_to_them() {
     // The tiny BERT's tokenizer adds [CLS] and [SEP]; its position table has 64 rows. A
     // max_seq_length of 0 to 2 made the tokenizers crate wrap `max_length - 2` (nothing truncated,
-    // then a long caption panicked past the position table); 65 would run past the table too.
+    // then a long caption panicked past the position table).
     let src = fixtures().join("tiny_bert");
     let folder = |st: &str| {
         let dir = tempfile::tempdir().unwrap();
@@ -507,7 +507,6 @@ fn a_max_length_without_room_for_text_or_past_the_positions_is_refused_at_load()
         ("0", "`max_seq_length` is 0, but the tokenizer adds 2 special tokens"),
         ("1", "`max_seq_length` is 1, but the tokenizer adds 2 special tokens"),
         ("2", "`max_seq_length` is 2, but the tokenizer adds 2 special tokens"),
-        ("65", "`max_seq_length` is 65, past the model's 64 positions"),
         ("-1", "`max_seq_length` is -1, not a token count"),
         ("\"16\"", "`max_seq_length` is \"16\", not a token count"),
     ] {
@@ -531,9 +530,13 @@ fn a_max_length_without_room_for_text_or_past_the_positions_is_refused_at_load()
     assert_eq!(shape, [2, 3]);
     assert_eq!(mask, [1; 6]);
     assert_eq!(enc.encode(&[&long]).unwrap().len(), enc.dim);
-    // Without a max_seq_length the model's own limit holds.
-    let dir = folder("{\"do_lower_case\": false}");
-    assert_eq!(TextEncoder::load(dir.path(), None, None, &Device::flex()).unwrap().max_tokens(), 64);
+    // Without a max_seq_length, or with one past the positions, the model's own limit holds.
+    for st in ["{\"do_lower_case\": false}", "{\"max_seq_length\": 65}", "{\"max_seq_length\": 100000}"] {
+        let dir = folder(st);
+        let enc = TextEncoder::load(dir.path(), None, None, &Device::flex()).unwrap();
+        assert_eq!(enc.max_tokens(), 64, "{st}");
+        assert_eq!(enc.encode(&[&long]).unwrap().len(), enc.dim, "{st}");
+    }
 }
 
 #[test]

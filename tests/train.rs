@@ -343,6 +343,11 @@ fn values_no_loss_optimiser_or_model_can_take_are_config_errors() {
         assert!(e.contains(want), "wanted `{want}` in:\n{e}");
     }
     assert!(!e.contains("optim.min_lr"), "no follow-on of the wrong lr: {e}");
+    // Two tokens hold only the start and end tokens: no caption would have a word.
+    let e = TrainConfig::load(&file, &["output_dir=out/never".into(), "model.text.max_tokens=2".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`model.text.max_tokens`: 2 tokens do not fit") && e.contains("at least 3"), "{e}");
 }
 
 #[test]

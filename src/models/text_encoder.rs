@@ -220,20 +220,9 @@ fn max_length(dir: &Path, tokenizer: &Tokenizer, model_max: usize, mpnet: bool) 
             )),
         });
     }
-    if max > model_max {
-        return Err(Error::Model {
-            message: format!(
-                "`{}`: `max_seq_length` is {max}, past the model's {model_max} positions ({model_key} in `{}`)",
-                st_path.display(),
-                config_path.display()
-            ),
-            hint: Some(format!(
-                "a max length from {} to {model_max}, or no `max_seq_length` to use the model's",
-                specials + 1
-            )),
-        });
-    }
-    Ok(max)
+    // Past the model's positions, its own limit holds (as before: sentence-transformers folders
+    // are used as they are published, and the positions are what the model can take).
+    Ok(max.min(model_max))
 }
 
 /// Every id the tokenizer can give must index a row of the embedding table (`vocab_size` rows):

@@ -655,12 +655,13 @@ impl TrainConfig {
             .ok()
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
             .and_then(|c| c["max_position_embeddings"].as_u64());
-        if m.text.max_tokens < 2 || positions.is_some_and(|p| m.text.max_tokens as u64 > p) {
+        // The start and end tokens take 2: at 2, every caption would be `[CLS] [SEP]`.
+        if m.text.max_tokens < 3 || positions.is_some_and(|p| m.text.max_tokens as u64 > p) {
             bad(
                 "model.text.max_tokens",
                 format!("{} tokens do not fit the text model", m.text.max_tokens),
                 &format!(
-                    "at least 2 (the start and end tokens){}",
+                    "at least 3 (the start and end tokens, and one of text){}",
                     positions.map(|p| format!(", at most its {p} positions")).unwrap_or_default()
                 ),
             );
