@@ -437,18 +437,26 @@ fn a_tokenizer_past_the_models_vocabulary_is_refused_at_load() {
     // the table would each let ids index past the embedding table, a panic mid-run.
     let src = fixtures().join("tiny_bert");
     let json = |f: &str| -> serde_json::Value { serde_json::from_slice(&std::fs::read(src.join(f)).unwrap()).unwrap() };
-    let (mut more, mut stray, mut special, mut pad) =
-        (json("tokenizer.json"), json("tokenizer.json"), json("tokenizer.json"), json("config.json"));
+    let (mut more, mut stray, mut special, mut pad, mut wide_pad) = (
+        json("tokenizer.json"),
+        json("tokenizer.json"),
+        json("tokenizer.json"),
+        json("config.json"),
+        json("config.json"),
+    );
     more["model"]["vocab"]["zzzz"] = 125.into();
     stray["model"]["vocab"]["dog"] = 900.into();
     assert_eq!(stray["model"]["vocab"].as_object().unwrap().len(), 125, "the entry count alone fits");
     special["post_processor"]["special_tokens"]["[CLS]"]["ids"] = serde_json::json!([500]);
     pad["pad_token_id"] = 125.into();
+    // Past u32: it must not wrap to 0 (a valid id).
+    wide_pad["pad_token_id"] = 4_294_967_296u64.into();
     for (file, changed, want) in [
         ("tokenizer.json", more, "tokenizer.json`: token `zzzz` has id 125"),
         ("tokenizer.json", stray, "tokenizer.json`: token `dog` has id 900"),
         ("tokenizer.json", special, "special token `[CLS]` (inserted by its `post_processor`) has id 500"),
         ("config.json", pad, "config.json`: the pad id is 125"),
+        ("config.json", wide_pad, "config.json`: the pad id is 4294967295"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         for f in ["config.json", "model.safetensors", "sentence_bert_config.json", "tokenizer.json"] {
@@ -613,5 +621,16 @@ fn a_config_with_absurd_sizes_is_refused_with_the_full_list_without_allocating_t
         let misshaped =
             format!("{} mis-shaped:\n    encoder.layer.0.intermediate.dense.weight: [{inter}, ", 3 * layers);
         assert!(e.contains(&misshaped) && e.contains("expected [10000000000000, "), "{model}: {e}");
+        // A size of 0 is refused the same way (burn cannot broadcast a stand-in to it).
+        for key in ["intermediate_size", "hidden_size", "vocab_size"] {
+            let mut zero =
+                serde_json::from_slice::<serde_json::Value>(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
+            zero[key] = 0.into();
+            std::fs::write(&path, zero.to_string()).unwrap();
+            match TextEncoder::load(dir.path(), None, None, &Device::flex()) {
+                Ok(_) => panic!("{model}: {key} = 0 loaded"),
+                Err(e) => assert!(e.to_string().contains("mis-shaped"), "{model} {key} = 0: {e}"),
+            }
+        }
     }
 }

@@ -813,3 +813,31 @@ fn the_binary_trains_and_reports_config_errors_with_exit_code_2() {
     assert!(stderr.contains("--> --set optim.optimizer=adam"), "{stderr}");
     assert!(stderr.contains("configuration error"), "{stderr}");
 }
+
+/// The training text tower's tokenizer is checked as `encode_text`'s is: an id past the
+/// model's `vocab_size` (or a pad id past u32, which must not wrap) stops the run at load, not at
+/// the batch that meets it.
+#[test]
+fn a_training_tokenizer_with_ids_past_the_vocabulary_is_refused_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("text_model");
+    std::fs::create_dir_all(&model).unwrap();
+    let src = Path::new("data/train_sample/text_model");
+    std::fs::copy(src.join("config.json"), model.join("config.json")).unwrap();
+    let mut tok: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer.json")).unwrap()).unwrap();
+    tok["model"]["vocab"]["a"] = 900.into();
+    std::fs::write(model.join("tokenizer.json"), tok.to_string()).unwrap();
+    let c = config(dir.path(), &[&format!("model.text.dir=\"{}\"", model.display())]);
+    let set = Arc::new(TrainSet::load(&c).unwrap());
+    let e = BatchMaker::new(set.clone(), &c).err().expect("refused").to_string();
+    assert!(e.contains("token `a` has id 900") && e.contains("`vocab_size` is 67"), "{e}");
+    // The bundled tokenizer, with a pad id past u32 in config.json.
+    std::fs::copy(src.join("tokenizer.json"), model.join("tokenizer.json")).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    config["pad_token_id"] = 4_294_967_296u64.into();
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    let e = BatchMaker::new(set, &c).err().expect("refused").to_string();
+    assert!(e.contains("4294967295") && e.contains("config.json"), "{e}");
+}

@@ -231,7 +231,7 @@ fn max_length(dir: &Path, tokenizer: &Tokenizer, model_max: usize, mpnet: bool) 
 /// `pad_token_id`, else `tokenizer.json`'s padding). Counting the
 /// tokenizer's entries is not enough: ids need not be `0..n`, and one stray id (`"dog": 900` in
 /// a 125-entry vocabulary) would index past the table in the middle of a run.
-fn check_ids_fit(
+pub(crate) fn check_ids_fit(
     tokenizer: &Tokenizer,
     tok_path: &Path,
     rows: usize,

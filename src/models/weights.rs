@@ -375,6 +375,11 @@ impl Weights {
 /// (`expand`), on the CPU backend whatever the model's device, where a broadcast is a stride-0
 /// view rather than a copy (the ndarray backend, and a GPU, would allocate the whole shape).
 fn placeholder<const D: usize>(shape: [usize; D]) -> Tensor<D> {
+    // burn cannot broadcast to a size of 0 (`hidden_size = 0` in config.json); such a shape
+    // holds nothing to allocate.
+    if shape.contains(&0) {
+        return Tensor::<D>::zeros(shape, &Device::flex());
+    }
     Tensor::<D>::zeros([1; D], &Device::flex()).expand(shape)
 }
 

@@ -280,9 +280,12 @@ pub fn load_tokenizer(dir: &Path, max_tokens: usize) -> Result<Tokenizer> {
         .map_err(|e| model_err(format!("cannot load tokenizer `{}`: {e}", path.display())))?;
     tok.with_truncation(Some(TruncationParams { max_length: max_tokens, ..Default::default() }))
         .map_err(|e| model_err(format!("tokenizer truncation: {e}")))?;
+    let config_path = dir.join("config.json");
     let config: Option<serde_json::Value> =
-        std::fs::read_to_string(dir.join("config.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
-    let pad_id = config.and_then(|v| v["pad_token_id"].as_u64()).unwrap_or(0) as u32;
+        std::fs::read_to_string(&config_path).ok().and_then(|t| serde_json::from_str(&t).ok());
+    // An id past u32 saturates, to be refused below rather than wrapped to a valid one.
+    let pad_id =
+        config.as_ref().and_then(|v| v["pad_token_id"].as_u64()).map_or(0, |v| u32::try_from(v).unwrap_or(u32::MAX));
     let pad_token = tok.id_to_token(pad_id).unwrap_or_else(|| "[PAD]".into());
     tok.with_padding(Some(PaddingParams {
         strategy: PaddingStrategy::BatchLongest,
@@ -290,6 +293,12 @@ pub fn load_tokenizer(dir: &Path, max_tokens: usize) -> Result<Tokenizer> {
         pad_token,
         ..Default::default()
     }));
+    // Every id must index the text tower's embedding table, as `encode_text` checks: a stray
+    // one would stop the run at the batch that meets it.
+    if let Some(rows) = config.as_ref().and_then(|v| v["vocab_size"].as_u64()) {
+        let rows = usize::try_from(rows).unwrap_or(usize::MAX);
+        crate::models::text_encoder::check_ids_fit(&tok, &path, rows, (pad_id, &config_path), &config_path)?;
+    }
     Ok(tok)
 }
 
