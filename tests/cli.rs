@@ -743,3 +743,28 @@ fn a_wrong_setting_does_not_hide_a_missing_column() {
         assert!(stderr.contains("2 configuration errors"), "{set}: {stderr}");
     }
 }
+
+/// A number out of range (dropped as it is read) hides nothing: an `output_dir` that is a file is
+/// still reported, and a later wrong element of the same array is placed at itself.
+#[test]
+fn a_number_out_of_range_hides_no_other_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.toml");
+    let taken = dir.path().join("a_file");
+    std::fs::write(&taken, "x").unwrap();
+    std::fs::write(
+        &file,
+        format!(
+            "output_dir = {:?}\n[[stage]]\ntype = \"read_cc_tsv\"\npath = \"data/cc3m_sample.tsv\"\n[[stage]]\n\
+             type = \"bow\"\nkeep_words = 1e999\n[[stage]]\ntype = \"write_parquet\"\n\
+             columns = [\"sample_id\", 1e999, \"caption\", 5]\n",
+            taken.to_string_lossy()
+        ),
+    )
+    .unwrap();
+    let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("a_file` is a file"), "{stderr}");
+    assert!(stderr.contains("`write_parquet.columns[3]`: wrong type") && stderr.contains("p.toml:10:43"), "{stderr}");
+    assert!(stderr.contains("4 configuration errors"), "{stderr}");
+}

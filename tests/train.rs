@@ -293,6 +293,32 @@ fn config_errors_are_reported_at_once_with_file_and_line() {
         assert!(e[found..].lines().nth(1).is_some_and(|l| l.contains(&place)), "{want} at {place}: {e}");
     }
     assert!(e.contains("3 configuration errors"), "{e}");
+    // A wrong value equal to a right one's is blamed on its own key (a bool, an array, a float),
+    // and an out-of-range element leaves no "too short" follow-on for its fixed-length array.
+    for (loss, key, n) in [
+        ("type = \"infonce\"\nlearnable_temperature = true\ntemperature = true", "temperature = true", 1),
+        (
+            "type = \"cusa\"\nitc_temperature = [0.05, 0.05, 0.05]\nteacher_temperature = [0.05, 0.05, 0.05]",
+            "teacher_temperature = [",
+            1,
+        ),
+        ("type = \"cusa\"\nteacher_temperature = 0.05\nitc_temperature = 0.05", "itc_temperature = 0.05", 1),
+    ] {
+        let text = format!("output_dir = \"out\"\n{}", BASE.replace("type = \"infonce\"", loss));
+        std::fs::write(&tagged, &text).unwrap();
+        let e = TrainConfig::load(&tagged, &[]).unwrap_err().to_string();
+        let line = text.lines().position(|l| l.starts_with(key)).unwrap() + 1;
+        let name = key.split(' ').next().unwrap();
+        assert!(e.starts_with(&format!("error: `loss.{name}`: wrong type")), "{loss}: {e}");
+        assert!(e.contains(&format!("tagged.toml:{line}:")), "{loss}: {e}");
+        assert!(e.contains(&format!("{n} configuration error")), "{loss}: {e}");
+    }
+    let text =
+        format!("output_dir = \"out\"\n{}", BASE).replace("crop_scale = [0.5, 1.0]", "crop_scale = [1e999, 1.0]");
+    assert!(text.contains("crop_scale = [1e999, 1.0]"), "the base sets data.crop_scale");
+    std::fs::write(&tagged, &text).unwrap();
+    let e = TrainConfig::load(&tagged, &[]).unwrap_err().to_string();
+    assert!(e.contains("number `1e999` is out of range") && e.contains("1 configuration error"), "{e}");
     let e = TrainConfig::load(&file, &["optim.foo=1".into(), "batch_size=0".into()]).unwrap_err().to_string();
     assert!(e.contains("unknown key `foo` in `optim`") && e.contains("`batch_size`: 0 is too small"), "{e}");
     let fixed = source.replace("\"eight\"", "8").replace("temprature = 0.02\n", "");

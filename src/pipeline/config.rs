@@ -372,23 +372,38 @@ impl ConfigDoc {
         diags: &mut Vec<Diagnostic>,
     ) -> (Option<T>, Vec<String>) {
         let mut value = value.clone();
-        // Keys of `value` dropped while reading (their parent is a table of `value`).
-        let mut dropped: Vec<String> = self
+        // What was dropped while reading (a number out of range, reported) inside `value`. A
+        // pipeline's stages are extracted on their own, so the top level leaves theirs out.
+        let read_drops: Vec<&str> = self
             .dropped
             .iter()
             .filter_map(|d| match path {
-                "" => Some(d.as_str()),
+                "" => Some(d.as_str()).filter(|d| !d.starts_with("stage[")),
                 p => d.strip_prefix(p).and_then(|r| r.strip_prefix('.')),
             })
+            .collect();
+        let parent_of = |d: &str| d.rfind(['.', '[']).map_or(String::new(), |i| d[..i].to_owned());
+        // Keys among them (their parent is a table): not reported missing, and the problems of
+        // their defaults are left out, as for a key of a wrong type.
+        let mut dropped: Vec<String> = read_drops
+            .iter()
             .filter(|d| {
-                let parent = d.rfind(['.', '[']).map_or("", |i| &d[..i]);
-                parent.is_empty() || lookup(&value, parent).is_some_and(Value::is_table)
+                let parent = parent_of(d);
+                parent.is_empty() || lookup(&value, &parent).is_some_and(Value::is_table)
             })
-            .map(str::to_owned)
+            .map(|d| (*d).to_owned())
             .collect();
         // Array elements dropped so far, as (array's path, index) in `value` as given: serde's
         // paths index the array as it is now, with those elements gone.
-        let mut removed: Vec<(String, usize)> = Vec::new();
+        let mut removed: Vec<(String, usize)> = read_drops
+            .iter()
+            .filter_map(|d| {
+                let (array, ix) = d.strip_suffix(']')?.rsplit_once('[')?;
+                Some((array.to_owned(), ix.parse().ok()?))
+            })
+            .collect();
+        // Arrays that lost an element so: a fixed-length one is now too short, which is no news.
+        let shortened: Vec<String> = removed.iter().map(|(a, _)| a.clone()).collect();
         // Each round reports one error and drops its key; a stage has far fewer keys than
         // this, so every error is found (the bound only guards against a loop that drops none).
         for _ in 0..MAX_ERRORS_PER_STAGE {
@@ -398,9 +413,34 @@ impl ConfigDoc {
                     let mut now = e.path().to_string();
                     // Inside a tagged enum (`[loss]`) serde's path of a wrong key ends at its
                     // table: the key itself is what gets dropped (not the whole table).
-                    let table = if now == "." || now.is_empty() { Some(&value) } else { lookup(&value, &now) };
-                    if let Some(key) = table.and_then(Value::as_table).and_then(|t| culprit(t, e.inner().message())) {
-                        now = if now == "." || now.is_empty() { key } else { format!("{now}.{key}") };
+                    let at_root = now == "." || now.is_empty();
+                    let table = if at_root { Some(&value) } else { lookup(&value, &now) };
+                    let candidates =
+                        table.and_then(Value::as_table).map_or(Vec::new(), |t| culprits(t, e.inner().message()));
+                    let key_path = |k: &str| if at_root { k.to_owned() } else { format!("{now}.{k}") };
+                    // Several keys hold the value the message quotes: the one whose removal takes
+                    // the error away (not into "missing field" for it) is the one.
+                    let culprit = match candidates.len() {
+                        0 | 1 => candidates.first().cloned(),
+                        _ => candidates
+                            .iter()
+                            .find(|k| {
+                                let mut trial = value.clone();
+                                remove_path(&mut trial, &key_path(k));
+                                match serde_path_to_error::deserialize::<_, T>(trial) {
+                                    Ok(_) => true,
+                                    Err(e2) => {
+                                        let m2 = e2.inner().message();
+                                        (e2.path().to_string() != now || m2 != e.inner().message())
+                                            && m2 != format!("missing field `{k}`")
+                                    }
+                                }
+                            })
+                            .or(candidates.first())
+                            .cloned(),
+                    };
+                    if let Some(key) = culprit {
+                        now = key_path(&key);
                     }
                     let inner = as_given(&now, &removed);
                     let join = |prefix: &str| match (prefix.is_empty(), inner == "." || inner.is_empty()) {
@@ -410,6 +450,14 @@ impl ConfigDoc {
                     };
                     let full = join(path);
                     let message = e.inner().message().to_owned();
+                    if message.starts_with("invalid length") && shortened.contains(&inner) {
+                        // Dropped silently: its element's error is the one to fix.
+                        if !remove_path(&mut value, &now) {
+                            return (None, dropped);
+                        }
+                        dropped.push(inner);
+                        continue;
+                    }
                     // A key dropped for its wrong type comes back as "missing": already reported.
                     if let Some(field) = message.strip_prefix("missing field `").and_then(|m| m.strip_suffix('`')) {
                         let missing = if inner == "." || inner.is_empty() {
@@ -745,24 +793,26 @@ fn lookup<'v>(value: &'v Value, path: &str) -> Option<&'v Value> {
     Some(cur)
 }
 
-/// The key of `table` a serde error `message` is about, where its path names only the table
-/// (as inside an internally tagged enum): an unknown key by its name, a wrong value by the value
-/// the message quotes (`invalid type: string "x", expected a number`).
-fn culprit(table: &Table, message: &str) -> Option<String> {
+/// The keys of `table` a serde error `message` may be about, where its path names only the
+/// table (as inside an internally tagged enum): an unknown key by its name, a wrong value by the
+/// value the message quotes (`invalid type: string "x", expected a number`), every key holding it.
+fn culprits(table: &Table, message: &str) -> Vec<String> {
     if let Some(rest) = message.strip_prefix("unknown field `") {
-        let field = rest.split('`').next()?;
-        return table.contains_key(field).then(|| field.to_owned());
+        let field = rest.split('`').next().unwrap_or("");
+        return if table.contains_key(field) { vec![field.to_owned()] } else { Vec::new() };
     }
-    let got = message.strip_prefix("invalid type: ").or_else(|| message.strip_prefix("invalid value: "))?;
+    let Some(got) = message.strip_prefix("invalid type: ").or_else(|| message.strip_prefix("invalid value: ")) else {
+        return Vec::new();
+    };
     let got = got.rsplit_once(", expected").map_or(got, |(g, _)| g);
     // A table where another type was expected: the table itself is wrong, not a key of it.
     if got == "map" {
-        return None;
+        return Vec::new();
     }
     let quoted = || got.split('`').nth(1);
     table
         .iter()
-        .find(|(_, v)| match v {
+        .filter(|(_, v)| match v {
             Value::String(s) => got == format!("string {s:?}"),
             Value::Integer(i) => got.starts_with("integer") && quoted() == Some(&i.to_string()),
             Value::Float(f) => got.starts_with("floating point") && quoted().and_then(|q| q.parse().ok()) == Some(*f),
@@ -771,6 +821,7 @@ fn culprit(table: &Table, message: &str) -> Option<String> {
             Value::Table(_) | Value::Datetime(_) => false,
         })
         .map(|(k, _)| k.clone())
+        .collect()
 }
 
 fn remove_path(value: &mut Value, path: &str) -> bool {
