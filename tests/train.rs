@@ -458,24 +458,8 @@ fn loss_and_msda_settings_out_of_range_are_config_errors() {
 fn rows_whose_image_is_not_there_are_counted() {
     // The sample's table with every 4th image path broken: those rows are left out, and
     // counted (the run says how many).
-    use arrow_array::{ArrayRef, RecordBatch, StringArray};
     let dir = tempfile::tempdir().unwrap();
-    let batches = curate::io::parquet::read_file(Path::new("data/train_sample/train.parquet")).unwrap();
-    let col = |name: &str| common::strs(&batches, name);
-    let paths: Vec<String> =
-        col("path").iter().enumerate().map(|(i, p)| if i % 4 == 0 { format!("{p}.gone") } else { p.clone() }).collect();
-    let strings = |v: Vec<String>| -> ArrayRef { Arc::new(StringArray::from(v)) };
-    let batch = RecordBatch::try_from_iter([
-        ("sample_id", strings(col("sample_id"))),
-        ("caption", strings(col("caption"))),
-        ("path", strings(paths)),
-    ])
-    .unwrap();
-    let table = dir.path().join("t.parquet");
-    let mut w =
-        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&table).unwrap(), batch.schema(), None).unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
+    let table = train_table_with_paths(dir.path(), |i, p| if i % 4 == 0 { format!("{p}.gone") } else { p.to_owned() });
     let c = config(dir.path(), &[&format!("data.tables=[\"{}\"]", table.display()), "loss.type=infonce"]);
     let set = TrainSet::load(&c).unwrap();
     assert_eq!((set.samples.len(), set.missing_images), (432, 144));
@@ -493,6 +477,28 @@ fn rows_whose_image_is_not_there_are_counted() {
 
 /// The sample's teacher image features, rows `range`, each row cut to its first `width` values,
 /// with `poison` (row, value) written over the first value of a row, saved as `file`.
+/// The bundled training table (`sample_id`, `caption`, `path`) written to `dir/t.parquet` with
+/// each row's image path `i, path` made `path_of(i, path)`.
+fn train_table_with_paths(dir: &Path, path_of: impl Fn(usize, &str) -> String) -> PathBuf {
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let batches = curate::io::parquet::read_file(Path::new("data/train_sample/train.parquet")).unwrap();
+    let col = |name: &str| common::strs(&batches, name);
+    let paths: Vec<String> = col("path").iter().enumerate().map(|(i, p)| path_of(i, p)).collect();
+    let strings = |v: Vec<String>| -> ArrayRef { Arc::new(StringArray::from(v)) };
+    let batch = RecordBatch::try_from_iter([
+        ("sample_id", strings(col("sample_id"))),
+        ("caption", strings(col("caption"))),
+        ("path", strings(paths)),
+    ])
+    .unwrap();
+    let table = dir.join("t.parquet");
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&table).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    table
+}
+
 /// What [`teacher_table`] puts in one row: a value, a null value, or a null row.
 #[derive(Clone, Copy)]
 enum Poison {
@@ -571,7 +577,6 @@ fn teacher_tables_of_other_widths_or_with_a_nan_are_refused_at_load() {
 fn an_undecodable_image_is_left_out_and_resume_still_matches() {
     // The first two rows of epoch 0, and the first of its batch 4, point at a file that is not
     // an image: training aborted at the first batch met, and `--resume` again at the same place.
-    use arrow_array::{ArrayRef, RecordBatch, StringArray};
     let dir = tempfile::tempdir().unwrap();
     let plain = config(dir.path(), &[]);
     let maker = BatchMaker::new(Arc::new(TrainSet::load(&plain).unwrap()), &plain).unwrap();
@@ -579,25 +584,13 @@ fn an_undecodable_image_is_left_out_and_resume_still_matches() {
     let first = [order[0], order[1], order[32]];
     let broken = dir.path().join("broken.png");
     std::fs::write(&broken, b"\x89PNG\r\n\x1a\n not really").unwrap();
-    let batches = curate::io::parquet::read_file(Path::new("data/train_sample/train.parquet")).unwrap();
-    let col = |name: &str| common::strs(&batches, name);
-    let paths: Vec<String> = col("path")
-        .iter()
-        .enumerate()
-        .map(|(i, p)| if first.contains(&i) { broken.display().to_string() } else { p.clone() })
-        .collect();
-    let strings = |v: Vec<String>| -> ArrayRef { Arc::new(StringArray::from(v)) };
-    let batch = RecordBatch::try_from_iter([
-        ("sample_id", strings(col("sample_id"))),
-        ("caption", strings(col("caption"))),
-        ("path", strings(paths)),
-    ])
-    .unwrap();
-    let table = dir.path().join("t.parquet");
-    let mut w =
-        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&table).unwrap(), batch.schema(), None).unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
+    let table = train_table_with_paths(dir.path(), |i, p| {
+        if first.contains(&i) {
+            broken.display().to_string()
+        } else {
+            p.to_owned()
+        }
+    });
     let tables = format!("data.tables=[\"{}\"]", table.display());
 
     // Batch 0 keeps its size, without the two rows and without a repeat; they are reported.
