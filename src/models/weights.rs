@@ -116,10 +116,21 @@ impl Weights {
                 safetensors::Dtype::BF16 => {
                     raw.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
                 }
-                safetensors::Dtype::F64 => raw
-                    .chunks_exact(8)
-                    .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f32)
-                    .collect(),
+                safetensors::Dtype::F64 => {
+                    let wide = raw.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")));
+                    // A finite double past f32's range would load as ±inf without a word.
+                    if let Some(v) = wide.clone().find(|v| v.is_finite() && (*v as f32).is_infinite()) {
+                        return Err(Error::Model {
+                            message: format!(
+                                "`{}`: F64 tensor `{name}` holds {v:e}, past what float32 holds (±{:e})",
+                                path.display(),
+                                f32::MAX
+                            ),
+                            hint: Some("curate computes in float32: rescale or retrain the weight".into()),
+                        });
+                    }
+                    wide.map(|v| v as f32).collect()
+                }
                 other => {
                     other_dtypes.insert(name, (format!("{other:?}"), view.shape().to_vec()));
                     continue;
@@ -463,5 +474,12 @@ mod tests {
         );
         assert!(!e.contains("missing"), "{e}");
         assert!(e.contains("hint: save the weights as floats"), "{e}");
+
+        // A finite double past float32's range is refused by name, not loaded as inf.
+        let big: Vec<u8> = [0.5f64, 1e300].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let views = vec![("big.weight", TensorView::new(Dtype::F64, vec![2], &big).unwrap())];
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        let e = Weights::from_safetensors(&path).err().expect("refused").to_string();
+        assert!(e.contains("F64 tensor `big.weight` holds 1e300, past what float32 holds"), "{e}");
     }
 }
