@@ -634,3 +634,23 @@ fn a_config_with_absurd_sizes_is_refused_with_the_full_list_without_allocating_t
         }
     }
 }
+
+/// A sentence-transformers settings file that is there but is not JSON is refused by name: its
+/// pooling, normalisation or max length would otherwise be passed over without a word.
+#[test]
+fn a_broken_sentence_transformers_file_is_refused_by_name() {
+    let src = fixtures().join("tiny_bert");
+    for file in ["sentence_bert_config.json", "modules.json", "1_Pooling/config.json"] {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+            std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+        }
+        std::fs::create_dir_all(dir.path().join("1_Pooling")).unwrap();
+        std::fs::write(dir.path().join(file), "{\"max_seq_length\": 16,").unwrap();
+        let e = match TextEncoder::load(dir.path(), None, None, &Device::flex()) {
+            Ok(_) => panic!("{file}: loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains(&format!("{file}` is not valid JSON")), "{file}: {e}");
+    }
+}

@@ -97,14 +97,14 @@ impl TextEncoder {
         let pad = (padding.pad_id, if pad_id.is_some() { config_path.as_path() } else { tok_path.as_path() });
         tokenizer.with_padding(Some(padding));
         check_ids_fit(&tokenizer, &tok_path, vocab_rows, pad, &config_path)?;
-        let st_pool = read_json(&dir.join("1_Pooling/config.json")).map(|v| {
+        let st_pool = read_st_json(&dir.join("1_Pooling/config.json"))?.map(|v| {
             if v["pooling_mode_cls_token"].as_bool() == Some(true) {
                 Pooling::Cls
             } else {
                 Pooling::Mean
             }
         });
-        let st_norm = read_json(&dir.join("modules.json")).map(|v| v.to_string().contains("Normalize"));
+        let st_norm = read_st_json(&dir.join("modules.json"))?.map(|v| v.to_string().contains("Normalize"));
         Ok(TextEncoder {
             model,
             tokenizer,
@@ -185,13 +185,13 @@ impl TextEncoder {
 /// least one text token beside the special tokens the tokenizer adds (`[CLS]`, `[SEP]`): the
 /// `tokenizers` crate computes `max_length - special tokens` unchecked, so a smaller length wraps,
 /// no caption is truncated and a long one runs past the position table (a panic mid-run). A
-/// `max_seq_length` past the model's limit would do the same, so it is refused too.
+/// `max_seq_length` past the model's limit is cut to it.
 fn max_length(dir: &Path, tokenizer: &Tokenizer, model_max: usize, mpnet: bool) -> Result<usize> {
     let specials = tokenizer.get_post_processor().map_or(0, |p| p.added_tokens(false));
     let model_key = if mpnet { "`max_position_embeddings` less 2" } else { "`max_position_embeddings`" };
     let config_path = dir.join("config.json");
     let st_path = dir.join("sentence_bert_config.json");
-    let st_max = match read_json(&st_path).map(|v| v["max_seq_length"].clone()) {
+    let st_max = match read_st_json(&st_path)?.map(|v| v["max_seq_length"].clone()) {
         None | Some(serde_json::Value::Null) => None,
         Some(v) => match v.as_u64() {
             Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
@@ -276,4 +276,18 @@ pub(crate) fn check_ids_fit(
 
 fn read_json(path: &Path) -> Option<serde_json::Value> {
     serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+/// A sentence-transformers settings file of the folder: `None` where there is none; one that
+/// is there but is not JSON is refused by name (its settings would be passed over silently).
+fn read_st_json(path: &Path) -> Result<Option<serde_json::Value>> {
+    let text = match std::fs::read_to_string(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("cannot read", path, e)),
+        Ok(t) => t,
+    };
+    serde_json::from_str(&text).map(Some).map_err(|e| Error::Model {
+        message: format!("`{}` is not valid JSON: {e}", path.display()),
+        hint: Some("the sentence-transformers files of a model folder are JSON, as the package writes them".into()),
+    })
 }
