@@ -343,3 +343,17 @@ fn validate_checks_the_tables_and_columns_the_stage_will_read() {
     let err = compile(toml).expect("two problems").to_string();
     assert!(err.contains("crops") && err.contains("is not a `curate train` run"), "{err}");
 }
+
+/// An aligned set listing one id twice (the same table given twice) is refused by the id:
+/// neither `neighbor_ids` nor the features join could tell the two rows apart.
+#[test]
+fn an_aligned_set_with_a_repeated_id_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let aligned = "data/train_sample/train.parquet";
+    let toml = pipeline(&dir.path().join("out"), "data/train_sample/unaligned", aligned, "crops = 1")
+        .replace(&format!("aligned = [{aligned:?}]"), &format!("aligned = [{aligned:?}, {aligned:?}]"));
+    let doc = ConfigDoc::parse(Path::new("t.toml"), toml, &[]).unwrap();
+    let plan = compile_doc(&doc).unwrap_or_else(|e| panic!("{e}"));
+    let e = pipeline::run(plan, &RunOptions::default()).err().expect("refused").to_string();
+    assert!(e.contains("the aligned set has two captioned rows with `sample_id`"), "{e}");
+}

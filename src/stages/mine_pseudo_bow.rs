@@ -399,6 +399,15 @@ fn read_aligned(files: &[PathBuf], column: &Option<String>) -> Result<(Vec<Strin
             used = col;
         }
     }
+    // Ids name the retrieved captions in the output (`neighbor_ids`) and join the features:
+    // two rows of one id could be told apart by neither.
+    let mut seen = std::collections::HashSet::with_capacity(ids.len());
+    if let Some(id) = ids.iter().find(|id| !seen.insert(id.as_str())) {
+        return Err(Error::Data {
+            message: format!("the aligned set has two captioned rows with `sample_id` `{id}`"),
+            hint: Some("list each aligned table once; ids must be unique across the `aligned` tables".into()),
+        });
+    }
     if ids.is_empty() {
         return Err(Error::Data {
             message: "the aligned set has no captioned rows".into(),
