@@ -354,6 +354,6 @@ fn an_aligned_set_with_a_repeated_id_is_refused() {
         .replace(&format!("aligned = [{aligned:?}]"), &format!("aligned = [{aligned:?}, {aligned:?}]"));
     let doc = ConfigDoc::parse(Path::new("t.toml"), toml, &[]).unwrap();
     let plan = compile_doc(&doc).unwrap_or_else(|e| panic!("{e}"));
-    let e = pipeline::run(plan, &RunOptions::default()).err().expect("refused").to_string();
+    let e = pipeline::run(plan, &RunOptions::default()).expect_err("refused").to_string();
     assert!(e.contains("the aligned set has two captioned rows with `sample_id`"), "{e}");
 }
