@@ -768,3 +768,30 @@ fn a_number_out_of_range_hides_no_other_problem() {
     assert!(stderr.contains("`write_parquet.columns[3]`: wrong type") && stderr.contains("p.toml:10:43"), "{stderr}");
     assert!(stderr.contains("4 configuration errors"), "{stderr}");
 }
+
+/// A misspelt `arch` of `encode_image` does not hide a missing model (both are reported), and
+/// an `arch` left out is named as the required key it is.
+#[test]
+fn encode_image_reports_a_wrong_arch_and_a_missing_model_together() {
+    let (code, _, stderr) = curate(&[
+        "validate",
+        "pipelines/image_teacher.toml",
+        "--set",
+        "encode_image.arch=resnet5",
+        "--set",
+        "encode_image.model=nowhere.safetensors",
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("unknown value `resnet5`") && stderr.contains("did you mean `resnet50`?"), "{stderr}");
+    assert!(stderr.contains("`nowhere.safetensors` does not exist"), "{stderr}");
+    assert!(stderr.contains("2 configuration errors"), "{stderr}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.toml");
+    let text = std::fs::read_to_string("pipelines/image_teacher.toml").unwrap();
+    let no_arch: String = text.lines().filter(|l| !l.starts_with("arch")).map(|l| format!("{l}\n")).collect();
+    assert_ne!(no_arch, text, "the pipeline sets `arch`");
+    std::fs::write(&file, no_arch).unwrap();
+    let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("missing required key `arch`") && stderr.contains("hint: add `arch = ...`"), "{stderr}");
+}

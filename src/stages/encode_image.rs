@@ -34,8 +34,11 @@ pub struct EncodeImageConfig {
     /// The checkpoint: a safetensors file in the architecture's published layout (torchvision
     /// for ResNets).
     pub model: String,
-    /// `resnet50`, `resnet101`, `tiny_resnet`, `vit_b32_clip` or `vit_b32_unicom`.
-    pub arch: ImageArch,
+    /// `resnet50`, `resnet101`, `tiny_resnet`, `vit_b32_clip` or `vit_b32_unicom`. Required;
+    /// optional to serde only, so that a misspelt one does not keep `validate` from checking
+    /// the rest of the stage (the model file above all).
+    #[serde(default)]
+    pub arch: Option<ImageArch>,
     /// `imagenet` (Resize 256 bilinear + CenterCrop 224, ImageNet mean/std) or `clip` (Resize
     /// 224 bicubic + CenterCrop 224, CLIP mean/std); default: the architecture's own
     /// (`imagenet` for ResNets, `clip` for the ViTs).
@@ -67,10 +70,21 @@ impl EncodeImageConfig {
                 Some("`model` is a safetensors checkpoint, e.g. torchvision's resnet50 state dict".into()),
             );
         }
+        let Some(arch) = self.arch else {
+            problems.push(
+                "arch",
+                "missing required key `arch`",
+                Some(
+                    "add `arch = ...`: `resnet50`, `resnet101`, `tiny_resnet`, `vit_b32_clip` or `vit_b32_unicom`"
+                        .into(),
+                ),
+            );
+            return None;
+        };
         if !problems.is_empty() {
             return None;
         }
-        match ImageEncoder::load(Path::new(&self.model), self.arch, self.preprocess, device) {
+        match ImageEncoder::load(Path::new(&self.model), arch, self.preprocess, device) {
             Ok(encoder) => {
                 let mut fields = vec![Field::new(schema::SAMPLE_ID, DataType::Utf8, false)];
                 fields.extend(references.iter().map(|c| Field::new(*c, DataType::Utf8, true)));
@@ -79,7 +93,7 @@ impl EncodeImageConfig {
                     DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, false)), encoder.dim as i32),
                     false,
                 ));
-                let preset = self.preprocess.unwrap_or(self.arch.spec().1);
+                let preset = self.preprocess.unwrap_or(arch.spec().1);
                 Some(EncodeImage {
                     config: self.clone(),
                     encoder,
