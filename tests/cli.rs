@@ -795,3 +795,25 @@ fn encode_image_reports_a_wrong_arch_and_a_missing_model_together() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("missing required key `arch`") && stderr.contains("hint: add `arch = ...`"), "{stderr}");
 }
+
+/// A wrong element of an input list does not hide that another element is missing; a list
+/// emptied by its wrong elements reports those only.
+#[test]
+fn a_wrong_element_of_a_path_list_does_not_hide_a_missing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.toml");
+    let check = |path: &str, missing: bool| {
+        std::fs::write(
+            &file,
+            format!("output_dir = \"out/test\"\n[[stage]]\ntype = \"read_cc_tsv\"\npath = {path}\n[[stage]]\ntype = \"write_parquet\"\n"),
+        )
+        .unwrap();
+        let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(stderr.contains("wrong type: invalid type: integer `2`"), "{path}: {stderr}");
+        assert_eq!(stderr.contains("`missing.tsv` does not exist"), missing, "{path}: {stderr}");
+    };
+    check("[\"missing.tsv\", 2]", true);
+    check("[2, \"missing.tsv\"]", true);
+    check("[2]", false);
+}

@@ -633,9 +633,19 @@ where
             // and names would then be "without a header").
             let depends =
                 |problem: &str, d: &str| DEPENDS_ON.iter().any(|(key, on)| related(problem, key) && related(d, on));
-            problems
-                .0
-                .retain(|(key, ..)| !dropped.iter().any(|d| related(key, d) || related(d, key) || depends(key, d)));
+            // A list that kept some of its elements (`path = ["a.tsv", 2]`): its problems are
+            // the kept elements' (a missing `a.tsv`), not a follow-on of the dropped one.
+            let kept_some = |list: &str| {
+                let gone = dropped.iter().filter(|d| d.strip_prefix(list).is_some_and(|r| r.starts_with('['))).count();
+                body.get(list).and_then(Value::as_array).is_some_and(|a| a.len() > gone)
+            };
+            let element_of =
+                |d: &str, key: &str| d.strip_prefix(key).is_some_and(|r| r.starts_with('[') && !r.contains('.'));
+            problems.0.retain(|(key, ..)| {
+                !dropped.iter().any(|d| {
+                    related(key, d) || (related(d, key) && !(element_of(d, key) && kept_some(key))) || depends(key, d)
+                })
+            });
             (None, serde_json::Value::Null)
         }
         (None, _) => (None, serde_json::Value::Null),
