@@ -366,4 +366,17 @@ fn a_resumed_run_counts_the_images_the_killed_run_encoded() {
     let (ok, stderr) = run("changed", None);
     assert!(ok && !stderr.contains("resuming"), "{stderr}");
     assert!(stderr.contains("the stages' model and table files, changed since"), "{stderr}");
+
+    // Replaced by one of the same size and time (`cp -p` of another checkpoint): its contents
+    // tell, and the run starts over rather than mix the two models' embeddings.
+    assert!(!run("same_stamp", Some("3")).0, "killed");
+    let stamp = std::fs::metadata(&weights).unwrap().modified().unwrap();
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&weights, &bytes).unwrap();
+    std::fs::File::options().write(true).open(&weights).unwrap().set_modified(stamp).unwrap();
+    let (ok, stderr) = run("same_stamp", None);
+    assert!(ok && !stderr.contains("resuming"), "{stderr}");
+    assert!(stderr.contains("the stages' model and table files changed since (their contents)"), "{stderr}");
 }

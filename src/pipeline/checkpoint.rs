@@ -53,6 +53,40 @@ impl InputStamp {
     }
 }
 
+/// A digest of the contents of `files` (the stages' model and table files), hex: a file
+/// replaced by another of the same size and time, which its stamp cannot tell, changes it. Read
+/// in 1 MiB pieces (a model can be gigabytes); a file that cannot be read counts as such.
+pub fn content_digest(files: &[PathBuf]) -> String {
+    use std::io::Read;
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for path in files {
+        h.update(path.as_os_str().as_encoded_bytes());
+        h.update(&[0]);
+        let Ok(mut f) = std::fs::File::open(path) else {
+            h.update(b"unreadable");
+            continue;
+        };
+        let mut len = 0u64;
+        loop {
+            match f.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    h.update(&buf[..n]);
+                    len += n as u64;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    h.update(b"unreadable");
+                    break;
+                }
+            }
+        }
+        h.update(&len.to_le_bytes());
+    }
+    hex(h.digest128())
+}
+
 /// A finished shard and its size, to recognize it on resume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeptShard {
@@ -101,6 +135,10 @@ pub struct Checkpoint {
     /// [`crate::stages::Reader::folder_stamp`], hex.
     #[serde(default)]
     pub folder_stamp: Option<String>,
+    /// [`content_digest`] of the stages' model and table files (`None`: saved by an earlier
+    /// curate, which took none).
+    #[serde(default)]
+    pub side_digest: Option<String>,
     /// The reader chunk (0-based) being written: every chunk before it is in finished shards,
     /// data and rejects.
     pub chunk: usize,
@@ -187,6 +225,8 @@ pub struct RunIdentity<'a> {
     pub inputs: &'a [Option<InputStamp>],
     /// [`crate::stages::Reader::folder_stamp`] as the run found it before reading, hex.
     pub folder_stamp: Option<String>,
+    /// [`content_digest`] of the stages' model and table files.
+    pub side_digest: &'a str,
     pub data_dir: &'a Path,
     pub rejects_dir: &'a Path,
 }
@@ -216,6 +256,7 @@ pub fn save(out: &Path, run: &RunIdentity<'_>, at: Position<'_>) -> Result<()> {
         pipeline: run.pipeline.to_owned(),
         inputs: run.inputs.iter().flatten().cloned().collect(),
         folder_stamp: run.folder_stamp.clone(),
+        side_digest: Some(run.side_digest.to_owned()),
         chunk: at.chunk,
         rows_into_chunk: at.rows_into_chunk,
         first_rows: at.first_rows.to_vec(),
@@ -283,6 +324,11 @@ fn usable(c: &Checkpoint, run: &RunIdentity<'_>) -> std::result::Result<(), Stri
             "the input files, or the stages' model and table files, changed since (paths, sizes or modification times)"
                 .to_owned(),
         );
+    }
+    // A model or table replaced by another of the same size and time (`cp -p`): the kept shards
+    // were made with the other.
+    if c.side_digest.as_deref() != Some(run.side_digest) {
+        return Err("the stages' model and table files changed since (their contents)".to_owned());
     }
     // Without it, content changed under an unchanged size and time could not be told.
     if c.input_fingerprint.is_none() {

@@ -241,15 +241,18 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     // Checkpoints also stamp the files the stages read beside the data (models, a training run,
     // aligned tables): loaded before the stream, so a change during the run mixes nothing, but
     // one before a resume would leave the kept shards made with the other file.
-    let stamped: Vec<std::path::PathBuf> =
-        inputs.iter().cloned().chain(plan.transforms.iter().flat_map(|(_, t)| t.side_inputs())).collect();
+    let side_inputs: Vec<std::path::PathBuf> = plan.transforms.iter().flat_map(|(_, t)| t.side_inputs()).collect();
+    let stamped: Vec<std::path::PathBuf> = inputs.iter().chain(&side_inputs).cloned().collect();
     let input_stamps = checkpoint::InputStamp::of(&stamped);
+    // Their contents too (the data input has its own fingerprint, taken as it is read).
+    let side_digest = checkpoint::content_digest(&side_inputs);
     let pipeline_name = plan.name.clone();
     let identity = RunIdentity {
         config_hash: &config_hash,
         pipeline: &pipeline_name,
         inputs: &input_stamps,
         folder_stamp: folders_before.map(checkpoint::hex),
+        side_digest: &side_digest,
         data_dir: &data_dir,
         rejects_dir: &rejects_dir,
     };
