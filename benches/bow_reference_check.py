@@ -315,7 +315,10 @@ def ref_cfg(case, config_json):
                     except ValueError:
                         pass
             cfg[k[4:]] = v
-    cfg["seed"] = [s for s in config_json["stage"] if s["type"] == "bow"][0]["seed"]
+    # A stage seed taken from the run's is left out of config.json (README: `--set seed=N` then
+    # reseeds the stage): the stage's own, else the run's.
+    bow = [s for s in config_json["stage"] if s["type"] == "bow"][0]
+    cfg["seed"] = bow.get("seed", config_json["seed"])
     return cfg
 
 
