@@ -173,12 +173,13 @@ fn images_in_webdataset_shards_are_read_by_shard_and_key() {
     assert_eq!(common::strs(&rej, "source_file"), [""]);
     assert_eq!(rej[0].column_by_name("raw").unwrap().as_binary::<i32>().value(0), b"a caption");
 
-    // Without `shards_dir` the images cannot be found: every row is a `missing_image` reject.
-    let (_dir, data, rej) = common::run_pipeline(&pipeline(""));
-    assert_eq!(data.iter().map(|b| b.num_rows()).sum::<usize>(), 0);
-    let r = rejects(&rej);
-    assert_eq!(r.iter().filter(|r| r.0 == "missing_image").count(), 4, "{r:?}");
-    assert!(r[0].2.contains("shards_dir"), "{}", r[0].2);
+    // Without `shards_dir` the images cannot be found: every row would be a `missing_image`
+    // reject, so the pipeline is refused before it runs.
+    let doc = curate::pipeline::config::ConfigDoc::parse(Path::new("t.toml"), pipeline(""), &[]).unwrap();
+    let e = curate::pipeline::plan::compile_doc(&doc).err().expect("refused").to_string();
+    assert!(e.contains("stage `encode_image` reads images, but the rows it gets name a tar shard and a key"), "{e}");
+    assert!(e.contains("without `shards_dir` every row would be rejected (`missing_image`)"), "{e}");
+    assert!(e.contains("hint: set `shards_dir`"), "{e}");
 }
 
 /// `png` re-encoded as BMP.

@@ -302,6 +302,7 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
 
     check_order(doc, &built, &untyped, &types, &mut diags);
     check_bow_has_captions(doc, &built, &mut diags);
+    check_images_can_be_found(doc, &built, &mut diags);
     let output_schema = if schema_known { written_schema(doc, &built, &schema, &mut diags) } else { schema.clone() };
     check_inputs_are_not_cleared(doc, &built, top.as_ref(), &mut diags);
     check_output_places(doc, &built, top.as_ref(), &mut diags);
@@ -480,6 +481,34 @@ fn check_bow_has_captions(doc: &ConfigDoc, built: &[Compiled], diags: &mut Vec<D
                 ),
             ),
             _ => {}
+        }
+    }
+}
+
+/// The image stages after a reader whose rows name a shard and a key, not a path
+/// (`read_img2dataset`): without `shards_dir` every row would be rejected (`missing_image`).
+fn check_images_can_be_found(doc: &ConfigDoc, built: &[Compiled], diags: &mut Vec<Diagnostic>) {
+    let Some(reader) = built.iter().find_map(|b| match &b.stage {
+        Some(Built::Reader(r)) => Some(r),
+        _ => None,
+    }) else {
+        return;
+    };
+    if reader.gives_image_paths() {
+        return;
+    }
+    for b in built {
+        let image_stage = matches!(b.resolved["type"].as_str(), Some(encode_image::TYPE | mine_pseudo_bow::TYPE));
+        if image_stage && b.stage.is_some() && b.resolved["shards_dir"].is_null() {
+            diags.push(
+                Diagnostic::new(format!(
+                    "stage `{}` reads images, but the rows it gets name a tar shard and a key, not a path: \
+                     without `shards_dir` every row would be rejected (`missing_image`)",
+                    b.name
+                ))
+                .at(doc.location(&format!("stage[{}]", b.index)))
+                .hint("set `shards_dir` to the folder of img2dataset's `.tar` shards"),
+            );
         }
     }
 }

@@ -77,6 +77,11 @@ pub trait Reader: Send + Sync {
     fn has_captions(&self) -> bool {
         true
     }
+    /// Whether rows name their image by `path` (not so for img2dataset's, which name a shard and
+    /// a key: the image stages then need `shards_dir`).
+    fn gives_image_paths(&self) -> bool {
+        true
+    }
 }
 
 /// A stage that maps chunks to chunks, possibly after fitting on the whole input.

@@ -117,6 +117,10 @@ impl Reader for ReadImg2dataset {
         self.files.clone()
     }
 
+    fn gives_image_paths(&self) -> bool {
+        false
+    }
+
     fn open(&self) -> Result<ChunkIter<'_>> {
         // One chunk per shard: img2dataset shards hold ~10k samples. Keys are the ids, so a key
         // seen before (a corrupt or twice-written shard) is a `duplicate_key` reject.
