@@ -69,13 +69,13 @@ impl PositivePairs {
             message: format!("`{}`: {what}", path.display()),
             hint: Some("expected the eccv-caption package's format: {\"<query id>\": [<positive id>, ...]}".into()),
         };
-        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
-        if !value.is_object() {
-            return Err(bad("the top level is not an object".into()));
-        }
         // Every entry as written: a JSON object read into a map keeps only the last of a
-        // repeated key, and would drop a query without a word.
-        let Entries(mut map) = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        // repeated key, and would drop a query without a word. Entries take any value, so
+        // valid JSON fails only where its top level is not an object.
+        let Entries(mut map) = serde_json::from_str(&text).map_err(|e| match e.classify() {
+            serde_json::error::Category::Data => bad("the top level is not an object".into()),
+            _ => bad(format!("not JSON: {e}")),
+        })?;
         // In key order, as a JSON map is read (the order queries are summed in).
         map.sort_by(|a, b| a.0.cmp(&b.0));
         let int = |v: &serde_json::Value| match v {

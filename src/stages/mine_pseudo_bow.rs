@@ -228,11 +228,7 @@ impl MinePseudoBowConfig {
         for file in &aligned {
             let caption = self.caption_column.as_deref();
             if let Some(problem) = table_problem(file, |has| {
-                let caption = caption.unwrap_or(if has(schema::ORIGINAL_CAPTION) {
-                    schema::ORIGINAL_CAPTION
-                } else {
-                    schema::CAPTION
-                });
+                let caption = aligned_caption_column(caption, has);
                 [schema::SAMPLE_ID, caption].into_iter().find(|c| !has(c)).map(str::to_owned)
             }) {
                 problems.push("aligned", problem, Some("Parquet tables of the captioned pairs S_a".into()));
@@ -377,17 +373,19 @@ pub struct MinePseudoBow {
 }
 
 /// `sample_id`s and captions of the aligned tables, and the caption column used.
+/// The caption column of an aligned table with columns `has`: `column` when given, else
+/// `original_caption` where the table has it (a BoW output's intact captions), else `caption`.
+fn aligned_caption_column<'a>(column: Option<&'a str>, has: &dyn Fn(&str) -> bool) -> &'a str {
+    column.unwrap_or(if has(schema::ORIGINAL_CAPTION) { schema::ORIGINAL_CAPTION } else { schema::CAPTION })
+}
+
 fn read_aligned(files: &[PathBuf], column: &Option<String>) -> Result<(Vec<String>, Vec<String>, String)> {
     let mut ids = Vec::new();
     let mut captions = Vec::new();
     let mut used = String::new();
     for file in files {
         for batch in crate::io::parquet::read_file(file)? {
-            let col = match column {
-                Some(c) => c.clone(),
-                None if batch.column_by_name(schema::ORIGINAL_CAPTION).is_some() => schema::ORIGINAL_CAPTION.into(),
-                None => schema::CAPTION.into(),
-            };
+            let col = aligned_caption_column(column.as_deref(), &|c| batch.column_by_name(c).is_some()).to_owned();
             let batch_ids = string_column(&batch, schema::SAMPLE_ID, file)?;
             let batch_captions = string_column(&batch, &col, file)?;
             for (id, caption) in batch_ids.into_iter().zip(batch_captions) {
