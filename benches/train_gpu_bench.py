@@ -90,10 +90,11 @@ weight_decay = 0.0
     return path
 
 
-def curate_rates(curate, config, out_dir, device, timeout):
+def curate_rates(curate, config, out_dir, device, timeout, workers):
     t = time.perf_counter()
     try:
-        run = subprocess.run([curate, "train", config, "--device", device, "--progress", "never"],
+        run = subprocess.run([curate, "train", config, "--device", device, "--progress", "never",
+                              "--workers", str(workers)],
                              capture_output=True, text=True, timeout=timeout)
         if run.returncode != 0:
             raise SystemExit(f"curate train failed ({run.returncode}):\n{run.stderr[-3000:]}")
@@ -162,6 +163,8 @@ def main():
     ap.add_argument("--torch-device", default="cuda")
     ap.add_argument("--losses", default="infonce,memory_bank")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per curate run")
+    ap.add_argument("--workers", type=int, default=2, help="curate's --workers (batch decoding threads)")
+    ap.add_argument("--skip-torch", action="store_true", help="only the curate side")
     args = ap.parse_args()
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
     print(f"GPU: {gpu}, torch {torch.__version__}; batch {args.batch}, 224 px, "
@@ -169,15 +172,15 @@ def main():
     captions = [c for c in pq.read_table(os.path.join(ROOT, "data/train_sample/train.parquet"),
                                          columns=["caption"]).column("caption").to_pylist() if c]
     with tempfile.TemporaryDirectory(prefix="train_gpu_") as tmp:
-        for loss in args.losses.split(","):
+        for loss in [l for l in args.losses.split(",") if l]:
             cfg = write_config(tmp, args.batch, args.steps, loss, args.tokenizer)
             rates, losses, wall = curate_rates(args.curate, cfg, os.path.join(tmp, f"run_{loss}"), args.device,
-                                              args.timeout)
+                                              args.timeout, args.workers)
             median = statistics.median(rates[1:]) if len(rates) > 1 else None
-            print(json.dumps({"side": f"curate {loss}", "median_samples_per_s": median,
+            print(json.dumps({"side": f"curate {loss}, {args.workers} workers", "median_samples_per_s": median,
                               "windows": [round(r, 1) for r in rates], "wall_s": round(wall, 1),
                               "losses": losses}), flush=True)
-    for tf32 in (False, True):
+    for tf32 in () if args.skip_torch else (False, True):
         r = torch_rate(args.batch, args.torch_steps, args.warmup, captions, args.tokenizer, tf32, args.torch_device)
         print(json.dumps({"side": f"torch infonce, tf32 matmul {tf32}", "median_samples_per_s": r}), flush=True)
 

@@ -475,6 +475,51 @@ fn rows_whose_image_is_not_there_are_counted() {
     assert!(stderr.contains("note: 144 training row(s) left out: their image file is not there"), "{stderr}");
 }
 
+#[test]
+fn trace_steps_prints_each_steps_phases_and_changes_no_result() {
+    // `--trace-steps` prints one line per step with each phase's milliseconds, in order, and the
+    // losses are those of an untraced run.
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), &[]);
+    let train = |out: &str, trace: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_curate"));
+        cmd.arg("train").arg(dir.path().join("train.toml"));
+        cmd.args(["--set", &format!("output_dir={}", dir.path().join(out).display()), "--set", "steps=3"]);
+        cmd.args(["--set", "log_every=1", "--progress", "never"]);
+        if trace {
+            cmd.arg("--trace-steps");
+        }
+        let run = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+        assert!(run.status.success(), "{stderr}");
+        stderr
+    };
+    let plain = train("plain", false);
+    let traced = train("traced", true);
+    assert!(!plain.contains("step 1 ms:"), "{plain}");
+    let lines: Vec<&str> = traced.lines().filter(|l| l.starts_with("step ")).collect();
+    assert_eq!(lines.len(), 3, "{traced}");
+    let phases = ["batch", "teacher", "upload", "forward", "loss_read", "backward", "optim", "drain"];
+    for (i, line) in lines.iter().enumerate() {
+        let (head, rest) = line.split_once(" ms: ").unwrap_or_else(|| panic!("{line}"));
+        assert_eq!(head, format!("step {}", i + 1));
+        let laps: Vec<(&str, f64)> = rest
+            .split(", ")
+            .map(|lap| {
+                let (name, ms) = lap.rsplit_once(' ').unwrap_or_else(|| panic!("{line}"));
+                (name, ms.parse::<f64>().unwrap_or_else(|_| panic!("{line}")))
+            })
+            .collect();
+        assert_eq!(laps.iter().map(|l| l.0).collect::<Vec<_>>(), phases, "{line}");
+        assert!(laps.iter().all(|l| l.1 >= 0.0), "{line}");
+        // The forward and backward passes of a model take measurable time.
+        assert!(laps[3].1 + laps[5].1 > 0.0, "{line}");
+    }
+    let (a, b) = (losses(&dir.path().join("plain")), losses(&dir.path().join("traced")));
+    assert_eq!(a.len(), 3);
+    assert_eq!(a, b);
+}
+
 /// The sample's teacher image features, rows `range`, each row cut to its first `width` values,
 /// with `poison` (row, value) written over the first value of a row, saved as `file`.
 /// The bundled training table (`sample_id`, `caption`, `path`) written to `dir/t.parquet` with

@@ -169,6 +169,11 @@ pub struct TrainArgs {
     /// Progress bar on stderr (auto: when stderr is a terminal).
     #[arg(long, value_enum, default_value_t = When::Auto)]
     pub progress: When,
+    /// Print each step's time by phase on stderr (ms: batch, teacher, upload, forward,
+    /// loss_read, backward, optim, drain). The device is drained after each step, so a traced
+    /// run is slightly slower; the result is the same.
+    #[arg(long)]
+    pub trace_steps: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, Default)]
@@ -352,6 +357,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 workers: args.workers,
                 progress,
                 device: device(&args.pipeline.device)?,
+                trace_steps: args.trace_steps,
                 ..Default::default()
             };
             let s = crate::train::train(&config, &opts)?;

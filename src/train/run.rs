@@ -54,6 +54,47 @@ pub struct TrainOptions {
     pub stop_after: Option<u64>,
     /// Replace the loss of this step (1-based) by NaN (tests of the NaN guard).
     pub inject_nan_at: Option<u64>,
+    /// Print where each step's time goes on stderr (see [`StepTrace`]).
+    pub trace_steps: bool,
+}
+
+/// Where a training step's wall time goes, for `curate train --trace-steps`: one stderr line per
+/// step with the milliseconds of each phase, in order: `batch` (waiting for the data workers),
+/// `teacher` (EMA update and teacher forward), `upload` (the batch to the device), `forward`
+/// (building the forward pass; on a GPU, launching it, which returns before the kernels finish
+/// unless something waits for them), `loss_read` (waiting for the loss value), `backward`,
+/// `optim`, and `drain` (waiting for the device to finish the step: only when tracing, so a
+/// traced run is slightly slower). Checkpoints and evaluations fall between steps, outside it.
+struct StepTrace {
+    on: bool,
+    last: Instant,
+    laps: Vec<(&'static str, f64)>,
+}
+
+impl StepTrace {
+    fn new(on: bool) -> StepTrace {
+        StepTrace { on, last: Instant::now(), laps: Vec::new() }
+    }
+
+    /// Ends phase `name` now.
+    fn lap(&mut self, name: &'static str) {
+        if self.on {
+            let now = Instant::now();
+            self.laps.push((name, (now - self.last).as_secs_f64() * 1e3));
+            self.last = now;
+        }
+    }
+
+    /// The step's line (`batch 3.2, upload 51.5, …`).
+    fn take(&mut self) -> String {
+        let line: Vec<String> = self.laps.drain(..).map(|(n, ms)| format!("{n} {ms:.1}")).collect();
+        line.join(", ")
+    }
+
+    /// The next step starts now (what came between two steps is left out).
+    fn restart(&mut self) {
+        self.last = Instant::now();
+    }
 }
 
 impl Default for TrainOptions {
@@ -65,6 +106,7 @@ impl Default for TrainOptions {
             device: Device::flex(),
             stop_after: None,
             inject_nan_at: None,
+            trace_steps: false,
         }
     }
 }
@@ -577,8 +619,10 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let mut window = (Instant::now(), 0usize);
     let mut step_started = Instant::now();
     let mut undecodable = std::collections::HashSet::new();
+    let mut trace = StepTrace::new(opts.trace_steps);
     for batch in loader {
         let batch = batch?;
+        trace.lap("batch");
         for (name, error) in &batch.undecodable {
             if undecodable.insert(name.clone()) {
                 let note = || {
@@ -608,10 +652,14 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         if let (Some(c), LossConfig::Cusa(cc)) = (run.trainee.loss.cusa.take(), &config.loss) {
             run.trainee.loss.cusa = Some(c.clamp(cc));
         }
+        trace.lap("teacher");
         let (images, ids, mask) = tensors(&batch, size, &device);
+        trace.lap("upload");
         let emb = run.trainee.encoder.forward(images, ids, mask);
         let loss = loss_of(&config.loss, &run.trainee.loss, emb, teacher_emb, run.bank.as_mut(), &batch, &device)?;
+        trace.lap("forward");
         let mut value = loss.clone().into_scalar::<f32>();
+        trace.lap("loss_read");
         if opts.inject_nan_at == Some(step) {
             value = f32::NAN;
         }
@@ -632,12 +680,24 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             });
         }
         let mut grads = loss.backward();
+        trace.lap("backward");
         let g_enc = GradientsParams::from_module(&mut grads, &run.trainee.encoder);
         let g_loss = GradientsParams::from_module(&mut grads, &run.trainee.loss);
         let Trainee { encoder, loss: params } = run.trainee;
         let encoder = run.optim_encoder.step(lr, encoder, g_enc);
         let params = run.optim_loss.step(lr, params, g_loss);
         run.trainee = Trainee { encoder, loss: params };
+        trace.lap("optim");
+        if trace.on {
+            // Wait for the device, so that its outstanding work shows here and not in a later step.
+            let _ = Tensor::<1>::zeros([1], &device).into_data();
+            trace.lap("drain");
+            let line = trace.take();
+            match &bar {
+                Some(b) => b.suspend(|| say!("step {step} ms: {line}")),
+                None => say!("step {step} ms: {line}"),
+            }
+        }
         last_loss = value;
         window.1 += batch.rows.len();
 
@@ -664,6 +724,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         }
         // The bar's rate: one batch over the wall time of a whole step, waiting included.
         step_started = Instant::now();
+        trace.restart();
     }
     let done = end == total;
     if done {
