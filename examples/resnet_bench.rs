@@ -4,6 +4,8 @@
 //! the features of N images with burn's CPU backend (burn's own convolutions). Run by
 //! `benches/resnet_bench.py`, which times torchvision on the same shapes and prints the ratio;
 //! standalone: `cargo run --release --example resnet_bench -- --batch 32 --iters 5`.
+//! `--train 1` times a training step's forward and backward instead (an autodiff device,
+//! BatchNorm on batch statistics; no optimizer step).
 //!
 //! The last line of stdout is `images_per_s <value>`.
 
@@ -20,10 +22,11 @@ struct Args {
     side: usize,
     lowering: Option<ConvLowering>,
     check: usize,
+    train: bool,
 }
 
 fn parse() -> Args {
-    let mut a = Args { batch: 32, iters: 5, warmup: 1, side: 224, lowering: None, check: 0 };
+    let mut a = Args { batch: 32, iters: 5, warmup: 1, side: 224, lowering: None, check: 0, train: false };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for pair in argv.chunks(2) {
         let v = || pair.get(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("`{}` needs a number", pair[0]));
@@ -33,6 +36,7 @@ fn parse() -> Args {
             "--warmup" => a.warmup = v(),
             "--side" => a.side = v(),
             "--check" => a.check = v(),
+            "--train" => a.train = v() != 0,
             "--conv" => {
                 a.lowering = Some(match pair.get(1).map(String::as_str) {
                     Some("native") => ConvLowering::Native,
@@ -40,7 +44,9 @@ fn parse() -> Args {
                     _ => panic!("`--conv` needs `native` or `im2col`"),
                 })
             }
-            other => panic!("unknown argument `{other}` (--batch, --iters, --warmup, --side, --conv, --check)"),
+            other => {
+                panic!("unknown argument `{other}` (--batch, --iters, --warmup, --side, --conv, --check, --train)")
+            }
         }
     }
     a
@@ -92,6 +98,7 @@ fn main() {
         Ok("cuda") => Device::cuda(0),
         _ => Device::flex(),
     };
+    let device = if args.train { device.autodiff() } else { device };
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let w = random_weights(&mut rng);
     let mut model = ResNet::from_weights(&ResNetConfig::resnet50(), &w, &device);
@@ -121,8 +128,16 @@ fn main() {
     }
     let run = || {
         let x = Tensor::<4>::from_data(TensorData::new(input.clone(), [args.batch, 3, args.side, args.side]), &device);
-        let out = model.forward(x).into_data().try_to_vec::<f32>().expect("features");
-        assert!(out.iter().all(|v| v.is_finite()));
+        if args.train {
+            let loss = model.forward(x).powi_scalar(2).mean();
+            assert!(loss.clone().into_scalar::<f32>().is_finite());
+            let _grads = loss.backward();
+            // Wait for the device to finish the backward pass.
+            let _ = Tensor::<1>::zeros([1], &device).into_data();
+        } else {
+            let out = model.forward(x).into_data().try_to_vec::<f32>().expect("features");
+            assert!(out.iter().all(|v| v.is_finite()));
+        }
     };
     for _ in 0..args.warmup {
         run();
@@ -134,7 +149,8 @@ fn main() {
     let secs = t.elapsed().as_secs_f64();
     let rate = (args.batch * args.iters) as f64 / secs;
     eprintln!(
-        "curate resnet50: batch {}, {lowering:?} convolutions, {} iterations in {secs:.2} s, {} threads",
+        "curate resnet50{}: batch {}, {lowering:?} convolutions, {} iterations in {secs:.2} s, {} threads",
+        if args.train { " training (forward + backward)" } else { "" },
         args.batch,
         args.iters,
         rayon::current_num_threads()

@@ -277,17 +277,24 @@ fn im2col_convolutions_equal_burns_kernel_on_odd_non_square_images() {
     use burn::tensor::{Distribution, Tensor};
     use curate::models::resnet::{ConvLowering, ResNet, ResNetConfig};
     use curate::models::weights::Weights;
-    let device = Device::flex();
-    let model = ResNet::from_weights(&ResNetConfig::tiny(), &Weights::random(7), &device);
-    let x = Tensor::<4>::random([2, 3, 37, 29], Distribution::Normal(0.0, 1.0), &device);
-    let native = model.clone().with_conv_lowering(ConvLowering::Native).forward(x.clone());
-    let im2col = model.with_conv_lowering(ConvLowering::Im2col).forward(x);
+    // Both of its layouts: inference's (weights broadcast over the batch) and, on an autodiff
+    // device, training's (the batch inside one column matrix).
+    use burn::module::Module;
+    let x = Tensor::<4>::random([2, 3, 37, 29], Distribution::Normal(0.0, 1.0), &Device::flex()).into_data();
+    let reference = ResNet::from_weights(&ResNetConfig::tiny(), &Weights::random(7), &Device::flex());
+    let native =
+        reference.with_conv_lowering(ConvLowering::Native).forward(Tensor::from_data(x.clone(), &Device::flex()));
     let native = native.into_data().try_to_vec::<f32>().unwrap();
-    let im2col = im2col.into_data().try_to_vec::<f32>().unwrap();
-    assert_eq!((native.len(), im2col.len()), (2 * 256, 2 * 256));
     assert!(native.iter().any(|v| *v != 0.0), "features are not all zero");
-    for (i, (a, b)) in im2col.iter().zip(&native).enumerate() {
-        assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "feature {i}: {a} vs {b}");
+    for device in [Device::flex(), Device::flex().autodiff()] {
+        let model = ResNet::from_weights(&ResNetConfig::tiny(), &Weights::random(7), &device);
+        // Inference statistics in both, so that only the convolutions differ.
+        let model = model.freeze().with_conv_lowering(ConvLowering::Im2col);
+        let im2col = model.forward(Tensor::from_data(x.clone(), &device)).into_data().try_to_vec::<f32>().unwrap();
+        assert_eq!((native.len(), im2col.len()), (2 * 256, 2 * 256));
+        for (i, (a, b)) in im2col.iter().zip(&native).enumerate() {
+            assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{device:?} feature {i}: {a} vs {b}");
+        }
     }
 }
 

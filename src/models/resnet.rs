@@ -96,22 +96,46 @@ fn convolve(conv: &Conv2d, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
     let [n, c, h, w] = x.dims();
     let (ho, wo) = ((h + 2 * p - k) / s + 1, (w + 2 * p - k) / s + 1);
     let x = if p > 0 { x.pad((p, p, p, p), PadMode::Constant(0.0)) } else { x };
-    // Column (c, i, j) of output pixel (y, x) is input pixel (s·y + i, s·x + j) of channel c:
-    // the k·k strided views stacked after the channel axis, in the weights' [out, C, k, k] order.
+    // Two layouts of the same product. In inference, each image's `[C·k·k, Ho·Wo]` patches
+    // times the `[out, C·k·k]` weights broadcast over the batch: a 1×1 convolution's columns are
+    // then the input itself. In training, channels first (`[C, batch, H, W]`), so that the whole
+    // batch's patches form one `[C·k·k, batch·Ho·Wo]` matrix and the product is one plain
+    // matrix product: through the broadcast, the weights' gradient is a batch-sized stack of
+    // weight-shaped products summed afterwards. On the CPU (`examples/resnet_bench.rs --conv
+    // im2col --train 1`, batch 8), the plain product took a ResNet-50 training step's peak
+    // memory from 2.10 to 1.56 GB and made it 1.05–1.2× faster.
+    let batch_in_columns = x.device().is_autodiff();
+    let x = if batch_in_columns { x.swap_dims(0, 1) } else { x };
+    // Row (c, i, j) of the column of output pixel (y, x) is input pixel (s·y + i, s·x + j) of
+    // channel c: the k·k strided views stacked after the channel axis, in the weights'
+    // [out, C, k, k] order.
     let view = |i: usize, j: usize| {
         let rows = Slice::new(i as isize, Some((i + s * (ho - 1) + 1) as isize), s as isize);
         let cols = Slice::new(j as isize, Some((j + s * (wo - 1) + 1) as isize), s as isize);
         x.clone().slice([Slice::from(..), Slice::from(..), rows, cols])
     };
-    let columns = if k == 1 {
-        view(0, 0).reshape([n, c, ho * wo])
-    } else {
+    // The k·k views stacked as axis `at`.
+    let patches = |at: usize| -> Tensor<5> {
         let views = (0..k).flat_map(|i| (0..k).map(move |j| (i, j))).map(|(i, j)| view(i, j)).collect();
-        Tensor::<4>::stack::<5>(views, 2).reshape([n, c * k * k, ho * wo])
+        Tensor::<4>::stack::<5>(views, at)
     };
     let d_out = conv.weight.dims()[0];
-    let weights = conv.weight.val().reshape([1, d_out, c * k * k]).expand([n, d_out, c * k * k]);
-    let out = weights.matmul(columns).reshape([n, d_out, ho, wo]);
+    let weights = conv.weight.val().reshape([d_out, c * k * k]);
+    let out = if batch_in_columns {
+        // The views are `[C, batch, Ho, Wo]`: the k·k axis goes before the batch.
+        let columns = match k {
+            1 => view(0, 0).reshape([c, n * ho * wo]),
+            _ => patches(1).reshape([c * k * k, n * ho * wo]),
+        };
+        weights.matmul(columns).reshape([d_out, n, ho, wo]).swap_dims(0, 1)
+    } else {
+        let columns = match k {
+            1 => view(0, 0).reshape([n, c, ho * wo]),
+            _ => patches(2).reshape([n, c * k * k, ho * wo]),
+        };
+        let weights = weights.reshape([1, d_out, c * k * k]).expand([n, d_out, c * k * k]);
+        weights.matmul(columns).reshape([n, d_out, ho, wo])
+    };
     match &conv.bias {
         Some(bias) => out + bias.val().reshape([1, d_out, 1, 1]),
         None => out,
