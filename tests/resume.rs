@@ -516,3 +516,63 @@ fn an_image_file_gone_between_the_fit_passes_and_the_stream_fails_the_run() {
     assert!(ok, "{stderr}");
     assert_eq!(manifest(&case.out("run"))["rejects_by_reason"]["read_table/missing_file"], 30);
 }
+
+#[test]
+fn a_model_stage_pipeline_checkpoints_inside_the_readers_chunk_and_resumes() {
+    // A model stage cuts the reader's chunks into 2,048-row pieces: with shards of 1,000 rows,
+    // the checkpoints come inside the TSV's one chunk (5,000 lines), and a killed run goes on
+    // from a piece, to the bytes of an uninterrupted run.
+    let case = Case::new();
+    let lines: String = std::fs::read_to_string(case.dir.path().join("captions0.tsv"))
+        .unwrap()
+        .split_inclusive('\n')
+        .take(5000)
+        .collect();
+    let tsv = case.dir.path().join("five_thousand.tsv");
+    std::fs::write(&tsv, lines).unwrap();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/tiny_bert");
+    let pipeline = case.dir.path().join("encode.toml");
+    std::fs::write(
+        &pipeline,
+        format!(
+            "output_dir = \"out\"\n[[stage]]\ntype = \"read_cc_tsv\"\npath = {:?}\n[[stage]]\ntype = \"encode_text\"\n\
+             model = {:?}\nbatch_size = 64\n[[stage]]\ntype = \"write_parquet\"\nrows_per_shard = 1000\n",
+            tsv.to_string_lossy(),
+            model.to_string_lossy()
+        ),
+    )
+    .unwrap();
+    let (ok, stderr) = case.run_file(&pipeline, "whole", None, &[]);
+    assert!(ok, "{stderr}");
+    let whole = files(&case.out("whole"));
+    let checkpoint = |out: &Path| -> serde_json::Value {
+        let text = std::fs::read_to_string(out.join(".curate-checkpoint")).unwrap();
+        serde_json::from_str(text.split_once('\n').unwrap().1).unwrap()
+    };
+    let out = case.out("killed");
+    let (ok, _) = case.run_file(&pipeline, "killed", Some(3), &[]);
+    assert!(!ok, "killed");
+    // 3,000 output rows written: the 2,048 of the first piece and 952 of the second.
+    let c = checkpoint(&out);
+    assert_eq!((c["chunk_split"].as_u64(), c["chunk"].as_u64()), (Some(2048), Some(1)), "{c}");
+    assert_eq!(c["rows_into_chunk"], 952, "{c}");
+    let (ok, stderr) = case.run_file(&pipeline, "killed", None, &[]);
+    assert!(ok && stderr.contains("resuming the run that stopped"), "{stderr}");
+    same_files(&files(&out), &whole, "a model stage's run killed after checkpoint 3");
+
+    // A checkpoint saved by a curate that did not cut the chunks (no `chunk_split`) numbers
+    // chunks otherwise: the run starts over, saying why.
+    let (ok, _) = case.run_file(&pipeline, "older", Some(2), &[]);
+    assert!(!ok, "killed");
+    let path = case.out("older").join(".curate-checkpoint");
+    let mut c = checkpoint(&case.out("older"));
+    c.as_object_mut().unwrap().remove("chunk_split");
+    let json = serde_json::to_vec(&c).unwrap();
+    let mut file = format!("xxh3-64:{:016x}\n", xxhash_rust::xxh3::xxh3_64(&json)).into_bytes();
+    file.extend_from_slice(&json);
+    std::fs::write(&path, file).unwrap();
+    let (ok, stderr) = case.run_file(&pipeline, "older", None, &[]);
+    assert!(ok && !stderr.contains("resuming"), "{stderr}");
+    assert!(stderr.contains("its chunks were cut to another size"), "{stderr}");
+    same_files(&files(&case.out("older")), &whole, "started over");
+}

@@ -139,6 +139,10 @@ pub struct Checkpoint {
     /// curate, which took none).
     #[serde(default)]
     pub side_digest: Option<String>,
+    /// The rows per chunk the reader's chunks were cut to ([`crate::pipeline::plan::Plan::chunk_split`];
+    /// `None`: the reader's own chunks, or saved by an earlier curate, which did not cut them).
+    #[serde(default)]
+    pub chunk_split: Option<usize>,
     /// The reader chunk (0-based) being written: every chunk before it is in finished shards,
     /// data and rejects.
     pub chunk: usize,
@@ -227,6 +231,8 @@ pub struct RunIdentity<'a> {
     pub folder_stamp: Option<String>,
     /// [`content_digest`] of the stages' model and table files.
     pub side_digest: &'a str,
+    /// [`crate::pipeline::plan::Plan::chunk_split`]: chunk numbers mean other rows under another.
+    pub chunk_split: Option<usize>,
     pub data_dir: &'a Path,
     pub rejects_dir: &'a Path,
 }
@@ -257,6 +263,7 @@ pub fn save(out: &Path, run: &RunIdentity<'_>, at: Position<'_>) -> Result<()> {
         inputs: run.inputs.iter().flatten().cloned().collect(),
         folder_stamp: run.folder_stamp.clone(),
         side_digest: Some(run.side_digest.to_owned()),
+        chunk_split: run.chunk_split,
         chunk: at.chunk,
         rows_into_chunk: at.rows_into_chunk,
         first_rows: at.first_rows.to_vec(),
@@ -313,6 +320,9 @@ fn usable(c: &Checkpoint, run: &RunIdentity<'_>) -> std::result::Result<(), Stri
     }
     if c.config_hash != run.config_hash {
         return Err("the pipeline's settings changed since".to_owned());
+    }
+    if c.chunk_split != run.chunk_split {
+        return Err("its chunks were cut to another size (saved by an earlier curate)".to_owned());
     }
     if c.read_digest.is_none() {
         return Err("it holds no digest of the rows read (saved by an earlier curate)".to_owned());

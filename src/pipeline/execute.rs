@@ -253,6 +253,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         inputs: &input_stamps,
         folder_stamp: folders_before.map(checkpoint::hex),
         side_digest: &side_digest,
+        chunk_split: plan.chunk_split,
         data_dir: &data_dir,
         rejects_dir: &rejects_dir,
     };

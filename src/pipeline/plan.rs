@@ -85,6 +85,9 @@ pub struct Plan {
     /// The reader stage's name (its type unless the file names it).
     pub reader_name: String,
     pub transforms: Vec<(String, Box<dyn Transform>)>,
+    /// The rows per chunk `reader` is cut to (`None`: the reader's own chunks): a model stage's
+    /// pipeline streams smaller chunks ([`crate::stages::split_chunks`]).
+    pub chunk_split: Option<usize>,
     pub write: WriteParquetConfig,
     /// Schema of the written table (after column selection).
     pub output_schema: SchemaRef,
@@ -334,14 +337,22 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
         "seed": top.seed,
         "stage": stages_json,
     });
+    let chunk_split =
+        transforms.iter().any(|(_, t)| t.parallel_inside()).then_some(crate::stages::split_chunks::MODEL_CHUNK_ROWS);
+    let reader = reader.expect("order checked");
+    let reader: Box<dyn crate::stages::Reader> = match chunk_split {
+        Some(rows) => Box::new(crate::stages::split_chunks::SplitChunks::new(reader, rows)),
+        None => reader,
+    };
     Ok(Plan {
         name,
         pipeline_file: doc.path.clone(),
         seed: top.seed,
         output_dir: PathBuf::from(&top.output_dir),
-        reader: reader.expect("order checked"),
+        reader,
         reader_name,
         transforms,
+        chunk_split,
         write: write.expect("order checked"),
         output_schema,
         resolved,

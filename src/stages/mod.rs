@@ -1,7 +1,8 @@
 //! Stages: one module per stage type. Every stage is a `Config` (serde, `deny_unknown_fields`,
 //! documented fields, the papers' defaults) checked by the planner before any data is read, and a
 //! runtime built from it. Shared by the readers: `inputs` (checks of the input files),
-//! `line_chunks` (the parallel TSV engine) and `images` (image references, tar members); here,
+//! `line_chunks` (the parallel TSV engine), `images` (image references, tar members) and
+//! `split_chunks` (smaller chunks where a model stage runs); here,
 //! the `Reader`/`Transform` traits and the id bookkeeping.
 //!
 //! A pipeline is `read_* → transforms → write_parquet`. Readers stream [`Chunk`]s of the
@@ -21,6 +22,7 @@ pub mod read_imagenet21k;
 pub mod read_img2dataset;
 pub mod read_table;
 pub mod read_yfcc;
+pub mod split_chunks;
 pub mod write_parquet;
 
 use std::collections::BTreeMap;
@@ -121,7 +123,8 @@ pub trait Transform: Send + Sync {
     /// Whether `apply` keeps every core busy on its own (an encoder: batches on the thread
     /// pool). Its chunks then go through it one at a time, in input order: run side by side,
     /// the pool would finish the first one last, and no shard (nor checkpoint) would be written
-    /// until a whole window of chunks was done.
+    /// until a whole window of chunks was done. A pipeline with such a stage also cuts the
+    /// reader's chunks smaller ([`split_chunks`]).
     fn parallel_inside(&self) -> bool {
         false
     }
