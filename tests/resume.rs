@@ -560,19 +560,27 @@ fn a_model_stage_pipeline_checkpoints_inside_the_readers_chunk_and_resumes() {
     assert!(ok && stderr.contains("resuming the run that stopped"), "{stderr}");
     same_files(&files(&out), &whole, "a model stage's run killed after checkpoint 3");
 
-    // A checkpoint saved by a curate that did not cut the chunks (no `chunk_split`) numbers
-    // chunks otherwise: the run starts over, saying why.
-    let (ok, _) = case.run_file(&pipeline, "older", Some(2), &[]);
-    assert!(!ok, "killed");
-    let path = case.out("older").join(".curate-checkpoint");
-    let mut c = checkpoint(&case.out("older"));
-    c.as_object_mut().unwrap().remove("chunk_split");
-    let json = serde_json::to_vec(&c).unwrap();
-    let mut file = format!("xxh3-64:{:016x}\n", xxhash_rust::xxh3::xxh3_64(&json)).into_bytes();
-    file.extend_from_slice(&json);
-    std::fs::write(&path, file).unwrap();
-    let (ok, stderr) = case.run_file(&pipeline, "older", None, &[]);
-    assert!(ok && !stderr.contains("resuming"), "{stderr}");
-    assert!(stderr.contains("its chunks were cut to another size"), "{stderr}");
-    same_files(&files(&case.out("older")), &whole, "started over");
+    // A checkpoint saved by a curate that did not cut the chunks (no `chunk_split`), or cut
+    // them to another size, numbers chunks otherwise: the run starts over, saying why.
+    for (split, why) in [
+        (None, "the reader's own chunks, saved by an earlier curate; this run streams 2048-row pieces"),
+        (Some(1024), "1024-row pieces; this run streams 2048-row pieces"),
+    ] {
+        let (ok, _) = case.run_file(&pipeline, "other", Some(2), &[]);
+        assert!(!ok, "killed");
+        let path = case.out("other").join(".curate-checkpoint");
+        let mut c = checkpoint(&case.out("other"));
+        match split {
+            None => c.as_object_mut().unwrap().remove("chunk_split"),
+            Some(n) => c.as_object_mut().unwrap().insert("chunk_split".into(), n.into()),
+        };
+        let json = serde_json::to_vec(&c).unwrap();
+        let mut file = format!("xxh3-64:{:016x}\n", xxhash_rust::xxh3::xxh3_64(&json)).into_bytes();
+        file.extend_from_slice(&json);
+        std::fs::write(&path, file).unwrap();
+        let (ok, stderr) = case.run_file(&pipeline, "other", None, &[]);
+        assert!(ok && !stderr.contains("resuming"), "{stderr}");
+        assert!(stderr.contains(&format!("its chunks were cut to another size ({why})")), "{stderr}");
+        same_files(&files(&case.out("other")), &whole, "started over");
+    }
 }

@@ -143,8 +143,8 @@ pub struct Checkpoint {
     /// `None`: the reader's own chunks, or saved by an earlier curate, which did not cut them).
     #[serde(default)]
     pub chunk_split: Option<usize>,
-    /// The reader chunk (0-based) being written: every chunk before it is in finished shards,
-    /// data and rejects.
+    /// The reader chunk (0-based; a piece of one, with `chunk_split`) being written: every chunk
+    /// before it is in finished shards, data and rejects.
     pub chunk: usize,
     /// Output rows of that chunk already in finished data shards (its rejects are not written).
     pub rows_into_chunk: u64,
@@ -322,7 +322,14 @@ fn usable(c: &Checkpoint, run: &RunIdentity<'_>) -> std::result::Result<(), Stri
         return Err("the pipeline's settings changed since".to_owned());
     }
     if c.chunk_split != run.chunk_split {
-        return Err("its chunks were cut to another size (saved by an earlier curate)".to_owned());
+        let pieces =
+            |split: Option<usize>| split.map_or("the reader's own chunks".to_owned(), |n| format!("{n}-row pieces"));
+        let earlier = if c.chunk_split.is_none() { ", saved by an earlier curate" } else { "" };
+        return Err(format!(
+            "its chunks were cut to another size ({}{earlier}; this run streams {})",
+            pieces(c.chunk_split),
+            pieces(run.chunk_split)
+        ));
     }
     if c.read_digest.is_none() {
         return Err("it holds no digest of the rows read (saved by an earlier curate)".to_owned());
