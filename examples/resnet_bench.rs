@@ -93,6 +93,9 @@ fn random_weights(rng: &mut Rng) -> Weights {
 
 fn main() {
     let args = parse();
+    // Training BatchNorm normalises by the batch's statistics, the CPU reference by its running
+    // ones: their features differ whatever the convolutions do.
+    assert!(!(args.train && args.check > 0), "`--check` compares inference features: leave out `--train`");
     let device = match std::env::var("CURATE_BENCH_DEVICE").as_deref() {
         #[cfg(feature = "cuda")]
         Ok("cuda") => Device::cuda(0),
@@ -133,7 +136,7 @@ fn main() {
             assert!(loss.clone().into_scalar::<f32>().is_finite());
             let _grads = loss.backward();
             // Wait for the device to finish the backward pass.
-            let _ = Tensor::<1>::zeros([1], &device).into_data();
+            device.sync().expect("the device runs the backward pass");
         } else {
             let out = model.forward(x).into_data().try_to_vec::<f32>().expect("features");
             assert!(out.iter().all(|v| v.is_finite()));

@@ -10,7 +10,7 @@
 //! block against a run of consecutive pool blocks — run on the rayon pool, each calling gemm
 //! single-threaded. Every score is one FMA chain over the dimensions whose shape depends only on
 //! `dim` and the pool block, never on the thread count or on which other queries share its block
-//! (see [`score_block`]); the order (score descending, NaN lowest, ties by ascending pool index) is
+//! (see `score_block`); the order (score descending, NaN lowest, ties by ascending pool index) is
 //! total, so the top-k of a union is the top-k of the per-part top-k lists. Hence the result is
 //! bit-identical for any thread count and any way of splitting the queries into calls, on a
 //! given machine (gemm picks its kernels and depth blocking from the CPU it runs on).
@@ -45,7 +45,7 @@ impl Default for Blocking {
 }
 
 /// Smallest pool block: balanced blocks of at least this many rows have at least
-/// `MIN_POOL_ROWS` rows after their starts are rounded down to [`TILE`].
+/// `MIN_POOL_ROWS` rows after their starts are rounded down to `TILE`.
 pub const MIN_POOL_BLOCK: usize = 2 * (MIN_POOL_ROWS + TILE);
 
 /// Pool block boundaries are multiples of gemm's AVX-512 register tile height (64 rows), so only

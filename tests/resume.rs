@@ -188,6 +188,7 @@ fn a_killed_run_resumes_to_the_same_bytes_as_an_uninterrupted_one() {
         let text = std::fs::read_to_string(out.join(".curate-checkpoint")).unwrap();
         let checkpoint: serde_json::Value = serde_json::from_str(text.split_once('\n').unwrap().1).unwrap();
         assert_eq!(checkpoint["chunk"], kill_after, "{kill_after}");
+        assert!(checkpoint["chunk_split"].is_null(), "no model stage, no cut: {checkpoint}");
         assert!(checkpoint["rows_into_chunk"].as_u64().unwrap() > 0, "{kill_after}");
         assert_eq!(shards(&out.join("data")).len(), kill_after, "its finished shards stay");
         assert_eq!(shards(&out.join("rejects")).len(), kill_after, "a rejects shard ends with each data shard");
@@ -518,10 +519,11 @@ fn an_image_file_gone_between_the_fit_passes_and_the_stream_fails_the_run() {
 }
 
 #[test]
-fn a_model_stage_pipeline_checkpoints_inside_the_readers_chunk_and_resumes() {
-    // A model stage cuts the reader's chunks into 2,048-row pieces: with shards of 1,000 rows,
-    // the checkpoints come inside the TSV's one chunk (5,000 lines), and a killed run goes on
-    // from a piece, to the bytes of an uninterrupted run.
+fn a_model_stage_pipeline_streams_2048_row_pieces_and_resumes_from_one() {
+    // A model stage cuts the reader's chunks into 2,048-row pieces: the TSV's one chunk (5,000
+    // lines) reaches the writer, and its 1,000-row shards and checkpoints, piece by piece, and a
+    // killed run goes on from the checkpoint's piece (skipping the first, not transformed
+    // again), to the bytes of an uninterrupted run.
     let case = Case::new();
     let lines: String = std::fs::read_to_string(case.dir.path().join("captions0.tsv"))
         .unwrap()
@@ -558,6 +560,7 @@ fn a_model_stage_pipeline_checkpoints_inside_the_readers_chunk_and_resumes() {
     assert_eq!(c["rows_into_chunk"], 952, "{c}");
     let (ok, stderr) = case.run_file(&pipeline, "killed", None, &[]);
     assert!(ok && stderr.contains("resuming the run that stopped"), "{stderr}");
+    assert_eq!(manifest(&out)["resumed"]["chunks_skipped"], 1);
     same_files(&files(&out), &whole, "a model stage's run killed after checkpoint 3");
 
     // A checkpoint saved by a curate that did not cut the chunks (no `chunk_split`), or cut

@@ -43,7 +43,7 @@ pub(crate) fn tiles_missing(test: &str) -> bool {
     true
 }
 
-/// Whether [`Packed::tile`] can run here.
+/// Whether `Packed::tile` can run here.
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

@@ -9,7 +9,7 @@
 //! as an interval `[ahead for certain, + band]`; the band items are recorded as the tiles are
 //! counted.
 //!
-//! A metric rarely needs all ranks exactly ([`Need`]): recall@K and the recall curve read the
+//! A metric rarely needs all ranks exactly (`Need`): recall@K and the recall curve read the
 //! best rank of each protocol's positives, ECCV's mAP@R the ranks below R. Ranks follow scores,
 //! so a group's best is its highest-scoring target (ties: the lowest gallery index), known from
 //! the exact target scores before any tile: only it is counted and resolved, and the group's
@@ -40,7 +40,7 @@ use super::ranking::{
 const BAND_LIMIT: usize = 64 << 20;
 
 /// Both directions' ranks, or `None` where the screen does not apply (a non-finite or zero
-/// embedding set, norms that could overflow f32, or a band past [`BAND_LIMIT`]).
+/// embedding set, norms that could overflow f32, or a band past `BAND_LIMIT`).
 pub fn rank(
     images: &Matrix,
     captions: &Matrix,

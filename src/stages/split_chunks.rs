@@ -2,12 +2,13 @@
 //! number of rows, for pipelines with a model stage (an encoder, pseudo-BoW mining).
 //!
 //! Readers cut their input into chunks of up to [`super::CHUNK_ROWS`] rows (or a block of lines).
-//! A model stage takes minutes for one such chunk on a CPU, and a run writes its shards, and so
-//! its checkpoints, only from whole chunks. Cut into [`MODEL_CHUNK_ROWS`]-row pieces, the stream
-//! reaches the writer, the progress bar and a checkpoint (at the end of each data shard) that
-//! much sooner, and a killed run repeats at most one piece. The rows, their order and their
-//! rejects are the reader's: a chunk's rejects and skip counts go with its first piece, so the
-//! rejects table keeps its order.
+//! A model stage takes minutes for one such chunk on a CPU, and the writer gets a chunk's rows
+//! only once all of them are transformed. Cut into [`MODEL_CHUNK_ROWS`]-row pieces, the stream
+//! reaches the writer, the progress bar and the checkpoints (at the ends of data shards) every
+//! piece, and a resumed run transforms again from its checkpoint's piece rather than from the
+//! start of its chunk. The rows, their order and their rejects are the reader's: a chunk's
+//! rejects and skip counts go with its first piece, so the rejects table keeps its order.
+//! [`SplitChunks`] forwards every [`Reader`] method: one added to the trait belongs here too.
 
 use std::path::PathBuf;
 

@@ -54,15 +54,16 @@ pub struct TrainOptions {
     pub stop_after: Option<u64>,
     /// Replace the loss of this step (1-based) by NaN (tests of the NaN guard).
     pub inject_nan_at: Option<u64>,
-    /// Print where each step's time goes on stderr (see [`StepTrace`]).
+    /// Print where each step's time goes on stderr, one line per step (`curate train
+    /// --trace-steps`).
     pub trace_steps: bool,
 }
 
 /// Where a training step's wall time goes, for `curate train --trace-steps`: one stderr line per
 /// step with the milliseconds of each phase, in order: `batch` (waiting for the data workers),
 /// `teacher` (EMA update and teacher forward), `upload` (the batch to the device), `forward`
-/// (building the forward pass; on a GPU, launching it, which returns before the kernels finish
-/// unless something waits for them), `loss_read` (waiting for the loss value), `backward`,
+/// (the forward pass and the loss; on a GPU, launching their kernels, which returns before they
+/// finish unless something waits for them), `loss_read` (waiting for the loss value), `backward`,
 /// `optim`, and `drain` (waiting for the device to finish the step: only when tracing, so a
 /// traced run is slightly slower). Checkpoints and evaluations fall between steps, outside it.
 struct StepTrace {
@@ -690,7 +691,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         trace.lap("optim");
         if trace.on {
             // Wait for the device, so that its outstanding work shows here and not in a later step.
-            let _ = Tensor::<1>::zeros([1], &device).into_data();
+            device.sync().map_err(|e| Error::data(format!("the device failed: {e:?}")))?;
             trace.lap("drain");
             let line = trace.take();
             match &bar {
