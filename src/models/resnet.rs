@@ -109,7 +109,7 @@ fn convolve(conv: &Conv2d, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
 ///   of weight-shaped products summed afterwards (at batch 128, 12 GB allocated over a ResNet-50
 ///   backward pass, up to 1.2 GB at once). On the CPU, standing in for the GPU (CPU training
 ///   uses burn's kernel), `examples/resnet_bench.rs --conv im2col --train 1` at batch 8 went
-///   from 2.10 to 1.56 GB peak memory and 1.05–1.2× faster with it.
+///   from 2.10 to 1.56 GB peak memory, and ran 0.97–1.27× as fast (six paired runs).
 fn im2col(conv: &Conv2d, x: Tensor<4>, p: usize, whole_batch: bool) -> Tensor<4> {
     let (k, s) = (conv.kernel_size[0], conv.stride[0]);
     let [n, c, h, w] = x.dims();
