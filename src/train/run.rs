@@ -59,6 +59,14 @@ pub struct TrainOptions {
     pub trace_steps: bool,
 }
 
+/// Runs `say` (a line to stderr) with the progress bar, if there is one, out of its way.
+fn above_bar(bar: &Option<indicatif::ProgressBar>, say: impl FnOnce()) {
+    match bar {
+        Some(b) => b.suspend(say),
+        None => say(),
+    }
+}
+
 /// Where a training step's wall time goes, for `curate train --trace-steps`: one stderr line per
 /// step with the milliseconds of each phase, in order: `batch` (waiting for the data workers),
 /// `teacher` (EMA update and teacher forward), `upload` (the batch to the device), `forward`
@@ -626,13 +634,9 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         trace.lap("batch");
         for (name, error) in &batch.undecodable {
             if undecodable.insert(name.clone()) {
-                let note = || {
+                above_bar(&bar, || {
                     say!("note: training image `{name}` cannot be decoded ({error}): left out, another row takes its place")
-                };
-                match &bar {
-                    Some(b) => b.suspend(note),
-                    None => note(),
-                }
+                });
             }
         }
         let step = batch.step + 1; // steps completed after this one
@@ -694,10 +698,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             device.sync().map_err(|e| Error::data(format!("the device failed: {e:?}")))?;
             trace.lap("drain");
             let line = trace.take();
-            match &bar {
-                Some(b) => b.suspend(|| say!("step {step} ms: {line}")),
-                None => say!("step {step} ms: {line}"),
-            }
+            above_bar(&bar, || say!("step {step} ms: {line}"));
         }
         last_loss = value;
         window.1 += batch.rows.len();
