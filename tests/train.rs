@@ -499,7 +499,7 @@ fn trace_steps_prints_each_steps_phases_and_changes_no_result() {
     assert!(!plain.contains("step 1 ms:"), "{plain}");
     let lines: Vec<&str> = traced.lines().filter(|l| l.starts_with("step ")).collect();
     assert_eq!(lines.len(), 3, "{traced}");
-    let phases = ["batch", "teacher", "upload", "forward", "loss_read", "backward", "optim", "drain"];
+    let phases = ["batch", "upload", "teacher", "forward", "loss_read", "backward", "optim", "drain"];
     for (i, line) in lines.iter().enumerate() {
         let (head, rest) = line.split_once(" ms: ").unwrap_or_else(|| panic!("{line}"));
         assert_eq!(head, format!("step {}", i + 1));

@@ -169,7 +169,7 @@ pub struct TrainArgs {
     /// Progress bar on stderr (auto: when stderr is a terminal).
     #[arg(long, value_enum, default_value_t = When::Auto)]
     pub progress: When,
-    /// Print each step's time by phase on stderr (ms: batch, teacher, upload, forward (and
+    /// Print each step's time by phase on stderr (ms: batch, upload, teacher, forward (and
     /// loss), loss_read, backward, optim, drain). The device is drained after each step, so a traced
     /// run is slightly slower; the result is the same.
     #[arg(long)]
