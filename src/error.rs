@@ -181,6 +181,14 @@ pub fn did_you_mean<'a>(given: &str, candidates: impl IntoIterator<Item = &'a st
     best.map(|(_, _, c)| format!("did you mean `{c}`?"))
 }
 
+/// The hint for a missing column `given`: "did you mean `x`?" for a near miss among `columns`,
+/// else the columns there are.
+pub fn column_hint(given: &str, columns: &[&str]) -> String {
+    did_you_mean(given, columns.iter().copied()).unwrap_or_else(|| {
+        format!("columns here: {}", columns.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", "))
+    })
+}
+
 thread_local! {
     /// Set while [`catch_quietly`] runs `f` on this thread.
     static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -223,5 +231,7 @@ mod tests {
         assert_eq!(did_you_mean("shufle", keys).as_deref(), Some("did you mean `shuffle`?"));
         assert_eq!(did_you_mean("zzz", keys), None);
         assert_eq!(did_you_mean("bwo", ["bow", "seed"]).as_deref(), Some("did you mean `bow`?"));
+        assert_eq!(column_hint("captoin", &["sample_id", "caption"]), "did you mean `caption`?");
+        assert_eq!(column_hint("zzz", &["sample_id", "caption"]), "columns here: `sample_id`, `caption`");
     }
 }

@@ -14,7 +14,7 @@ use toml::Value;
 
 use super::config::ConfigDoc;
 use super::introspect::fields;
-use crate::error::{did_you_mean, Diagnostic, Error, Result};
+use crate::error::{column_hint, did_you_mean, Diagnostic, Error, Result};
 use crate::schema;
 use crate::stages::bow::BowConfig;
 use crate::stages::encode_image::EncodeImageConfig;
@@ -554,10 +554,7 @@ fn written_schema(doc: &ConfigDoc, built: &[Compiled], schema: &SchemaRef, diags
                         Err(_) => diags.push(
                             Diagnostic::new(format!("missing column `{c}`: no earlier stage produces it"))
                                 .at(doc.location(&format!("stage[{wi_file}].columns[{j}]")))
-                                .maybe_hint(
-                                    did_you_mean(c, available.iter().copied())
-                                        .or_else(|| Some(format!("columns here: {}", list(&available)))),
-                                ),
+                                .hint(column_hint(c, &available)),
                         ),
                     }
                 }

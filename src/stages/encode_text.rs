@@ -66,8 +66,7 @@ impl EncodeTextConfig {
                 problems.push(
                     "column",
                     format!("missing column `{}`", self.column),
-                    crate::error::did_you_mean(&self.column, names.iter().copied())
-                        .or_else(|| Some(format!("columns here: {}", names.join(", ")))),
+                    Some(crate::error::column_hint(&self.column, &names)),
                 );
             }
         }

@@ -259,8 +259,7 @@ impl MinePseudoBowConfig {
                     problems.push(
                         "label_column",
                         format!("the stage's input has no column `{}`", self.label_column),
-                        crate::error::did_you_mean(&self.label_column, names.iter().copied())
-                            .or_else(|| Some(format!("its columns: {}", names.join(", ")))),
+                        Some(crate::error::column_hint(&self.label_column, &names)),
                     )
                 }
             }

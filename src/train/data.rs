@@ -102,9 +102,9 @@ pub struct TrainSet {
 pub(crate) fn string_column(batch: &RecordBatch, name: &str, file: &Path) -> Result<Vec<Option<String>>> {
     let col = batch.column_by_name(name).ok_or_else(|| Error::Schema {
         message: format!("`{}` has no column `{name}`", file.display()),
-        hint: Some(format!(
-            "columns here: {}",
-            batch.schema().fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", ")
+        hint: Some(crate::error::column_hint(
+            name,
+            &batch.schema().fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>(),
         )),
     })?;
     let col = arrow_cast::cast(col, &DataType::Utf8)?;
@@ -660,6 +660,26 @@ impl Iterator for Loader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_column_names_the_file_and_the_near_miss_or_the_columns() {
+        let batch = RecordBatch::try_from_iter([
+            ("path", Arc::new(StringArray::from(vec!["a.jpg"])) as arrow_array::ArrayRef),
+            ("caption", Arc::new(StringArray::from(vec!["a dog"])) as arrow_array::ArrayRef),
+        ])
+        .unwrap();
+        let file = Path::new("t.parquet");
+        assert_eq!(string_column(&batch, "caption", file).unwrap(), vec![Some("a dog".to_string())]);
+        let hint = |name: &str| match string_column(&batch, name, file) {
+            Err(Error::Schema { message, hint }) => {
+                assert_eq!(message, format!("`t.parquet` has no column `{name}`"));
+                hint.unwrap()
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(hint("captoin"), "did you mean `caption`?");
+        assert_eq!(hint("label"), "columns here: `path`, `caption`");
+    }
 
     #[test]
     fn crops_stay_inside_and_follow_the_scale() {
