@@ -174,6 +174,11 @@ pub struct TrainArgs {
     /// run is slightly slower; the result is the same.
     #[arg(long)]
     pub trace_steps: bool,
+    /// Write a sampling profile of the host's threads over steps 4 to 10 to this file (text:
+    /// per thread, the functions by samples; for a step that waits on the host). Needs a build
+    /// with the `sampling-profile` feature.
+    #[arg(long, value_name = "FILE")]
+    pub sample_profile: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, Default)]
@@ -358,6 +363,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 progress,
                 device: device(&args.pipeline.device)?,
                 trace_steps: args.trace_steps,
+                sample_profile: args.sample_profile,
                 ..Default::default()
             };
             let s = crate::train::train(&config, &opts)?;

@@ -6,6 +6,7 @@
 //! - [`data`]: training tables, augmentation, tokenisation, prefetching workers;
 //! - [`optim`]: SGD / AdamW, warm-up + cosine schedule;
 //! - [`run`]: the loop — metrics, checkpoints, resume, the NaN guard;
+//! - [`sampling_profile`]: `--sample-profile`, where the host's time goes over a few steps;
 //! - [`trained`]: a finished run loaded frozen, embedding captions and images;
 //! - [`zeroshot`]: zero-shot top-1/top-5 (flat hit@k) at step 0, during and after training.
 //!
@@ -16,6 +17,7 @@ pub mod data;
 pub mod dual_encoder;
 pub mod optim;
 pub mod run;
+pub mod sampling_profile;
 pub mod trained;
 pub mod zeroshot;
 

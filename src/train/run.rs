@@ -57,6 +57,9 @@ pub struct TrainOptions {
     /// Print where each step's time goes on stderr, one line per step (`curate train
     /// --trace-steps`).
     pub trace_steps: bool,
+    /// Write a sampling profile of steps 4 to 10 here (`curate train --sample-profile`; needs
+    /// the `sampling-profile` build feature).
+    pub sample_profile: Option<PathBuf>,
 }
 
 /// Runs `say` (a line to stderr) with the progress bar, if there is one, out of its way.
@@ -116,6 +119,7 @@ impl Default for TrainOptions {
             stop_after: None,
             inject_nan_at: None,
             trace_steps: false,
+            sample_profile: None,
         }
     }
 }
@@ -526,6 +530,7 @@ fn zeroshot_line(step: u64, s: &ZeroShotScores) -> serde_json::Value {
 /// Trains as `config` says. See the module documentation for what lands in `output_dir`.
 pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> {
     let started = Instant::now();
+    let mut sampler = opts.sample_profile.clone().map(super::sampling_profile::Sampler::new).transpose()?;
     let out = config.output_dir.clone();
     std::fs::create_dir_all(&out).map_err(|e| Error::io("cannot create", &out, e))?;
     let resolved = serde_json::to_string_pretty(config).expect("serialisable config");
@@ -637,6 +642,9 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     for batch in loader {
         let mut batch = batch?;
         trace.lap("batch");
+        if let Some(s) = &mut sampler {
+            s.step_starts()?;
+        }
         for (name, error) in &batch.undecodable {
             if undecodable.insert(name.clone()) {
                 above_bar(&bar, || {
@@ -731,6 +739,9 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         // The bar's rate: one batch over the wall time of a whole step, waiting included.
         step_started = Instant::now();
         trace.restart();
+    }
+    if let Some(s) = &mut sampler {
+        s.finish()?;
     }
     let done = end == total;
     if done {
