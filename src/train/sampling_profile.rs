@@ -38,8 +38,8 @@ impl Sampler {
             return Err(Error::Data {
                 message: "`--sample-profile` needs a build with the `sampling-profile` feature".into(),
                 hint: Some(format!(
-                    "cargo build --release --features sampling-profile{}",
-                    if cfg!(feature = "cuda") { ",cuda" } else { "" }
+                    "cargo build --release --features {}sampling-profile (README, \"GPU build\", for cuda)",
+                    if cfg!(feature = "cuda") { "cuda," } else { "" }
                 )),
             });
         }
