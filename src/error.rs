@@ -184,9 +184,12 @@ pub fn did_you_mean<'a>(given: &str, candidates: impl IntoIterator<Item = &'a st
 /// The hint for a missing column `given`: "did you mean `x`?" for a near miss among `columns`,
 /// else the columns there are.
 pub fn column_hint(given: &str, columns: &[&str]) -> String {
-    did_you_mean(given, columns.iter().copied()).unwrap_or_else(|| {
-        format!("columns here: {}", columns.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", "))
-    })
+    did_you_mean(given, columns.iter().copied()).unwrap_or_else(|| format!("columns here: {}", list(columns)))
+}
+
+/// `items` in backticks, comma-separated (names in a hint: `` `a`, `b` ``).
+pub fn list(items: &[&str]) -> String {
+    items.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
 }
 
 thread_local! {

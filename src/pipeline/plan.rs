@@ -14,7 +14,7 @@ use toml::Value;
 
 use super::config::ConfigDoc;
 use super::introspect::fields;
-use crate::error::{column_hint, did_you_mean, Diagnostic, Error, Result};
+use crate::error::{column_hint, did_you_mean, list, Diagnostic, Error, Result};
 use crate::schema;
 use crate::stages::bow::BowConfig;
 use crate::stages::encode_image::EncodeImageConfig;
@@ -692,10 +692,6 @@ where
 /// (key, key it depends on) in a stage: problems of the first are left out when the second
 /// had a wrong value (dropped, its default in its place).
 const DEPENDS_ON: [(&str, &str); 3] = [("columns", "header"), ("columns", "format"), ("header", "format")];
-
-fn list(items: &[&str]) -> String {
-    items.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
-}
 
 /// `did you mean `type`?` for a key of a stage with no `type` that is a near miss of it.
 fn did_you_mean_key<'a>(keys: impl Iterator<Item = &'a str>) -> Option<String> {

@@ -371,13 +371,13 @@ pub struct MinePseudoBow {
     pool: Option<Pool>,
 }
 
-/// `sample_id`s and captions of the aligned tables, and the caption column used.
 /// The caption column of an aligned table with columns `has`: `column` when given, else
 /// `original_caption` where the table has it (a BoW output's intact captions), else `caption`.
 fn aligned_caption_column<'a>(column: Option<&'a str>, has: &dyn Fn(&str) -> bool) -> &'a str {
     column.unwrap_or(if has(schema::ORIGINAL_CAPTION) { schema::ORIGINAL_CAPTION } else { schema::CAPTION })
 }
 
+/// `sample_id`s and captions of the aligned tables, and the caption column used.
 fn read_aligned(files: &[PathBuf], column: &Option<String>) -> Result<(Vec<String>, Vec<String>, String)> {
     let mut ids = Vec::new();
     let mut captions = Vec::new();
