@@ -294,7 +294,7 @@ fn im2col_convolutions_equal_burns_kernel_on_odd_non_square_images() {
 #[test]
 fn im2col_convolutions_back_propagate_as_burns_kernel() {
     // Training on a GPU back-propagates through the im2col lowering (strided views, stack, and
-    // in training the whole batch in one column matrix): every parameter's gradient and the
+    // in training the batch's columns in groups of images): every parameter's gradient and the
     // input's must equal those through burn's convolution.
     use burn::module::{Module, ModuleVisitor, Param};
     use burn::tensor::{Tensor, TensorData};

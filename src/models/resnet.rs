@@ -61,8 +61,8 @@ pub enum ConvLowering {
     /// burn's convolution kernel (the CPU default).
     Native,
     /// Each output pixel's `k×k×C` patch as a column, times the weights as a `[out, C·k·k]`
-    /// matrix: one matrix product per convolution, batched over the images or, in training, over
-    /// the whole batch's columns at once (the GPU default; see `im2col`). A training
+    /// matrix: one batched matrix product per convolution, over the images or, in training, over
+    /// groups of images (the GPU default; see `im2col`). A training
     /// BatchNorm's statistics are then staged sums ([`batch_norm`]).
     Im2col,
 }
@@ -93,55 +93,68 @@ fn convolve(conv: &Conv2d, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
     else {
         return conv.forward(x);
     };
-    // The whole batch in one column matrix where a backward pass runs through these weights.
-    let whole_batch = x.device().is_autodiff() && conv.weight.val().is_require_grad();
-    im2col(conv, x, p, whole_batch)
+    // Where a backward pass runs through these weights, the batch's columns in a few groups (see
+    // `column_groups`); otherwise one group per image.
+    let [n, _, h, w] = x.dims();
+    let training = x.device().is_autodiff() && conv.weight.val().is_require_grad();
+    let groups = if training { column_groups(n, ((h + 2 * p - k) / s + 1) * ((w + 2 * p - k) / s + 1)) } else { n };
+    im2col(conv, x, p, groups)
 }
 
-/// `conv` (square kernel and stride, no dilation or groups) with symmetric padding `p`, as one
-/// matrix product over `x`'s patches, in one of two layouts of the same product:
-/// - each image's `[C·k·k, Ho·Wo]` patches times the `[out, C·k·k]` weights broadcast over the
-///   batch, where a 1×1 convolution's columns are the input itself (inference);
-/// - with `whole_batch`, channels first (`[C, batch, H, W]`), so that the whole batch's patches
-///   form one `[C·k·k, batch·Ho·Wo]` matrix and the product is one plain matrix product. This is
-///   the layout for training: through the broadcast, the weights' gradient is a batch-sized stack
-///   of weight-shaped products summed afterwards (at batch 128, 12 GB allocated over a ResNet-50
-///   backward pass, up to 1.2 GB at once). On the CPU, standing in for the GPU (CPU training
-///   uses burn's kernel), `examples/resnet_bench.rs --conv im2col --train 1` at batch 8 went
-///   from 2.10 to 1.56 GB peak memory, and ran 0.97–1.27× as fast (six paired runs).
-fn im2col(conv: &Conv2d, x: Tensor<4>, p: usize, whole_batch: bool) -> Tensor<4> {
+/// The most columns (output pixels) one group of a training convolution's product holds.
+const MAX_GROUP_COLUMNS: usize = 16_384;
+
+/// How many groups of whole images a training convolution's `n · pixels` columns are split into:
+/// the fewest that leave each group at most [`MAX_GROUP_COLUMNS`] columns (all `n` if none do).
+/// The weights' gradient is a sum over the columns, one `[out, C·k·k]` product per group, summed
+/// afterwards. In one group (the whole batch), that product's inner dimension is the whole
+/// batch's pixels (1.6 M for ResNet-50's stem at batch 128) while its output holds only
+/// `out × C·k·k` values, too few tiles to fill a GPU: on an H100 at batch 128, the products of
+/// the stem and of layer 1 took 20 to 88 ms each, and all products 0.49 s of a 0.77 s ResNet-50
+/// training step. In groups of at most 16,384 columns they took 0.09 s and the step 0.38 s
+/// (limits of 4,096 and 65,536 columns: 0.38–0.42 and 0.45–0.46 s). One group per image (inference's
+/// layout) sums `n` weight-sized products instead.
+fn column_groups(n: usize, pixels: usize) -> usize {
+    (1..=n).find(|g| n.is_multiple_of(*g) && (n / g) * pixels <= MAX_GROUP_COLUMNS).unwrap_or(n)
+}
+
+/// `conv` (square kernel and stride, no dilation or groups) with symmetric padding `p`, as
+/// matrix products over `x`'s patches. The batch's images are split into `groups` equal groups
+/// (`groups` divides the batch); each group's patches form one `[C·k·k, images·Ho·Wo]` matrix
+/// (channels first), and the `[out, C·k·k]` weights, broadcast over the groups, multiply each.
+/// One group per image is inference's layout, where a 1×1 convolution's columns are the input
+/// itself. In training, fewer groups keep the weights' gradient, a stack of one weight-sized
+/// product per group summed afterwards, small: with one group per image, 12 GB were allocated
+/// over a ResNet-50 backward pass at batch 128, up to 1.2 GB at once (see [`column_groups`]).
+fn im2col(conv: &Conv2d, x: Tensor<4>, p: usize, groups: usize) -> Tensor<4> {
     let (k, s) = (conv.kernel_size[0], conv.stride[0]);
     let [n, c, h, w] = x.dims();
+    assert!(groups > 0 && n % groups == 0, "im2col: {groups} groups do not divide a batch of {n}");
     let (ho, wo) = ((h + 2 * p - k) / s + 1, (w + 2 * p - k) / s + 1);
+    let (g, m) = (groups, n / groups);
     let x = if p > 0 { zero_pad(x, p) } else { x };
-    let x = if whole_batch { x.swap_dims(0, 1) } else { x };
+    let [_, _, hp, wp] = x.dims();
+    // `[groups, C, images, H, W]`: each group's images after the channel axis.
+    let x = x.reshape([g, m, c, hp, wp]).swap_dims(1, 2);
     // Row (c, i, j) of the column of output pixel (y, x) is input pixel (s·y + i, s·x + j) of
-    // channel c: the k·k strided views stacked after the channel axis, in the weights'
-    // [out, C, k, k] order. Each view is `[batch, C, Ho, Wo]`, or `[C, batch, Ho, Wo]`.
+    // channel c: the k·k strided views (`[groups, C, images, Ho, Wo]`) stacked after the channel
+    // axis, in the weights' [out, C, k, k] order.
     let view = |i: usize, j: usize| {
         let rows = Slice::new(i as isize, Some((i + s * (ho - 1) + 1) as isize), s as isize);
         let cols = Slice::new(j as isize, Some((j + s * (wo - 1) + 1) as isize), s as isize);
-        x.clone().slice([Slice::from(..), Slice::from(..), rows, cols])
+        x.clone().slice([Slice::from(..), Slice::from(..), Slice::from(..), rows, cols])
     };
-    // `[rows, C·k·k, columns]` with the k·k views stacked as axis `at` (after the channels).
-    let columns = |at: usize, shape: [usize; 3]| -> Tensor<3> {
-        match k {
-            1 => view(0, 0).reshape(shape),
-            _ => {
-                let views = (0..k).flat_map(|i| (0..k).map(move |j| (i, j))).map(|(i, j)| view(i, j)).collect();
-                Tensor::<4>::stack::<5>(views, at).reshape(shape)
-            }
+    let shape = [g, c * k * k, m * ho * wo];
+    let columns: Tensor<3> = match k {
+        1 => view(0, 0).reshape(shape),
+        _ => {
+            let views = (0..k).flat_map(|i| (0..k).map(move |j| (i, j))).map(|(i, j)| view(i, j)).collect();
+            Tensor::<5>::stack::<6>(views, 2).reshape(shape)
         }
     };
     let d_out = conv.weight.dims()[0];
-    let weights = conv.weight.val().reshape([1, d_out, c * k * k]);
-    let out = if whole_batch {
-        let product = weights.matmul(columns(1, [1, c * k * k, n * ho * wo]));
-        product.reshape([d_out, n, ho, wo]).swap_dims(0, 1)
-    } else {
-        let weights = weights.expand([n, d_out, c * k * k]);
-        weights.matmul(columns(2, [n, c * k * k, ho * wo])).reshape([n, d_out, ho, wo])
-    };
+    let weights = conv.weight.val().reshape([1, d_out, c * k * k]).expand([g, d_out, c * k * k]);
+    let out = weights.matmul(columns).reshape([g, d_out, m, ho, wo]).swap_dims(1, 2).reshape([n, d_out, ho, wo]);
     match &conv.bias {
         Some(bias) => out + bias.val().reshape([1, d_out, 1, 1]),
         None => out,
@@ -347,7 +360,7 @@ mod tests {
     use burn::tensor::ops::PadMode;
     use burn::tensor::{Device, Distribution, Tensor};
 
-    use super::{im2col, zero_pad};
+    use super::{column_groups, im2col, zero_pad, MAX_GROUP_COLUMNS};
 
     fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         t.into_data().try_to_vec::<f32>().unwrap()
@@ -377,15 +390,16 @@ mod tests {
 
     #[test]
     fn im2col_trains_as_burns_convolution() {
-        // The weights' and the input's gradients through both layouts equal those through burn's
-        // kernel, with padding (3×3 at stride 2, the 7×7 stem) and without (1×1).
+        // The weights' and the input's gradients, with the batch's columns in one group, in two
+        // and in one per image, equal those through burn's kernel, with padding (3×3 at stride 2,
+        // the 7×7 stem) and without (1×1).
         let device = Device::flex().autodiff();
         for (k, s, p) in [(1, 1, 0), (3, 2, 1), (7, 2, 3)] {
             let conv = Conv2dConfig::new([4, 3], [k, k])
                 .with_stride([s, s])
                 .with_padding(PaddingConfig2d::Explicit(p, p, p, p))
                 .init(&device);
-            let x = Tensor::<4>::random([2, 4, 11, 9], Distribution::Normal(0.0, 1.0), &device).require_grad();
+            let x = Tensor::<4>::random([4, 4, 11, 9], Distribution::Normal(0.0, 1.0), &device).require_grad();
             let want = conv.forward(x.clone());
             // A weighted sum as the loss, so that each output's weight shows in the gradients.
             let weights = Tensor::<4>::random(want.dims(), Distribution::Normal(0.0, 1.0), &device);
@@ -394,9 +408,9 @@ mod tests {
                 (conv.weight.val().grad(&g).unwrap(), x.grad(&g).unwrap())
             };
             let (want_w, want_x) = grads(want);
-            for whole_batch in [false, true] {
-                let (got_w, got_x) = grads(im2col(&conv, x.clone(), p, whole_batch));
-                let what = format!("k {k} s {s} whole_batch {whole_batch}");
+            for groups in [1, 2, 4] {
+                let (got_w, got_x) = grads(im2col(&conv, x.clone(), p, groups));
+                let what = format!("k {k} s {s} groups {groups}");
                 assert_close(&values(got_w), &values(want_w.clone()), &format!("{what}: weights"));
                 assert_close(&values(got_x), &values(want_x.clone()), &format!("{what}: input"));
             }
@@ -406,7 +420,7 @@ mod tests {
     #[test]
     fn both_im2col_layouts_equal_burns_convolution() {
         // ResNet's kinds of convolution (1×1 and 3×3 at stride 1 and 2, the 7×7 stem), on an odd,
-        // non-square batch of 3, in both layouts, against burn's kernel.
+        // non-square batch of 3, in one group and in one per image, against burn's kernel.
         let device = Device::flex();
         for (k, s, p) in [(1, 1, 0), (1, 2, 0), (3, 1, 1), (3, 2, 1), (7, 2, 3)] {
             let conv = Conv2dConfig::new([5, 4], [k, k])
@@ -417,12 +431,30 @@ mod tests {
             let want = conv.forward(x.clone());
             let want_dims = want.dims();
             let want = values(want);
-            for whole_batch in [false, true] {
-                let got = im2col(&conv, x.clone(), p, whole_batch);
-                let what = format!("k {k} s {s} whole_batch {whole_batch}");
+            for groups in [1, 3] {
+                let got = im2col(&conv, x.clone(), p, groups);
+                let what = format!("k {k} s {s} groups {groups}");
                 assert_eq!(got.dims(), want_dims, "{what}");
                 assert_close(&values(got), &want, &what);
             }
+        }
+    }
+
+    #[test]
+    fn column_groups_are_the_fewest_whole_image_groups_within_the_limit() {
+        // ResNet-50 at batch 128: the stem's 112² pixels per image, layer 1's 56², layer 4's 7².
+        assert_eq!(column_groups(128, 112 * 112), 128);
+        assert_eq!(column_groups(128, 56 * 56), 32);
+        assert_eq!(column_groups(128, 28 * 28), 8);
+        assert_eq!(column_groups(128, 7 * 7), 1);
+        // Groups divide the batch: 6 images of 4,000 pixels fit 4 a group but go 3 a group.
+        assert_eq!(column_groups(6, 4_000), 2);
+        // An image larger than the limit on its own: one group per image.
+        assert_eq!(column_groups(5, MAX_GROUP_COLUMNS + 1), 5);
+        for (n, pixels) in [(128, 3136), (6, 4_000), (7, 3_000), (1, 50_000)] {
+            let g = column_groups(n, pixels);
+            assert_eq!(n % g, 0);
+            assert!((n / g) * pixels <= MAX_GROUP_COLUMNS || g == n);
         }
     }
 }
