@@ -97,7 +97,7 @@ fn convolve(conv: &Conv2d, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
     // `column_groups`); otherwise one group per image.
     let [n, _, h, w] = x.dims();
     let training = x.device().is_autodiff() && conv.weight.val().is_require_grad();
-    let groups = if training { column_groups(n, ((h + 2 * p - k) / s + 1) * ((w + 2 * p - k) / s + 1)) } else { n };
+    let groups = if training { column_groups(n, output_len(h, k, s, p) * output_len(w, k, s, p)) } else { n };
     im2col(conv, x, p, groups)
 }
 
@@ -130,7 +130,7 @@ fn im2col(conv: &Conv2d, x: Tensor<4>, p: usize, groups: usize) -> Tensor<4> {
     let (k, s) = (conv.kernel_size[0], conv.stride[0]);
     let [n, c, h, w] = x.dims();
     assert!(groups > 0 && n % groups == 0, "im2col: {groups} groups do not divide a batch of {n}");
-    let (ho, wo) = ((h + 2 * p - k) / s + 1, (w + 2 * p - k) / s + 1);
+    let (ho, wo) = (output_len(h, k, s, p), output_len(w, k, s, p));
     let (g, m) = (groups, n / groups);
     let x = if p > 0 { zero_pad(x, p) } else { x };
     let [_, _, hp, wp] = x.dims();
@@ -159,6 +159,12 @@ fn im2col(conv: &Conv2d, x: Tensor<4>, p: usize, groups: usize) -> Tensor<4> {
         Some(bias) => out + bias.val().reshape([1, d_out, 1, 1]),
         None => out,
     }
+}
+
+/// A convolution's output length along an axis of `len` pixels (kernel `k`, stride `s`, `p` zeros
+/// on each side).
+fn output_len(len: usize, k: usize, s: usize, p: usize) -> usize {
+    (len + 2 * p - k) / s + 1
 }
 
 /// `x` (`[batch, C, H, W]`) with `p` zeros on each side of H and W, made on `x`'s device: a
@@ -418,7 +424,7 @@ mod tests {
     }
 
     #[test]
-    fn both_im2col_layouts_equal_burns_convolution() {
+    fn im2col_in_one_group_or_one_per_image_equals_burns_convolution() {
         // ResNet's kinds of convolution (1×1 and 3×3 at stride 1 and 2, the 7×7 stem), on an odd,
         // non-square batch of 3, in one group and in one per image, against burn's kernel.
         let device = Device::flex();
