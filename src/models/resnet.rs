@@ -105,14 +105,14 @@ fn convolve(conv: &Conv2d, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
 const MAX_GROUP_COLUMNS: usize = 16_384;
 
 /// How many groups of whole images a training convolution's `n · pixels` columns are split into:
-/// the fewest that leave each group at most [`MAX_GROUP_COLUMNS`] columns (all `n` if none do).
-/// The weights' gradient is a sum over the columns, one `[out, C·k·k]` product per group, summed
-/// afterwards. In one group (the whole batch), that product's inner dimension is the whole
-/// batch's pixels (1.6 M for ResNet-50's stem at batch 128) while its output holds only
-/// `out × C·k·k` values, too few tiles to fill a GPU: on an H100 at batch 128, twelve products
-/// (by their timing the early layers' weight gradients) took 19.5 to 88 ms each, and all products
-/// 0.49 s of a 0.77 s ResNet-50 training step. In groups of at most 16,384 columns they took 0.09 s and the step 0.38 s
-/// (limits of 4,096 and 65,536 columns: 0.38–0.42 and 0.45–0.46 s). One group per image
+/// the fewest that leave each group at most [`MAX_GROUP_COLUMNS`] columns (all `n` if none do). The
+/// weights' gradient is a sum over the columns, one `[out, C·k·k]` product per group, summed
+/// afterwards. In one group (the whole batch), that product's inner dimension is the whole batch's
+/// pixels (1.6 M for ResNet-50's stem at batch 128) while its output holds only `out × C·k·k`
+/// values, too few tiles to fill a GPU: on an H100 at batch 128, twelve products (by their timing
+/// the early layers' weight gradients) took 19.5 to 88 ms each, and all products 0.49 s of a 0.77 s
+/// ResNet-50 training step. In groups of at most 16,384 columns they took 0.09 s and the step
+/// 0.38 s (limits of 4,096 and 65,536 columns: 0.38–0.42 and 0.45–0.46 s). One group per image
 /// (inference's layout) sums `n` weight-sized products instead.
 fn column_groups(n: usize, pixels: usize) -> usize {
     (1..=n).find(|g| n.is_multiple_of(*g) && (n / g) * pixels <= MAX_GROUP_COLUMNS).unwrap_or(n)
