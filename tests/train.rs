@@ -113,6 +113,26 @@ fn every_loss_trains_and_writes_its_outputs() {
 }
 
 #[test]
+fn the_memory_banks_first_step_is_infonce_against_a_teacher_that_saw_the_same_batch() {
+    // At step 1 the EMA teacher is still the trainee (a copy, averaged with itself) and the bank
+    // holds only the teacher's features of this batch, so eqs. 1-3 reduce to InfoNCE at the same
+    // temperature. A teacher that saw other images, other captions or another batch would part
+    // the two losses; so would a teacher with other weights.
+    let first_loss = |sets: &[&str]| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut all = vec!["steps=1", "checkpoint_every=0", "loss.temperature=0.05"];
+        all.extend(sets);
+        train(&config(dir.path(), &all), &TrainOptions::default()).unwrap();
+        losses(&dir.path().join("out"))
+    };
+    let bank = first_loss(&["loss.type=memory_bank", "loss.size=16"]);
+    let plain = first_loss(&["loss.type=infonce", "loss.learnable_temperature=false"]);
+    assert_eq!((bank.len(), plain.len()), (1, 1));
+    let (a, b) = (bank[0].1, plain[0].1);
+    assert!(a.is_finite() && (a - b).abs() <= 1e-5 * b.abs(), "memory_bank {a} vs infonce {b}");
+}
+
+#[test]
 fn resume_reproduces_the_losses_of_an_uninterrupted_run() {
     // Memory bank: the checkpoint must carry the model, both optimisers (SGD momentum), the EMA
     // teacher, the bank and the EMA count for the losses to match bit for bit.
