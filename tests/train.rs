@@ -394,6 +394,22 @@ fn values_no_loss_optimiser_or_model_can_take_are_config_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("`model.text.max_tokens`: 2 tokens do not fit") && e.contains("at least 3"), "{e}");
+    // A NaN learning rate is one error, with no follow-on about `min_lr`.
+    let e = TrainConfig::load(&file, &["output_dir=out/never".into(), "optim.lr=nan".into()]).unwrap_err().to_string();
+    assert!(e.contains("`optim.lr`") && !e.contains("optim.min_lr"), "{e}");
+    // A bank past 2^20 slots is refused before anything is allocated (it used to abort the
+    // process after an earlier run's results had been removed).
+    let sets = ["output_dir=out/never", "loss.type=memory_bank", "loss.size=1000000000000"].map(String::from);
+    let e = TrainConfig::load(&file, &sets).unwrap_err().to_string();
+    assert!(e.contains("`loss.size`: a bank of 1000000000000 slots is more than 1048576"), "{e}");
+    // `epochs`: zero is its own error; too many to count is an error, not an overflow.
+    let epochs = dir.path().join("epochs.toml");
+    std::fs::write(&epochs, BASE.replace("steps = 6\n", "epochs = 0\n")).unwrap();
+    let e = TrainConfig::load(&epochs, &["output_dir=out/never".into()]).unwrap_err().to_string();
+    assert!(e.contains("`epochs`: must be at least 1") && !e.contains("`steps`"), "{e}");
+    let c = TrainConfig::load(&epochs, &["output_dir=out/never".into(), "epochs=9223372036854775807".into()]).unwrap();
+    let e = c.total_steps(576).unwrap_err().to_string();
+    assert!(e.contains("9223372036854775807 epochs of 576 pairs in batches of 8 are too many steps"), "{e}");
 }
 
 #[test]

@@ -157,10 +157,10 @@ pub fn pseudo_positive_labels(logits: &Tensor<2>, labels: &Tensor<2>) -> (Tensor
         for j in 0..c {
             if x[i * c + j] >= threshold {
                 out[i * c + j] = y;
-                count += 1;
+                // `g` itself is no pseudo-positive (and a NaN logit passes no threshold).
+                count += usize::from(j != g);
             }
         }
-        count -= 1; // g itself
     }
     (Tensor::from_data(TensorData::new(out, [b, c]), &labels.device()), count)
 }
@@ -287,6 +287,17 @@ mod tests {
         assert_eq!(&m[..3], &[0.9, 0.9, 0.9]);
         assert_eq!(&m[3..6], &[0.0, 1.0, 1.0]);
         assert_eq!(&m[6..], &[0.5, 0.5, 0.5]);
+    }
+
+    #[test]
+    fn a_nan_logit_makes_no_pseudo_positive() {
+        // A diverged run's NaN logits pass no threshold: the labels stay, none is counted (the
+        // count once went below zero here).
+        let logits = t(&[f32::NAN, 1.0, 2.0, f32::NAN], [2, 2]);
+        let labels = t(&[1.0, 0.0, 0.0, 1.0], [2, 2]);
+        let (m, n) = pseudo_positive_labels(&logits, &labels);
+        assert_eq!(n, 0);
+        assert_eq!(m.into_data().try_to_vec::<f32>().unwrap(), vec![1.0, 0.0, 0.0, 1.0]);
     }
 
     #[test]

@@ -15,6 +15,11 @@ use crate::losses::LossConfig;
 use crate::models::pooling::Pooling;
 use crate::pipeline::config::ConfigDoc;
 
+/// The most slots a memory bank may have: 2^20, 6 GiB for the two banks at 768 dimensions (the
+/// paper's K is 8192). Past it the banks are refused before the run starts, not left to fail
+/// allocating.
+const MAX_BANK_SIZE: usize = 1 << 20;
+
 /// A whole training file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -420,7 +425,8 @@ impl TrainConfig {
         match (self.steps, self.epochs) {
             (Some(_), Some(_)) => bad("steps", "both `steps` and `epochs` are set".into(), "keep one of them"),
             (None, None) => bad("steps", "neither `steps` nor `epochs` is set".into(), "add `steps = 1000`"),
-            (Some(0), _) | (_, Some(0)) => bad("steps", "must be at least 1".into(), "train for at least one step"),
+            (Some(0), _) => bad("steps", "must be at least 1".into(), "train for at least one step"),
+            (_, Some(0)) => bad("epochs", "must be at least 1".into(), "train for at least one epoch"),
             _ => {}
         }
         if self.batch_size < 2 {
@@ -474,6 +480,13 @@ impl TrainConfig {
                     "loss.size",
                     format!("bank size {} is not a positive multiple of batch_size {}", m.size, self.batch_size),
                     "the FIFO bank needs K mod B = 0 (spec §4)",
+                );
+            } else if m.size > MAX_BANK_SIZE {
+                let gib = 2.0 * m.size as f64 * self.model.embed_dim as f64 * 4.0 / (1u64 << 30) as f64;
+                bad(
+                    "loss.size",
+                    format!("a bank of {} slots is more than {MAX_BANK_SIZE} ({gib:.0} GiB for its two banks)", m.size),
+                    "the paper's K is 8192; MoCo's 65,536",
                 );
             }
         }
@@ -545,7 +558,12 @@ impl TrainConfig {
         let o = &self.optim;
         within("optim.lr", o.lr, o.lr > 0.0, "positive");
         // (Against a valid `lr` only: a wrong one is reported already.)
-        within("optim.min_lr", o.min_lr, o.min_lr >= 0.0 && (o.lr <= 0.0 || o.min_lr <= o.lr), "within [0, lr]");
+        within(
+            "optim.min_lr",
+            o.min_lr,
+            o.min_lr >= 0.0 && (!(o.lr.is_finite() && o.lr > 0.0) || o.min_lr <= o.lr),
+            "within [0, lr]",
+        );
         within("optim.momentum", o.momentum, (0.0..1.0).contains(&o.momentum), "in [0, 1)");
         for (i, b) in o.betas.iter().enumerate() {
             within(&format!("optim.betas[{i}]"), *b, (0.0..1.0).contains(b), "in [0, 1)");
@@ -668,12 +686,19 @@ impl TrainConfig {
         }
     }
 
-    /// Total optimiser steps for a training set of `rows` pairs.
-    pub fn total_steps(&self, rows: usize) -> u64 {
+    /// Total optimiser steps for a training set of `rows` pairs (an error where `epochs` of them
+    /// are more steps than a `u64` counts).
+    pub fn total_steps(&self, rows: usize) -> Result<u64> {
         match (self.steps, self.epochs) {
-            (Some(s), _) => s,
-            (None, Some(e)) => e * (rows / self.batch_size) as u64,
-            (None, None) => 0,
+            (Some(s), _) => Ok(s),
+            (None, Some(e)) => e.checked_mul((rows / self.batch_size) as u64).ok_or_else(|| Error::Data {
+                message: format!(
+                    "{e} epochs of {rows} pairs in batches of {} are too many steps to count",
+                    self.batch_size
+                ),
+                hint: Some("lower `epochs`, or set `steps`".into()),
+            }),
+            (None, None) => Ok(0),
         }
     }
 }

@@ -557,7 +557,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             set.missing_images
         );
     }
-    let total = config.total_steps(rows);
+    let total = config.total_steps(rows)?;
     let maker = Arc::new(BatchMaker::new(set.clone(), config)?);
     let zeroshot = config.eval.as_ref().map(|e| ZeroShot::load(e, config.model.image_size_px)).transpose()?;
     if let Some(z) = zeroshot.as_ref().filter(|z| z.skipped > 0) {
