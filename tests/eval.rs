@@ -79,8 +79,12 @@ fn cli_matches_the_eccv_caption_package() {
     }
     let md = std::fs::read_to_string(out.path().join("metrics.md")).unwrap();
     assert!(md.contains("| eccv_map_at_r |") && md.contains("exact score ties"), "{md}");
-    // An evaluation into the same folder that fails (annotations that are not there) leaves
-    // its own config.json and none of the earlier results beside it.
+    // An evaluation into the same folder whose input is not there (annotations) fails before
+    // writing anything: the earlier evaluation stays as it was.
+    let before: Vec<Vec<u8>> = ["config.json", "metrics.json", "metrics.md", "recall_at_k.svg"]
+        .iter()
+        .map(|f| std::fs::read(out.path().join(f)).unwrap())
+        .collect();
     let failed = Command::new(env!("CARGO_BIN_EXE_curate"))
         .args(["eval", "--image-embeddings"])
         .arg(fixture("images.parquet"))
@@ -94,10 +98,11 @@ fn cli_matches_the_eccv_caption_package() {
         .output()
         .unwrap();
     assert_eq!(failed.status.code(), Some(2), "{}", String::from_utf8_lossy(&failed.stderr));
-    assert!(std::fs::read_to_string(out.path().join("config.json")).unwrap().contains("cosine"));
-    for f in curate::eval::report::RESULT_FILES {
-        assert!(!out.path().join(f).exists(), "{f} of the earlier evaluation is gone");
-    }
+    let after: Vec<Vec<u8>> = ["config.json", "metrics.json", "metrics.md", "recall_at_k.svg"]
+        .iter()
+        .map(|f| std::fs::read(out.path().join(f)).unwrap())
+        .collect();
+    assert!(before == after, "the earlier evaluation is untouched");
 }
 
 #[test]
@@ -499,6 +504,19 @@ captions = "data/train_sample/retrieval_captions.parquet"
         run_trained(&args, &device).unwrap();
         assert_eq!(json(&flags_out.join("metrics.json")), got);
         assert_eq!(json(&flags_out.join("config.json"))["retrieval_from"], "flags");
+
+        // A mistyped table path fails before anything is written: that evaluation stays.
+        let files = |dir: &Path| -> Vec<Vec<u8>> {
+            ["config.json", "metrics.json", "metrics.md", "recall_at_k.svg"]
+                .iter()
+                .map(|f| std::fs::read(dir.join(f)).unwrap())
+                .collect()
+        };
+        let before = files(&flags_out);
+        let typo = RunEval { images: Some(dir.path().join("nope.parquet")), ..args };
+        let e = run_trained(&typo, &device).unwrap_err().to_string();
+        assert!(e.contains("nope.parquet"), "{e}");
+        assert!(files(&flags_out) == before, "the earlier evaluation is untouched");
     }
 
     #[test]

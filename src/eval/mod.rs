@@ -441,10 +441,9 @@ pub struct EmbeddingsRun {
 }
 
 /// Reads the embeddings and annotations, evaluates, and writes the report into `run.out`
-/// (`config.json` first, then `metrics.json`, `metrics.md`, `recall_at_k.svg`).
+/// (`config.json` first, once the inputs are read, then `metrics.json`, `metrics.md`,
+/// `recall_at_k.svg`).
 pub fn run_embeddings(run: &EmbeddingsRun) -> Result<Evaluation> {
-    std::fs::create_dir_all(&run.out).map_err(|e| Error::io("cannot create folder", &run.out, e))?;
-    report::write_config(&run.out, run)?;
     let t0 = Instant::now();
     // The three inputs are read side by side (the captions take longest); errors are reported
     // in this order.
@@ -461,6 +460,9 @@ pub fn run_embeddings(run: &EmbeddingsRun) -> Result<Evaluation> {
     embeddings::check_pair(&images, &captions, &run.image_embeddings, &run.caption_embeddings)?;
     let annotations = annotations?;
     let t_read = t0.elapsed().as_secs_f64();
+    // Only now, with every input read: a mistyped path leaves an earlier evaluation as it was.
+    std::fs::create_dir_all(&run.out).map_err(|e| Error::io("cannot create folder", &run.out, e))?;
+    report::write_config(&run.out, run)?;
     let mut ev = evaluate(&images, &captions, annotations.as_ref(), run.similarity)?;
     ev.timings_s.insert(0, ("read".to_owned(), t_read));
     report::write(&run.out, &ev)?;

@@ -133,10 +133,10 @@ pub fn plot(ev: &Evaluation) -> String {
 /// What [`write`] writes: an earlier evaluation's are removed when a new one starts.
 pub const RESULT_FILES: [&str; 3] = ["metrics.json", "metrics.md", "recall_at_k.svg"];
 
-/// Writes `config.json` (before the work starts): the version, the command and the inputs
-/// (`run`: [`super::EmbeddingsRun`] or [`super::trained::Resolved`]). An earlier evaluation's
-/// results in `out` are removed first, so an evaluation that fails leaves none beside its
-/// `config.json` that are not its own.
+/// Writes `config.json` (once the inputs are read, before the work starts): the version, the
+/// command and the inputs (`run`: [`super::EmbeddingsRun`] or [`super::trained::Resolved`]). An
+/// earlier evaluation's results in `out` are removed first, so an evaluation that fails from here
+/// on leaves none beside its `config.json` that are not its own.
 pub fn write_config<T: Serialize>(out: &Path, run: &T) -> Result<()> {
     for name in RESULT_FILES {
         let path = out.join(name);
@@ -168,6 +168,24 @@ pub fn write(out: &Path, ev: &Evaluation) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_config_replaces_an_earlier_evaluations_results() {
+        // Once the work starts, an evaluation that fails must not leave the results of an earlier
+        // one beside its own config.json.
+        let out = tempfile::tempdir().unwrap();
+        for name in RESULT_FILES {
+            std::fs::write(out.path().join(name), "earlier").unwrap();
+        }
+        std::fs::write(out.path().join("other.txt"), "kept").unwrap();
+        write_config(out.path(), &serde_json::json!({"similarity": "cosine"})).unwrap();
+        for name in RESULT_FILES {
+            assert!(!out.path().join(name).exists(), "{name}");
+        }
+        let config = std::fs::read_to_string(out.path().join("config.json")).unwrap();
+        assert!(config.contains("\"command\": \"eval\"") && config.contains("\"similarity\": \"cosine\""), "{config}");
+        assert!(out.path().join("other.txt").is_file());
+    }
 
     #[test]
     fn recall_curve_counts_best_ranks_below_k() {

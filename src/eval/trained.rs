@@ -126,7 +126,7 @@ fn resolve(args: &RunEval, config: &TrainConfig) -> Result<Resolved> {
 /// Loads the run, embeds the retrieval set, evaluates (plus zero-shot when configured) and
 /// writes the report into [`RunEval::out_dir`]: `config.json` first, then `metrics.json`,
 /// `metrics.md`, `recall_at_k.svg`. Inputs are checked (tables, annotations, zero-shot set)
-/// before the first embedding.
+/// before anything is written or embedded.
 pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     let note = |msg: String| {
         if args.progress {
@@ -139,14 +139,15 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     let t_load = t0.elapsed().as_secs_f64();
 
     let t1 = Instant::now();
-    std::fs::create_dir_all(&r.out).map_err(|e| Error::io("cannot create folder", &r.out, e))?;
-    report::write_config(&r.out, &r)?;
     let images = embeddings::read_image_list(&r.images)?;
     let captions = embeddings::read_caption_list(&r.captions)?;
     embeddings::check_ids(&images.ids, &captions.ids, &captions.image_ids, &r.images, &r.captions)?;
     let annotations = r.eccv_annotations.as_deref().map(Annotations::read_dir).transpose()?;
     let zeroshot = r.zeroshot.as_ref().map(|z| ZeroShot::load(z, run.image_size())).transpose()?;
     let t_read = t1.elapsed().as_secs_f64();
+    // Only now, with every input read: a mistyped path leaves an earlier evaluation as it was.
+    std::fs::create_dir_all(&r.out).map_err(|e| Error::io("cannot create folder", &r.out, e))?;
+    report::write_config(&r.out, &r)?;
 
     let size = run.image_size();
     note(format!(
