@@ -223,6 +223,25 @@ fn a_resumed_run_logs_the_zero_shot_lines_of_an_uninterrupted_one() {
 }
 
 #[test]
+fn resume_refuses_to_start_over_on_a_finished_run_without_checkpoints() {
+    // Starting from step 0 would remove the final model that `--resume` asked to go on from.
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), &["steps=2", "checkpoint_every=0"]);
+    train(&c, &TrainOptions::default()).unwrap();
+    let model = dir.path().join("out/model.bpk");
+    let before = std::fs::read(&model).unwrap();
+    let e = train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap_err().to_string();
+    assert!(e.contains("holds a finished run (model.bpk) and no checkpoint"), "{e}");
+    assert!(e.contains("leave out `--resume`"), "{e}");
+    assert_eq!(std::fs::read(&model).unwrap(), before, "the finished run is kept");
+    // Into an empty folder, `--resume` starts from step 0, as before.
+    let fresh = tempfile::tempdir().unwrap();
+    let c = config(fresh.path(), &["steps=2", "checkpoint_every=0"]);
+    train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
+    assert_eq!(losses(&fresh.path().join("out")).len(), 2);
+}
+
+#[test]
 fn a_run_from_step_0_does_not_keep_an_earlier_runs_checkpoints() {
     // Seed 0 trains 6 steps into a folder (checkpoints at 2 and 4); seed 1 then stops after 3 in
     // the same folder (a checkpoint at 2): its resume must go on from its own step, not from

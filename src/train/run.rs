@@ -536,6 +536,20 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let resolved = serde_json::to_string_pretty(config).expect("serialisable config");
     let config_path = out.join("config.json");
     let resume_from = if opts.resume { last_checkpoint(&out) } else { None };
+    if opts.resume && resume_from.is_none() && out.join("model.bpk").is_file() {
+        // A finished run kept no checkpoint: starting over would remove what `--resume` asked to keep.
+        return Err(Error::Data {
+            message: format!(
+                "--resume: `{}` holds a finished run (model.bpk) and no checkpoint to go on from",
+                out.display()
+            ),
+            hint: Some(
+                "leave out `--resume` to train again from step 0 (it replaces that run), or train into a new \
+                 `output_dir`"
+                    .into(),
+            ),
+        });
+    }
     if resume_from.is_some() {
         let before = std::fs::read_to_string(&config_path).unwrap_or_default();
         if before != resolved {
