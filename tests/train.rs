@@ -223,6 +223,21 @@ fn a_resumed_run_logs_the_zero_shot_lines_of_an_uninterrupted_one() {
 }
 
 #[test]
+fn a_second_run_into_a_folder_in_use_is_refused() {
+    // Two runs in one folder would interleave their metrics and checkpoints.
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), &["steps=2", "checkpoint_every=0"]);
+    std::fs::create_dir_all(&c.output_dir).unwrap();
+    let held = curate::io::lock_folder(&c.output_dir).unwrap();
+    let e = train(&c, &TrainOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("another curate run is writing to"), "{e}");
+    assert!(!c.output_dir.join("metrics.jsonl").exists(), "nothing written");
+    drop(held);
+    train(&c, &TrainOptions::default()).unwrap();
+    assert_eq!(losses(&c.output_dir).len(), 2);
+}
+
+#[test]
 fn resume_refuses_to_start_over_on_a_finished_run_without_checkpoints() {
     // Starting from step 0 would remove the final model that `--resume` asked to go on from.
     let dir = tempfile::tempdir().unwrap();

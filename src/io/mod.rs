@@ -1,6 +1,6 @@
 //! Files: input path patterns, text inputs (plain or compressed; bzip2 decoded in parallel by
 //! [`bzip2_blocks`]), Parquet inputs and output shards, tar shards, atomic writes, input
-//! fingerprints, and waiting on the rayon pool from inside it. Stages use these; nothing here
+//! fingerprints, output-folder locks, and waiting on the rayon pool from inside it. Stages use these; nothing here
 //! knows about stages.
 
 pub mod bzip2_blocks;
@@ -132,6 +132,26 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     done
+}
+
+/// Holds `dir` for this run of `curate run` or `curate train` (an advisory `flock`, released when
+/// the handle drops or the process ends, killed or not), or says that another run has it. A file
+/// system without locks (some network and cluster mounts) runs unlocked, with a note.
+pub fn lock_folder(dir: &Path) -> Result<std::fs::File> {
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::File::open(dir).map_err(|e| Error::io("cannot open", dir, e))?;
+    // SAFETY: a valid open descriptor; `flock` touches no memory.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            return Err(Error::data(format!(
+                "another curate run is writing to `{}`; wait for it, or write to another `output_dir`",
+                dir.display()
+            )));
+        }
+        say!("note: cannot lock `{}` ({e}): make sure no other run writes there at the same time", dir.display());
+    }
+    Ok(f)
 }
 
 /// `dir/name.ext` -> `dir/.name.ext.tmp`

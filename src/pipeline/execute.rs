@@ -152,7 +152,7 @@ impl RunSummary {
 pub fn run(plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
     let out = plan.output_dir.clone();
     std::fs::create_dir_all(&out).map_err(|e| Error::io("cannot create output folder", &out, e))?;
-    let _lock = lock_folder(&out)?;
+    let _lock = crate::io::lock_folder(&out)?;
     let shard_dirs = [out.join(&plan.write.dir), out.join("rejects")];
     let cleared = std::cell::Cell::new(false);
     let result = run_locked(plan, opts, &cleared);
@@ -177,26 +177,6 @@ pub fn run(plan: Plan, opts: &RunOptions) -> Result<RunSummary> {
         }
     }
     result
-}
-
-/// Holds `dir` for this run (an advisory `flock`, released when the handle drops or the
-/// process ends, killed or not), or says that another run has it. A file system without locks
-/// (some network and cluster mounts) runs unlocked, with a note.
-fn lock_folder(dir: &Path) -> Result<std::fs::File> {
-    use std::os::unix::io::AsRawFd;
-    let f = std::fs::File::open(dir).map_err(|e| Error::io("cannot open", dir, e))?;
-    // SAFETY: a valid open descriptor; `flock` touches no memory.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.kind() == std::io::ErrorKind::WouldBlock {
-            return Err(Error::data(format!(
-                "another curate run is writing to `{}`; wait for it, or write to another `output_dir`",
-                dir.display()
-            )));
-        }
-        say!("note: cannot lock `{}` ({e}): make sure no other run writes there at the same time", dir.display());
-    }
-    Ok(f)
 }
 
 /// Deletes the finished and unfinished shards in `dir` but those in `keep` (best effort: the

@@ -533,6 +533,8 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let mut sampler = opts.sample_profile.clone().map(super::sampling_profile::Sampler::new).transpose()?;
     let out = config.output_dir.clone();
     std::fs::create_dir_all(&out).map_err(|e| Error::io("cannot create", &out, e))?;
+    // One run at a time in a folder: two would interleave their metrics and checkpoints.
+    let _lock = crate::io::lock_folder(&out)?;
     let resolved = serde_json::to_string_pretty(config).expect("serialisable config");
     let config_path = out.join("config.json");
     let resume_from = if opts.resume { last_checkpoint(&out) } else { None };
