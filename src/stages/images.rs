@@ -145,12 +145,19 @@ fn tar_images(dir: &Path, wanted: &[(&str, &str)]) -> HashMap<(String, String), 
     let mut out = HashMap::new();
     for (shard, keys) in by_shard {
         let path = PathBuf::from(dir).join(format!("{shard}.tar"));
-        let mut found = HashMap::new();
-        let fault = read_tar_images(&path, &keys, &mut found).err();
+        let (mut found, mut ambiguous) = (HashMap::new(), HashSet::new());
+        let fault = read_tar_images(&path, &keys, &mut found, &mut ambiguous).err();
         for k in keys {
             let at = (shard.to_owned(), k.to_owned());
             // A key asked for by two rows: its first answer stands.
             if out.contains_key(&at) {
+                continue;
+            }
+            if ambiguous.contains(k) {
+                let e = format!(
+                    "`{shard}.tar` holds images of key `{k}` in more than one sample: which is this row's is unknown"
+                );
+                out.insert(at, Err(e));
                 continue;
             }
             match (found.remove(k), &fault) {
@@ -164,24 +171,46 @@ fn tar_images(dir: &Path, wanted: &[(&str, &str)]) -> HashMap<(String, String), 
 }
 
 /// The image members of `path` whose key is in `keys` (first image member per key), into
-/// `out`; an error stops the reading and leaves in `out` what was read before it.
-fn read_tar_images(path: &Path, keys: &[&str], out: &mut HashMap<String, Vec<u8>>) -> Result<()> {
+/// `out`; an error stops the reading and leaves in `out` what was read before it. A key whose
+/// images lie in two samples of the shard (runs of consecutive members with that key, as the
+/// tar reader groups them) goes into `ambiguous`: which sample a row came from cannot be told by
+/// its key, and the first image may be that of a sample the reader left out.
+fn read_tar_images(
+    path: &Path,
+    keys: &[&str],
+    out: &mut HashMap<String, Vec<u8>>,
+    ambiguous: &mut HashSet<String>,
+) -> Result<()> {
     let file = std::fs::File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
     let mut archive = tar::Archive::new(file);
     let wanted: HashSet<&str> = keys.iter().copied().collect();
+    // The sample each member belongs to (a new one where the key changes), and the sample each
+    // key's image was taken from.
+    let (mut sample, mut previous_key) = (0usize, None::<String>);
+    let mut taken_from: HashMap<String, usize> = HashMap::new();
     for entry in archive.entries().map_err(|e| Error::io("cannot read tar", path, e))? {
         let mut entry = entry.map_err(|e| Error::io("corrupt tar member in", path, e))?;
-        if !entry.header().entry_type().is_file() {
+        // Regular and contiguous files, as the tar reader counts them.
+        let kind = entry.header().entry_type();
+        if !(kind.is_file() || kind.is_contiguous()) {
             continue;
         }
         let name = entry.path().map_err(|e| Error::io("bad member name in", path, e))?.to_string_lossy().into_owned();
         let (key, ext) = crate::io::tar_shards::member_key(&name);
-        if !TAR_IMAGE_EXTENSIONS.contains(&ext.to_ascii_lowercase().as_str())
-            || !wanted.contains(key.as_str())
-            || out.contains_key(&key)
-        {
+        if previous_key.as_deref() != Some(key.as_str()) {
+            sample += 1;
+            previous_key = Some(key.clone());
+        }
+        if !TAR_IMAGE_EXTENSIONS.contains(&ext.to_ascii_lowercase().as_str()) || !wanted.contains(key.as_str()) {
             continue;
         }
+        if let Some(&first) = taken_from.get(&key) {
+            if first != sample {
+                ambiguous.insert(key);
+            }
+            continue;
+        }
+        taken_from.insert(key.clone(), sample);
         let mut buf = Vec::new();
         entry.read_to_end(&mut buf).map_err(|e| Error::io("cannot read tar member in", path, e))?;
         // The tar crate ends a member cut short by the file's end without an error.
@@ -200,6 +229,42 @@ fn read_tar_images(path: &Path, keys: &[&str], out: &mut HashMap<String, Vec<u8>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_with_images_in_two_samples_is_ambiguous_and_contiguous_members_are_files() {
+        // `k` is an image-only sample (the tar reader leaves it out: no caption), then a kept
+        // sample of its own; `k2` has two images in one sample (the first stands); `c` is stored
+        // as a contiguous file (type '7'), which tar tools read as a regular one.
+        let dir = tempfile::tempdir().unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        let members: [(&str, &[u8], tar::EntryType); 9] = [
+            ("k.jpg", b"first k", tar::EntryType::Regular),
+            ("m.jpg", b"m image", tar::EntryType::Regular),
+            ("m.txt", b"m caption", tar::EntryType::Regular),
+            ("k.png", b"second k", tar::EntryType::Regular),
+            ("k.txt", b"k caption", tar::EntryType::Regular),
+            ("k2.jpg", b"k2 jpg", tar::EntryType::Regular),
+            ("k2.png", b"k2 png", tar::EntryType::Regular),
+            ("c.jpg", b"c image", tar::EntryType::Continuous),
+            ("c.txt", b"c caption", tar::EntryType::Regular),
+        ];
+        for (name, data, kind) in members {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_entry_type(kind);
+            h.set_cksum();
+            b.append_data(&mut h, name, data).unwrap();
+        }
+        std::fs::write(dir.path().join("00000.tar"), b.into_inner().unwrap()).unwrap();
+        let got = tar_images(dir.path(), &[("00000", "k"), ("00000", "m"), ("00000", "k2"), ("00000", "c")]);
+        let of = |k: &str| got.get(&("00000".to_owned(), k.to_owned())).cloned().unwrap();
+        let e = of("k").unwrap_err();
+        assert!(e.contains("key `k` in more than one sample"), "{e}");
+        assert_eq!(of("m"), Ok(b"m image".to_vec()));
+        assert_eq!(of("k2"), Ok(b"k2 jpg".to_vec()));
+        assert_eq!(of("c"), Ok(b"c image".to_vec()));
+    }
 
     #[test]
     fn a_cut_shard_gives_the_images_before_the_cut_and_a_key_asked_twice_one_answer() {
