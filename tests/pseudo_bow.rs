@@ -342,6 +342,21 @@ fn validate_checks_the_tables_and_columns_the_stage_will_read() {
     );
     let err = compile(toml).expect("two problems").to_string();
     assert!(err.contains("crops") && err.contains("is not a `curate train` run"), "{err}");
+    // A second mining stage would write `words`, `neighbor_ids` and `strategy` twice.
+    let twice = pipeline(&out, root, aligned, "").replace(
+        "[[stage]]\ntype = \"write_parquet\"",
+        &format!(
+            "[[stage]]\ntype = \"mine_pseudo_bow\"\nname = \"again\"\nrun = {:?}\naligned = [{aligned:?}]\n[[stage]]\ntype = \"write_parquet\"",
+            trained_run().to_string_lossy()
+        ),
+    );
+    assert_eq!(twice.matches("mine_pseudo_bow").count(), 2, "{twice}");
+    let err = compile(twice).expect("columns twice").to_string();
+    assert!(
+        err.contains("the stage's input already has `words`, `neighbor_ids`, `strategy`")
+            && err.contains("mine once per pipeline"),
+        "{err}"
+    );
 }
 
 /// An aligned set listing one id twice (the same table given twice) is refused by the id:

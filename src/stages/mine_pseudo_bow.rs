@@ -245,6 +245,20 @@ impl MinePseudoBowConfig {
                 );
             }
         }
+        // The columns this stage adds must not be there already (a second mining stage): the
+        // output would hold each twice, and readers refuse such files.
+        let taken: Vec<&str> =
+            [WORDS, NEIGHBOR_IDS, STRATEGY].into_iter().filter(|c| input.field_with_name(c).is_ok()).collect();
+        if !taken.is_empty() {
+            problems.push(
+                "type",
+                format!(
+                    "the stage's input already has {} (from an earlier `mine_pseudo_bow`?)",
+                    crate::error::list(&taken)
+                ),
+                Some("mine once per pipeline: this stage adds those columns".into()),
+            );
+        }
         // The default column scores when the input has it; a column named by hand must be there.
         if self.label_column != schema::LABEL_TEXT {
             match input.field_with_name(&self.label_column) {
