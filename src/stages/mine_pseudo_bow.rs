@@ -573,6 +573,8 @@ impl Transform for MinePseudoBow {
         let load = |part: &[usize]| part.par_iter().map(|&r| crops_of(r)).collect::<Vec<_>>();
         let mut queries: Vec<f32> = Vec::new();
         let mut good: Vec<usize> = Vec::new();
+        // This stage's rejects, put in row order at the end (unusable images are found first).
+        let mut own_rejects: Vec<Reject> = Vec::new();
         let embed_started = Instant::now();
         let mut next = parts.first().map(|p| load(p));
         for (i, part) in parts.iter().enumerate() {
@@ -586,7 +588,7 @@ impl Transform for MinePseudoBow {
                         good.push(r);
                         batch_rows += 1;
                     }
-                    Err((reason, detail)) => rejects.push(Reject {
+                    Err((reason, detail)) => own_rejects.push(Reject {
                         stage: TYPE,
                         source_file: String::new(),
                         row: first_row + r as u64,
@@ -673,7 +675,7 @@ impl Transform for MinePseudoBow {
             }
             if m.kept.is_empty() {
                 stats.no_candidate += 1;
-                rejects.push(Reject {
+                own_rejects.push(Reject {
                     stage: TYPE,
                     source_file: String::new(),
                     row: first_row + r as u64,
@@ -690,6 +692,10 @@ impl Transform for MinePseudoBow {
             } else {
                 mined_by_row[r] = Some(m);
             }
+        }
+        own_rejects.sort_by_key(|r| r.row);
+        for r in own_rejects {
+            rejects.push(r);
         }
         for m in &mined_by_row {
             keep.append_value(m.is_some());
