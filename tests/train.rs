@@ -436,6 +436,15 @@ fn values_no_loss_optimiser_or_model_can_take_are_config_errors() {
     let sets = ["output_dir=out/never", "loss.type=memory_bank", "loss.size=1000000000000"].map(String::from);
     let e = TrainConfig::load(&file, &sets).unwrap_err().to_string();
     assert!(e.contains("`loss.size`: a bank of 1000000000000 slots is more than 1048576"), "{e}");
+    // A folder where a file belongs is named as such, not as missing.
+    let e = TrainConfig::load(&file, &["output_dir=out/never".into(), "model.image.checkpoint=data".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`model.image.checkpoint`: `data` is not a file"), "{e}");
+    let e = TrainConfig::load(&file, &["output_dir=out/never".into(), "model.image.checkpoint=nowhere".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`model.image.checkpoint`: `nowhere` does not exist"), "{e}");
     // `epochs`: zero is its own error; too many to count is an error, not an overflow.
     let epochs = dir.path().join("epochs.toml");
     std::fs::write(&epochs, BASE.replace("steps = 6\n", "epochs = 0\n")).unwrap();

@@ -470,7 +470,11 @@ impl TrainConfig {
         }
         if let Some(ck) = &self.model.image.checkpoint {
             if !ck.is_file() {
-                bad("model.image.checkpoint", format!("`{}` does not exist", ck.display()), "a safetensors file");
+                bad(
+                    "model.image.checkpoint",
+                    format!("`{}` {}", ck.display(), crate::io::not_a(ck, "file")),
+                    "a safetensors file",
+                );
             }
         }
         self.check_ranges(&mut bad);
@@ -509,7 +513,11 @@ impl TrainConfig {
         }
         if let Some(e) = &self.eval {
             if !e.classes.is_file() {
-                bad("eval.classes", format!("`{}` does not exist", e.classes.display()), "one class name per line");
+                bad(
+                    "eval.classes",
+                    format!("`{}` {}", e.classes.display(), crate::io::not_a(&e.classes, "file")),
+                    "one class name per line",
+                );
             }
             if e.templates.is_empty() {
                 bad("eval.templates", "no template".into(), "e.g. `templates = [\"a photo of a {}.\"]`");
@@ -530,7 +538,7 @@ impl TrainConfig {
                     if !file.is_file() {
                         bad(
                             key,
-                            format!("`{}` does not exist", file.display()),
+                            format!("`{}` {}", file.display(), crate::io::not_a(file, "file")),
                             &format!("a Parquet file with {columns}"),
                         );
                     }
