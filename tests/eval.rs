@@ -543,6 +543,21 @@ captions = "data/train_sample/retrieval_captions.parquet"
         let got = json(&out.join("metrics.json"));
         assert!(got.get("zeroshot").is_none() && got["coco_5k_r1"]["t2i"].is_f64(), "{got}");
 
+        // A model.bpk cut short: its own message and hint, not a raw error.
+        let model = std::fs::read(run_dir.join("model.bpk")).unwrap();
+        std::fs::write(run_dir.join("model.bpk"), &model[..model.len() / 2]).unwrap();
+        let e = run_trained(&args, &device).unwrap_err().to_string();
+        assert!(e.contains("cannot load") && e.contains("cut short or damaged") && !e.contains("Io(\""), "{e}");
+
+        // A pipeline's output folder is named as such, not as an unfinished run.
+        let pipeline_out = dir.path().join("pipeline_out");
+        std::fs::create_dir_all(&pipeline_out).unwrap();
+        for f in ["config.json", "manifest.json"] {
+            std::fs::write(pipeline_out.join(f), "{}").unwrap();
+        }
+        let e = run_trained(&RunEval { run: pipeline_out, ..args.clone() }, &device).unwrap_err().to_string();
+        assert!(e.contains("is the output of `curate run` (a pipeline), not a `curate train` run"), "{e}");
+
         // A run that did not finish (no model.bpk), through the binary: exit code 2.
         std::fs::remove_file(run_dir.join("model.bpk")).unwrap();
         let e = run_trained(&args, &device).unwrap_err().to_string();

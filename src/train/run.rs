@@ -230,8 +230,8 @@ struct Run {
     ema_updates: u64,
 }
 
-fn record_err(what: &str, path: &Path, e: impl std::fmt::Debug) -> Error {
-    Error::Model { message: format!("cannot {what} `{}`: {e:?}", path.display()), hint: None }
+fn record_err(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Model { message: format!("cannot {what} `{}`: {e}", path.display()), hint: None }
 }
 
 fn tensor_bytes(t: Tensor<2>) -> Result<Vec<u8>> {

@@ -43,6 +43,16 @@ impl TrainedRun {
                 hint: hint(),
             });
         }
+        // A pipeline's output folder has a config.json too (with its stages) and a manifest.
+        if dir.join("manifest.json").is_file() {
+            return Err(Error::Data {
+                message: format!(
+                    "`{}` is the output of `curate run` (a pipeline), not a `curate train` run",
+                    dir.display()
+                ),
+                hint: Some("name the `output_dir` of a `curate train` run".into()),
+            });
+        }
         if !model_path.is_file() {
             return Err(Error::Data {
                 message: format!("`{}` has no final model (model.bpk): the run did not finish", dir.display()),
@@ -56,9 +66,15 @@ impl TrainedRun {
         })?;
         let model = DualEncoder::init(&config.model, heads(&config.loss), config.seed, device)?
             .try_load_file(&model_path)
-            .map_err(|e| Error::Model {
-                message: format!("cannot load `{}`: {e:?}", model_path.display()),
-                hint: Some("the model does not match the run's config.json".into()),
+            .map_err(|e| {
+                let hint = match e {
+                    burn::store::RecordError::Io(_) => "the file is cut short or damaged: train again, or restore it",
+                    _ => "the model does not match the run's config.json",
+                };
+                Error::Model {
+                    message: format!("cannot load `{}`: {e}", model_path.display()),
+                    hint: Some(hint.into()),
+                }
             })?;
         let tokenizer = load_tokenizer(&config.model.text.dir, config.model.text.max_tokens)?;
         Ok(TrainedRun { dir: dir.to_owned(), config, model, tokenizer, device: device.clone() })
