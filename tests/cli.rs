@@ -130,6 +130,24 @@ fn a_training_file_given_to_run_and_a_pipeline_given_to_train_say_so() {
         assert!(stderr.contains("hint: train with `curate train pipelines/train.toml`"), "{stderr}");
         assert!(stderr.contains("1 configuration error"), "{stderr}");
     }
+    // The files a run writes beside its data, given to `validate`: one error each.
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text, what) in [
+        ("manifest.json", r#"{"config_hash": "x", "curate_version": "0", "pipeline": "bow"}"#, "a run's manifest"),
+        ("report.json", r#"{"pipeline": "bow", "rows": {}, "stages": {}}"#, "a run's report"),
+        (
+            "config.json",
+            r#"{"command": "eval", "curate_version": "0", "similarity": "cosine"}"#,
+            "an evaluation's config",
+        ),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let (code, _, stderr) = curate(&["validate", path.to_str().unwrap()]);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(stderr.contains(&format!("looks like {what}")) && stderr.contains("not a pipeline"), "{stderr}");
+        assert!(stderr.contains("1 configuration error"), "{stderr}");
+    }
     let (code, _, stderr) = curate(&["train", "pipelines/bow.toml"]);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("error: `pipelines/bow.toml` is a pipeline file (it has `[[stage]]`)"), "{stderr}");

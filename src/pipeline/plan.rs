@@ -373,6 +373,20 @@ fn check_top(doc: &ConfigDoc, diags: &mut Vec<Diagnostic>) -> Option<PipelineCon
         );
         return None;
     }
+    // A file a run wrote beside its data (`manifest.json`, `report.json`, an evaluation's
+    // `config.json`): likewise one error.
+    let written =
+        [("config_hash", "a run's manifest"), ("rows", "a run's report"), ("command", "an evaluation's config")]
+            .into_iter()
+            .find(|(k, _)| doc.root.contains_key(*k));
+    if let (None, Some((key, what))) = (doc.root.get("stage"), written) {
+        diags.push(
+            Diagnostic::new(format!("`{}` looks like {what} (it has `{key}`), not a pipeline", doc.path.display()))
+                .at(doc.location(""))
+                .hint("a run's own `config.json` replays it; a pipeline file lists `[[stage]]`s"),
+        );
+        return None;
+    }
     let known_top = fields::<PipelineConfig>();
     for key in doc.root.keys() {
         if !known_top.iter().any(|t| t == key) {
