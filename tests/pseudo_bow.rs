@@ -220,6 +220,26 @@ fn unusable_images_and_images_without_candidates_are_rejected() {
 }
 
 #[test]
+fn more_neighbors_than_aligned_captions_is_noted() {
+    // Each crop then retrieves the whole aligned set: said, not silently capped.
+    let dir = tempfile::tempdir().unwrap();
+    let aligned = dir.path().join("aligned.parquet");
+    write_aligned(&aligned, &["a red square", "a blue circle", "a green star"]);
+    let file = dir.path().join("mine.toml");
+    let toml =
+        pipeline(&dir.path().join("out"), "data/train_sample/unaligned", &aligned.to_string_lossy(), "neighbors = 5");
+    std::fs::write(&file, toml).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_curate"))
+        .args(["run", "--progress", "never"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("`neighbors = 5` is more than the 3 aligned captions"), "{stderr}");
+}
+
+#[test]
 fn a_missing_run_is_refused_before_anything_runs() {
     let dir = tempfile::tempdir().unwrap();
     let toml = std::fs::read_to_string("pipelines/pseudo_bow.toml").unwrap();

@@ -540,7 +540,15 @@ impl Transform for MinePseudoBow {
     /// pass, just before the stream. Its embedding time is reported on its own
     /// (`aligned_embed_seconds`), apart from the crops'.
     fn start_stream(&mut self) -> Result<()> {
-        self.pool = Some(self.build_pool()?);
+        let pool = self.build_pool()?;
+        if self.config.neighbors > pool.ids.len() {
+            say!(
+                "note: {TYPE}: `neighbors = {}` is more than the {} aligned captions: each crop retrieves all of them",
+                self.config.neighbors,
+                pool.ids.len()
+            );
+        }
+        self.pool = Some(pool);
         Ok(())
     }
 
