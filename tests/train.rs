@@ -403,6 +403,7 @@ fn values_no_loss_optimiser_or_model_can_take_are_config_errors() {
         "model.text.max_tokens=1000",
         "model.image.width=0",
         "model.image_size_px=9223372036854775807",
+        "model.log_variance_bias=nan",
         "data.crop_ratio=[0.0, -1.0]",
     ]
     .iter()
@@ -418,6 +419,7 @@ fn values_no_loss_optimiser_or_model_can_take_are_config_errors() {
         "`model.text.max_tokens`: 1000 tokens do not fit the text model",
         "`model.image`: a ResNet needs a width",
         "image_size_px 9223372036854775807 is past what fits in memory",
+        "`model.log_variance_bias`: NaN is not in [-20, 20]",
         "`data.crop_ratio`: 0 is not a range of positive ratios",
     ] {
         assert!(e.contains(want), "wanted `{want}` in:\n{e}");

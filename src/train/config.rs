@@ -577,6 +577,9 @@ impl TrainConfig {
             within(&format!("optim.betas[{i}]"), *b, (0.0..1.0).contains(b), "in [0, 1)");
         }
         within("optim.weight_decay", o.weight_decay, o.weight_decay >= 0.0, "at least 0");
+        // exp(v) is the initial variance: past ±20 it is 0 or overflows on the first steps.
+        let v = self.model.log_variance_bias;
+        within("model.log_variance_bias", v, (-20.0..=20.0).contains(&v), "in [-20, 20]");
         if let Some(c) = o.grad_clip_norm {
             within("optim.grad_clip_norm", c, c > 0.0, "positive");
         }
