@@ -113,7 +113,9 @@ const MAX_GROUP_COLUMNS: usize = 16_384;
 /// the early layers' weight gradients) took 19.5 to 88 ms each, and all products 0.49 s of a 0.77 s
 /// ResNet-50 training step. In groups of at most 16,384 columns they took 0.09 s and the step
 /// 0.38 s (limits of 4,096 and 65,536 columns: 0.38–0.42 and 0.45–0.46 s). One group per image
-/// (inference's layout) sums `n` weight-sized products instead.
+/// (inference's layout) sums `n` weight-sized products instead. Groups are equal, so a batch
+/// size with few divisors (a prime such as 127) falls back to one group per image wherever its
+/// whole batch exceeds the limit: slower and more memory-hungry, not wrong.
 fn column_groups(n: usize, pixels: usize) -> usize {
     (1..=n).find(|g| n.is_multiple_of(*g) && (n / g) * pixels <= MAX_GROUP_COLUMNS).unwrap_or(n)
 }

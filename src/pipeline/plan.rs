@@ -375,15 +375,19 @@ fn check_top(doc: &ConfigDoc, diags: &mut Vec<Diagnostic>) -> Option<PipelineCon
     }
     // A file a run wrote beside its data (`manifest.json`, `report.json`, an evaluation's
     // `config.json`): likewise one error.
-    let written =
-        [("config_hash", "a run's manifest"), ("rows", "a run's report"), ("command", "an evaluation's config")]
-            .into_iter()
-            .find(|(k, _)| doc.root.contains_key(*k));
-    if let (None, Some((key, what))) = (doc.root.get("stage"), written) {
+    let replay = "a pipeline file lists `[[stage]]`s; the `config.json` beside a run's manifest replays that run";
+    let written = [
+        ("config_hash", "a run's manifest", replay),
+        ("rows", "a run's report", replay),
+        ("command", "an evaluation's config", "`curate eval` wrote it; a pipeline file lists `[[stage]]`s"),
+    ]
+    .into_iter()
+    .find(|(k, ..)| doc.root.contains_key(*k));
+    if let (None, Some((key, what, hint))) = (doc.root.get("stage"), written) {
         diags.push(
             Diagnostic::new(format!("`{}` looks like {what} (it has `{key}`), not a pipeline", doc.path.display()))
                 .at(doc.location(""))
-                .hint("a run's own `config.json` replays it; a pipeline file lists `[[stage]]`s"),
+                .hint(hint),
         );
         return None;
     }

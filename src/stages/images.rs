@@ -171,10 +171,11 @@ fn tar_images(dir: &Path, wanted: &[(&str, &str)]) -> HashMap<(String, String), 
 }
 
 /// The image members of `path` whose key is in `keys` (first image member per key), into
-/// `out`; an error stops the reading and leaves in `out` what was read before it. A key whose
-/// images lie in two samples of the shard (runs of consecutive members with that key, as the
-/// tar reader groups them) goes into `ambiguous`: which sample a row came from cannot be told by
-/// its key, and the first image may be that of a sample the reader left out.
+/// `out`; an error stops the reading and leaves in `out` what was read before it. A key with
+/// different images in two samples of the shard (runs of consecutive members with that key, as
+/// the tar reader groups them) goes into `ambiguous`: which sample a row came from cannot be
+/// told by its key, and the first image may be that of a sample the reader left out. The same
+/// bytes again (a shard written twice over) are no ambiguity.
 fn read_tar_images(
     path: &Path,
     keys: &[&str],
@@ -205,8 +206,13 @@ fn read_tar_images(
             continue;
         }
         if let Some(&first) = taken_from.get(&key) {
-            if first != sample {
-                ambiguous.insert(key);
+            // Another sample's image, unless it is the same bytes (a shard written twice).
+            if first != sample && !ambiguous.contains(&key) {
+                let mut again = Vec::new();
+                entry.read_to_end(&mut again).map_err(|e| Error::io("cannot read tar member in", path, e))?;
+                if out.get(&key) != Some(&again) {
+                    ambiguous.insert(key);
+                }
             }
             continue;
         }
@@ -233,11 +239,12 @@ mod tests {
     #[test]
     fn a_key_with_images_in_two_samples_is_ambiguous_and_contiguous_members_are_files() {
         // `k` is an image-only sample (the tar reader leaves it out: no caption), then a kept
-        // sample of its own; `k2` has two images in one sample (the first stands); `c` is stored
-        // as a contiguous file (type '7'), which tar tools read as a regular one.
+        // sample of its own with another image; `k2` has two images in one sample (the first
+        // stands); `c` is stored as a contiguous file (type '7'), which tar tools read as a
+        // regular one; `m` comes twice with the same bytes (a shard written twice over).
         let dir = tempfile::tempdir().unwrap();
         let mut b = tar::Builder::new(Vec::new());
-        let members: [(&str, &[u8], tar::EntryType); 9] = [
+        let members: [(&str, &[u8], tar::EntryType); 11] = [
             ("k.jpg", b"first k", tar::EntryType::Regular),
             ("m.jpg", b"m image", tar::EntryType::Regular),
             ("m.txt", b"m caption", tar::EntryType::Regular),
@@ -247,6 +254,9 @@ mod tests {
             ("k2.png", b"k2 png", tar::EntryType::Regular),
             ("c.jpg", b"c image", tar::EntryType::Continuous),
             ("c.txt", b"c caption", tar::EntryType::Regular),
+            // `m` written again, the same bytes: not ambiguous.
+            ("m.jpg", b"m image", tar::EntryType::Regular),
+            ("m.txt", b"m caption", tar::EntryType::Regular),
         ];
         for (name, data, kind) in members {
             let mut h = tar::Header::new_gnu();

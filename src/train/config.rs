@@ -577,7 +577,8 @@ impl TrainConfig {
             within(&format!("optim.betas[{i}]"), *b, (0.0..1.0).contains(b), "in [0, 1)");
         }
         within("optim.weight_decay", o.weight_decay, o.weight_decay >= 0.0, "at least 0");
-        // exp(v) is the initial variance: past ±20 it is 0 or overflows on the first steps.
+        // exp(v) is the initial variance (PCME++ only): ±20 gives 2e-9 to 5e8, a conservative
+        // bound; NaN or 1e30 made the first loss NaN.
         let v = self.model.log_variance_bias;
         within("model.log_variance_bias", v, (-20.0..=20.0).contains(&v), "in [-20, 20]");
         if let Some(c) = o.grad_clip_norm {

@@ -267,9 +267,11 @@ fn clear_earlier_run(output: &Path) -> Result<()> {
     let model = output.join("model.bpk");
     let eval = output.join("eval");
     if !steps.is_empty() || model.exists() || eval.is_dir() {
+        // `--resume` goes on from a checkpoint only (a finished run without one is refused).
+        let resume = if steps.is_empty() { "" } else { ", or `--resume` to go on from them" };
         say!(
             "note: `{}` holds an earlier run: its {} checkpoint(s), final model and `eval/` results are removed \
-             (train into a new `output_dir` to keep them, or `--resume` to go on from them)",
+             (train into a new `output_dir` to keep them{resume})",
             output.display(),
             steps.len()
         );

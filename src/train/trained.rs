@@ -43,8 +43,9 @@ impl TrainedRun {
                 hint: hint(),
             });
         }
-        // A pipeline's output folder has a config.json too (with its stages) and a manifest.
-        if dir.join("manifest.json").is_file() {
+        let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io("cannot read", &config_path, e))?;
+        // A pipeline's output folder has a config.json too: its stages.
+        if serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| v.get("stage").is_some()) {
             return Err(Error::Data {
                 message: format!(
                     "`{}` is the output of `curate run` (a pipeline), not a `curate train` run",
@@ -59,7 +60,6 @@ impl TrainedRun {
                 hint: Some("finish it with `curate train FILE --resume`".into()),
             });
         }
-        let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io("cannot read", &config_path, e))?;
         let config: TrainConfig = serde_json::from_str(&text).map_err(|e| Error::Data {
             message: format!("`{}` is not a curate training config: {e}", config_path.display()),
             hint: Some("it was written by another curate version; train again".into()),
@@ -68,7 +68,9 @@ impl TrainedRun {
             .try_load_file(&model_path)
             .map_err(|e| {
                 let hint = match e {
-                    burn::store::RecordError::Io(_) => "the file is cut short or damaged: train again, or restore it",
+                    burn::store::RecordError::Io(_) => {
+                        "it cannot be read as a model file (cut short, damaged, or from another burn version)"
+                    }
                     _ => "the model does not match the run's config.json",
                 };
                 Error::Model {
