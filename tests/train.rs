@@ -50,6 +50,17 @@ fn config(dir: &Path, sets: &[&str]) -> TrainConfig {
     TrainConfig::load(&file, &overrides).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// [`config`] without the teacher feature tables.
+fn config_without_teachers(dir: &Path, sets: &[&str]) -> TrainConfig {
+    let file = dir.join("plain.toml");
+    let text: String = BASE.lines().filter(|l| !l.starts_with("teacher_")).map(|l| format!("{l}\n")).collect();
+    assert!(!text.contains("teacher_"));
+    std::fs::write(&file, text).unwrap();
+    let mut overrides = vec![format!("output_dir={}", dir.join("out").display())];
+    overrides.extend(sets.iter().map(|s| s.to_string()));
+    TrainConfig::load(&file, &overrides).unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// `(step, loss)` of the training lines of `metrics.jsonl`.
 fn losses(out: &Path) -> Vec<(u64, f64)> {
     std::fs::read_to_string(out.join("metrics.jsonl"))
@@ -601,8 +612,6 @@ fn trace_steps_prints_each_steps_phases_and_changes_no_result() {
     assert_eq!(a, b);
 }
 
-/// The sample's teacher image features, rows `range`, each row cut to its first `width` values,
-/// with `poison` (row, value) written over the first value of a row, saved as `file`.
 /// The bundled training table (`sample_id`, `caption`, `path`) written to `dir/t.parquet` with
 /// each row's image path `i, path` made `path_of(i, path)`.
 fn train_table_with_paths(dir: &Path, path_of: impl Fn(usize, &str) -> String) -> PathBuf {
@@ -633,6 +642,8 @@ enum Poison {
     NullRow,
 }
 
+/// The sample's teacher image features, rows `range`, each row cut to its first `width` values,
+/// with `poison` (row, value) written over the first value of a row, saved as `file`.
 fn teacher_table(file: &Path, range: std::ops::Range<usize>, width: usize, poison: Option<(usize, Poison)>) {
     use arrow_array::{Array, ArrayRef, FixedSizeListArray, Float32Array, RecordBatch, StringArray};
     let batches = curate::io::parquet::read_file(Path::new("data/train_sample/teacher_image.parquet")).unwrap();
@@ -666,6 +677,71 @@ fn teacher_table(file: &Path, range: std::ops::Range<usize>, width: usize, poiso
         parquet::arrow::ArrowWriter::try_new(std::fs::File::create(file).unwrap(), batch.schema(), None).unwrap();
     w.write(&batch).unwrap();
     w.close().unwrap();
+}
+
+#[test]
+fn tables_that_would_be_read_twice_or_join_features_wrongly_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let load = |sets: &[String]| {
+        let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+        TrainSet::load(&config(dir.path(), &sets))
+    };
+    // One table matched by two patterns.
+    let e = load(&[r#"data.tables=["data/train_sample/train.parquet", "data/train_sample/tra*.parquet"]"#.into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("train.parquet` is listed twice in `data.tables`"), "{e}");
+    // Two data sets with the same ids: the teacher features would join to the wrong rows.
+    let copy = dir.path().join("copy.parquet");
+    std::fs::copy("data/train_sample/train.parquet", &copy).unwrap();
+    let two = format!(r#"data.tables=["data/train_sample/train.parquet", {copy:?}]"#);
+    let e = load(std::slice::from_ref(&two)).unwrap_err().to_string();
+    assert!(e.contains("is in the training tables twice: teacher features join by `sample_id`"), "{e}");
+    // Without teacher features the ids need not be unique.
+    let set = TrainSet::load(&config_without_teachers(dir.path(), &[&two]));
+    assert!(set.as_ref().is_ok_and(|s| s.samples.len() == 2 * 576), "{:?}", set.err());
+    // A teacher table listed twice gives every id twice.
+    let features =
+        r#"data.teacher_image=["data/train_sample/teacher_image.parquet", "data/train_sample/teacher_image.parquet"]"#;
+    let e = load(&[features.into()]).unwrap_err().to_string();
+    assert!(e.contains("has teacher features twice"), "{e}");
+}
+
+#[test]
+fn rows_without_id_caption_or_image_reference_are_counted_and_a_table_without_references_refused() {
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, columns: Vec<(&str, Vec<Option<&str>>)>| {
+        let columns: Vec<(&str, ArrayRef)> =
+            columns.into_iter().map(|(n, v)| (n, Arc::new(StringArray::from(v)) as ArrayRef)).collect();
+        let batch = RecordBatch::try_from_iter(columns).unwrap();
+        let file = dir.path().join(name);
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&file).unwrap(), batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        file
+    };
+    let image = "data/train_sample/images/train_blue_circle_00.png";
+    assert!(Path::new(image).is_file());
+    let n = 10;
+    let ids: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+    let mut id_col: Vec<Option<&str>> = ids.iter().map(|s| Some(s.as_str())).collect();
+    let mut caption: Vec<Option<&str>> = vec![Some("a red square"); n];
+    let mut path: Vec<Option<&str>> = vec![Some(image); n];
+    id_col[1] = None;
+    caption[2] = None;
+    path[3] = None;
+    let table = write("rows.parquet", vec![("sample_id", id_col), ("caption", caption), ("path", path)]);
+    let tables = format!("data.tables=[{table:?}]");
+    let set = TrainSet::load(&config_without_teachers(dir.path(), &[&tables, "batch_size=2"])).unwrap();
+    assert_eq!((set.samples.len(), set.incomplete_rows, set.missing_images), (7, 3, 0));
+    // With `shards_dir`, a table with neither a path nor shard and key is refused, as without.
+    let bare = write("bare.parquet", vec![("sample_id", vec![Some("a"); 3]), ("caption", vec![Some("b"); 3])]);
+    let shards = format!("data.shards_dir={:?}", dir.path());
+    let tables = format!("data.tables=[{bare:?}]");
+    let e = TrainSet::load(&config_without_teachers(dir.path(), &[&tables, &shards])).unwrap_err().to_string();
+    assert!(e.contains("bare.parquet` has no column `path`, nor `shard` and `key`"), "{e}");
 }
 
 #[test]

@@ -18,7 +18,7 @@ use crate::schema::{self, str_col};
 pub const REFERENCE_COLUMNS: [&str; 3] = [schema::PATH, schema::SHARD, schema::KEY];
 
 /// Extensions of image members in webdataset shards: those `read_img2dataset` takes.
-const TAR_IMAGE_EXTENSIONS: [&str; 5] = ["jpg", "jpeg", "png", "webp", "bmp"];
+pub(crate) const TAR_IMAGE_EXTENSIONS: [&str; 5] = ["jpg", "jpeg", "png", "webp", "bmp"];
 
 /// Why a row's image could not be used: reject reason and detail.
 pub type Failure = (&'static str, String);

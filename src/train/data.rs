@@ -62,19 +62,60 @@ impl ImageSource {
 /// `key` → (data offset, length) of the image members of a webdataset shard.
 type ShardIndex = HashMap<String, (u64, u64)>;
 
+/// The shard's images by key, as the pipeline's image stages take them
+/// ([`crate::stages::images`]): regular or contiguous members with an image extension, the
+/// first image of the key's sample (a run of consecutive members with that key). A key with
+/// different images in two samples is left out (its rows count as missing images): which is a
+/// row's cannot be told by its key.
 fn index_shard(path: &Path) -> Result<ShardIndex> {
+    use std::io::{Read, Seek, SeekFrom};
     let file = std::fs::File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
     let mut archive = tar::Archive::new(file);
-    let mut out = HashMap::new();
+    let mut out: ShardIndex = HashMap::new();
+    // The sample (run of consecutive members with one key) each key's image was taken from, and
+    // the keys with different images in two samples.
+    let (mut sample, mut previous_key) = (0usize, None::<String>);
+    let mut taken_from: HashMap<String, usize> = HashMap::new();
+    let mut ambiguous = Vec::new();
+    let read_at = |offset: u64, len: u64| -> Result<Vec<u8>> {
+        let mut f = std::fs::File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
+        f.seek(SeekFrom::Start(offset)).map_err(|e| Error::io("cannot read", path, e))?;
+        let mut buf = vec![0; len as usize];
+        f.read_exact(&mut buf).map_err(|e| Error::io("cannot read", path, e))?;
+        Ok(buf)
+    };
     for entry in archive.entries_with_seek().map_err(|e| Error::io("cannot read tar", path, e))? {
-        let entry = entry.map_err(|e| Error::io("corrupt tar member in", path, e))?;
-        let name = entry.path().map_err(|e| Error::io("bad member name in", path, e))?.to_string_lossy().into_owned();
-        let (dir, base) = name.rsplit_once('/').unwrap_or(("", name.as_str()));
-        let Some((stem, ext)) = base.split_once('.') else { continue };
-        if matches!(ext.to_ascii_lowercase().as_str(), "jpg" | "jpeg" | "png" | "webp") {
-            let key = if dir.is_empty() { stem.to_owned() } else { format!("{dir}/{stem}") };
-            out.insert(key, (entry.raw_file_position(), entry.size()));
+        let mut entry = entry.map_err(|e| Error::io("corrupt tar member in", path, e))?;
+        let kind = entry.header().entry_type();
+        if !(kind.is_file() || kind.is_contiguous()) {
+            continue;
         }
+        let name = entry.path().map_err(|e| Error::io("bad member name in", path, e))?.to_string_lossy().into_owned();
+        let (key, ext) = crate::io::tar_shards::member_key(&name);
+        if previous_key.as_deref() != Some(key.as_str()) {
+            sample += 1;
+            previous_key = Some(key.clone());
+        }
+        if !crate::stages::images::TAR_IMAGE_EXTENSIONS.contains(&ext.to_ascii_lowercase().as_str()) {
+            continue;
+        }
+        match (taken_from.get(&key), out.get(&key)) {
+            (Some(&first), Some(&(offset, len))) if first != sample => {
+                let mut again = Vec::new();
+                entry.read_to_end(&mut again).map_err(|e| Error::io("cannot read tar member in", path, e))?;
+                if read_at(offset, len)? != again {
+                    ambiguous.push(key);
+                }
+            }
+            (Some(_), _) => {}
+            (None, _) => {
+                taken_from.insert(key.clone(), sample);
+                out.insert(key, (entry.raw_file_position(), entry.size()));
+            }
+        }
+    }
+    for key in ambiguous {
+        out.remove(&key);
     }
     Ok(out)
 }
@@ -96,6 +137,9 @@ pub struct TrainSet {
     pub teacher_text: Option<(Vec<f32>, usize)>,
     /// Rows left out because their image file does not exist.
     pub missing_images: usize,
+    /// Rows left out because their `sample_id` or caption is null, or they name no image at all
+    /// (no path, no shard and key).
+    pub incomplete_rows: usize,
 }
 
 /// A column of a table as strings (any Arrow string type).
@@ -181,7 +225,16 @@ pub(crate) fn read_features(files: &[PathBuf]) -> Result<(HashMap<String, Vec<f3
                         hint: Some("re-encode that table, or leave its rows out of the training tables".into()),
                     });
                 }
-                out.insert(id, v.to_vec());
+                if out.insert(id.clone(), v.to_vec()).is_some() {
+                    return Err(Error::Data {
+                        message: format!(
+                            "sample `{id}` has teacher features twice (the second in `{}`, row {})",
+                            file.display(),
+                            row + i
+                        ),
+                        hint: Some("list each feature table once, with one row per `sample_id`".into()),
+                    });
+                }
             }
             row += batch.num_rows();
         }
@@ -190,14 +243,22 @@ pub(crate) fn read_features(files: &[PathBuf]) -> Result<(HashMap<String, Vec<f3
 }
 
 impl TrainSet {
-    /// Reads every table of `data.tables`; rows without caption or image are skipped, rows whose
-    /// image file does not exist are counted in `missing_images`.
+    /// Reads every table of `data.tables` (each once); rows without id, caption or image
+    /// reference are counted in `incomplete_rows`, rows whose image file does not exist in
+    /// `missing_images`. With teacher features, ids must be unique (the features join by them).
     pub fn load(c: &TrainConfig) -> Result<TrainSet> {
         let d = &c.data;
         let mut samples = Vec::new();
-        let mut missing_images = 0;
+        let (mut missing_images, mut incomplete_rows) = (0, 0);
         let mut shards: HashMap<String, (Arc<PathBuf>, ShardIndex)> = HashMap::new();
-        for file in expand(&d.tables)? {
+        let files = expand(&d.tables)?;
+        if let Some(twice) = files.iter().enumerate().find(|(i, f)| files[..*i].contains(f)).map(|(_, f)| f) {
+            return Err(Error::Data {
+                message: format!("`{}` is listed twice in `data.tables` (two patterns match it)", twice.display()),
+                hint: Some("list each table once: its rows would be trained on twice as often".into()),
+            });
+        }
+        for file in files {
             for batch in crate::io::parquet::read_file(&file)? {
                 let ids = string_column(&batch, "sample_id", &file)?;
                 let captions = string_column(&batch, &d.caption_column, &file)?;
@@ -212,10 +273,24 @@ impl TrainSet {
                     Some(_) if has("shard") && has("key") => {
                         (string_column(&batch, "shard", &file)?, string_column(&batch, "key", &file)?)
                     }
+                    // Neither reference: as without `shards_dir`, the table cannot train.
+                    Some(_) if !has(&d.image_column) => {
+                        return Err(Error::Schema {
+                            message: format!(
+                                "`{}` has no column `{}`, nor `shard` and `key`",
+                                file.display(),
+                                d.image_column
+                            ),
+                            hint: Some("each row names its image: a path, or a tar shard and key".into()),
+                        })
+                    }
                     _ => (vec![None; n], vec![None; n]),
                 };
                 for (i, ((id, caption), path)) in ids.into_iter().zip(captions).zip(paths).enumerate() {
-                    let (Some(sample_id), Some(caption)) = (id, caption) else { continue };
+                    let (Some(sample_id), Some(caption)) = (id, caption) else {
+                        incomplete_rows += 1;
+                        continue;
+                    };
                     let image = match (path, &shard_col[i], &key_col[i], &d.shards_dir) {
                         (Some(path), ..) => {
                             let image = match &d.image_root {
@@ -233,7 +308,10 @@ impl TrainSet {
                             let (p, index) = &shards[shard];
                             index.get(key).map(|&(offset, len)| ImageSource::Tar { shard: p.clone(), offset, len })
                         }
-                        _ => continue,
+                        _ => {
+                            incomplete_rows += 1;
+                            continue;
+                        }
                     };
                     match image {
                         Some(image) => samples.push(Sample { sample_id, caption, image }),
@@ -250,6 +328,17 @@ impl TrainSet {
         }
         let join = |patterns: &Option<PathPatterns>, what: &str| -> Result<Option<(Vec<f32>, usize)>> {
             let Some(p) = patterns else { return Ok(None) };
+            // Features join by `sample_id`: two rows with one id would get the same features.
+            let mut seen = std::collections::HashSet::with_capacity(samples.len());
+            if let Some(s) = samples.iter().find(|s| !seen.insert(s.sample_id.as_str())) {
+                return Err(Error::Data {
+                    message: format!(
+                        "sample `{}` is in the training tables twice: teacher features join by `sample_id`",
+                        s.sample_id
+                    ),
+                    hint: Some("give the tables distinct ids (for example a prefix per data set)".into()),
+                });
+            }
             let (table, dim) = read_features(&expand(p)?)?;
             let mut out = Vec::with_capacity(samples.len() * dim);
             for s in &samples {
@@ -263,7 +352,7 @@ impl TrainSet {
         };
         let teacher_image = join(&d.teacher_image, "image")?;
         let teacher_text = join(&d.teacher_text, "text")?;
-        Ok(TrainSet { samples, teacher_image, teacher_text, missing_images })
+        Ok(TrainSet { samples, teacher_image, teacher_text, missing_images, incomplete_rows })
     }
 
     pub fn steps_per_epoch(&self, batch_size: usize) -> u64 {
@@ -560,13 +649,18 @@ impl BatchMaker {
                     decoded.push(img);
                     break;
                 }
-                rows[k] = spare.by_ref().find(|r| !rows.contains(r)).ok_or_else(|| Error::Data {
-                    message: format!(
-                        "fewer than {} training images of the {} can be decoded",
-                        self.batch_size,
-                        order.len()
-                    ),
-                    hint: Some("check the image files of `data.tables` (see the notes above)".into()),
+                rows[k] = spare.by_ref().find(|r| !rows.contains(r)).ok_or_else(|| {
+                    // The failures are named here: the run's notes on them come after a batch.
+                    let example = undecodable.first().map(|(name, e)| format!(": `{name}`: {e}")).unwrap_or_default();
+                    Error::Data {
+                        message: format!(
+                            "fewer than {} training images of the {} can be decoded ({} cannot{example})",
+                            self.batch_size,
+                            order.len(),
+                            undecodable.len()
+                        ),
+                        hint: Some("check the image files of `data.tables`".into()),
+                    }
                 })?;
             }
         }
@@ -660,6 +754,60 @@ impl Iterator for Loader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shard_is_indexed_as_the_image_stages_read_it() {
+        // `a`: a BMP; `b`: two images in one sample (the first stands); `c`: different images in
+        // two samples (left out); `d`: the same image in two samples (a shard written twice);
+        // `e`: a contiguous file; a folder and a link are no members to read.
+        use std::io::{Read, Seek, SeekFrom};
+        let dir = tempfile::tempdir().unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        let mut add = |name: &str, data: &[u8], kind: tar::EntryType| {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(if kind.is_dir() || kind.is_symlink() { 0 } else { data.len() as u64 });
+            h.set_mode(0o644);
+            h.set_entry_type(kind);
+            if kind.is_symlink() {
+                h.set_link_name("a.bmp").unwrap();
+            }
+            h.set_cksum();
+            let data = if kind.is_dir() || kind.is_symlink() { &[][..] } else { data };
+            b.append_data(&mut h, name, data).unwrap();
+        };
+        use tar::EntryType::{Continuous, Directory, Regular, Symlink};
+        add("a.bmp", b"bmp a", Regular);
+        add("a.txt", b"caption", Regular);
+        add("b.png", b"png b", Regular);
+        add("b.webp", b"webp b", Regular);
+        add("c.jpg", b"first c", Regular);
+        add("x.txt", b"caption", Regular);
+        add("c.jpg", b"second c", Regular);
+        add("d.jpg", b"d", Regular);
+        add("y.txt", b"caption", Regular);
+        add("d.jpg", b"d", Regular);
+        add("e.jpg", b"contiguous e", Continuous);
+        add("f", b"", Directory);
+        add("g.jpg", b"", Symlink);
+        let path = dir.path().join("00000.tar");
+        std::fs::write(&path, b.into_inner().unwrap()).unwrap();
+        let index = index_shard(&path).unwrap();
+        let bytes = |key: &str| {
+            let (offset, len) = index[key];
+            let mut f = std::fs::File::open(&path).unwrap();
+            f.seek(SeekFrom::Start(offset)).unwrap();
+            let mut v = vec![0; len as usize];
+            f.read_exact(&mut v).unwrap();
+            String::from_utf8(v).unwrap()
+        };
+        let mut keys: Vec<&str> = index.keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(keys, ["a", "b", "d", "e"]);
+        assert_eq!(
+            (bytes("a"), bytes("b"), bytes("d"), bytes("e")),
+            ("bmp a".into(), "png b".into(), "d".into(), "contiguous e".into())
+        );
+    }
 
     #[test]
     fn a_missing_column_names_the_file_and_the_near_miss_or_the_columns() {

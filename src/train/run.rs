@@ -568,6 +568,13 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     // table then leaves that run as it was.
     let set = Arc::new(TrainSet::load(config)?);
     let rows = set.samples.len();
+    if set.incomplete_rows > 0 {
+        say!(
+            "note: {} training row(s) left out: a null `sample_id` or caption, or no image named (no path, no shard \
+             and key)",
+            set.incomplete_rows
+        );
+    }
     if set.missing_images > 0 {
         say!(
             "note: {} training row(s) left out: their image file is not there (paths are relative to the working \
