@@ -25,7 +25,8 @@ Rules encoded here:
     when it is UTF-8 and not blank, else `file#row` without a mapped id, else null); a column
     that is not mapped is not checked;
   * an empty `path` cell (or one empty after `path_cut_at`) is a null path; with `check_files`
-    a path that is not a regular file (missing, or a folder) is `missing_file`;
+    a path that is not a regular file (missing, or a folder) is `missing_file`; an empty `url`
+    cell is a null url;
   * a TSV file whose lines end in a lone CR (no LF) is a config error; CSV reads them as lines;
   * without `format`, each file's format comes from its extension, case-insensitively
     (`.parquet`, `.csv`, else TSV); inputs whose extensions give different formats are a
@@ -359,7 +360,7 @@ class Reader:
         if "path" in cols and vals.get("path") is not None:
             path = resolve_path(vals["path"], index_file, self.stage)
         self.rows.append(dict(sample_id=sid, source=self.stage.get("source", "table"),
-                              caption=vals.get("caption"), url=vals.get("url"), path=path,
+                              caption=vals.get("caption"), url=vals.get("url") or None, path=path,
                               shard=None, key=None, label=vals.get("label"),
                               label_text=vals.get("label_text")))
 

@@ -1493,13 +1493,15 @@ fn table_cells_timestamps_paths_and_an_open_quote_at_the_end() {
     )));
     assert_eq!((col(&data, "url"), reasons(&rejects)), (vec![None, None], vec![]));
 
-    // An empty path cell is no path; the last record's open quote keeps its line end in `raw`.
+    // An empty path or url cell is no path or url; the last record's open quote keeps its line
+    // end in `raw`.
     std::fs::write(dir.path().join("p.csv"), "text,img,n\na dog,,1\na cat,x.jpg,2\n\"a bird,y.jpg\n").unwrap();
     let (_d, data, rejects) = run_pipeline(&read_only(&format!(
-        "type = \"read_table\"\npath = \"{}/p.csv\"\ncolumns = {{ caption = \"text\", path = \"img\" }}\ncheck_files = false",
+        "type = \"read_table\"\npath = \"{}/p.csv\"\ncolumns = {{ caption = \"text\", path = \"img\", url = \"img\" }}\ncheck_files = false",
         dir.path().display()
     )));
     assert_eq!(col(&data, "path"), [None, Some(dir.path().join("x.jpg").to_string_lossy().into_owned())]);
+    assert_eq!(col(&data, "url"), [None, Some("x.jpg".into())]);
     assert_eq!(reasons(&rejects), [("wrong_field_count".into(), 4)]);
     assert_eq!(raws(&rejects), ["\"a bird,y.jpg\n"]);
 }

@@ -664,6 +664,8 @@ impl RowMaker<'_> {
             }
             None => None,
         };
+        // Likewise an empty URL cell is no URL (null), as in the other readers.
+        let url = url.filter(|u| !u.is_empty());
         if self.t.id_mapped && unique.is_some_and(|u| u.seen(&self.id)) {
             return Err(("duplicate_id", DUPLICATE_ID.into()));
         }
