@@ -256,6 +256,65 @@ fn a_missing_run_is_refused_before_anything_runs() {
     compile_doc(&doc).unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// A features table for the aligned set's ids: `dim`-d vectors, each row times `scale(row)`.
+fn write_features(path: &Path, dim: usize, scale: impl Fn(usize) -> f32) {
+    use arrow_array::{ArrayRef, FixedSizeListArray, Float32Array};
+    let batches = curate::io::parquet::read_file(Path::new("data/train_sample/train.parquet")).unwrap();
+    let ids = common::strs(&batches, "sample_id");
+    let mut values = Vec::with_capacity(ids.len() * dim);
+    for r in 0..ids.len() {
+        // A hash of (row, j) in [-1, 1): no two rows alike, so no ties that rounding could turn.
+        let row: Vec<f32> = (0..dim)
+            .map(|j| {
+                let h = ((r * dim + j) as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                ((h >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect();
+        values.extend(row.iter().map(|v| v * scale(r)));
+    }
+    let field = Arc::new(Field::new("item", DataType::Float32, false));
+    let list = FixedSizeListArray::new(field, dim as i32, Arc::new(Float32Array::from(values)), None);
+    let batch = RecordBatch::try_from_iter([
+        ("sample_id", Arc::new(StringArray::from(ids)) as ArrayRef),
+        ("embedding", Arc::new(list) as ArrayRef),
+    ])
+    .unwrap();
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+#[test]
+fn given_caption_features_are_compared_by_cosine() {
+    // Spec §3: e_y = norm(g(y)) and a cosine search. Scaling each feature row by a positive
+    // factor must change nothing (it changed every row's neighbours when rows were used as read).
+    let dir = tempfile::tempdir().unwrap();
+    let config = std::fs::read_to_string(trained_run().join("config.json")).unwrap();
+    let dim =
+        serde_json::from_str::<serde_json::Value>(&config).unwrap()["model"]["embed_dim"].as_u64().unwrap() as usize;
+    let mine = |name: &str, scale: &dyn Fn(usize) -> f32| {
+        let features = dir.path().join(format!("{name}.parquet"));
+        write_features(&features, dim, scale);
+        let out = dir.path().join(name);
+        let keys = format!("aligned_features = [{:?}]", features.to_string_lossy());
+        run(pipeline(&out, "data/train_sample/unaligned", "data/train_sample/train.parquet", &keys), 2);
+        let data = common::read_dir(&out.join("data"));
+        let neighbors: Vec<String> = data
+            .iter()
+            .flat_map(|b| {
+                let list = b.column_by_name("neighbor_ids").unwrap().as_list::<i32>();
+                (0..list.len()).map(|i| format!("{:?}", list.value(i))).collect::<Vec<_>>()
+            })
+            .collect();
+        (common::strs(&data, "caption"), neighbors)
+    };
+    let plain = mine("plain", &|_| 1.0);
+    let scaled = mine("scaled", &|r| 0.2 + (r % 7) as f32 * 0.8);
+    assert_eq!(plain.0.len(), 120);
+    assert_eq!(plain, scaled);
+}
+
 #[test]
 fn checkpoints_stamp_every_file_the_stage_loads() {
     // A resume compares these files' stamps (tests/encode_image.rs changes a model's time): the

@@ -458,7 +458,10 @@ impl MinePseudoBow {
                         message: format!("aligned caption `{id}` has no row in `aligned_features`"),
                         hint: Some("the features table must cover every aligned `sample_id`".into()),
                     })?;
-                    out.extend_from_slice(row);
+                    // L2-normalised as the run's own caption embeddings are (`e_y = norm(g(y))`,
+                    // spec §3): the search ranks by inner product, which is then the cosine.
+                    let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+                    out.extend(row.iter().map(|x| x / norm));
                 }
                 (out, false)
             }
