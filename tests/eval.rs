@@ -309,6 +309,7 @@ mod run_dir {
 [eval]
 images = "data/train_sample/zeroshot.parquet"
 classes = "data/train_sample/classes.txt"
+templates = ["a photo of a {}."]
 every_steps = 100
 
 [eval.retrieval]

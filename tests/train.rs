@@ -846,6 +846,8 @@ fn set_makes_an_optional_table_the_file_leaves_out() {
     );
     let eval = c.eval.expect("an [eval] table from --set");
     assert_eq!(eval.classes, PathBuf::from("data/train_sample/classes.txt"));
+    // The BoW paper's template by default (spec §6.1, A10).
+    assert_eq!(eval.templates, ["a photo of a {}"]);
 }
 
 #[test]

@@ -341,7 +341,8 @@ pub struct ZeroShotConfig {
     #[serde(default)]
     pub image_root: Option<PathBuf>,
     /// Prompt templates; `{}` is replaced by the class name. Several are averaged (CLIP's
-    /// ensemble); default one: `a photo of a {}.`.
+    /// ensemble); default one, the BoW paper's: `a photo of a {}` (spec §6.1, A10; OTTER's is
+    /// `a photo of {}.`, §6.2).
     #[serde(default = "default_templates")]
     pub templates: Vec<String>,
     /// Evaluate every this many steps (and always at step 0 and at the end).
@@ -374,7 +375,7 @@ fn default_label() -> String {
     "label".into()
 }
 fn default_templates() -> Vec<String> {
-    vec!["a photo of a {}.".into()]
+    vec!["a photo of a {}".into()]
 }
 fn default_eval_every() -> u64 {
     500

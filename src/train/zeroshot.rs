@@ -1,5 +1,5 @@
 //! Zero-shot classification during training (spec `bow-and-otter.md` §6.1–6.2): each class
-//! becomes a prompt (`a photo of a {}.` by default; the synonyms of a class joined with `,or `
+//! becomes a prompt (`a photo of a {}` by default; the synonyms of a class joined with `,or `
 //! as OTTER's reference does), embedded by the text tower and L2-normalised — several templates
 //! are averaged and renormalised (CLIP's ensemble); each image is classified by cosine
 //! similarity. Top-1/top-5 are flat hit@k (§6.2): an image counts as a hit when any of its
