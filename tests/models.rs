@@ -192,6 +192,26 @@ fn encode_text_stage_writes_embeddings_in_input_order() {
     .cloned()
     .unwrap();
     assert!(meta.iter().any(|kv| kv.key == "curate.model" && kv.value.as_deref() == Some(model.to_str().unwrap())));
+    // With `pre_caption` (CUSA's teacher input, spec §1.2): the texts after it are embedded, and
+    // the column keeps them as read.
+    let out2 = dir.path().join("out2");
+    let toml2 = toml_text
+        .replace(&format!("{:?}", dir.path().join("out").to_string_lossy()), &format!("{:?}", out2.to_string_lossy()))
+        .replace("batch_size = 3\n", "batch_size = 3\npre_caption = true\n");
+    assert!(toml2.contains("pre_caption = true") && toml2.contains("out2"), "{toml2}");
+    let doc = curate::pipeline::config::ConfigDoc::parse(Path::new("t.toml"), toml2, &[]).unwrap();
+    curate::pipeline::run(curate::pipeline::plan::compile_doc(&doc).unwrap(), &Default::default()).unwrap();
+    let pre = curate::io::parquet::read_file(&out2.join("data/part-00000.parquet")).unwrap();
+    let pre_caps: Vec<&str> = pre[0].column(1).as_string::<i32>().iter().map(|c| c.unwrap()).collect();
+    assert_eq!(pre_caps, caps, "the column keeps the text as read");
+    let normalised: Vec<String> = caps.iter().map(|c| curate::text::pre_caption(c, 64).unwrap()).collect();
+    assert!(normalised.iter().zip(&caps).any(|(n, c)| n != c), "the fixture has captions pre_caption changes");
+    let texts: Vec<&str> = normalised.iter().map(String::as_str).collect();
+    let direct = enc.encode(&texts).unwrap();
+    let got = pre[0].column(2).as_fixed_size_list().values().as_primitive::<arrow_array::types::Float32Type>().clone();
+    for (a, d) in got.values().iter().zip(&direct) {
+        assert!((a - d).abs() < 1e-5, "{a} vs {d}");
+    }
     // The text column cannot be one the output has already (two `sample_id` columns would make
     // a file readers refuse).
     let doc = curate::pipeline::config::ConfigDoc::parse(

@@ -39,6 +39,11 @@ pub struct EncodeTextConfig {
     /// L2-normalise; default: as the folder's sentence-transformers modules say.
     #[serde(default)]
     pub normalize: Option<bool>,
+    /// Embed each text after CUSA's `pre_caption` ([`crate::text::pre_caption`], at most 64
+    /// words): the input CUSA's text teacher sees (spec `cusa-and-pcmepp.md` §1.2). The output
+    /// column keeps the text as read.
+    #[serde(default)]
+    pub pre_caption: bool,
 }
 
 fn default_column() -> String {
@@ -139,6 +144,14 @@ impl Transform for EncodeText {
         let texts = str_col(&batch, &self.config.column);
         let mut keep_ids = StringBuilder::new();
         let mut keep_texts = StringBuilder::new();
+        // The texts to embed: as read, or after `pre_caption` (kept alive here).
+        let normalised: Vec<Option<String>> = (0..batch.num_rows())
+            .map(|r| {
+                (self.config.pre_caption && texts.is_valid(r))
+                    .then(|| crate::text::pre_caption(texts.value(r), 64))
+                    .flatten()
+            })
+            .collect();
         let mut todo: Vec<&str> = Vec::new();
         for r in 0..batch.num_rows() {
             // Null or blank (no words, as Python's `str.split()` finds them): nothing to embed.
@@ -156,9 +169,21 @@ impl Transform for EncodeText {
                 });
                 continue;
             }
+            if self.config.pre_caption && normalised[r].is_none() {
+                rejects.push(Reject {
+                    stage: TYPE,
+                    source_file: String::new(),
+                    row: first_row + r as u64,
+                    sample_id: Some(ids.value(r).to_owned()),
+                    reason: "no_caption",
+                    detail: format!("`{}` has nothing left after pre_caption", self.config.column).into(),
+                    raw: schema::caption_bytes(&batch, r),
+                });
+                continue;
+            }
             keep_ids.append_value(ids.value(r));
             keep_texts.append_value(texts.value(r));
-            todo.push(texts.value(r));
+            todo.push(normalised[r].as_deref().unwrap_or(texts.value(r)));
         }
         let dim = self.encoder.dim;
         let mut emb = FixedSizeListBuilder::with_capacity(

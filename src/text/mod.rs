@@ -24,6 +24,42 @@ pub fn is_python_whitespace(c: char) -> bool {
     c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
 }
 
+/// CUSA's `pre_caption` (spec `cusa-and-pcmepp.md` §1.2), the text its teachers and student
+/// see: lower-cased (as Python's `str.lower`); each of `, . ' ! ? " ( ) * # : ; ~ - /` made a
+/// space; `<person>` made `person`; each run of two or more whitespace characters made one space
+/// (a single tab or newline stays, as Python's `re.sub(r"\s{2,}", " ", ...)` leaves it); trailing
+/// newlines, then spaces at either end, removed; at most the first `max_words` words of a split
+/// on single spaces. `None` where nothing is left.
+pub fn pre_caption(caption: &str, max_words: usize) -> Option<String> {
+    let spaced: String =
+        lowercase(caption).chars().map(|c| if ",.'!?\"()*#:;~-/".contains(c) { ' ' } else { c }).collect();
+    let spaced = spaced.replace("<person>", "person");
+    // `\s{2,}` → one space: a run of one whitespace character is kept as it is.
+    let mut collapsed = String::with_capacity(spaced.len());
+    let mut run: Vec<char> = Vec::new();
+    let flush = |run: &mut Vec<char>, out: &mut String| {
+        match run.len() {
+            0 => {}
+            1 => out.push(run[0]),
+            _ => out.push(' '),
+        }
+        run.clear();
+    };
+    for c in spaced.chars() {
+        if is_python_whitespace(c) {
+            run.push(c);
+        } else {
+            flush(&mut run, &mut collapsed);
+            collapsed.push(c);
+        }
+    }
+    flush(&mut run, &mut collapsed);
+    let trimmed = collapsed.trim_end_matches('\n').trim_matches(' ');
+    let kept: Vec<&str> = trimmed.split(' ').take(max_words).collect();
+    let out = kept.join(" ");
+    (!out.is_empty()).then_some(out)
+}
+
 /// `text` with each run of whitespace ([`is_python_whitespace`]) made one space, and none at
 /// either end: Python's `" ".join(text.split())`. Runs of other characters are copied whole.
 pub fn collapse_whitespace(text: &str) -> String {
@@ -328,6 +364,26 @@ impl std::fmt::Debug for Stemmer {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn pre_caption_is_cusas() {
+        // Expected values printed by Python 3.11 running CUSA's `pre_caption` (spec §1.2).
+        let cases: [(&str, Option<&str>); 7] = [
+            ("A Dog, running!", Some("a dog running")),
+            ("  <PERSON> rides a bike/scooter -- fast.\n\n", Some("person rides a bike scooter fast")),
+            ("tab\there  and\t\tthere", Some("tab\there and there")),
+            ("Ünïcode İstanbul.", Some("ünïcode i\u{307}stanbul")),
+            ("x\u{1c}\u{1d}y", Some("x y")),
+            ("...", None),
+            ("one\ntwo\n", Some("one\ntwo")),
+        ];
+        for (caption, want) in cases {
+            assert_eq!(super::pre_caption(caption, 64).as_deref(), want, "{caption:?}");
+        }
+        let long: Vec<String> = (0..70).map(|i| format!("w{i}")).collect();
+        let got = super::pre_caption(&long.join(" "), 64).unwrap();
+        assert_eq!(got, long[..64].join(" "));
+    }
     use super::*;
 
     #[test]
