@@ -153,7 +153,7 @@ impl Transform for EncodeText {
             })
             .collect();
         let mut todo: Vec<&str> = Vec::new();
-        for r in 0..batch.num_rows() {
+        for (r, pre) in normalised.iter().enumerate() {
             // Null or blank (no words, as Python's `str.split()` finds them): nothing to embed.
             // Readers already reject blank captions; a label column can still hold "".
             if texts.is_null(r) || !has_words(texts.value(r)) {
@@ -169,7 +169,7 @@ impl Transform for EncodeText {
                 });
                 continue;
             }
-            if self.config.pre_caption && normalised[r].is_none() {
+            if self.config.pre_caption && pre.is_none() {
                 rejects.push(Reject {
                     stage: TYPE,
                     source_file: String::new(),
@@ -183,7 +183,7 @@ impl Transform for EncodeText {
             }
             keep_ids.append_value(ids.value(r));
             keep_texts.append_value(texts.value(r));
-            todo.push(normalised[r].as_deref().unwrap_or(texts.value(r)));
+            todo.push(pre.as_deref().unwrap_or(texts.value(r)));
         }
         let dim = self.encoder.dim;
         let mut emb = FixedSizeListBuilder::with_capacity(
