@@ -150,6 +150,65 @@ fn a_checkpoint_that_does_not_fit_is_refused_with_every_problem() {
 }
 
 #[test]
+fn a_pooling_or_module_curate_does_not_compute_is_refused() {
+    // sentence-transformers folders may ask for max pooling, two poolings concatenated, or a
+    // Dense layer after the pooling: computing mean pooling instead would be silently wrong.
+    let copy = |dir: &Path| {
+        let src = fixtures().join("tiny_mpnet");
+        for entry in walk(&src) {
+            let to = dir.join(entry.strip_prefix(&src).unwrap());
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(&entry, &to).unwrap();
+        }
+    };
+    fn walk(d: &Path) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+        out
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = tmp.path().join("m");
+    copy(&folder);
+    assert!(TextEncoder::load(&folder, None, None, &Device::flex()).is_ok());
+    let pool = folder.join("1_Pooling/config.json");
+    let text = std::fs::read_to_string(&pool).unwrap();
+    for key in [
+        "\"pooling_mode_mean_tokens\": true",
+        "\"pooling_mode_max_tokens\": false",
+        "\"pooling_mode_cls_token\": false",
+    ] {
+        assert!(text.contains(key), "{text}");
+    }
+    let max = text
+        .replace("\"pooling_mode_mean_tokens\": true", "\"pooling_mode_mean_tokens\": false")
+        .replace("\"pooling_mode_max_tokens\": false", "\"pooling_mode_max_tokens\": true");
+    std::fs::write(&pool, max).unwrap();
+    let e = TextEncoder::load(&folder, None, None, &Device::flex()).err().expect("max pooling refused").to_string();
+    assert!(e.contains("asks for pooling `pooling_mode_max_tokens`, which curate does not compute"), "{e}");
+    // A pooling chosen in the stage overrides the folder's.
+    assert!(TextEncoder::load(&folder, Some(Pooling::Mean), None, &Device::flex()).is_ok());
+    // Two poolings at once (sentence-transformers concatenates them).
+    let both = text.replace("\"pooling_mode_cls_token\": false", "\"pooling_mode_cls_token\": true");
+    std::fs::write(&pool, both).unwrap();
+    let e = TextEncoder::load(&folder, None, None, &Device::flex()).err().expect("two poolings refused").to_string();
+    assert!(e.contains("`pooling_mode_cls_token`, `pooling_mode_mean_tokens`"), "{e}");
+    std::fs::write(&pool, &text).unwrap();
+    // A Dense module after the pooling.
+    let modules = folder.join("modules.json");
+    let m = std::fs::read_to_string(&modules).unwrap().replace("models.Normalize", "models.Dense");
+    std::fs::write(&modules, m).unwrap();
+    let e = TextEncoder::load(&folder, None, None, &Device::flex()).err().expect("Dense refused").to_string();
+    assert!(e.contains("lists a module curate does not run: `sentence_transformers.models.Dense`"), "{e}");
+}
+
+#[test]
 fn encode_text_stage_writes_embeddings_in_input_order() {
     use arrow_array::cast::AsArray;
     let dir = tempfile::tempdir().unwrap();

@@ -97,14 +97,26 @@ impl TextEncoder {
         let pad = (padding.pad_id, if pad_id.is_some() { config_path.as_path() } else { tok_path.as_path() });
         tokenizer.with_padding(Some(padding));
         check_ids_fit(&tokenizer, &tok_path, vocab_rows, pad, &config_path)?;
-        let st_pool = read_st_json(&dir.join("1_Pooling/config.json"))?.map(|v| {
-            if v["pooling_mode_cls_token"].as_bool() == Some(true) {
-                Pooling::Cls
-            } else {
-                Pooling::Mean
-            }
-        });
-        let st_norm = read_st_json(&dir.join("modules.json"))?.map(|v| v.to_string().contains("Normalize"));
+        let pool_path = dir.join("1_Pooling/config.json");
+        // The folder's pooling, unless the caller chose one.
+        let st_pool = match pooling {
+            Some(_) => None,
+            None => read_st_json(&pool_path)?.map(|v| st_pooling(&v, &pool_path)).transpose()?,
+        };
+        let modules_path = dir.join("modules.json");
+        let modules = read_st_json(&modules_path)?;
+        // A Dense (or other) module after the pooling changes the embedding; it is not run here.
+        if let Some(other) = modules.as_ref().and_then(|m| m.as_array()).and_then(|m| {
+            m.iter()
+                .filter_map(|x| x["type"].as_str())
+                .find(|t| !["models.Transformer", "models.Pooling", "models.Normalize"].iter().any(|k| t.ends_with(k)))
+        }) {
+            return Err(Error::Model {
+                message: format!("`{}` lists a module curate does not run: `{other}`", modules_path.display()),
+                hint: Some("curate runs Transformer, Pooling (mean or CLS) and Normalize modules only".into()),
+            });
+        }
+        let st_norm = modules.map(|v| v.to_string().contains("Normalize"));
         Ok(TextEncoder {
             model,
             tokenizer,
@@ -280,6 +292,35 @@ fn read_json(path: &Path) -> Option<serde_json::Value> {
 
 /// A sentence-transformers settings file of the folder: `None` where there is none; one that
 /// is there but is not JSON is refused by name (its settings would be passed over silently).
+/// The pooling a sentence-transformers `1_Pooling/config.json` asks for: mean or CLS. Any other
+/// mode (max, mean_sqrt_len, weighted mean, last token, or two at once, which the package
+/// concatenates) is refused rather than computed as something else.
+fn st_pooling(v: &serde_json::Value, path: &Path) -> Result<Pooling> {
+    let on: Vec<&str> = v
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .filter(|(k, x)| k.starts_with("pooling_mode_") && x.as_bool() == Some(true))
+                .map(|(k, _)| k.as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    match on.as_slice() {
+        ["pooling_mode_cls_token"] => Ok(Pooling::Cls),
+        ["pooling_mode_mean_tokens"] | [] => Ok(Pooling::Mean),
+        _ => Err(Error::Model {
+            message: format!(
+                "`{}` asks for pooling {}, which curate does not compute",
+                path.display(),
+                crate::error::list(&on)
+            ),
+            hint: Some(
+                "curate pools by mean or by the CLS token (`pooling = \"mean\"|\"cls\"` overrides the folder)".into(),
+            ),
+        }),
+    }
+}
+
 fn read_st_json(path: &Path) -> Result<Option<serde_json::Value>> {
     let text = match std::fs::read_to_string(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
