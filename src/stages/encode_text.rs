@@ -156,27 +156,23 @@ impl Transform for EncodeText {
         for (r, pre) in normalised.iter().enumerate() {
             // Null or blank (no words, as Python's `str.split()` finds them): nothing to embed.
             // Readers already reject blank captions; a label column can still hold "".
-            if texts.is_null(r) || !has_words(texts.value(r)) {
-                let what = if texts.is_null(r) { "null" } else { "blank" };
+            let empty = if texts.is_null(r) {
+                Some("is null")
+            } else if !has_words(texts.value(r)) {
+                Some("is blank")
+            } else if self.config.pre_caption && pre.is_none() {
+                Some("has nothing left after pre_caption")
+            } else {
+                None
+            };
+            if let Some(what) = empty {
                 rejects.push(Reject {
                     stage: TYPE,
                     source_file: String::new(),
                     row: first_row + r as u64,
                     sample_id: Some(ids.value(r).to_owned()),
                     reason: "no_caption",
-                    detail: format!("`{}` is {what}", self.config.column).into(),
-                    raw: schema::caption_bytes(&batch, r),
-                });
-                continue;
-            }
-            if self.config.pre_caption && pre.is_none() {
-                rejects.push(Reject {
-                    stage: TYPE,
-                    source_file: String::new(),
-                    row: first_row + r as u64,
-                    sample_id: Some(ids.value(r).to_owned()),
-                    reason: "no_caption",
-                    detail: format!("`{}` has nothing left after pre_caption", self.config.column).into(),
+                    detail: format!("`{}` {what}", self.config.column).into(),
                     raw: schema::caption_bytes(&batch, r),
                 });
                 continue;
