@@ -155,24 +155,12 @@ fn a_pooling_or_module_curate_does_not_compute_is_refused() {
     // Dense layer after the pooling: computing mean pooling instead would be silently wrong.
     let copy = |dir: &Path| {
         let src = fixtures().join("tiny_mpnet");
-        for entry in walk(&src) {
+        for entry in common::files_under(&src) {
             let to = dir.join(entry.strip_prefix(&src).unwrap());
             std::fs::create_dir_all(to.parent().unwrap()).unwrap();
             std::fs::copy(&entry, &to).unwrap();
         }
     };
-    fn walk(d: &Path) -> Vec<PathBuf> {
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                out.extend(walk(&p));
-            } else {
-                out.push(p);
-            }
-        }
-        out
-    }
     let tmp = tempfile::tempdir().unwrap();
     let folder = tmp.path().join("m");
     copy(&folder);

@@ -279,10 +279,7 @@ fn write_features(path: &Path, dim: usize, scale: impl Fn(usize) -> f32) {
         ("embedding", Arc::new(list) as ArrayRef),
     ])
     .unwrap();
-    let mut w =
-        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path).unwrap(), batch.schema(), None).unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
+    common::write_parquet(path, &batch);
 }
 
 #[test]

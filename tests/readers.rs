@@ -94,8 +94,10 @@ fn a_run_clears_what_an_earlier_run_left() {
         std::fs::write(&p, b"from an earlier run").unwrap();
     }
     run_toml(cc_pipeline(&out, "data", None)).unwrap();
-    let mut left: Vec<String> =
-        walk(&out).into_iter().map(|p| p.strip_prefix(&out).unwrap().to_string_lossy().into_owned()).collect();
+    let mut left: Vec<String> = common::files_under(&out)
+        .into_iter()
+        .map(|p| p.strip_prefix(&out).unwrap().to_string_lossy().into_owned())
+        .collect();
     left.sort();
     // This run's files (no BoW stage, so no plots), and the user's file.
     assert_eq!(
@@ -150,19 +152,6 @@ fn cc_pipeline(out: &std::path::Path, data_dir: &str, bow: Option<&str>) -> Stri
         out.to_string_lossy(),
         fixture("readers/cc/cc_train.tsv")
     )
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 #[test]
@@ -620,7 +609,7 @@ fn parquet_text_that_is_not_utf8_rejects_its_row_only() {
     ])
     .unwrap();
     let path = dir.path().join("00000.parquet");
-    write_batch(&path, &batch);
+    common::write_parquet(&path, &batch);
     let raw_of = |rejects: &[arrow_array::RecordBatch]| {
         arrow_array::cast::AsArray::as_binary::<i32>(rejects[0].column_by_name("raw").unwrap()).value(0).to_vec()
     };
@@ -658,7 +647,7 @@ fn img2dataset_shards_as_pandas_and_python_write_them() {
     ])
     .unwrap();
     let path = dir.path().join("00000.parquet");
-    write_batch(&path, &batch);
+    common::write_parquet(&path, &batch);
     let (_d, data, rejects) =
         run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", path.display())));
     assert_eq!((data.iter().map(|b| b.num_rows()).sum::<usize>(), reasons(&rejects).len()), (0, 2));
@@ -743,7 +732,7 @@ fn dictionary_encoded_bytes_that_are_not_utf8_reject_as_plain_bytes_do() {
     .unwrap();
     assert!(matches!(batch.column(1).data_type(), arrow_schema::DataType::Dictionary(..)));
     let path = dir.path().join("00000.parquet");
-    write_batch(&path, &batch);
+    common::write_parquet(&path, &batch);
     let (_d, data, rejects) =
         run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", path.display())));
     assert_eq!(strs(&data, "sample_id"), ["0"]);
@@ -839,7 +828,7 @@ fn parquet_tables_and_yfcc_reject_repeated_ids() {
     let text: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["a dog", "a cat", "a bird", "a fish"]));
     let batch = RecordBatch::try_from_iter([("id", ids), ("text", text)]).unwrap();
     let path = dir.path().join("t.parquet");
-    write_batch(&path, &batch);
+    common::write_parquet(&path, &batch);
     let (_d, data, rejects) = run_pipeline(&read_only(&format!(
         "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"id\", caption = \"text\" }}",
         path.display()
@@ -1302,7 +1291,7 @@ fn img2dataset_keys_must_not_be_blank() {
     ])
     .unwrap();
     let path = dir.path().join("00000.parquet");
-    write_batch(&path, &batch);
+    common::write_parquet(&path, &batch);
     let (_d, data, rejects) =
         run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", path.display())));
     assert_eq!(strs(&data, "sample_id"), ["000000001"]);
@@ -1417,7 +1406,7 @@ fn img2dataset_parquet_blank_keys_and_failed_downloads() {
     ])
     .unwrap();
     let path = dir.path().join("00000.parquet");
-    write_batch(&path, &batch);
+    common::write_parquet(&path, &batch);
     let (_d, data, rejects) =
         run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", path.display())));
     assert_eq!(strs(&data, "sample_id"), ["k3"]);
@@ -1455,7 +1444,7 @@ fn table_rows_are_checked_in_one_order_in_every_format() {
         RecordBatch::try_from_iter([("id", s(vec!["1", "1", "\u{1c}", "3"])), ("text", s(vec!["a", "", "b", "c"]))])
             .unwrap();
     let path = dir.path().join("t.parquet");
-    write_batch(&path, &batch);
+    common::write_parquet(&path, &batch);
     let (_d, data, rejects) = run_pipeline(&read_only(&format!(
         "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"id\", caption = \"text\" }}",
         path.display()
@@ -1475,7 +1464,7 @@ fn table_cells_timestamps_paths_and_an_open_quote_at_the_end() {
         std::sync::Arc::new(TimestampSecondArray::from(vec![1577934245, 0]).with_timezone("Europe/Paris"));
     let batch = RecordBatch::try_from_iter([("text", text), ("utc", utc), ("paris", paris)]).unwrap();
     let path = dir.path().join("t.parquet");
-    write_batch(&path, &batch);
+    common::write_parquet(&path, &batch);
     let (_d, data, _) = run_pipeline(&read_only(&format!(
         "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ caption = \"text\", label = \"utc\", label_text = \"paris\" }}",
         path.display()
@@ -1486,7 +1475,7 @@ fn table_cells_timestamps_paths_and_an_open_quote_at_the_end() {
     let text: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["a dog", "a cat"]));
     let none: ArrayRef = std::sync::Arc::new(arrow_array::NullArray::new(2));
     let batch = RecordBatch::try_from_iter([("text", text), ("none", none)]).unwrap();
-    write_batch(&path, &batch);
+    common::write_parquet(&path, &batch);
     let (_d, data, rejects) = run_pipeline(&read_only(&format!(
         "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ caption = \"text\", url = \"none\" }}",
         path.display()
@@ -1524,7 +1513,7 @@ fn parquet_dates_out_of_range_reject_their_row_only() {
     let batch =
         RecordBatch::try_from_iter([("id", id), ("text", text), ("taken", taken), ("utc", utc), ("day", day)]).unwrap();
     let path = dir.path().join("t.parquet");
-    write_batch(&path, &batch);
+    common::write_parquet(&path, &batch);
     let (_d, data, rejects) = run_pipeline(&read_only(&format!(
         "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"id\", caption = \"text\", label = \"taken\", label_text = \"utc\", url = \"day\" }}",
         path.display()
@@ -1641,7 +1630,7 @@ fn compressed_and_parquet_files_are_not_read_as_text() {
     // A Parquet file read as TSV (its format set by hand).
     let pq = dir.path().join("t.parquet");
     let col: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["a dog"]));
-    write_batch(&pq, &RecordBatch::try_from_iter([("text", col)]).unwrap());
+    common::write_parquet(&pq, &RecordBatch::try_from_iter([("text", col)]).unwrap());
     let err = config_errors(read_only(&format!(
         "type = \"read_table\"\npath = \"{}\"\nformat = \"tsv\"\ncolumns = {{ caption = 0 }}",
         pq.display()
@@ -1776,14 +1765,6 @@ fn the_bow_report_says_what_it_cannot_measure() {
 /// The JSON file at `path` (a manifest, a report).
 fn json_file(path: &std::path::Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-/// Writes `batch` as a Parquet file at `path`.
-fn write_batch(path: &std::path::Path, batch: &arrow_array::RecordBatch) {
-    let mut w =
-        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path).unwrap(), batch.schema(), None).unwrap();
-    w.write(batch).unwrap();
-    w.close().unwrap();
 }
 
 /// `bytes` compressed as gzip (`members` gzip members, as `cat a.gz b.gz` makes) or bzip2.
@@ -1951,7 +1932,7 @@ fn large_parquet_and_csv_tables_stream_in_chunks() {
     let caps: Vec<String> = (0..n).map(|i| format!("caption {i}")).collect();
     let (id_col, cap_col): (ArrayRef, ArrayRef) =
         (std::sync::Arc::new(StringArray::from(ids.clone())), std::sync::Arc::new(StringArray::from(caps.clone())));
-    write_batch(
+    common::write_parquet(
         &dir.path().join("t.parquet"),
         &RecordBatch::try_from_iter([("id", id_col), ("text", cap_col)]).unwrap(),
     );

@@ -627,10 +627,7 @@ fn train_table_with_paths(dir: &Path, path_of: impl Fn(usize, &str) -> String) -
     ])
     .unwrap();
     let table = dir.join("t.parquet");
-    let mut w =
-        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&table).unwrap(), batch.schema(), None).unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
+    common::write_parquet(&table, &batch);
     table
 }
 
@@ -673,10 +670,7 @@ fn teacher_table(file: &Path, range: std::ops::Range<usize>, width: usize, poiso
         ("embedding", Arc::new(list) as ArrayRef),
     ])
     .unwrap();
-    let mut w =
-        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(file).unwrap(), batch.schema(), None).unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
+    common::write_parquet(file, &batch);
 }
 
 #[test]
@@ -716,10 +710,7 @@ fn rows_without_id_caption_or_image_reference_are_counted_and_a_table_without_re
             columns.into_iter().map(|(n, v)| (n, Arc::new(StringArray::from(v)) as ArrayRef)).collect();
         let batch = RecordBatch::try_from_iter(columns).unwrap();
         let file = dir.path().join(name);
-        let mut w =
-            parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&file).unwrap(), batch.schema(), None).unwrap();
-        w.write(&batch).unwrap();
-        w.close().unwrap();
+        common::write_parquet(&file, &batch);
         file
     };
     let image = "data/train_sample/images/train_blue_circle_00.png";
@@ -866,10 +857,7 @@ fn an_empty_zero_shot_table_is_an_error_and_null_rows_are_counted() {
         };
         let batch = RecordBatch::try_from_iter([("path", opt(&paths, 1)), ("label", opt(&labels, 3))]).unwrap();
         let path = dir.path().join(file);
-        let mut w =
-            parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), None).unwrap();
-        w.write(&batch).unwrap();
-        w.close().unwrap();
+        common::write_parquet(&path, &batch);
         path
     };
     let eval_config = |file: &Path| {

@@ -51,6 +51,28 @@ pub fn run_pipeline(toml: &str) -> (tempfile::TempDir, Vec<RecordBatch>, Vec<Rec
     (dir, data, rejects)
 }
 
+/// `batch` written to `path` as one Parquet file.
+pub fn write_parquet(path: &Path, batch: &RecordBatch) {
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path).unwrap(), batch.schema(), None).unwrap();
+    w.write(batch).unwrap();
+    w.close().unwrap();
+}
+
+/// Every file under `dir`, recursively (folders left out).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
 pub fn read_dir(dir: &Path) -> Vec<RecordBatch> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
     files.sort();
