@@ -248,6 +248,18 @@ fn checkpoint_dir(output: &Path, step: u64) -> PathBuf {
     output.join("checkpoints").join(format!("step-{step:08}"))
 }
 
+/// The note for an earlier run in `output` with `checkpoints` checkpoints that a run from step 0
+/// removes. `--resume` goes on from a checkpoint only (a finished run without one is refused), so
+/// it is offered only where there are checkpoints.
+fn earlier_run_note(output: &Path, checkpoints: usize) -> String {
+    let resume = if checkpoints == 0 { "" } else { ", or `--resume` to go on from them" };
+    format!(
+        "note: `{}` holds an earlier run: its {checkpoints} checkpoint(s), final model and `eval/` results are \
+         removed (train into a new `output_dir` to keep them{resume})",
+        output.display()
+    )
+}
+
 /// Removes what an earlier run left in `output` that this one, starting at step 0, would
 /// otherwise keep beside its own: checkpoints (a later `--resume` would go on from another
 /// run's), the final model (`curate eval` would score it under this run's config) and the
@@ -267,14 +279,7 @@ fn clear_earlier_run(output: &Path) -> Result<()> {
     let model = output.join("model.bpk");
     let eval = output.join("eval");
     if !steps.is_empty() || model.exists() || eval.is_dir() {
-        // `--resume` goes on from a checkpoint only (a finished run without one is refused).
-        let resume = if steps.is_empty() { "" } else { ", or `--resume` to go on from them" };
-        say!(
-            "note: `{}` holds an earlier run: its {} checkpoint(s), final model and `eval/` results are removed \
-             (train into a new `output_dir` to keep them{resume})",
-            output.display(),
-            steps.len()
-        );
+        say!("{}", earlier_run_note(output, steps.len()));
     }
     for p in steps {
         std::fs::remove_dir_all(&p).map_err(|e| Error::io("cannot remove", &p, e))?;
@@ -792,4 +797,17 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         rows,
         undecodable_images: undecodable.len(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    #[test]
+    fn the_earlier_run_note_offers_resume_only_with_checkpoints() {
+        let with = super::earlier_run_note(Path::new("out"), 2);
+        assert!(with.contains("its 2 checkpoint(s)") && with.contains("or `--resume` to go on from them"), "{with}");
+        let without = super::earlier_run_note(Path::new("out"), 0);
+        assert!(without.contains("`out` holds an earlier run") && !without.contains("--resume"), "{without}");
+    }
 }
