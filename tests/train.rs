@@ -825,6 +825,23 @@ fn an_undecodable_image_is_left_out_and_resume_still_matches() {
     let note = format!("note: training image `{}` cannot be decoded", broken.display());
     assert!(stderr.contains(&note), "{stderr}");
     assert!(stderr.contains("1 training image(s) could not be decoded and were left out"), "{stderr}");
+
+    // Too few images decode to fill a batch: the error names one itself (the notes on them come
+    // only after a batch, so there are none yet to point at).
+    std::fs::create_dir_all(dir.path().join("mostly")).unwrap();
+    let mostly = train_table_with_paths(&dir.path().join("mostly"), |i, p| {
+        if i < 570 {
+            broken.display().to_string()
+        } else {
+            p.to_owned()
+        }
+    });
+    let tables = format!("data.tables=[\"{}\"]", mostly.display());
+    let c = config(dir.path(), &[&tables]);
+    let maker = BatchMaker::new(Arc::new(TrainSet::load(&c).unwrap()), &c).unwrap();
+    let e = maker.make(0, &maker.epoch_order(0)).unwrap_err().to_string();
+    assert!(e.contains("fewer than 8 training images of the 576 can be decoded ("), "{e}");
+    assert!(e.contains(&format!(" cannot: `{}`: ", broken.display())) && !e.contains("notes above"), "{e}");
 }
 
 #[test]
