@@ -301,6 +301,7 @@ mod run_dir {
     use curate::eval::embeddings::{Captions, Images, Matrix};
     use curate::eval::trained::{run_trained, RunEval, IMAGE_BATCH};
     use curate::eval::{evaluate, Similarity};
+    use curate::models::preprocess::{IMAGENET_MEAN, IMAGENET_STD};
     use curate::train::data::{crop_to_chw, read_image, ImageSource};
     use curate::train::trained::TrainedRun;
     use curate::train::zeroshot::{parse_classes, ZeroShot};
@@ -377,7 +378,7 @@ captions = "data/train_sample/retrieval_captions.parquet"
             let mut pixels = Vec::new();
             for p in chunk {
                 let img = read_image(&ImageSource::File(p.into())).unwrap();
-                crop_to_chw(&img, (0, 0, img.width, img.height), size, false, &mut pixels);
+                crop_to_chw(&img, (0, 0, img.width, img.height), size, false, IMAGENET_MEAN, IMAGENET_STD, &mut pixels);
             }
             image_rows.extend(run.embed_images(pixels, chunk.len()).unwrap());
         }
@@ -430,7 +431,7 @@ captions = "data/train_sample/retrieval_captions.parquet"
         // the zero-shot set evaluated here.
         let zs = &got["zeroshot"];
         assert_eq!(zs["classes"], 24);
-        let z = ZeroShot::load(run.config.eval.as_ref().unwrap(), size).unwrap();
+        let z = ZeroShot::load(run.config.eval.as_ref().unwrap(), &run.transform()).unwrap();
         let direct = z.evaluate(&run.model, &run.tokenizer).unwrap();
         // (serde_json reads floats back to within an ulp, hence the tolerance.)
         let near = |v: &serde_json::Value, x: f64| v.as_f64().is_some_and(|v| (v - x).abs() < 1e-12);
@@ -460,7 +461,7 @@ captions = "data/train_sample/retrieval_captions.parquet"
         for (p, label) in zs_paths.iter().zip(&zs_labels) {
             let img = read_image(&ImageSource::File(p.into())).unwrap();
             let mut pixels = Vec::new();
-            crop_to_chw(&img, (0, 0, img.width, img.height), size, false, &mut pixels);
+            crop_to_chw(&img, (0, 0, img.width, img.height), size, false, IMAGENET_MEAN, IMAGENET_STD, &mut pixels);
             let e = run.embed_images(pixels, 1).unwrap();
             let scores: Vec<f32> = class_rows.chunks(d).map(|c| c.iter().zip(&e).map(|(a, b)| a * b).sum()).collect();
             let want = classes.iter().position(|n| n.contains(label)).unwrap();

@@ -16,6 +16,7 @@ use curate::losses::infonce::infonce;
 use curate::losses::LossType;
 use curate::train::data::{BatchMaker, Loader, TrainSet};
 use curate::train::dual_encoder::{DualEncoder, Heads};
+use curate::train::transform::{ImageTransform, ImageTransformKind};
 use curate::train::zeroshot::{class_prompt, hit_at_k, parse_classes};
 use curate::train::{train, TrainConfig, TrainOptions};
 use curate::Error;
@@ -885,10 +886,14 @@ fn an_empty_zero_shot_table_is_an_error_and_null_rows_are_counted() {
         c.eval.unwrap()
     };
     let five = table("five.parquet", 5);
-    let z = ZeroShot::load(&eval_config(&five), 16).unwrap();
+    let z = ZeroShot::load(&eval_config(&five), &ImageTransform::of_kind(ImageTransformKind::RandomResizedCrop, 16))
+        .unwrap();
     assert_eq!(z.skipped, 2);
     let empty = table("empty.parquet", 0);
-    let e = ZeroShot::load(&eval_config(&empty), 16).err().expect("an empty table is refused").to_string();
+    let e = ZeroShot::load(&eval_config(&empty), &ImageTransform::of_kind(ImageTransformKind::RandomResizedCrop, 16))
+        .err()
+        .expect("an empty table is refused")
+        .to_string();
     let want = format!("no zero-shot images in `{}` (0 row(s) with a null `path` or `label`)", empty.display());
     assert!(e.contains(&want), "wanted `{want}` in:\n{e}");
     assert!(e.contains("hint: "), "{e}");
@@ -1068,4 +1073,74 @@ fn a_training_tokenizer_with_ids_past_the_vocabulary_is_refused_at_load() {
     std::fs::write(model.join("config.json"), config.to_string()).unwrap();
     let e = BatchMaker::new(set, &c).err().expect("refused").to_string();
     assert!(e.contains("4294967295") && e.contains("config.json"), "{e}");
+}
+
+#[test]
+fn the_image_transform_key_picks_a_papers_views_and_fills_in_its_defaults() {
+    use curate::models::preprocess::{CLIP_MEAN, CLIP_STD};
+    use curate::train::config::{DEFAULT_CROP_RATIO, DEFAULT_CROP_SCALE};
+    use curate::train::data::read_image;
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = format!("output_dir={}", dir.path().join("out").display());
+    // The base sets RandomResizedCrop's `crop_scale`: another transform draws its own crops.
+    let with_scale = dir.path().join("train.toml");
+    std::fs::write(&with_scale, BASE).unwrap();
+    let e =
+        TrainConfig::load(&with_scale, &[out.clone(), "data.image_transform=otter".into()]).unwrap_err().to_string();
+    assert!(e.contains("`data.crop_scale`: is RandomResizedCrop's, and `image_transform = \"otter\"`"), "{e}");
+    assert!(e.contains("train.toml:") && e.contains("1 configuration error"), "{e}");
+    let e = TrainConfig::load(&with_scale, &[out.clone(), "data.image_transform=oter".into()]).unwrap_err().to_string();
+    assert!(e.contains("did you mean `otter`?"), "{e}");
+
+    // Without it, each transform's defaults are filled in, so `config.json` says what ran.
+    let plain = dir.path().join("plain.toml");
+    let text = BASE.replace("crop_scale = [0.5, 1.0]\n", "");
+    assert_ne!(text, BASE);
+    std::fs::write(&plain, &text).unwrap();
+    let c = TrainConfig::load(&plain, std::slice::from_ref(&out)).unwrap();
+    assert_eq!(c.data.image_transform, ImageTransformKind::RandomResizedCrop);
+    assert_eq!(
+        (c.data.crop_scale, c.data.crop_ratio, c.data.flip),
+        (Some(DEFAULT_CROP_SCALE), Some(DEFAULT_CROP_RATIO), Some(true))
+    );
+    for (kind, name, flip) in [
+        (ImageTransformKind::Otter, "otter", false),
+        (ImageTransformKind::Pcmepp, "pcmepp", true),
+        (ImageTransformKind::Clip, "clip", false),
+    ] {
+        let c = TrainConfig::load(&plain, &[out.clone(), format!("data.image_transform={name}")]).unwrap();
+        assert_eq!(c.data.image_transform, kind);
+        assert_eq!((c.data.crop_scale, c.data.crop_ratio, c.data.flip), (None, None, Some(flip)), "{name}");
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(json["data"]["image_transform"], name);
+        assert!(json["data"].get("crop_scale").is_none(), "{name}: {}", json["data"]);
+        // An explicit flip is kept.
+        let c = TrainConfig::load(
+            &plain,
+            &[out.clone(), format!("data.image_transform={name}"), format!("data.flip={}", !flip)],
+        )
+        .unwrap();
+        assert_eq!(c.data.flip, Some(!flip), "{name}");
+    }
+
+    // A `clip` batch (no draws, no flip) is each row's evaluation view: the batch maker uses the
+    // key. Under the default it is not (the random crops of `random_resized_crop`).
+    let per = 3 * 16 * 16;
+    for (name, same) in [("clip", true), ("random_resized_crop", false)] {
+        let c = TrainConfig::load(&plain, &[out.clone(), format!("data.image_transform={name}")]).unwrap();
+        let t = ImageTransform::new(&c.data, c.model.image_size_px);
+        let maker = BatchMaker::new(Arc::new(TrainSet::load(&c).unwrap()), &c).unwrap();
+        let batch = maker.make(0, &maker.epoch_order(0)).unwrap();
+        for (k, &r) in batch.rows.iter().enumerate() {
+            let mut want = Vec::new();
+            t.test(&read_image(&maker.set.samples[r].image).unwrap(), &mut want);
+            assert_eq!(batch.images[k * per..(k + 1) * per] == want[..], same, "{name}: row {r}");
+        }
+        if same {
+            // CLIP's constants: a black pixel would be −mean/std; every value is at least that.
+            let floor = (0..3).map(|c| -CLIP_MEAN[c] / CLIP_STD[c]).fold(f32::INFINITY, f32::min);
+            assert!(batch.images.iter().all(|&v| v >= floor - 1e-6));
+        }
+    }
 }

@@ -2,7 +2,8 @@
 //! ([`TrainedRun`]) embeds a retrieval set in the COCO layout ([`super::embeddings::ImageList`],
 //! [`super::embeddings::CaptionList`]) — the `--images`/`--captions` flags, else the run
 //! config's `[eval.retrieval]` — with images preprocessed as the trainer's zero-shot evaluation
-//! does (the whole image resized to the model's square size: no crop, no flip). The galleries
+//! does (the evaluation view of the run's `data.image_transform`: by default the whole image
+//! resized to the model's square size; `otter` and `clip` resize and centre-crop). The galleries
 //! then go through the same [`super::evaluate`] and [`super::report`] as precomputed
 //! embeddings, so both forms of `curate eval` write the same files. When the run config has
 //! zero-shot settings (`[eval]`), the trainer's zero-shot top-1/top-5
@@ -19,8 +20,9 @@ use super::embeddings::{self, Captions, Images};
 use super::{evaluate, report, Annotations, Evaluation, Similarity};
 use crate::error::{Error, Result};
 use crate::train::config::{TrainConfig, ZeroShotConfig};
-use crate::train::data::{crop_to_chw, read_image, ImageSource};
+use crate::train::data::{read_image, ImageSource};
 use crate::train::trained::TrainedRun;
+use crate::train::transform::ImageTransform;
 use crate::train::zeroshot::ZeroShot;
 
 /// Images per image-tower forward pass (the trainer's zero-shot batch). Embeddings do not depend
@@ -143,13 +145,14 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     let captions = embeddings::read_caption_list(&r.captions)?;
     embeddings::check_ids(&images.ids, &captions.ids, &captions.image_ids, &r.images, &r.captions)?;
     let annotations = r.eccv_annotations.as_deref().map(Annotations::read_dir).transpose()?;
-    let zeroshot = r.zeroshot.as_ref().map(|z| ZeroShot::load(z, run.image_size())).transpose()?;
+    let zeroshot = r.zeroshot.as_ref().map(|z| ZeroShot::load(z, &run.transform())).transpose()?;
     let t_read = t1.elapsed().as_secs_f64();
     // Only now, with every input read: a mistyped path leaves an earlier evaluation as it was.
     std::fs::create_dir_all(&r.out).map_err(|e| Error::io("cannot create folder", &r.out, e))?;
     report::write_config(&r.out, &r)?;
 
     let size = run.image_size();
+    let transform = run.transform();
     note(format!(
         "embedding {} images (`{}`, {size}×{size} px) and {} captions (`{}`) with `{}`",
         images.ids.len(),
@@ -177,7 +180,7 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     for (b, chunk) in images.paths.chunks(IMAGE_BATCH).enumerate() {
         let pixels = chunk
             .par_iter()
-            .map(|p| preprocess(&root.map_or_else(|| PathBuf::from(p), |d| d.join(p)), size))
+            .map(|p| preprocess(&root.map_or_else(|| PathBuf::from(p), |d| d.join(p)), &transform))
             .collect::<Result<Vec<Vec<f32>>>>()?;
         image_rows.extend(run.embed_images(pixels.concat(), chunk.len())?);
         if batches > 1 && ((b + 1) % every == 0 || b + 1 == batches) {
@@ -207,14 +210,15 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     Ok(ev)
 }
 
-/// One image as the image tower takes it: decoded, resized whole to `size × size` (bilinear),
-/// ImageNet-normalised, CHW — what [`ZeroShot`] does with its images.
+/// One image as the image tower takes it: decoded, then the evaluation view of the run's
+/// `data.image_transform` ([`ImageTransform::test`]; the default resizes the whole image to
+/// `size × size`), CHW — what [`ZeroShot`] does with its images.
 ///
 /// # Shapes
 /// returns `[3 * size * size]`
-pub fn preprocess(path: &Path, size: usize) -> Result<Vec<f32>> {
+pub fn preprocess(path: &Path, transform: &ImageTransform) -> Result<Vec<f32>> {
     let img = read_image(&ImageSource::File(path.to_owned()))?;
-    let mut out = Vec::with_capacity(3 * size * size);
-    crop_to_chw(&img, (0, 0, img.width, img.height), size, false, &mut out);
+    let mut out = Vec::with_capacity(3 * transform.size * transform.size);
+    transform.test(&img, &mut out);
     Ok(out)
 }

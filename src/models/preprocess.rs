@@ -196,15 +196,17 @@ impl Preprocess {
         assert!(rw >= c && rh >= c, "crop {c} larger than the resized image {rw}x{rh}");
         // torchvision's CenterCrop: offset `round((size − crop) / 2)`, Python's round (half to
         // even).
-        let left = round_half_even(rw - c);
-        let top = round_half_even(rh - c);
-        let cols = Coefficients::new(img.width, rw, left, c, self.interpolation);
-        let rows = Coefficients::new(img.height, rh, top, c, self.interpolation);
-        // Only the input rows some output row reads go through the horizontal pass.
-        let first = rows.starts.first().copied().unwrap_or(0);
-        let last = rows.starts.iter().zip(&rows.lens).map(|(s, n)| s + n).max().unwrap_or(0);
-        let wide = horizontal(img, first, last, &cols);
-        vertical(&wide, first, &rows)
+        self.resize_crop_at(img, round_half_even(rw - c), round_half_even(rh - c))
+    }
+
+    /// Resize, then the `crop_px` square whose top-left corner is `(left, top)` in the resized
+    /// image (torchvision's `RandomCrop` after `Resize` when the offsets are drawn). Only the
+    /// pixels of the square are computed, and they equal those of the whole resized image.
+    pub fn resize_crop_at(&self, img: &Rgb8, left: usize, top: usize) -> Rgb8 {
+        let (rw, rh) = self.resized_size(img.width, img.height);
+        let c = self.crop_px;
+        assert!(left + c <= rw && top + c <= rh, "crop {c} at ({left}, {top}) outside the resized image {rw}x{rh}");
+        resample(img, (rw, rh), (left, top), (c, c), self.interpolation)
     }
 
     /// The normalised `[3, crop_px, crop_px]` tensor of an image, row-major.
@@ -212,17 +214,8 @@ impl Preprocess {
     /// # Shapes
     /// - output: `[3, crop_px, crop_px]` flattened
     pub fn to_chw(&self, img: &Rgb8) -> Vec<f32> {
-        let small = self.resize_crop(img);
-        let plane = small.width * small.height;
-        let mut out = vec![0f32; 3 * plane];
-        for (i, px) in small.data.chunks_exact(3).enumerate() {
-            for ch in 0..3 {
-                // As torchvision: `ToTensor` divides by 255 in f32, `Normalize` subtracts and
-                // divides in f32 — the same operations, so the same rounding.
-                let v = px[ch] as f32 / 255.0;
-                out[ch * plane + i] = (v - self.mean[ch]) / self.std[ch];
-            }
-        }
+        let mut out = Vec::with_capacity(self.len());
+        push_normalised(&self.resize_crop(img), self.mean, self.std, false, &mut out);
         out
     }
 
@@ -230,6 +223,67 @@ impl Preprocess {
     pub fn bytes_to_chw(&self, bytes: &[u8]) -> Result<Vec<f32>, String> {
         Ok(self.to_chw(&decode(bytes)?))
     }
+}
+
+/// `img` resized to exactly `width × height` (aspect not kept), as PIL's `resize((width,
+/// height))` — torchvision's `Resize((h, w))` on a PIL image.
+pub fn resize_to(img: &Rgb8, width: usize, height: usize, filter: Interpolation) -> Rgb8 {
+    resample(img, (width, height), (0, 0), (width, height), filter)
+}
+
+/// The `w × h` part of `img` whose top-left corner is `(x, y)`, as PIL's `crop((x, y, x + w,
+/// y + h))` inside the image.
+pub fn crop(img: &Rgb8, x: usize, y: usize, w: usize, h: usize) -> Rgb8 {
+    assert!(
+        x + w <= img.width && y + h <= img.height,
+        "crop {w}x{h} at ({x}, {y}) outside {}x{}",
+        img.width,
+        img.height
+    );
+    let mut data = Vec::with_capacity(w * h * 3);
+    for row in y..y + h {
+        let start = (row * img.width + x) * 3;
+        data.extend_from_slice(&img.data[start..start + w * 3]);
+    }
+    Rgb8 { width: w, height: h, data }
+}
+
+/// Appends the normalised CHW tensor of `img` to `dst`, mirrored left-right when `flip`: as
+/// torchvision's `ToTensor` (`x / 255` in f32) then `Normalize` (`(x − mean) / std` in f32),
+/// the same operations, so the same rounding.
+///
+/// # Shapes
+/// - appends `[3, img.height, img.width]` flattened
+pub fn push_normalised(img: &Rgb8, mean: [f32; 3], std: [f32; 3], flip: bool, dst: &mut Vec<f32>) {
+    let (w, plane) = (img.width, img.width * img.height);
+    let start = dst.len();
+    dst.resize(start + 3 * plane, 0.0);
+    let out = &mut dst[start..];
+    for (y, row) in img.data.chunks_exact(w * 3).enumerate() {
+        for (x, px) in row.chunks_exact(3).enumerate() {
+            let at = y * w + if flip { w - 1 - x } else { x };
+            for ch in 0..3 {
+                out[ch * plane + at] = (px[ch] as f32 / 255.0 - mean[ch]) / std[ch];
+            }
+        }
+    }
+}
+
+/// The `size` window at `offset` of `img` resized to `resized` (PIL's resampler, see the
+/// module docs): only the input rows the window reads go through the horizontal pass.
+fn resample(
+    img: &Rgb8,
+    resized: (usize, usize),
+    offset: (usize, usize),
+    size: (usize, usize),
+    filter: Interpolation,
+) -> Rgb8 {
+    let cols = Coefficients::new(img.width, resized.0, offset.0, size.0, filter);
+    let rows = Coefficients::new(img.height, resized.1, offset.1, size.1, filter);
+    let first = rows.starts.first().copied().unwrap_or(0);
+    let last = rows.starts.iter().zip(&rows.lens).map(|(s, n)| s + n).max().unwrap_or(0);
+    let wide = horizontal(img, first, last, &cols);
+    vertical(&wide, first, &rows)
 }
 
 /// `round(n / 2)` with ties to even, as Python's `round` (torchvision's `CenterCrop`).

@@ -45,7 +45,7 @@ use crate::rng::RowRng;
 use crate::schema::{self, str_col, Chunk, Reject};
 use crate::text::pseudo_bow::{PoolWords, RankedWord, Strategy};
 use crate::text::{is_content_word, lowercase, Stemmer, Tokenizer};
-use crate::train::data::{crop_to_chw, random_resized_crop, read_features, string_column};
+use crate::train::data::{random_resized_crop, read_features, string_column};
 use crate::train::trained::TrainedRun;
 
 pub const TYPE: &str = "mine_pseudo_bow";
@@ -563,6 +563,7 @@ impl Transform for MinePseudoBow {
         let ids = str_col(&batch, schema::SAMPLE_ID);
         let rows = ImageRows::new(&batch, &self.references, c.shards_dir.as_deref());
         let size = self.run.image_size();
+        let transform = self.run.transform();
         let dim = self.run.dim();
         let per_crop = 3 * size * size;
 
@@ -575,7 +576,7 @@ impl Transform for MinePseudoBow {
             let mut out = Vec::with_capacity(c.crops * per_crop);
             for _ in 0..c.crops {
                 let crop = random_resized_crop(img.width, img.height, c.crop_scale, c.crop_ratio, &mut rng);
-                crop_to_chw(&img, crop, size, false, &mut out);
+                transform.crop(&img, crop, &mut out);
             }
             Ok(out)
         };

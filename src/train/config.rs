@@ -14,6 +14,7 @@ use crate::io::PathPatterns;
 use crate::losses::LossConfig;
 use crate::models::pooling::Pooling;
 use crate::pipeline::config::ConfigDoc;
+use crate::train::transform::ImageTransformKind;
 
 /// The most slots a memory bank may have: 2^20, 6 GiB for the two banks at 768 dimensions (the
 /// paper's K is 8192). Past it the banks are refused before the run starts, not left to fail
@@ -183,15 +184,22 @@ pub struct DataConfig {
     /// `<shards_dir>/<shard>.tar` member `<key>.jpg|jpeg|png|webp` (columns `shard`, `key`).
     #[serde(default)]
     pub shards_dir: Option<PathBuf>,
-    /// RandomResizedCrop area fraction range (torchvision: [0.08, 1]).
-    #[serde(default = "default_crop_scale")]
-    pub crop_scale: [f64; 2],
-    /// RandomResizedCrop aspect-ratio range.
-    #[serde(default = "default_crop_ratio")]
-    pub crop_ratio: [f64; 2],
-    /// Random horizontal flip with probability 0.5.
-    #[serde(default = "yes")]
-    pub flip: bool,
+    /// How training views are drawn and evaluation images prepared, as a paper defines it
+    /// ([`crate::train::transform`]): `random_resized_crop` (the default), `otter` (the BoW
+    /// paper's, §7 A9), `pcmepp` or `clip` (CUSA's).
+    #[serde(default)]
+    pub image_transform: ImageTransformKind,
+    /// RandomResizedCrop area fraction range (torchvision: [0.08, 1]); `random_resized_crop`
+    /// only (filled in for it when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crop_scale: Option<[f64; 2]>,
+    /// RandomResizedCrop aspect-ratio range ([3/4, 4/3]); `random_resized_crop` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crop_ratio: Option<[f64; 2]>,
+    /// Random horizontal flip with probability 0.5. Default: as the transform's paper (yes for
+    /// `random_resized_crop` and `pcmepp`, no for `otter` and `clip`); filled in when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flip: Option<bool>,
     /// PCME++'s mixed sample data augmentation (Mixup / CutMix on images, soft labels; spec
     /// `cusa-and-pcmepp.md` §3.8); absent: off. Only with `loss.type = "pcmepp"`.
     #[serde(default)]
@@ -236,12 +244,10 @@ fn default_caption() -> String {
 fn default_path() -> String {
     "path".into()
 }
-fn default_crop_scale() -> [f64; 2] {
-    [0.08, 1.0]
-}
-fn default_crop_ratio() -> [f64; 2] {
-    [0.75, 4.0 / 3.0]
-}
+/// RandomResizedCrop's area fraction range when `crop_scale` is absent (torchvision's).
+pub const DEFAULT_CROP_SCALE: [f64; 2] = [0.08, 1.0];
+/// RandomResizedCrop's aspect-ratio range when `crop_ratio` is absent (torchvision's).
+pub const DEFAULT_CROP_RATIO: [f64; 2] = [0.75, 4.0 / 3.0];
 
 /// Optimiser and learning-rate schedule.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -411,9 +417,21 @@ impl TrainConfig {
             c.check(&doc, &mut diags, &skip);
         }
         match parsed {
-            Some(c) if diags.is_empty() && dropped.is_empty() => Ok(c),
+            Some(c) if diags.is_empty() && dropped.is_empty() => Ok(c.resolved()),
             _ => Err(Error::Config(diags)),
         }
+    }
+
+    /// The defaults that depend on other keys, filled in, so that the run's `config.json` says
+    /// what ran: the crop ranges of `random_resized_crop` and every transform's `flip`.
+    fn resolved(mut self) -> TrainConfig {
+        let d = &mut self.data;
+        if d.image_transform == ImageTransformKind::RandomResizedCrop {
+            d.crop_scale.get_or_insert(DEFAULT_CROP_SCALE);
+            d.crop_ratio.get_or_insert(DEFAULT_CROP_RATIO);
+        }
+        d.flip.get_or_insert(d.image_transform.flips_by_default());
+        self
     }
 
     /// Checks values and files; a problem at a path `skip` names is left out.
@@ -445,9 +463,26 @@ impl TrainConfig {
                 bad(key, e, "list Parquet files or globs (e.g. the `data/*.parquet` of a `curate run` output)");
             }
         }
-        let [lo, hi] = self.data.crop_scale;
-        if !(0.0 < lo && lo <= hi && hi <= 1.0) {
-            bad("data.crop_scale", format!("[{lo}, {hi}] is not within (0, 1]"), "e.g. `crop_scale = [0.08, 1.0]`");
+        if let Some([lo, hi]) = self.data.crop_scale {
+            if !(0.0 < lo && lo <= hi && hi <= 1.0) {
+                bad("data.crop_scale", format!("[{lo}, {hi}] is not within (0, 1]"), "e.g. `crop_scale = [0.08, 1.0]`");
+            }
+        }
+        let transform = self.data.image_transform;
+        if transform != ImageTransformKind::RandomResizedCrop {
+            let name = transform.name();
+            for (key, set) in [
+                ("data.crop_scale", self.data.crop_scale.is_some()),
+                ("data.crop_ratio", self.data.crop_ratio.is_some()),
+            ] {
+                if set {
+                    bad(
+                        key,
+                        format!("is RandomResizedCrop's, and `image_transform = \"{name}\"` draws its own crops"),
+                        "remove it, or set `image_transform = \"random_resized_crop\"`",
+                    );
+                }
+            }
         }
         if self.model.embed_dim == 0 || self.model.image_size_px < 8 {
             bad("model", "embed_dim must be positive and image_size_px at least 8".into(), "see the paper preset");
@@ -585,8 +620,9 @@ impl TrainConfig {
         if let Some(c) = o.grad_clip_norm {
             within("optim.grad_clip_norm", c, c > 0.0, "positive");
         }
-        let [lo, hi] = self.data.crop_ratio;
-        within("data.crop_ratio", lo, 0.0 < lo && lo <= hi && hi.is_finite(), "a range of positive ratios");
+        if let Some([lo, hi]) = self.data.crop_ratio {
+            within("data.crop_ratio", lo, 0.0 < lo && lo <= hi && hi.is_finite(), "a range of positive ratios");
+        }
         if let Some(m) = &self.data.msda {
             within("data.msda.mix_ratio", m.mix_ratio, (0.0..=1.0).contains(&m.mix_ratio), "in [0, 1]");
             within("data.msda.cutmix_prob", m.cutmix_prob, (0.0..=1.0).contains(&m.cutmix_prob), "in [0, 1]");

@@ -4,7 +4,8 @@
 //! batches made on worker threads ahead of the model.
 //!
 //! Determinism (DESIGN "Invariants"): the order of epoch `e` is a Fisher–Yates shuffle keyed by
-//! `(seed, "epoch", e)`, and the augmentation of a row (RandomResizedCrop, flip) by
+//! `(seed, "epoch", e)`, and the augmentation of a row (`data.image_transform`, see
+//! [`super::transform`]) by
 //! `(seed, "augment/e", sample_id)`, so batch `s` is a pure function of `(seed, s)` — the same
 //! whatever the worker count, and a resumed run sees exactly the batches an uninterrupted one
 //! would. Worker `w` of `W` makes batches `w, w + W, ...` into its own bounded channel; the
@@ -22,7 +23,7 @@ use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
 use super::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::io::PathPatterns;
-use crate::models::preprocess::{decode, Rgb8, IMAGENET_MEAN, IMAGENET_STD};
+use crate::models::preprocess::{decode, Rgb8};
 use crate::rng::RowRng;
 
 /// Where an image's bytes are: a file, or a member of a webdataset tar shard (found once by
@@ -407,7 +408,7 @@ pub fn tokenize(tok: &Tokenizer, texts: &[&str]) -> Result<(Vec<i64>, Vec<i64>, 
 }
 
 /// A uniform float in `[0, 1)`.
-fn unit(rng: &mut RowRng) -> f64 {
+pub(crate) fn unit(rng: &mut RowRng) -> f64 {
     (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
 }
 
@@ -446,9 +447,17 @@ pub fn random_resized_crop(
 }
 
 /// Bilinear resampling of the crop `(x, y, w, h)` of `img` to `out × out` (pixel centres,
-/// as `align_corners=False`), optionally mirrored, normalised with the ImageNet mean and std,
-/// appended to `dst` as CHW.
-pub fn crop_to_chw(img: &Rgb8, crop: (usize, usize, usize, usize), out: usize, flip: bool, dst: &mut Vec<f32>) {
+/// as `align_corners=False`, no antialiasing), optionally mirrored, normalised with `mean` and
+/// `std`, appended to `dst` as CHW.
+pub fn crop_to_chw(
+    img: &Rgb8,
+    crop: (usize, usize, usize, usize),
+    out: usize,
+    flip: bool,
+    mean: [f32; 3],
+    std: [f32; 3],
+    dst: &mut Vec<f32>,
+) {
     let (x0, y0, w, h) = crop;
     let (sx, sy) = (w as f64 / out as f64, h as f64 / out as f64);
     let px = |x: usize, y: usize, c: usize| img.data[(y * img.width + x) * 3 + c] as f64;
@@ -467,7 +476,7 @@ pub fn crop_to_chw(img: &Rgb8, crop: (usize, usize, usize, usize), out: usize, f
                 let top = px(xa, ya, c) * (1.0 - tx) + px(xb, ya, c) * tx;
                 let bottom = px(xa, yb, c) * (1.0 - tx) + px(xb, yb, c) * tx;
                 let v = (top * (1.0 - ty) + bottom * ty) / 255.0;
-                dst[start + c * out * out + oy * out + col] = ((v as f32) - IMAGENET_MEAN[c]) / IMAGENET_STD[c];
+                dst[start + c * out * out + oy * out + col] = ((v as f32) - mean[c]) / std[c];
             }
         }
     }
@@ -573,9 +582,7 @@ pub struct BatchMaker {
     pub batch_size: usize,
     pub image_size: usize,
     pub seed: u64,
-    pub crop_scale: [f64; 2],
-    pub crop_ratio: [f64; 2],
-    pub flip: bool,
+    pub transform: super::transform::ImageTransform,
     pub msda: Option<super::config::MsdaConfig>,
     /// Rows whose image was found undecodable, so that no worker reads them again. Only a
     /// cache: whether a row is in it changes no batch, since its image fails every time.
@@ -590,9 +597,7 @@ impl BatchMaker {
             batch_size: c.batch_size,
             image_size: c.model.image_size_px,
             seed: c.seed,
-            crop_scale: c.data.crop_scale,
-            crop_ratio: c.data.crop_ratio,
-            flip: c.data.flip,
+            transform: super::transform::ImageTransform::new(&c.data, c.model.image_size_px),
             msda: c.data.msda.clone(),
             undecodable: Default::default(),
         })
@@ -670,9 +675,7 @@ impl BatchMaker {
         for (&r, img) in rows.iter().zip(decoded) {
             let s = &self.set.samples[r];
             let mut rng = RowRng::new(self.seed, &tag, &s.sample_id);
-            let crop = random_resized_crop(img.width, img.height, self.crop_scale, self.crop_ratio, &mut rng);
-            let flip = self.flip && rng.below(2) == 1;
-            crop_to_chw(&img, crop, self.image_size, flip, &mut images);
+            self.transform.train(&img, &mut rng, &mut images);
             image_ids.push(crate::rng::row_key(0, "image", &s.image.name()));
         }
         let lambdas = self.msda.as_ref().map(|c| {
@@ -876,8 +879,9 @@ mod tests {
         // A 2×1 image: left pixel black, right pixel white.
         let img = Rgb8 { width: 2, height: 1, data: vec![0, 0, 0, 255, 255, 255] };
         let (mut a, mut b) = (Vec::new(), Vec::new());
-        crop_to_chw(&img, (0, 0, 2, 1), 2, false, &mut a);
-        crop_to_chw(&img, (0, 0, 2, 1), 2, true, &mut b);
+        use crate::models::preprocess::{IMAGENET_MEAN, IMAGENET_STD};
+        crop_to_chw(&img, (0, 0, 2, 1), 2, false, IMAGENET_MEAN, IMAGENET_STD, &mut a);
+        crop_to_chw(&img, (0, 0, 2, 1), 2, true, IMAGENET_MEAN, IMAGENET_STD, &mut b);
         // Output 2×2; row 0 of channel 0: [black, white] normalised.
         let black = -IMAGENET_MEAN[0] / IMAGENET_STD[0];
         let white = (1.0 - IMAGENET_MEAN[0]) / IMAGENET_STD[0];

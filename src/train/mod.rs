@@ -19,6 +19,7 @@ pub mod optim;
 pub mod run;
 pub mod sampling_profile;
 pub mod trained;
+pub mod transform;
 pub mod zeroshot;
 
 pub use config::TrainConfig;

@@ -589,7 +589,8 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     }
     let total = config.total_steps(rows)?;
     let maker = Arc::new(BatchMaker::new(set.clone(), config)?);
-    let zeroshot = config.eval.as_ref().map(|e| ZeroShot::load(e, config.model.image_size_px)).transpose()?;
+    let transform = super::transform::ImageTransform::new(&config.data, config.model.image_size_px);
+    let zeroshot = config.eval.as_ref().map(|e| ZeroShot::load(e, &transform)).transpose()?;
     if let Some(z) = zeroshot.as_ref().filter(|z| z.skipped > 0) {
         say!("note: {} zero-shot row(s) left out: their image path or label is null", z.skipped);
     }

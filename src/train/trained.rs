@@ -91,7 +91,6 @@ impl TrainedRun {
         files
     }
 
-    /// Side of the square images the image tower takes.
     /// The device the model runs on.
     pub fn device(&self) -> &Device {
         &self.device
@@ -99,6 +98,12 @@ impl TrainedRun {
 
     pub fn image_size(&self) -> usize {
         self.config.model.image_size_px
+    }
+
+    /// The image transform the model was trained with (its evaluation view prepares images
+    /// for it).
+    pub fn transform(&self) -> super::transform::ImageTransform {
+        super::transform::ImageTransform::new(&self.config.data, self.image_size())
     }
 
     /// Width of the cross-modal embeddings.
@@ -120,7 +125,7 @@ impl TrainedRun {
     }
 
     /// L2-normalised image embeddings of `n` preprocessed images (`[n, 3, size, size]` CHW,
-    /// as [`super::data::crop_to_chw`] makes them), `[n, dim]` row-major.
+    /// as [`super::transform::ImageTransform`] makes them), `[n, dim]` row-major.
     pub fn embed_images(&self, pixels: Vec<f32>, n: usize) -> Result<Vec<f32>> {
         if n == 0 {
             return Ok(Vec::new());

@@ -11,8 +11,9 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use tokenizers::Tokenizer;
 
 use super::config::ZeroShotConfig;
-use super::data::{crop_to_chw, read_image, string_column, tokenize, ImageSource};
+use super::data::{read_image, string_column, tokenize, ImageSource};
 use super::dual_encoder::DualEncoder;
+use super::transform::ImageTransform;
 use crate::error::{Error, Result};
 use crate::models::pooling::l2_normalize;
 
@@ -55,7 +56,7 @@ pub fn hit_at_k(scores: &[f32], classes: usize, labels: &[Vec<usize>], k: usize)
 
 /// The evaluation set, preprocessed once.
 pub struct ZeroShot {
-    /// `[n, 3, size, size]`: each image resized whole to `size × size`.
+    /// `[n, 3, size, size]`: each image's evaluation view ([`ImageTransform::test`]).
     images: Vec<f32>,
     size: usize,
     labels: Vec<Vec<usize>>,
@@ -77,7 +78,8 @@ pub struct ZeroShotScores {
 }
 
 impl ZeroShot {
-    pub fn load(c: &ZeroShotConfig, size: usize) -> Result<ZeroShot> {
+    pub fn load(c: &ZeroShotConfig, transform: &ImageTransform) -> Result<ZeroShot> {
+        let size = transform.size;
         let text = std::fs::read_to_string(&c.classes).map_err(|e| Error::io("cannot read classes", &c.classes, e))?;
         let class_names = parse_classes(&text);
         let index = |name: &str| class_names.iter().position(|c| c.iter().any(|n| n == name));
@@ -113,7 +115,7 @@ impl ZeroShot {
                         None => Path::new(&path).to_owned(),
                     };
                     let img = read_image(&ImageSource::File(full))?;
-                    crop_to_chw(&img, (0, 0, img.width, img.height), size, false, &mut images);
+                    transform.test(&img, &mut images);
                     labels.push(set);
                 }
             }
