@@ -12,7 +12,9 @@ use arrow_array::builder::{FixedSizeListBuilder, Float32Builder};
 use arrow_array::{ArrayRef, Int32Array, Int64Array, RecordBatch};
 use arrow_schema::{Field, Schema};
 use curate::eval::embeddings::{self, Captions, Images, Matrix};
-use curate::eval::{evaluate, Annotations, Evaluation, Pair, PositivePairs, Similarity};
+use curate::eval::{
+    evaluate, evaluate_scored, Annotations, Evaluation, Pair, PositivePairs, Precision, Scoring, Similarity,
+};
 
 fn fixture(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/eval").join(rel)
@@ -290,6 +292,139 @@ fn input_errors_name_the_file_and_column() {
     assert!(e.contains("lacks cxc_image_to_caption.json") && e.contains("eccv-caption"), "{e}");
 }
 
+#[test]
+fn float64_scores_agree_with_the_package_where_float32_does() {
+    // The fixture has no near ties: float64 scores (PCME++'s evaluation) rank as float32 ones.
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_curate"))
+        .args(["eval", "--image-embeddings"])
+        .arg(fixture("images.parquet"))
+        .arg("--caption-embeddings")
+        .arg(fixture("captions.parquet"))
+        .arg("--eccv-annotations")
+        .arg(fixture(""))
+        .arg("--out")
+        .arg(out.path())
+        .args(["--similarity", "dot", "--precision", "f64"])
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let read =
+        |p: PathBuf| -> serde_json::Value { serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap() };
+    let got = read(out.path().join("metrics.json"));
+    let want = read(fixture("expected_metrics.json"))["metrics"].clone();
+    let mut compared = 0;
+    for (name, w) in want.as_object().unwrap() {
+        for dir in ["i2t", "t2i"] {
+            let (g, w) = (got[name][dir].as_f64().unwrap(), w[dir].as_f64().unwrap());
+            assert!((g - w).abs() <= 1e-6, "{name} {dir}: curate f64 {g}, eccv-caption {w}");
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 28, "the package's 14 metrics, both directions");
+    assert_eq!(read(out.path().join("config.json"))["precision"], "f64");
+}
+
+#[test]
+fn csd_ranks_by_the_closed_form_distance_with_each_items_uncertainty() {
+    // Two images, three captions (2-d unit means). By cosine every query hits at rank 0. CSD
+    // (spec cusa-and-pcmepp.md §3.11) ranks i2t by 2 μ_v·μ_t − ‖σ²_t‖₁ and t2i by
+    // 2 μ_v·μ_t − ‖σ²_v‖₁:
+    //   i2t, image 1: caption 10 (own) 2·1 − 3 = −1, caption 20 0 − 0 = 0, caption 21 1.2 → miss
+    //   i2t, image 2: caption 20 (own) 2 is first → hit                        R@1 i2t = 1/2
+    //   t2i, caption 10: image 1 2 − 0, image 2 0 − 10 → hit
+    //   t2i, caption 20: image 1 0 − 0, image 2 2 − 10 → miss; caption 21: 1.2 vs −8.4 → miss
+    //                                                                          R@1 t2i = 1/3
+    let im = images(&[1, 2], 2, &[2.0, 0.0, 0.0, 1.0]);
+    let cap = captions(&[10, 20, 21], &[1, 2, 2], 2, &[1.0, 0.0, 0.0, 1.0, 0.6, 0.8]);
+    let (iu, cu) = ([0.0, 10.0], [3.0, 0.0, 0.0]);
+    let cosine = evaluate(&im, &cap, None, Similarity::Cosine).unwrap();
+    let r1 = metric(&cosine, "coco_5k_r1");
+    assert!(close(r1.i2t, 1.0) && close(r1.t2i, 1.0), "{r1:?}");
+    let scoring = Scoring { similarity: Similarity::Csd, precision: Precision::F64, uncertainty: Some((&iu, &cu)) };
+    let csd = evaluate_scored(&im, &cap, None, &scoring).unwrap();
+    let r1 = metric(&csd, "coco_5k_r1");
+    assert!(close(r1.i2t, 0.5) && close(r1.t2i, 1.0 / 3.0), "{r1:?}");
+    // Without uncertainties, or with a negative one, CSD is refused.
+    let e = evaluate(&im, &cap, None, Similarity::Csd).unwrap_err().to_string();
+    assert!(e.contains("needs each image's and each caption's uncertainty"), "{e}");
+    let bad = [0.0, -1.0];
+    let e = evaluate_scored(&im, &cap, None, &Scoring { uncertainty: Some((&bad, &cu)), ..scoring }).unwrap_err();
+    assert!(e.to_string().contains("an uncertainty ‖σ²‖₁ is -1"), "{e}");
+
+    // The same through the CLI, the uncertainties in each table's `uncertainty` column.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ids = |v: &[i64]| -> ArrayRef { Arc::new(Int64Array::from(v.to_vec())) };
+    let vectors = |rows: &[[f32; 2]]| -> ArrayRef {
+        let mut b = FixedSizeListBuilder::new(Float32Builder::new(), 2);
+        for r in rows {
+            b.values().append_slice(r);
+            b.append(true);
+        }
+        Arc::new(b.finish())
+    };
+    let floats = |v: &[f64]| -> ArrayRef { Arc::new(arrow_array::Float64Array::from(v.to_vec())) };
+    let ip = write(
+        d,
+        "images.parquet",
+        vec![
+            ("coco_image_id", ids(&[1, 2])),
+            ("embedding", vectors(&[[2.0, 0.0], [0.0, 1.0]])),
+            ("uncertainty", floats(&iu)),
+        ],
+    );
+    let cp = write(
+        d,
+        "captions.parquet",
+        vec![
+            ("coco_caption_id", ids(&[10, 20, 21])),
+            ("coco_image_id", ids(&[1, 2, 2])),
+            ("embedding", vectors(&[[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])),
+            ("uncertainty", floats(&cu)),
+        ],
+    );
+    let eval = |images: &Path, extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_curate"))
+            .args(["eval", "--image-embeddings"])
+            .arg(images)
+            .arg("--caption-embeddings")
+            .arg(&cp)
+            .arg("--out")
+            .arg(d.join("out"))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let run = eval(&ip, &["--similarity", "csd"]);
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let got: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("out/metrics.json")).unwrap()).unwrap();
+    assert!((got["coco_5k_r1"]["i2t"].as_f64().unwrap() - 0.5).abs() < 1e-12, "{got}");
+    assert!((got["coco_5k_r1"]["t2i"].as_f64().unwrap() - 1.0 / 3.0).abs() < 1e-12, "{got}");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("out/config.json")).unwrap()).unwrap();
+    assert_eq!((config["similarity"].as_str(), config["precision"].as_str()), (Some("csd"), Some("f64")));
+    // CSD in float32, or a table without the column, is refused with what to do.
+    let run = eval(&ip, &["--similarity", "csd", "--precision", "f32"]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.code() != Some(0) && stderr.contains("is computed in float64"), "{stderr}");
+    let plain = write(
+        d,
+        "plain.parquet",
+        vec![("coco_image_id", ids(&[1, 2])), ("embedding", vectors(&[[2.0, 0.0], [0.0, 1.0]]))],
+    );
+    let run = eval(&plain, &["--similarity", "csd"]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("has no column `uncertainty`") && stderr.contains("‖σ²‖₁"), "{stderr}");
+    // Without `--similarity csd` the column is not read: cosine, as before.
+    let run = eval(&ip, &[]);
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let got: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("out/metrics.json")).unwrap()).unwrap();
+    assert!((got["coco_5k_r1"]["t2i"].as_f64().unwrap() - 1.0).abs() < 1e-12, "{got}");
+}
+
 // `curate eval RUN_DIR`: a 4-step run on the bundled sample (`data/gen_train_sample.py`), its
 // model embedding `data/train_sample/retrieval_*.parquet` (120 images, 5 captions each).
 
@@ -519,6 +654,181 @@ captions = "data/train_sample/retrieval_captions.parquet"
         let e = run_trained(&typo, &device).unwrap_err().to_string();
         assert!(e.contains("nope.parquet"), "{e}");
         assert!(files(&flags_out) == before, "the earlier evaluation is untouched");
+    }
+
+    #[test]
+    fn a_pcmepp_run_is_scored_by_csd_from_its_log_variance_heads() {
+        use burn::tensor::{Tensor, TensorData};
+        use curate::train::transform::ImageTransform;
+
+        let dir = tempfile::tempdir().unwrap();
+        let toml = format!("{}{ZEROSHOT_AND_RETRIEVAL}", crate::common::TINY_RUN)
+            .replace("type = \"infonce\"", "type = \"pcmepp\"")
+            .replace("[model.image]", "log_variance_bias = -2.0\n\n[model.image]");
+        assert!(toml.contains("pcmepp") && toml.contains("log_variance_bias"));
+        let run_dir = crate::common::train_run(dir.path(), &toml);
+        let device = Device::flex();
+        let ev = run_trained(&RunEval { run: run_dir.clone(), ..Default::default() }, &device)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let config = json(&run_dir.join("eval/config.json"));
+        assert_eq!((config["similarity"].as_str(), config["precision"].as_str()), (Some("csd"), Some("f64")));
+        let got = json(&run_dir.join("eval/metrics.json"));
+
+        // By hand: means and log-variances from the towers' features and heads, −d in float64
+        // (§3.11), every query's full ranking by a stable sort.
+        let run = TrainedRun::load(&run_dir, &device).unwrap();
+        let m = &run.model;
+        let (image_ids, paths) = (int64s(IMAGES, "coco_image_id"), strings(IMAGES, "path"));
+        let caption_images = int64s(CAPTIONS, "coco_image_id");
+        let texts = strings(CAPTIONS, "caption");
+        let t = ImageTransform::new(&run.config.data, run.image_size());
+        let mut pixels = Vec::new();
+        for p in &paths {
+            t.test(&read_image(&ImageSource::File(p.into())).unwrap(), &mut pixels);
+        }
+        let s = run.image_size();
+        let x = Tensor::<4>::from_data(TensorData::new(pixels, [paths.len(), 3, s, s]), &device);
+        let fi = m.image_features(x);
+        let mu_v = m.image_proj.forward(fi.clone()).into_data().try_to_vec::<f32>().unwrap();
+        let v_v = m.image_log_var.as_ref().unwrap().forward(fi).into_data().try_to_vec::<f32>().unwrap();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let (ids, mask, seq) = curate::train::data::tokenize(&run.tokenizer, &refs).unwrap();
+        let ids = Tensor::<2, burn::tensor::Int>::from_data(TensorData::new(ids, [refs.len(), seq]), &device);
+        let mask = Tensor::<2, burn::tensor::Int>::from_data(TensorData::new(mask, [refs.len(), seq]), &device);
+        let ft = m.text_features(ids, mask);
+        let mu_t = match &m.text_proj {
+            Some(p) => p.forward(ft.clone()),
+            None => ft.clone(),
+        };
+        let mu_t = mu_t.into_data().try_to_vec::<f32>().unwrap();
+        let v_t = m.text_log_var.as_ref().unwrap().forward(ft).into_data().try_to_vec::<f32>().unwrap();
+        let d = run.dim();
+        let unit = |v: &[f32]| -> Vec<f64> {
+            let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            v.iter().map(|x| (x / n) as f64).collect()
+        };
+        let sigma = |v: &[f32]| -> f64 { v.iter().map(|&x| (x as f64).exp()).sum() };
+        let (ni, nc) = (paths.len(), texts.len());
+        let (uv, ut): (Vec<Vec<f64>>, Vec<Vec<f64>>) = (
+            (0..ni).map(|i| unit(&mu_v[i * d..(i + 1) * d])).collect(),
+            (0..nc).map(|j| unit(&mu_t[j * d..(j + 1) * d])).collect(),
+        );
+        let (sv, st): (Vec<f64>, Vec<f64>) = (
+            (0..ni).map(|i| sigma(&v_v[i * d..(i + 1) * d])).collect(),
+            (0..nc).map(|j| sigma(&v_t[j * d..(j + 1) * d])).collect(),
+        );
+        let neg_d = |i: usize, j: usize| -> f64 {
+            let dot: f64 = uv[i].iter().zip(&ut[j]).map(|(a, b)| a * b).sum();
+            2.0 * dot - 2.0 - sv[i] - st[j]
+        };
+        let first_hit = |scores: Vec<f64>, hit: &dyn Fn(usize) -> bool| -> usize {
+            let mut order: Vec<usize> = (0..scores.len()).collect();
+            order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+            order.iter().position(|&j| hit(j)).unwrap()
+        };
+        let i2t: Vec<usize> = (0..ni)
+            .map(|i| first_hit((0..nc).map(|j| neg_d(i, j)).collect(), &|j| caption_images[j] == image_ids[i]))
+            .collect();
+        let t2i: Vec<usize> = (0..nc)
+            .map(|j| first_hit((0..ni).map(|i| neg_d(i, j)).collect(), &|i| image_ids[i] == caption_images[j]))
+            .collect();
+        // The uncertainties vary, so CSD is not cosine in disguise.
+        let spread =
+            st.iter().cloned().fold(f64::NEG_INFINITY, f64::max) - st.iter().cloned().fold(f64::INFINITY, f64::min);
+        assert!(spread > 1e-3, "caption uncertainties all alike: {spread}");
+        for k in [1usize, 5, 10] {
+            let r = |ranks: &[usize]| ranks.iter().filter(|&&p| p < k).count() as f64 / ranks.len() as f64;
+            let name = format!("coco_5k_r{k}");
+            for (dir, want) in [("i2t", r(&i2t)), ("t2i", r(&t2i))] {
+                let g = got[&name][dir].as_f64().unwrap();
+                assert!((g - want).abs() < 1e-12, "{name} {dir}: curate {g}, by hand {want}");
+            }
+        }
+        assert_eq!(ev.counts.images, ni);
+
+        // `--similarity cosine` scores the means alone (PCME++'s Table C.7); a run without the
+        // heads cannot be scored by CSD.
+        let out = dir.path().join("cosine");
+        let args = RunEval {
+            run: run_dir.clone(),
+            out: Some(out.clone()),
+            similarity: Some(Similarity::Cosine),
+            ..Default::default()
+        };
+        run_trained(&args, &device).unwrap();
+        assert_eq!(json(&out.join("config.json"))["similarity"], "cosine");
+        std::fs::create_dir(dir.path().join("plain")).unwrap();
+        let plain = crate::common::train_run(
+            &dir.path().join("plain"),
+            &format!("{}{ZEROSHOT_AND_RETRIEVAL}", crate::common::TINY_RUN),
+        );
+        let args = RunEval { run: plain, similarity: Some(Similarity::Csd), ..Default::default() };
+        let e = run_trained(&args, &device).unwrap_err().to_string();
+        assert!(e.contains("needs PCME++'s log-variance heads") && e.contains("infonce"), "{e}");
+    }
+
+    #[test]
+    fn a_run_trained_on_pre_captioned_captions_sees_its_retrieval_captions_so() {
+        use arrow_array::RecordBatch;
+        let dir = tempfile::tempdir().unwrap();
+        let toml = format!("{}{ZEROSHOT_AND_RETRIEVAL}", crate::common::TINY_RUN)
+            .replace("[data]\n", "[data]\npre_caption = true\n");
+        assert!(toml.contains("pre_caption = true"));
+        let run_dir = crate::common::train_run(dir.path(), &toml);
+        let device = Device::flex();
+        run_trained(&RunEval { run: run_dir.clone(), ..Default::default() }, &device).unwrap_or_else(|e| panic!("{e}"));
+        // The metrics are those of the normalised captions embedded by hand.
+        let run = TrainedRun::load(&run_dir, &device).unwrap();
+        let texts: Vec<String> =
+            strings(CAPTIONS, "caption").iter().map(|t| curate::text::pre_caption(t, 64).unwrap()).collect();
+        assert!(strings(CAPTIONS, "caption") != texts, "the sample's captions change");
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let caption_rows = run.embed_texts(&refs).unwrap();
+        let paths = strings(IMAGES, "path");
+        let mut pixels = Vec::new();
+        for p in &paths {
+            run.transform().test(&read_image(&ImageSource::File(p.into())).unwrap(), &mut pixels);
+        }
+        let image_rows = run.embed_images(pixels, paths.len()).unwrap();
+        let d = run.dim();
+        let images =
+            Images { ids: int64s(IMAGES, "coco_image_id"), embeddings: Matrix::new(paths.len(), d, image_rows) };
+        let captions = Captions {
+            ids: int64s(CAPTIONS, "coco_caption_id"),
+            image_ids: int64s(CAPTIONS, "coco_image_id"),
+            embeddings: Matrix::new(texts.len(), d, caption_rows),
+        };
+        let want = evaluate(&images, &captions, None, Similarity::Cosine).unwrap();
+        let got = json(&run_dir.join("eval/metrics.json"));
+        for (name, w) in &want.metrics {
+            for (dir, w) in [("i2t", w.i2t), ("t2i", w.t2i)] {
+                // (serde_json reads floats back to within an ulp.)
+                let g = got[name][dir].as_f64();
+                assert!(g.zip(w).is_some_and(|(g, w)| (g - w).abs() < 1e-12) || g == w, "{name} {dir}: {g:?} vs {w:?}");
+            }
+        }
+        // A caption it empties is an error naming it, before anything is written.
+        let batches = curate::io::parquet::read_file(Path::new(CAPTIONS)).unwrap();
+        let mut batch: RecordBatch = arrow_select::concat::concat_batches(&batches[0].schema(), &batches).unwrap();
+        let mut texts = strings(CAPTIONS, "caption");
+        texts[4] = "...".into();
+        let i = batch.schema().index_of("caption").unwrap();
+        let mut cols = batch.columns().to_vec();
+        cols[i] = std::sync::Arc::new(arrow_array::StringArray::from(texts));
+        batch = RecordBatch::try_new(batch.schema(), cols).unwrap();
+        let bad = dir.path().join("captions.parquet");
+        crate::common::write_parquet(&bad, &batch);
+        let args = RunEval {
+            run: run_dir.clone(),
+            images: Some(IMAGES.into()),
+            captions: Some(bad),
+            out: Some(dir.path().join("never")),
+            ..Default::default()
+        };
+        let e = run_trained(&args, &device).unwrap_err().to_string();
+        let id = int64s(CAPTIONS, "coco_caption_id")[4];
+        assert!(e.contains(&format!("caption {id} of")) && e.contains("nothing left after `pre_caption`"), "{e}");
+        assert!(!dir.path().join("never").exists());
     }
 
     #[test]

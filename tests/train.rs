@@ -1144,3 +1144,48 @@ fn the_image_transform_key_picks_a_papers_views_and_fills_in_its_defaults() {
         }
     }
 }
+
+#[test]
+fn pre_caption_gives_the_student_cusas_normalised_captions_and_leaves_out_emptied_ones() {
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    use curate::text::pre_caption;
+
+    let dir = tempfile::tempdir().unwrap();
+    // The bundled table with two captions made punctuation only (nothing left after it).
+    let batches = curate::io::parquet::read_file(Path::new("data/train_sample/train.parquet")).unwrap();
+    let col = |name: &str| common::strs(&batches, name);
+    let mut captions = col("caption");
+    captions[3] = "?! ...".into();
+    captions[7] = " - / ".into();
+    let strings = |v: Vec<String>| -> ArrayRef { Arc::new(StringArray::from(v)) };
+    let batch = RecordBatch::try_from_iter([
+        ("sample_id", strings(col("sample_id"))),
+        ("caption", strings(captions.clone())),
+        ("path", strings(col("path"))),
+    ])
+    .unwrap();
+    let table = dir.path().join("t.parquet");
+    common::write_parquet(&table, &batch);
+    let tables = format!("data.tables=[\"{}\"]", table.display());
+    let plain = config_without_teachers(dir.path(), &[&tables]);
+    let with = config_without_teachers(dir.path(), &[&tables, "data.pre_caption=true"]);
+    assert!(with.data.pre_caption && !plain.data.pre_caption, "off by default");
+
+    let (a, b) = (TrainSet::load(&plain).unwrap(), TrainSet::load(&with).unwrap());
+    assert_eq!((a.emptied_captions, b.emptied_captions), (0, 2));
+    assert_eq!(b.samples.len(), a.samples.len() - 2);
+    let mut changed = 0;
+    for s in &b.samples {
+        let raw = &a.samples.iter().find(|r| r.sample_id == s.sample_id).unwrap().caption;
+        assert_eq!(s.caption, pre_caption(raw, 64).unwrap(), "{raw}");
+        changed += usize::from(&s.caption != raw);
+    }
+    assert!(changed >= 10, "some of the sample's captions have capitals or punctuation: {changed}");
+    // The batches tokenize the normalised captions.
+    let maker = BatchMaker::new(Arc::new(b), &with).unwrap();
+    let batch = maker.make(0, &maker.epoch_order(0)).unwrap();
+    let texts: Vec<&str> = batch.rows.iter().map(|&r| maker.set.samples[r].caption.as_str()).collect();
+    let (ids, _, _) = curate::train::data::tokenize(&maker.tokenizer, &texts).unwrap();
+    assert_eq!(batch.ids, ids);
+    assert!(texts.iter().all(|t| !t.contains('.') && t.to_lowercase() == *t), "{texts:?}");
+}

@@ -69,9 +69,15 @@ pub struct EvalArgs {
     /// RUN_DIR: `RUN_DIR/eval`; required with the embedding flags.
     #[arg(long, value_name = "OUT_DIR")]
     pub out: Option<PathBuf>,
-    /// How an image and a caption are scored.
-    #[arg(long, value_enum, default_value_t = crate::eval::Similarity::Cosine)]
-    pub similarity: crate::eval::Similarity,
+    /// How an image and a caption are scored. Default: `csd` for a PCME++ run (RUN_DIR with
+    /// log-variance heads), else `cosine`. With the embedding flags, `csd` reads each table's
+    /// `uncertainty` column (‖σ²‖₁).
+    #[arg(long, value_enum)]
+    pub similarity: Option<crate::eval::Similarity>,
+    /// Float type of the scores: `f32` (eccv-caption's; the default) or `f64` (PCME++'s
+    /// evaluation; always for `csd`). Exact ranks either way.
+    #[arg(long, value_enum)]
+    pub precision: Option<crate::eval::Precision>,
     /// Worker threads, 1 to 1024 (default, or 0: all cores). Does not change the output.
     #[arg(long, value_parser = parse_threads)]
     pub threads: Option<usize>,
@@ -328,6 +334,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     eccv_annotations: args.eccv_annotations,
                     out: args.out,
                     similarity: args.similarity,
+                    precision: args.precision,
                     progress: true,
                 };
                 let ev = crate::eval::trained::run_trained(&run, &device(&args.device)?)?;
@@ -341,12 +348,14 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             else {
                 anyhow::bail!("pass RUN_DIR, or --image-embeddings, --caption-embeddings and --out");
             };
+            let similarity = args.similarity.unwrap_or_default();
             let run = crate::eval::EmbeddingsRun {
                 image_embeddings,
                 caption_embeddings,
                 eccv_annotations: args.eccv_annotations,
                 out,
-                similarity: args.similarity,
+                similarity,
+                precision: crate::eval::trained::resolve_precision(similarity, args.precision)?,
             };
             let ev = crate::eval::run_embeddings(&run)?;
             out!("{}", crate::eval::report::markdown_table(&ev));

@@ -12,7 +12,7 @@
 use std::path::Path;
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Float32Type, Int64Type};
+use arrow_array::types::{Float32Type, Float64Type, Int64Type};
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::DataType;
 use rustc_hash::FxHashMap;
@@ -342,6 +342,43 @@ fn int64_column(path: &Path, batches: &[RecordBatch], name: &str) -> Result<Vec<
         }
         out.extend_from_slice(c.as_primitive::<Int64Type>().values());
     }
+    Ok(out)
+}
+
+/// The `uncertainty` column of an embeddings table (`--similarity csd`): each row's
+/// `‖σ²‖₁ = Σ_k exp(v_k)` (float64 or float32), finite and non-negative, one per row.
+pub fn read_uncertainty(path: &Path, rows: usize) -> Result<Vec<f64>> {
+    let hint = "`--similarity csd` scores PCME++ embeddings: add an `uncertainty` column holding each row's \
+                ‖σ²‖₁ = Σ exp(log σ²) (float64), or score by `cosine`";
+    let batches = crate::io::parquet::read_file(path)?;
+    let mut out = Vec::with_capacity(rows);
+    let cols = column(path, &batches, "uncertainty").map_err(|e| match e {
+        Error::Schema { message, .. } => Error::Schema { message, hint: Some(hint.into()) },
+        e => e,
+    })?;
+    for c in cols {
+        match c.data_type() {
+            DataType::Float64 => out.extend_from_slice(c.as_primitive::<Float64Type>().values()),
+            DataType::Float32 => out.extend(c.as_primitive::<Float32Type>().values().iter().map(|&v| v as f64)),
+            other => {
+                return Err(Error::Schema {
+                    message: format!("column `uncertainty` of `{}` is {other}, not Float64", path.display()),
+                    hint: Some(hint.into()),
+                })
+            }
+        }
+    }
+    if let Some(row) = out.iter().position(|u| !(u.is_finite() && *u >= 0.0)) {
+        return Err(Error::Data {
+            message: format!(
+                "`uncertainty` of `{}` is {} at row {row}: ‖σ²‖₁ is finite and non-negative",
+                path.display(),
+                out[row]
+            ),
+            hint: None,
+        });
+    }
+    assert_eq!(out.len(), rows, "the table was read whole before");
     Ok(out)
 }
 

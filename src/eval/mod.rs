@@ -18,6 +18,7 @@ pub mod coco;
 pub mod cxc;
 pub mod eccv;
 pub mod embeddings;
+pub mod exact64;
 pub mod product;
 pub mod quantized;
 pub mod ranking;
@@ -45,6 +46,45 @@ pub enum Similarity {
     /// Dot product of the embeddings as given (already normalised, or a model whose score is
     /// an inner product).
     Dot,
+    /// PCME++'s closed-form sampled distance, `−d = 2 μ_v·μ_t − 2 − ‖σ²_v‖₁ − ‖σ²_t‖₁`, with
+    /// the means L2-normalised (spec `cusa-and-pcmepp.md` §3.11), computed in float64 as its
+    /// reference does. Needs each item's `‖σ²‖₁`: a trained PCME++ run's log-variance heads, or
+    /// the embeddings tables' `uncertainty` column.
+    Csd,
+}
+
+impl Similarity {
+    /// The name `--similarity` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Similarity::Cosine => "cosine",
+            Similarity::Dot => "dot",
+            Similarity::Csd => "csd",
+        }
+    }
+}
+
+/// The floating-point type scores are computed in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// float32, as the eccv-caption package's torch code scores (and equal to it).
+    #[default]
+    F32,
+    /// float64 from the float32 embeddings, as PCME++'s evaluation code scores (spec §4.2:
+    /// where parity with its published numbers matters). Exact ranks from whole rows; slower.
+    F64,
+}
+
+/// How [`evaluate_scored`] scores an (image, caption) pair.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Scoring<'a> {
+    pub similarity: Similarity,
+    /// Ignored for [`Similarity::Csd`], which is always float64.
+    pub precision: Precision,
+    /// [`Similarity::Csd`] only: each image's and each caption's `‖σ²‖₁ = Σ_k exp(v_k)`, in
+    /// gallery order.
+    pub uncertainty: Option<(&'a [f64], &'a [f64])>,
 }
 
 /// The two values of one metric; `None` where the protocol has no queries (an empty COCO 1K
@@ -283,16 +323,46 @@ pub struct Counts {
     pub tied_pairs: [u64; 2],
 }
 
-/// Scores both directions once and computes every metric.
-///
-/// COCO metrics always; CxC and ECCV Caption when `annotations` is given. Errors when an
-/// annotation query is not in the gallery (the reference would fail on it too).
+/// Scores both directions once (float32) and computes every metric: [`evaluate_scored`] with
+/// cosine or dot products.
 pub fn evaluate(
     images: &Images,
     captions: &Captions,
     annotations: Option<&Annotations>,
     similarity: Similarity,
 ) -> Result<Evaluation> {
+    evaluate_scored(images, captions, annotations, &Scoring { similarity, ..Scoring::default() })
+}
+
+/// Scores both directions once and computes every metric.
+///
+/// COCO metrics always; CxC and ECCV Caption when `annotations` is given. Errors when an
+/// annotation query is not in the gallery (the reference would fail on it too), or when CSD
+/// has no uncertainties for every item.
+pub fn evaluate_scored(
+    images: &Images,
+    captions: &Captions,
+    annotations: Option<&Annotations>,
+    scoring: &Scoring,
+) -> Result<Evaluation> {
+    let similarity = scoring.similarity;
+    if similarity == Similarity::Csd {
+        let (iu, cu) = scoring
+            .uncertainty
+            .ok_or_else(|| Error::data("scoring by CSD needs each image's and each caption's uncertainty (‖σ²‖₁)"))?;
+        if (iu.len(), cu.len()) != (images.ids.len(), captions.ids.len()) {
+            return Err(Error::data(format!(
+                "{} image and {} caption uncertainties for {} images and {} captions",
+                iu.len(),
+                cu.len(),
+                images.ids.len(),
+                captions.ids.len()
+            )));
+        }
+        if let Some(u) = iu.iter().chain(cu).find(|u| !(u.is_finite() && **u >= 0.0)) {
+            return Err(Error::data(format!("an uncertainty ‖σ²‖₁ is {u}: CSD needs finite, non-negative ones")));
+        }
+    }
     let t0 = Instant::now();
     let index = Index::new(images, captions);
     let mut i2t = Direction::new(images.ids.len(), captions.ids.len());
@@ -331,13 +401,25 @@ pub fn evaluate(
     let normalized;
     let (img, cap): (&Matrix, &Matrix) = match similarity {
         Similarity::Dot => (&images.embeddings, &captions.embeddings),
-        Similarity::Cosine => {
+        // CSD's means are unit vectors (§3.11).
+        Similarity::Cosine | Similarity::Csd => {
             normalized = (images.embeddings.l2_normalized(), captions.embeddings.l2_normalized());
             (&normalized.0, &normalized.1)
         }
     };
-    (i2t.ranks, t2i.ranks) =
-        ranking::rank(img, cap, &i2t.requests, &t2i.requests, &folds.caption_subsets, &folds.image_subsets);
+    let (i2t_requests, t2i_requests) = (&i2t.requests, &t2i.requests);
+    let (caption_subsets, image_subsets) = (&folds.caption_subsets, &folds.image_subsets);
+    (i2t.ranks, t2i.ranks) = match (similarity, scoring.precision, scoring.uncertainty) {
+        (Similarity::Csd, _, Some((iu, cu))) => {
+            let s = exact64::Scoring64::csd(iu, cu);
+            exact64::rank(img, cap, &s, i2t_requests, t2i_requests, caption_subsets, image_subsets)
+        }
+        (_, Precision::F64, _) => {
+            let s = exact64::Scoring64::dot(img.rows, cap.rows);
+            exact64::rank(img, cap, &s, i2t_requests, t2i_requests, caption_subsets, image_subsets)
+        }
+        _ => ranking::rank(img, cap, i2t_requests, t2i_requests, caption_subsets, image_subsets),
+    };
     let t_rank = t1.elapsed().as_secs_f64();
     counts.tied_pairs = [i2t.tied(), t2i.tied()];
 
@@ -438,6 +520,7 @@ pub struct EmbeddingsRun {
     pub eccv_annotations: Option<PathBuf>,
     pub out: PathBuf,
     pub similarity: Similarity,
+    pub precision: Precision,
 }
 
 /// Reads the embeddings and annotations, evaluates, and writes the report into `run.out`
@@ -459,11 +542,28 @@ pub fn run_embeddings(run: &EmbeddingsRun) -> Result<Evaluation> {
     let (images, captions) = (images?, captions?);
     embeddings::check_pair(&images, &captions, &run.image_embeddings, &run.caption_embeddings)?;
     let annotations = annotations?;
+    // CSD's uncertainties: the tables' `uncertainty` column.
+    let uncertainty = match run.similarity {
+        Similarity::Csd => Some((
+            embeddings::read_uncertainty(&run.image_embeddings, images.ids.len())?,
+            embeddings::read_uncertainty(&run.caption_embeddings, captions.ids.len())?,
+        )),
+        _ => None,
+    };
     let t_read = t0.elapsed().as_secs_f64();
     // Only now, with every input read: a mistyped path leaves an earlier evaluation as it was.
     std::fs::create_dir_all(&run.out).map_err(|e| Error::io("cannot create folder", &run.out, e))?;
     report::write_config(&run.out, run)?;
-    let mut ev = evaluate(&images, &captions, annotations.as_ref(), run.similarity)?;
+    let scoring = Scoring { similarity: run.similarity, precision: run.precision, uncertainty: None };
+    let mut ev = match &uncertainty {
+        Some((iu, cu)) => evaluate_scored(
+            &images,
+            &captions,
+            annotations.as_ref(),
+            &Scoring { uncertainty: Some((iu, cu)), ..scoring },
+        )?,
+        None => evaluate_scored(&images, &captions, annotations.as_ref(), &scoring)?,
+    };
     ev.timings_s.insert(0, ("read".to_owned(), t_read));
     report::write(&run.out, &ev)?;
     Ok(ev)

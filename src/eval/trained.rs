@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::embeddings::{self, Captions, Images};
-use super::{evaluate, report, Annotations, Evaluation, Similarity};
+use super::{evaluate_scored, report, Annotations, Evaluation, Precision, Scoring, Similarity};
 use crate::error::{Error, Result};
 use crate::train::config::{TrainConfig, ZeroShotConfig};
 use crate::train::data::{read_image, ImageSource};
@@ -49,7 +49,10 @@ pub struct RunEval {
     pub eccv_annotations: Option<PathBuf>,
     /// Output folder; default `run/eval`.
     pub out: Option<PathBuf>,
-    pub similarity: Similarity,
+    /// Default: CSD for a PCME++ run (its log-variance heads), else cosine.
+    pub similarity: Option<Similarity>,
+    /// Default: float64 for CSD, else float32.
+    pub precision: Option<Precision>,
     /// Say on stderr what is being embedded (counts, then progress lines).
     pub progress: bool,
 }
@@ -76,10 +79,23 @@ pub struct Resolved {
     pub image_size_px: usize,
     pub out: PathBuf,
     pub similarity: Similarity,
+    pub precision: Precision,
 }
 
 /// The retrieval set: the flags, else the run config's `eval.retrieval`.
-fn resolve(args: &RunEval, config: &TrainConfig) -> Result<Resolved> {
+fn resolve(args: &RunEval, config: &TrainConfig, has_uncertainty: bool) -> Result<Resolved> {
+    let similarity = args.similarity.unwrap_or(if has_uncertainty { Similarity::Csd } else { Similarity::Cosine });
+    if similarity == Similarity::Csd && !has_uncertainty {
+        return Err(Error::Data {
+            message: format!(
+                "`--similarity csd` needs PCME++'s log-variance heads, and `{}` has none (it was trained with `loss.type = \"{}\"`)",
+                args.run.display(),
+                config.loss.loss_type().name()
+            ),
+            hint: Some("score it by `cosine` (the default for such a run)".into()),
+        });
+    }
+    let precision = resolve_precision(similarity, args.precision)?;
     let (retrieval_from, images, captions, image_root) = match (&args.images, &args.captions) {
         (Some(i), Some(c)) => ("flags", i.clone(), c.clone(), args.image_root.clone()),
         (None, None) => match config.eval.as_ref().and_then(|e| e.retrieval.as_ref()) {
@@ -121,8 +137,22 @@ fn resolve(args: &RunEval, config: &TrainConfig) -> Result<Resolved> {
         zeroshot,
         image_size_px: config.model.image_size_px,
         out: args.out_dir(),
-        similarity: args.similarity,
+        similarity,
+        precision,
     })
+}
+
+/// `--precision` given `--similarity`: CSD is float64 (its reference's); the others default to
+/// float32 (eccv-caption's).
+pub fn resolve_precision(similarity: Similarity, precision: Option<Precision>) -> Result<Precision> {
+    match (similarity, precision) {
+        (Similarity::Csd, Some(Precision::F32)) => Err(Error::Data {
+            message: "`--similarity csd` is computed in float64, as PCME++'s reference computes it".into(),
+            hint: Some("leave out `--precision`, or give `--precision f64`".into()),
+        }),
+        (Similarity::Csd, _) => Ok(Precision::F64),
+        (_, p) => Ok(p.unwrap_or_default()),
+    }
 }
 
 /// Loads the run, embeds the retrieval set, evaluates (plus zero-shot when configured) and
@@ -137,7 +167,7 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     };
     let t0 = Instant::now();
     let run = TrainedRun::load(&args.run, device)?;
-    let r = resolve(args, &run.config)?;
+    let r = resolve(args, &run.config, run.has_uncertainty())?;
     let t_load = t0.elapsed().as_secs_f64();
 
     let t1 = Instant::now();
@@ -146,6 +176,25 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     embeddings::check_ids(&images.ids, &captions.ids, &captions.image_ids, &r.images, &r.captions)?;
     let annotations = r.eccv_annotations.as_deref().map(Annotations::read_dir).transpose()?;
     let zeroshot = r.zeroshot.as_ref().map(|z| ZeroShot::load(z, &run.transform())).transpose()?;
+    // A run trained on `pre_caption`ed captions sees its retrieval captions the same way (CUSA's
+    // evaluation data applies it too).
+    let texts: Vec<String> = if run.config.data.pre_caption {
+        captions
+            .texts
+            .iter()
+            .zip(&captions.ids)
+            .map(|(t, id)| {
+                crate::text::pre_caption(t, crate::text::PRE_CAPTION_WORDS).ok_or_else(|| {
+                    Error::data(format!(
+                        "caption {id} of `{}` has nothing left after `pre_caption` (the run's `data.pre_caption`)",
+                        r.captions.display()
+                    ))
+                })
+            })
+            .collect::<Result<_>>()?
+    } else {
+        captions.texts.clone()
+    };
     let t_read = t1.elapsed().as_secs_f64();
     // Only now, with every input read: a mistyped path leaves an earlier evaluation as it was.
     std::fs::create_dir_all(&r.out).map_err(|e| Error::io("cannot create folder", &r.out, e))?;
@@ -162,10 +211,18 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
         run.dir.display()
     ));
     let t2 = Instant::now();
-    let texts: Vec<&str> = captions.texts.iter().map(String::as_str).collect();
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let csd = r.similarity == Similarity::Csd;
     let mut caption_rows = Vec::with_capacity(texts.len() * run.dim());
+    let (mut caption_uncertainty, mut image_uncertainty) = (Vec::new(), Vec::new());
     for chunk in texts.chunks(TEXT_CHUNK) {
-        caption_rows.extend(run.embed_texts(chunk)?);
+        if csd {
+            let (e, u) = run.embed_texts_uncertain(chunk)?;
+            caption_rows.extend(e);
+            caption_uncertainty.extend(u);
+        } else {
+            caption_rows.extend(run.embed_texts(chunk)?);
+        }
         if texts.len() > TEXT_CHUNK {
             note(format!("  captions {}/{}", caption_rows.len() / run.dim(), texts.len()));
         }
@@ -182,7 +239,13 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
             .par_iter()
             .map(|p| preprocess(&root.map_or_else(|| PathBuf::from(p), |d| d.join(p)), &transform))
             .collect::<Result<Vec<Vec<f32>>>>()?;
-        image_rows.extend(run.embed_images(pixels.concat(), chunk.len())?);
+        if csd {
+            let (e, u) = run.embed_images_uncertain(pixels.concat(), chunk.len())?;
+            image_rows.extend(e);
+            image_uncertainty.extend(u);
+        } else {
+            image_rows.extend(run.embed_images(pixels.concat(), chunk.len())?);
+        }
         if batches > 1 && ((b + 1) % every == 0 || b + 1 == batches) {
             note(format!("  images {}/{}", image_rows.len() / run.dim(), images.ids.len()));
         }
@@ -192,7 +255,12 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
 
     let image_gallery = Images::from_rows(images.ids, run.dim(), image_rows);
     let caption_gallery = Captions::from_rows(captions.ids, captions.image_ids, run.dim(), caption_rows);
-    let mut ev = evaluate(&image_gallery, &caption_gallery, annotations.as_ref(), r.similarity)?;
+    let scoring = Scoring {
+        similarity: r.similarity,
+        precision: r.precision,
+        uncertainty: csd.then_some((&image_uncertainty[..], &caption_uncertainty[..])),
+    };
+    let mut ev = evaluate_scored(&image_gallery, &caption_gallery, annotations.as_ref(), &scoring)?;
     let steps = [("load", t_load), ("read", t_read), ("embed_captions", t_captions), ("embed_images", t_images)];
     for (i, (k, v)) in steps.into_iter().enumerate() {
         ev.timings_s.insert(i, (k.to_owned(), v));

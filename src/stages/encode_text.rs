@@ -148,7 +148,7 @@ impl Transform for EncodeText {
         let normalised: Vec<Option<String>> = (0..batch.num_rows())
             .map(|r| {
                 (self.config.pre_caption && texts.is_valid(r))
-                    .then(|| crate::text::pre_caption(texts.value(r), 64))
+                    .then(|| crate::text::pre_caption(texts.value(r), crate::text::PRE_CAPTION_WORDS))
                     .flatten()
             })
             .collect();

@@ -24,6 +24,9 @@ pub fn is_python_whitespace(c: char) -> bool {
     c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
 }
 
+/// The words `pre_caption` keeps in CUSA (its `max_words`, spec §1.2).
+pub const PRE_CAPTION_WORDS: usize = 64;
+
 /// CUSA's `pre_caption` (spec `cusa-and-pcmepp.md` §1.2), the text its teachers and student
 /// see: lower-cased (as Python's `str.lower`); each of `, . ' ! ? " ( ) * # : ; ~ - /` made a
 /// space; `<person>` made `person`; each run of two or more whitespace characters made one space

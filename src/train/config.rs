@@ -184,6 +184,13 @@ pub struct DataConfig {
     /// `<shards_dir>/<shard>.tar` member `<key>.jpg|jpeg|png|webp` (columns `shard`, `key`).
     #[serde(default)]
     pub shards_dir: Option<PathBuf>,
+    /// Apply CUSA's `pre_caption` (lower-case, punctuation to spaces, at most 64 words; spec
+    /// `cusa-and-pcmepp.md` §1.2) to every training caption before tokenising, as its student's
+    /// tokenizer sees them; pair it with teacher text features made by `encode_text` with
+    /// `pre_caption = true`. `curate eval RUN_DIR` applies it to the retrieval captions too.
+    /// Rows it empties are left out (a note counts them).
+    #[serde(default)]
+    pub pre_caption: bool,
     /// How training views are drawn and evaluation images prepared, as a paper defines it
     /// ([`crate::train::transform`]): `random_resized_crop` (the default), `otter` (the BoW
     /// paper's, §7 A9), `pcmepp` or `clip` (CUSA's).

@@ -141,6 +141,8 @@ pub struct TrainSet {
     /// Rows left out because their `sample_id` or caption is null, or they name no image at all
     /// (no path, no shard and key).
     pub incomplete_rows: usize,
+    /// Rows left out because `data.pre_caption` left nothing of their caption.
+    pub emptied_captions: usize,
 }
 
 /// A column of a table as strings (any Arrow string type).
@@ -250,7 +252,7 @@ impl TrainSet {
     pub fn load(c: &TrainConfig) -> Result<TrainSet> {
         let d = &c.data;
         let mut samples = Vec::new();
-        let (mut missing_images, mut incomplete_rows) = (0, 0);
+        let (mut missing_images, mut incomplete_rows, mut emptied_captions) = (0, 0, 0);
         let mut shards: HashMap<String, (Arc<PathBuf>, ShardIndex)> = HashMap::new();
         let files = expand(&d.tables)?;
         if let Some(twice) = files.iter().enumerate().find(|(i, f)| files[..*i].contains(f)).map(|(_, f)| f) {
@@ -291,6 +293,18 @@ impl TrainSet {
                     let (Some(sample_id), Some(caption)) = (id, caption) else {
                         incomplete_rows += 1;
                         continue;
+                    };
+                    // CUSA's normalisation (spec `cusa-and-pcmepp.md` §1.2), what the student's
+                    // tokenizer sees; the reference refuses a caption it empties.
+                    let caption = match d.pre_caption {
+                        true => match crate::text::pre_caption(&caption, crate::text::PRE_CAPTION_WORDS) {
+                            Some(c) => c,
+                            None => {
+                                emptied_captions += 1;
+                                continue;
+                            }
+                        },
+                        false => caption,
                     };
                     let image = match (path, &shard_col[i], &key_col[i], &d.shards_dir) {
                         (Some(path), ..) => {
@@ -353,7 +367,7 @@ impl TrainSet {
         };
         let teacher_image = join(&d.teacher_image, "image")?;
         let teacher_text = join(&d.teacher_text, "text")?;
-        Ok(TrainSet { samples, teacher_image, teacher_text, missing_images, incomplete_rows })
+        Ok(TrainSet { samples, teacher_image, teacher_text, missing_images, incomplete_rows, emptied_captions })
     }
 
     pub fn steps_per_epoch(&self, batch_size: usize) -> u64 {

@@ -145,6 +145,34 @@ impl DualEncoder {
         self.image_proj.forward(self.image_features(images))
     }
 
+    /// The cross-modal image embedding and, with PCME++'s heads, its log-variance `v`.
+    ///
+    /// # Shapes
+    /// - `images`: `[B, 3, H, W]` → (`[B, embed_dim]`, `[B, embed_dim]`)
+    pub fn encode_image_with_log_var(&self, images: Tensor<4>) -> (Tensor<2>, Option<Tensor<2>>) {
+        let f = self.image_features(images);
+        let v = self.image_log_var.as_ref().map(|h| h.forward(f.clone()));
+        (self.image_proj.forward(f), v)
+    }
+
+    /// The cross-modal text embedding and, with PCME++'s heads, its log-variance `v`.
+    ///
+    /// # Shapes
+    /// - `ids`, `mask`: `[B, S]` → (`[B, embed_dim]`, `[B, embed_dim]`)
+    pub fn encode_text_with_log_var(
+        &self,
+        ids: Tensor<2, Int>,
+        mask: Tensor<2, Int>,
+    ) -> (Tensor<2>, Option<Tensor<2>>) {
+        let f = self.text_features(ids, mask);
+        let v = self.text_log_var.as_ref().map(|h| h.forward(f.clone()));
+        let e = match &self.text_proj {
+            Some(p) => p.forward(f),
+            None => f,
+        };
+        (e, v)
+    }
+
     /// The cross-modal text embedding.
     ///
     /// # Shapes

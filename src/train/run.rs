@@ -580,6 +580,12 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             set.incomplete_rows
         );
     }
+    if set.emptied_captions > 0 {
+        say!(
+            "note: {} training row(s) left out: `data.pre_caption` leaves nothing of their caption",
+            set.emptied_captions
+        );
+    }
     if set.missing_images > 0 {
         say!(
             "note: {} training row(s) left out: their image file is not there (paths are relative to the working \

@@ -115,13 +115,51 @@ impl TrainedRun {
     pub fn embed_texts(&self, texts: &[&str]) -> Result<Vec<f32>> {
         let mut out = Vec::with_capacity(texts.len() * self.dim());
         for chunk in texts.chunks(TEXT_BATCH) {
-            let (ids, mask, seq) = tokenize(&self.tokenizer, chunk)?;
-            let shape = [chunk.len(), seq];
-            let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, shape), &self.device);
-            let mask = Tensor::<2, Int>::from_data(TensorData::new(mask, shape), &self.device);
+            let (ids, mask) = self.token_tensors(chunk)?;
             out.extend(to_vec(l2_normalize(self.model.encode_text(ids, mask)))?);
         }
         Ok(out)
+    }
+
+    /// Whether the model has PCME++'s log-variance heads, so that each item has an uncertainty
+    /// `‖σ²‖₁` and retrieval can score by CSD.
+    pub fn has_uncertainty(&self) -> bool {
+        self.model.image_log_var.is_some() && self.model.text_log_var.is_some()
+    }
+
+    /// [`TrainedRun::embed_texts`] and each text's `‖σ²‖₁ = Σ_k exp(v_k)` (float64 from the
+    /// head's float32 `v`, spec `cusa-and-pcmepp.md` §3.11). Needs [`TrainedRun::has_uncertainty`].
+    pub fn embed_texts_uncertain(&self, texts: &[&str]) -> Result<(Vec<f32>, Vec<f64>)> {
+        let mut out = (Vec::with_capacity(texts.len() * self.dim()), Vec::with_capacity(texts.len()));
+        for chunk in texts.chunks(TEXT_BATCH) {
+            let (ids, mask) = self.token_tensors(chunk)?;
+            let (e, v) = self.model.encode_text_with_log_var(ids, mask);
+            out.0.extend(to_vec(l2_normalize(e))?);
+            out.1.extend(self.uncertainty(v)?);
+        }
+        Ok(out)
+    }
+
+    fn token_tensors(&self, texts: &[&str]) -> Result<(Tensor<2, Int>, Tensor<2, Int>)> {
+        let (ids, mask, seq) = tokenize(&self.tokenizer, texts)?;
+        let shape = [texts.len(), seq];
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, shape), &self.device);
+        let mask = Tensor::<2, Int>::from_data(TensorData::new(mask, shape), &self.device);
+        Ok((ids, mask))
+    }
+
+    /// `Σ_k exp(v_k)` per row, in float64.
+    fn uncertainty(&self, v: Option<Tensor<2>>) -> Result<Vec<f64>> {
+        let v = v.ok_or_else(|| {
+            Error::data(format!("`{}` has no log-variance heads (not a PCME++ run)", self.dir.display()))
+        })?;
+        let d = self.dim();
+        Ok(to_vec(v)?.chunks(d).map(|row| row.iter().map(|&x| (x as f64).exp()).sum()).collect())
+    }
+
+    fn image_tensor(&self, pixels: Vec<f32>, n: usize) -> Tensor<4> {
+        let s = self.image_size();
+        Tensor::<4>::from_data(TensorData::new(pixels, [n, 3, s, s]), &self.device)
     }
 
     /// L2-normalised image embeddings of `n` preprocessed images (`[n, 3, size, size]` CHW,
@@ -130,8 +168,16 @@ impl TrainedRun {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let s = self.image_size();
-        let x = Tensor::<4>::from_data(TensorData::new(pixels, [n, 3, s, s]), &self.device);
-        to_vec(l2_normalize(self.model.encode_image(x)))
+        to_vec(l2_normalize(self.model.encode_image(self.image_tensor(pixels, n))))
+    }
+
+    /// [`TrainedRun::embed_images`] and each image's `‖σ²‖₁`, as
+    /// [`TrainedRun::embed_texts_uncertain`].
+    pub fn embed_images_uncertain(&self, pixels: Vec<f32>, n: usize) -> Result<(Vec<f32>, Vec<f64>)> {
+        if n == 0 {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let (e, v) = self.model.encode_image_with_log_var(self.image_tensor(pixels, n));
+        Ok((to_vec(l2_normalize(e))?, self.uncertainty(v)?))
     }
 }
