@@ -137,6 +137,7 @@ fn every_word_and_count_comes_from_the_retrieved_captions() {
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
     let stage = &report["stages"]["mine_pseudo_bow"];
     assert_eq!(stage["labelled_images"], 120);
+    assert_eq!((stage["top_words"].as_u64(), stage["frequency_candidates"].as_str()), (Some(2), Some("content")));
     assert_eq!(stage["strategies"].as_object().unwrap().len(), 4);
     for (_, s) in stage["strategies"].as_object().unwrap() {
         let rate = s["label_word_hit_rate"].as_f64().unwrap();
@@ -151,7 +152,8 @@ fn same_output_for_any_thread_count() {
     let dir = tempfile::tempdir().unwrap();
     let files = |threads: usize| {
         let out = dir.path().join(format!("out{threads}"));
-        let keys = "strategy = \"rm_top_rand\"\nshuffle_words = true\ntop_words = 3\nbatch_size = 5";
+        // (`raw` Top_t candidates too: the stage takes the `bow` stage's key.)
+        let keys = "strategy = \"rm_top_rand\"\nshuffle_words = true\ntop_words = 3\nfrequency_candidates = \"raw\"\nbatch_size = 5";
         run(pipeline(&out, "data/train_sample/unaligned", "data/train_sample/train.parquet", keys), threads);
         let mut v: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(out.join("data"))
             .unwrap()

@@ -44,6 +44,7 @@ use crate::models::preprocess::decode;
 use crate::rng::RowRng;
 use crate::schema::{self, str_col, Chunk, Reject};
 use crate::text::pseudo_bow::{PoolWords, RankedWord, Strategy};
+use crate::text::vocab::Candidates;
 use crate::text::{is_content_word, lowercase, Stemmer, Tokenizer};
 use crate::train::data::{random_resized_crop, read_features, string_column};
 use crate::train::trained::TrainedRun;
@@ -83,6 +84,11 @@ pub struct MinePseudoBowConfig {
     /// `t` of `Top_t(S_a)`, the frequent words the `rm_top_*` strategies drop.
     #[serde(default = "default_top_words")]
     pub top_words: usize,
+    /// Which words compete for `Top_t(S_a)`: `content` (default, §7 A1) or `raw` (every word:
+    /// stopwords, numbers and punctuation take places too), the `bow` stage's rule (§1.2).
+    /// Pseudo-words are content words either way.
+    #[serde(default)]
+    pub frequency_candidates: Candidates,
     /// RandomResizedCrop area fraction range (spec §7 A6: [0.2, 1]).
     #[serde(default = "default_crop_scale")]
     pub crop_scale: [f64; 2],
@@ -437,6 +443,7 @@ impl MinePseudoBow {
             self.tokenizer,
             self.stemmer.as_ref(),
             self.config.top_words,
+            self.config.frequency_candidates,
         );
         let started = Instant::now();
         let dim = self.run.dim();
@@ -790,6 +797,7 @@ impl Transform for MinePseudoBow {
             "neighbors": c.neighbors,
             "words": c.words,
             "top_words": c.top_words,
+            "frequency_candidates": c.frequency_candidates,
             "aligned_captions": pool.map_or(0, |p| p.ids.len()),
             "aligned_vocabulary": pool.map_or(0, |p| p.words.vocabulary()),
             "aligned_caption_column": pool.map(|p| p.caption_column.clone()),

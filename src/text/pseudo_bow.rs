@@ -7,7 +7,8 @@
 //! - `cnt(w, NN_i)`: how many of the retrieved captions contain `w`, each retrieval counted
 //!   (the same caption retrieved twice counts twice); `cnt(w, S_a)`: document frequency of `w`
 //!   over the whole aligned set; `Top_t(S_a)`: the `t` words of largest `cnt(w, S_a)`, ties by
-//!   word (§1.2's rule; 1000 in the paper).
+//!   word (§1.2's rule; 1000 in the paper), among content words or, with `raw` candidates, all
+//!   words (a stopword in `Top_t` then takes a place and removes nothing, as in `RmTopFreq`).
 //! - Order (first = best), ties always broken by `cnt(w, NN_i)` desc, then `cnt(w, S_a)` asc,
 //!   then word asc:
 //!   `max_count` — `cnt(w, NN_i)` desc over all words; `rm_top_max_count` — the same without
@@ -19,6 +20,7 @@ use std::cmp::Ordering;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
+use super::vocab::Candidates;
 use super::{is_content_word, lowercase, Stemmer, Tokenizer};
 use crate::rng::RowRng;
 
@@ -76,11 +78,16 @@ impl PoolWords {
         tokenizer: Tokenizer,
         stemmer: Option<&Stemmer>,
         top_t: usize,
+        candidates: Candidates,
     ) -> PoolWords {
         let mut p = PoolWords { offsets: vec![0], ..Default::default() };
         let mut index: FxHashMap<Box<str>, u32> = FxHashMap::default();
         // With a stemmer: occurrences of each (stem id, surface form).
         let mut forms: FxHashMap<(u32, Box<str>), u64> = FxHashMap::default();
+        // `raw` candidates: the DF of the match forms no content word has (stopwords,
+        // punctuation, numbers), which compete for `Top_t` without ever being pseudo-words.
+        let mut other_df: FxHashMap<Box<str>, u64> = FxHashMap::default();
+        let mut other_keys: Vec<Box<str>> = Vec::new();
         let mut caption_ids = Vec::new();
         for caption in captions {
             let lowered = lowercase(caption);
@@ -112,6 +119,25 @@ impl PoolWords {
             for &id in &caption_ids {
                 p.df[id as usize] += 1;
             }
+            if candidates == Candidates::Raw {
+                other_keys.clear();
+                for &w in words.iter().filter(|w| !is_content_word(w)) {
+                    other_keys.push(match stemmer {
+                        Some(s) => s.stem(w).as_ref().into(),
+                        None => w.into(),
+                    });
+                }
+                other_keys.sort_unstable();
+                other_keys.dedup();
+                // Counted here only where no content word of this caption has the same form:
+                // a caption counts once per form.
+                for k in &other_keys {
+                    let held = index.get(&**k).is_some_and(|id| caption_ids.binary_search(id).is_ok());
+                    if !held {
+                        *other_df.entry(k.clone()).or_insert(0) += 1;
+                    }
+                }
+            }
             p.ids.extend_from_slice(&caption_ids);
             p.offsets.push(p.ids.len());
         }
@@ -131,12 +157,21 @@ impl PoolWords {
         } else {
             p.keys.clone()
         };
-        let mut order: Vec<u32> = (0..p.keys.len() as u32).collect();
-        order.sort_unstable_by(|&a, &b| {
-            p.df[b as usize].cmp(&p.df[a as usize]).then_with(|| p.keys[a as usize].cmp(&p.keys[b as usize]))
-        });
+        // Top_t over the candidates' match forms: DF descending, then the form in byte order
+        // (§1.2). A form both a content word and another word have (a stopword sharing a
+        // stem) is one candidate, its DF counted over the captions holding either.
+        let mut ranked: Vec<(u64, &str, Option<u32>)> =
+            (0..p.keys.len() as u32).map(|id| (p.df[id as usize], &*p.keys[id as usize], Some(id))).collect();
+        if candidates == Candidates::Raw {
+            for r in ranked.iter_mut() {
+                r.0 += other_df.get(r.1).copied().unwrap_or(0);
+            }
+            ranked.extend(other_df.iter().filter(|(k, _)| !index.contains_key(&***k)).map(|(k, &n)| (n, &**k, None)));
+        }
+        ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        let top: Vec<u32> = ranked.iter().take(top_t).filter_map(|r| r.2).collect();
         p.top = vec![false; p.keys.len()];
-        for &id in order.iter().take(top_t) {
+        for id in top {
             p.top[id as usize] = true;
         }
         p
@@ -259,7 +294,7 @@ mod tests {
     ];
 
     fn pool(top_t: usize) -> PoolWords {
-        PoolWords::build(POOL, Tokenizer::default(), None, top_t)
+        PoolWords::build(POOL, Tokenizer::default(), None, top_t, Candidates::Content)
     }
 
     fn words(p: &PoolWords, r: &[RankedWord]) -> Vec<String> {
@@ -339,7 +374,7 @@ mod tests {
     fn rm_top_rand_is_a_seeded_permutation_of_the_non_top_words() {
         // df: alpha 3, bravo 2, the rest 1; Top_1 = alpha.
         let pool = ["alpha bravo charlie delta echo foxtrot golf hotel", "alpha", "alpha", "bravo"];
-        let p = PoolWords::build(pool, Tokenizer::default(), None, 1);
+        let p = PoolWords::build(pool, Tokenizer::default(), None, 1, Candidates::Content);
         let counts = p.count_neighbors(&[0]);
         let draw = |id: &str| words(&p, &p.rank(&counts, Strategy::RmTopRand, &mut RowRng::new(0, "pseudo_bow", id)));
         let a = draw("img1");
@@ -353,11 +388,52 @@ mod tests {
     #[test]
     fn stems_are_counted_together_and_shown_in_their_most_frequent_form() {
         let stemmer = Stemmer::english();
-        let p = PoolWords::build(["dogs running", "dog runs", "dogs"], Tokenizer::default(), Some(&stemmer), 0);
+        let p = PoolWords::build(
+            ["dogs running", "dog runs", "dogs"],
+            Tokenizer::default(),
+            Some(&stemmer),
+            0,
+            Candidates::Content,
+        );
         let r = rank(&p, &[0, 1, 2], Strategy::MaxCount);
         // dog(s): 3 captions, shown as "dogs" (2 occurrences vs 1); run: 2, forms tie 1-1 ->
         // byte order: "running" < "runs".
         assert_eq!(words(&p, &r), ["dogs", "running"]);
         assert_eq!(r[0].count, 3);
+    }
+    #[test]
+    fn raw_candidates_let_stopwords_take_places_in_top_t() {
+        // Raw document frequencies of POOL: dog 4, the 4, a 3, red 3, ball 2, in 2, park 2, ...
+        // Ranked (ties by word): dog, the, a, red, ball, in, park.
+        let raw = |t: usize| PoolWords::build(POOL, Tokenizer::default(), None, t, Candidates::Raw);
+        let top = |p: &PoolWords| -> Vec<String> {
+            let mut w: Vec<String> =
+                (0..p.vocabulary() as u32).filter(|&id| p.is_top(id)).map(|id| p.surface(id).to_owned()).collect();
+            w.sort();
+            w
+        };
+        assert_eq!(top(&raw(3)), ["dog"]);
+        assert_eq!(top(&raw(4)), ["dog", "red"]);
+        assert_eq!(top(&raw(6)), ["ball", "dog", "red"]);
+        assert_eq!(top(&raw(7)), ["ball", "dog", "park", "red"]);
+        // Content candidates: the same t takes more content words.
+        assert_eq!(top(&pool(3)), ["ball", "dog", "red"]);
+        // The words and their DFs are those of content candidates: only Top_t differs.
+        let (a, b) = (pool(3), raw(3));
+        assert_eq!((a.vocabulary(), a.captions()), (b.vocabulary(), b.captions()));
+        assert!((0..a.vocabulary() as u32).all(|id| a.df(id) == b.df(id)));
+
+        // With a stemmer a stopword can share a content word's stem ("having" and "haves" are
+        // both `have`): the form counts each caption holding either once. Content only: fun 3,
+        // have 2; raw: have 4 (captions 0, 1, 2, 5), fun 3.
+        let stemmer = Stemmer::english();
+        let pool = ["haves", "having fun", "having haves", "fun", "fun", "having"];
+        let build = |c| PoolWords::build(pool, Tokenizer::default(), Some(&stemmer), 1, c);
+        assert_eq!(top(&build(Candidates::Content)), ["fun"]);
+        assert_eq!(top(&build(Candidates::Raw)), ["haves"]);
+        // A caption holding both forms counts once: have 2, fun 3 (counted twice, have would be 4).
+        let pool = ["having haves", "having haves", "fun", "fun", "fun"];
+        let p = PoolWords::build(pool, Tokenizer::default(), Some(&stemmer), 1, Candidates::Raw);
+        assert_eq!(top(&p), ["fun"]);
     }
 }
