@@ -20,10 +20,12 @@ use super::ranking::{Ranks, Request};
 /// Scores per block (64 MB of f64).
 const BLOCK_SCORES: usize = 1 << 23;
 
-/// `score(i, j) = scale · (image_i · caption_j) − image_offset[i] − caption_offset[j]`.
+/// `score(i, j) = ((scale · (image_i · caption_j) − constant) − image_offset[i]) −
+/// caption_offset[j]`, in that order in both directions.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scoring64 {
     pub scale: f64,
+    pub constant: f64,
     pub image_offset: Vec<f64>,
     pub caption_offset: Vec<f64>,
 }
@@ -31,17 +33,23 @@ pub struct Scoring64 {
 impl Scoring64 {
     /// Plain dot products (cosine once the rows are normalised).
     pub fn dot(images: usize, captions: usize) -> Scoring64 {
-        Scoring64 { scale: 1.0, image_offset: vec![0.0; images], caption_offset: vec![0.0; captions] }
+        Scoring64 { scale: 1.0, constant: 0.0, image_offset: vec![0.0; images], caption_offset: vec![0.0; captions] }
     }
 
     /// PCME++'s `−d = 2 μ_v·μ_t − 2 − ‖σ²_v‖₁ − ‖σ²_t‖₁` for unit means, from each item's
-    /// `‖σ²‖₁ = Σ_k exp(v_k)`.
+    /// `‖σ²‖₁ = Σ_k exp(v_k)`. Summed left to right, it is bit for bit the negation of `d` as
+    /// §3.2 writes it (`2 − 2 μ_v·μ_t + ‖σ²_v‖₁ + ‖σ²_t‖₁`), so exact ties fall as there.
     pub fn csd(image_uncertainty: &[f64], caption_uncertainty: &[f64]) -> Scoring64 {
         Scoring64 {
             scale: 2.0,
-            image_offset: image_uncertainty.iter().map(|u| u + 2.0).collect(),
+            constant: 2.0,
+            image_offset: image_uncertainty.to_vec(),
             caption_offset: caption_uncertainty.to_vec(),
         }
+    }
+
+    fn score(&self, dot: f64, image: usize, caption: usize) -> f64 {
+        ((self.scale * dot - self.constant) - self.image_offset[image]) - self.caption_offset[caption]
     }
 }
 
@@ -81,14 +89,24 @@ fn rank_in_blocks(
     let (x, y) = (widen(images), widen(captions));
     let d = images.dim;
     let caption_lists: Vec<&[u32]> = caption_subsets.iter().map(Vec::as_slice).collect();
-    let i2t_ranks =
-        direction(&x, &y, d, scoring.scale, (&scoring.image_offset, &scoring.caption_offset), i2t, block_scores, |s| {
-            Subset::List(caption_lists[s as usize])
-        });
-    let t2i_ranks =
-        direction(&y, &x, d, scoring.scale, (&scoring.caption_offset, &scoring.image_offset), t2i, block_scores, |s| {
-            Subset::Range(image_subsets[s as usize].clone())
-        });
+    let i2t_ranks = direction(
+        &x,
+        (&y, captions.rows),
+        d,
+        |q, j, dot| scoring.score(dot, q, j),
+        i2t,
+        block_scores,
+        |s| Subset::List(caption_lists[s as usize]),
+    );
+    let t2i_ranks = direction(
+        &y,
+        (&x, images.rows),
+        d,
+        |q, j, dot| scoring.score(dot, j, q),
+        t2i,
+        block_scores,
+        |s| Subset::Range(image_subsets[s as usize].clone()),
+    );
     (i2t_ranks, t2i_ranks)
 }
 
@@ -102,20 +120,18 @@ fn widen(m: &Matrix) -> Vec<f64> {
     m.data.par_iter().map(|&v| v as f64).collect()
 }
 
-/// One direction: the queries `q` (rows of `queries`) rank the gallery by
-/// `scale · (q · g) − q_offset − g_offset`.
-#[allow(clippy::too_many_arguments)]
+/// One direction: the queries (rows of `queries`) rank the gallery (rows of `gallery`) by
+/// `score(query, gallery item, dot product)`.
 fn direction<'a>(
     queries: &[f64],
-    gallery: &[f64],
+    (gallery, n): (&[f64], usize),
     d: usize,
-    scale: f64,
-    (q_offset, g_offset): (&[f64], &[f64]),
+    score: impl Fn(usize, usize, f64) -> f64 + Sync,
     requests: &[Request],
     block_scores: usize,
     subset: impl Fn(u32) -> Subset<'a> + Sync,
 ) -> Vec<Ranks> {
-    let (m, n) = (q_offset.len(), g_offset.len());
+    let m = requests.len();
     let block = (block_scores / n.max(1)).clamp(1, m.max(1));
     let mut out = Vec::with_capacity(m);
     let mut scores = vec![0f64; block * n];
@@ -129,8 +145,8 @@ fn direction<'a>(
             .enumerate()
             .map(|(k, row)| {
                 let q = start + k;
-                for (v, off) in row.iter_mut().zip(g_offset) {
-                    *v = scale * *v - q_offset[q] - off;
+                for (j, v) in row.iter_mut().enumerate() {
+                    *v = score(q, j, *v);
                 }
                 count(row, &requests[q], requests[q].subset.map(&subset))
             })
@@ -228,7 +244,7 @@ mod tests {
         let scoring = Scoring64::csd(&iu, &cu);
         let score = |i: usize, j: usize| {
             let dot: f64 = images.row(i).iter().zip(captions.row(j)).map(|(&a, &b)| a as f64 * b as f64).sum();
-            2.0 * dot - (iu[i] + 2.0) - cu[j]
+            ((2.0 * dot - 2.0) - iu[i]) - cu[j]
         };
         let caption_subsets = vec![(0..n as u32).filter(|j| j % 2 == 0).collect::<Vec<_>>()];
         let image_subsets: Vec<Range<u32>> = std::iter::once(2..6).collect();
@@ -285,5 +301,18 @@ mod tests {
         let t2i = vec![Request::default(), Request::default()];
         let (a, _) = rank(&images, &captions, &Scoring64::dot(1, 2), &req, &t2i, &[], &[]);
         assert_eq!((a[0].full.clone(), a[0].tied), (vec![1, 0], 0));
+    }
+
+    #[test]
+    fn csd_scores_are_the_bitwise_negation_of_d_as_the_spec_sums_it() {
+        // d = 2 − 2 μ_v·μ_t + ‖σ²_v‖₁ + ‖σ²_t‖₁, left to right (§3.2); a tie in d is a tie here.
+        let mut rng = RowRng::new(9, "csd", "order");
+        let mut unit = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        for _ in 0..100_000 {
+            let (dot, ui, uj) = (2.0 * unit() - 1.0, 3.0 * unit(), 3.0 * unit());
+            let s = Scoring64::csd(&[ui], &[uj]);
+            let d = ((2.0 - 2.0 * dot) + ui) + uj;
+            assert_eq!(s.score(dot, 0, 0).to_bits(), (-d).to_bits(), "{dot} {ui} {uj}");
+        }
     }
 }
