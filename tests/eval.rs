@@ -566,7 +566,7 @@ captions = "data/train_sample/retrieval_captions.parquet"
         // the zero-shot set evaluated here.
         let zs = &got["zeroshot"];
         assert_eq!(zs["classes"], 24);
-        let z = ZeroShot::load(run.config.eval.as_ref().unwrap(), &run.transform()).unwrap();
+        let z = ZeroShot::load(run.config.eval.as_ref().unwrap(), &run.transform(), false).unwrap();
         let direct = z.evaluate(&run.model, &run.tokenizer).unwrap();
         // (serde_json reads floats back to within an ulp, hence the tolerance.)
         let near = |v: &serde_json::Value, x: f64| v.as_f64().is_some_and(|v| (v - x).abs() < 1e-12);
@@ -707,7 +707,8 @@ captions = "data/train_sample/retrieval_captions.parquet"
             let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
             v.iter().map(|x| (x / n) as f64).collect()
         };
-        let sigma = |v: &[f32]| -> f64 { v.iter().map(|&x| (x as f64).exp()).sum() };
+        // `exp` in float32, summed in float64, as PCME++'s evaluation code.
+        let sigma = |v: &[f32]| -> f64 { v.iter().map(|&x| x.exp() as f64).sum() };
         let (ni, nc) = (paths.len(), texts.len());
         let (uv, ut): (Vec<Vec<f64>>, Vec<Vec<f64>>) = (
             (0..ni).map(|i| unit(&mu_v[i * d..(i + 1) * d])).collect(),

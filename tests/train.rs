@@ -886,14 +886,29 @@ fn an_empty_zero_shot_table_is_an_error_and_null_rows_are_counted() {
         c.eval.unwrap()
     };
     let five = table("five.parquet", 5);
-    let z = ZeroShot::load(&eval_config(&five), &ImageTransform::of_kind(ImageTransformKind::RandomResizedCrop, 16))
-        .unwrap();
+    let z =
+        ZeroShot::load(&eval_config(&five), &ImageTransform::of_kind(ImageTransformKind::RandomResizedCrop, 16), false)
+            .unwrap();
     assert_eq!(z.skipped, 2);
+    // A run trained with `data.pre_caption` is scored on normalised prompts too.
+    let mut templated = eval_config(&five);
+    templated.templates = vec!["A photo of a {}.".into()];
+    let t = ImageTransform::of_kind(ImageTransformKind::RandomResizedCrop, 16);
+    let (raw, pre) = (ZeroShot::load(&templated, &t, false).unwrap(), ZeroShot::load(&templated, &t, true).unwrap());
+    assert!(raw.prompts()[0].starts_with("A photo of a ") && raw.prompts()[0].ends_with('.'), "{:?}", raw.prompts());
+    for (r, p) in raw.prompts().iter().zip(pre.prompts()) {
+        assert_eq!(*p, curate::text::pre_caption(r, 64).unwrap());
+        assert!(p.starts_with("a photo of a ") && !p.contains('.'), "{p}");
+    }
     let empty = table("empty.parquet", 0);
-    let e = ZeroShot::load(&eval_config(&empty), &ImageTransform::of_kind(ImageTransformKind::RandomResizedCrop, 16))
-        .err()
-        .expect("an empty table is refused")
-        .to_string();
+    let e = ZeroShot::load(
+        &eval_config(&empty),
+        &ImageTransform::of_kind(ImageTransformKind::RandomResizedCrop, 16),
+        false,
+    )
+    .err()
+    .expect("an empty table is refused")
+    .to_string();
     let want = format!("no zero-shot images in `{}` (0 row(s) with a null `path` or `label`)", empty.display());
     assert!(e.contains(&want), "wanted `{want}` in:\n{e}");
     assert!(e.contains("hint: "), "{e}");
@@ -1188,4 +1203,26 @@ fn pre_caption_gives_the_student_cusas_normalised_captions_and_leaves_out_emptie
     let (ids, _, _) = curate::train::data::tokenize(&maker.tokenizer, &texts).unwrap();
     assert_eq!(batch.ids, ids);
     assert!(texts.iter().all(|t| !t.contains('.') && t.to_lowercase() == *t), "{texts:?}");
+}
+
+#[test]
+fn a_run_checkpointed_by_an_earlier_curate_resumes_when_only_new_keys_at_their_defaults_differ() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config_without_teachers(dir.path(), &[]);
+    let out = dir.path().join("out");
+    train(&c, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
+    // The config.json an earlier build wrote: without `pre_caption` and `image_transform`, and
+    // laid out by hand (another text).
+    let path = out.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let data = v["data"].as_object_mut().unwrap();
+    assert!(data.remove("pre_caption").is_some() && data.remove("image_transform").is_some());
+    std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
+    let s = train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
+    assert_eq!((s.resumed_at, s.steps), (3, 6));
+    // A key that changes what runs is still a difference.
+    train(&c, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
+    let other = config_without_teachers(dir.path(), &["data.flip=false"]);
+    let e = train(&other, &TrainOptions { resume: true, ..Default::default() }).unwrap_err();
+    assert!(e.to_string().contains("differs"), "{e}");
 }

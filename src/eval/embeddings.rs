@@ -4,6 +4,8 @@
 //! ([`super::ranking`]) and, for images, what defines the COCO 1K folds ([`super::coco`]).
 //! Every problem that makes the tables unusable as a whole (missing column, wrong type, null,
 //! non-finite value, widths that differ, duplicate id) is an error naming the file and column.
+//! With `--similarity csd` both tables also hold `uncertainty` (float64 or float32, each row's
+//! `‖σ²‖₁`; [`read_uncertainty`]).
 //!
 //! `curate eval RUN_DIR` reads the same galleries before they are embedded ([`ImageList`]:
 //! `coco_image_id` + `path`; [`CaptionList`]: `coco_caption_id`, `coco_image_id` + `caption`)

@@ -132,7 +132,11 @@ fn direction<'a>(
     subset: impl Fn(u32) -> Subset<'a> + Sync,
 ) -> Vec<Ranks> {
     let m = requests.len();
-    let block = (block_scores / n.max(1)).clamp(1, m.max(1));
+    if n == 0 {
+        // Nothing to rank against: every target (there can be none) has no position.
+        return vec![Ranks::default(); m];
+    }
+    let block = (block_scores / n).clamp(1, m.max(1));
     let mut out = Vec::with_capacity(m);
     let mut scores = vec![0f64; block * n];
     for start in (0..m).step_by(block) {
@@ -140,7 +144,7 @@ fn direction<'a>(
         let s = &mut scores[..rows * n];
         product(&queries[start * d..(start + rows) * d], gallery, rows, n, d, s);
         let ranks: Vec<Ranks> = s
-            .par_chunks_mut(n.max(1))
+            .par_chunks_mut(n)
             .take(rows)
             .enumerate()
             .map(|(k, row)| {
@@ -314,5 +318,14 @@ mod tests {
             let d = ((2.0 - 2.0 * dot) + ui) + uj;
             assert_eq!(s.score(dot, 0, 0).to_bits(), (-d).to_bits(), "{dot} {ui} {uj}");
         }
+    }
+
+    #[test]
+    fn an_empty_gallery_gives_every_query_its_empty_ranks() {
+        let images = Matrix::new(2, 3, vec![1.0; 6]);
+        let captions = Matrix::new(0, 3, vec![]);
+        let i2t = vec![Request::default(), Request::default()];
+        let (a, b) = rank(&images, &captions, &Scoring64::dot(2, 0), &i2t, &[], &[], &[]);
+        assert_eq!((a.len(), b.len()), (2, 0));
     }
 }

@@ -4,14 +4,16 @@
 //!
 //! Inputs are embeddings ([`embeddings`]): an image gallery and a caption gallery whose
 //! `coco_image_id` column is the COCO ground truth; CxC and ECCV Caption positives come from the
-//! package's JSON files ([`PositivePairs`]). Both directions rank the full opposite gallery
-//! ([`ranking`]); each protocol ([`coco`], [`cxc`], [`eccv`]) only picks its queries and
-//! positives and reads their ranks, so one scoring pass serves them all. [`report`] writes
-//! `metrics.json`, `metrics.md` and the recall@K plot.
+//! package's JSON files ([`PositivePairs`]). Both directions rank the full opposite gallery:
+//! in float32 ([`ranking`]; cosine or dot), or in float64 ([`exact64`]; PCME++'s closed-form
+//! sampled distance, or `--precision f64`); each protocol ([`coco`], [`cxc`], [`eccv`]) only
+//! picks its queries and positives and reads their ranks, so one scoring pass serves them all.
+//! [`report`] writes `metrics.json`, `metrics.md` and the recall@K plot.
 //!
-//! [`evaluate`] takes embeddings from anywhere: `curate eval --image-embeddings ...` reads them
-//! from Parquet ([`run_embeddings`]); `curate eval RUN_DIR` embeds a retrieval set (the COCO 5K
-//! test split, or the bundled sample) with a trained run's model ([`trained`]) and calls the
+//! [`evaluate_scored`] (and [`evaluate`], its float32 cosine/dot form) takes embeddings from
+//! anywhere: `curate eval --image-embeddings ...` reads them from Parquet ([`run_embeddings`]);
+//! `curate eval RUN_DIR` embeds a retrieval set (the COCO 5K test split, or the bundled sample)
+//! with a trained run's model ([`trained`]; a PCME++ run with its uncertainties) and calls the
 //! same function, adding the run's zero-shot classification scores ([`ZeroShotMetrics`]).
 
 pub mod coco;

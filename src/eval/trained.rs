@@ -175,7 +175,8 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     let captions = embeddings::read_caption_list(&r.captions)?;
     embeddings::check_ids(&images.ids, &captions.ids, &captions.image_ids, &r.images, &r.captions)?;
     let annotations = r.eccv_annotations.as_deref().map(Annotations::read_dir).transpose()?;
-    let zeroshot = r.zeroshot.as_ref().map(|z| ZeroShot::load(z, &run.transform())).transpose()?;
+    let zeroshot =
+        r.zeroshot.as_ref().map(|z| ZeroShot::load(z, &run.transform(), run.config.data.pre_caption)).transpose()?;
     // A run trained on `pre_caption`ed captions sees its retrieval captions the same way (CUSA's
     // evaluation data applies it too).
     let texts: Vec<String> = if run.config.data.pre_caption {

@@ -431,7 +431,7 @@ impl TrainConfig {
 
     /// The defaults that depend on other keys, filled in, so that the run's `config.json` says
     /// what ran: the crop ranges of `random_resized_crop` and every transform's `flip`.
-    fn resolved(mut self) -> TrainConfig {
+    pub(crate) fn resolved(mut self) -> TrainConfig {
         let d = &mut self.data;
         if d.image_transform == ImageTransformKind::RandomResizedCrop {
             d.crop_scale.get_or_insert(DEFAULT_CROP_SCALE);

@@ -560,8 +560,12 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         });
     }
     if resume_from.is_some() {
+        // Compared as configs, not as text: a key a later curate added, at its default, is no
+        // difference (an earlier build's `config.json` lacks it).
         let before = std::fs::read_to_string(&config_path).unwrap_or_default();
-        if before != resolved {
+        let same =
+            before == resolved || serde_json::from_str::<TrainConfig>(&before).is_ok_and(|b| b.resolved() == *config);
+        if !same {
             return Err(Error::Data {
                 message: format!("the config differs from the one `{}` was trained with", out.display()),
                 hint: Some("resume with the same file and `--set` values, or train into a new `output_dir`".into()),
@@ -596,7 +600,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let total = config.total_steps(rows)?;
     let maker = Arc::new(BatchMaker::new(set.clone(), config)?);
     let transform = super::transform::ImageTransform::new(&config.data, config.model.image_size_px);
-    let zeroshot = config.eval.as_ref().map(|e| ZeroShot::load(e, &transform)).transpose()?;
+    let zeroshot = config.eval.as_ref().map(|e| ZeroShot::load(e, &transform, config.data.pre_caption)).transpose()?;
     if let Some(z) = zeroshot.as_ref().filter(|z| z.skipped > 0) {
         say!("note: {} zero-shot row(s) left out: their image path or label is null", z.skipped);
     }

@@ -127,8 +127,9 @@ impl TrainedRun {
         self.model.image_log_var.is_some() && self.model.text_log_var.is_some()
     }
 
-    /// [`TrainedRun::embed_texts`] and each text's `‖σ²‖₁ = Σ_k exp(v_k)` (float64 from the
-    /// head's float32 `v`, spec `cusa-and-pcmepp.md` §3.11). Needs [`TrainedRun::has_uncertainty`].
+    /// [`TrainedRun::embed_texts`] and each text's `‖σ²‖₁ = Σ_k exp(v_k)` (`exp` of the head's
+    /// float32 `v` in float32, summed in float64, as PCME++'s evaluation code; spec
+    /// `cusa-and-pcmepp.md` §3.11). Needs [`TrainedRun::has_uncertainty`].
     pub fn embed_texts_uncertain(&self, texts: &[&str]) -> Result<(Vec<f32>, Vec<f64>)> {
         let mut out = (Vec::with_capacity(texts.len() * self.dim()), Vec::with_capacity(texts.len()));
         for chunk in texts.chunks(TEXT_BATCH) {
@@ -154,7 +155,8 @@ impl TrainedRun {
             Error::data(format!("`{}` has no log-variance heads (not a PCME++ run)", self.dir.display()))
         })?;
         let d = self.dim();
-        Ok(to_vec(v)?.chunks(d).map(|row| row.iter().map(|&x| (x as f64).exp()).sum()).collect())
+        // As PCME++'s evaluation: `exp` in float32 (`torch.exp`), widened, summed in float64.
+        Ok(to_vec(v)?.chunks(d).map(|row| row.iter().map(|&x| x.exp() as f64).sum()).collect())
     }
 
     fn image_tensor(&self, pixels: Vec<f32>, n: usize) -> Tensor<4> {

@@ -6,11 +6,13 @@
 //! | --- | --- | --- | --- |
 //! | `random_resized_crop` (default) | RandomResizedCrop(`crop_scale`, `crop_ratio`) + flip | whole image to `size × size` | ImageNet |
 //! | `otter` (`bow-and-otter.md` §5.8, §7 A9) | shorter side to `size · 256/224` (bicubic), random `size` crop, no flip | same resize, centre crop | CLIP |
-//! | `pcmepp` (`cusa-and-pcmepp.md` §3.9) | crop of `r·W × r·H`, `r ~ U(0.6, 1)`, at a random place, to `size × size` (bilinear, aspect not kept) + flip | whole image to `size × size` (bilinear) | ImageNet |
+//! | `pcmepp` (`cusa-and-pcmepp.md` §3.9) | crop of `r·W × r·H`, `r ~ U(0.6, 1)`, at a random place, to `size × size` (OpenCV's bilinear, aspect not kept) + flip | whole image to `size × size` (the same) | ImageNet |
 //! | `clip` (`cusa-and-pcmepp.md` §2.6) | CLIP's evaluation transform: shorter side to `size` (bicubic), centre crop | the same | CLIP |
 //!
-//! `otter`, `pcmepp` and `clip` resample with [`crate::models::preprocess`]'s PIL-exact
-//! resampler, so a view equals torchvision's on a PIL image given the same crop. The default
+//! `otter` and `clip` resample with [`crate::models::preprocess`]'s PIL-exact resampler, so a
+//! view equals torchvision's on a PIL image given the same crop. `pcmepp` resamples as its
+//! reference data loader does: `cv2.resize(..., INTER_LINEAR)` on the float32 crop (no
+//! antialiasing, no rounding to 8 bits; [`cv2_linear`]). The default
 //! keeps the trainer's first sampler (bilinear at pixel centres, no antialiasing), so runs made
 //! before the key existed evaluate as they trained. `flip` (probability 0.5) is each
 //! transform's paper's unless set: on for `random_resized_crop` and `pcmepp`, off for `otter`
@@ -139,11 +141,9 @@ impl ImageTransform {
                 preprocess::push_normalised(&p.resize_crop_at(img, left, top), mean, std, flip, dst);
             }
             ImageTransformKind::Pcmepp => {
-                let (x, y, w, h) = pcmepp_crop(img.width, img.height, rng);
-                let part = preprocess::crop(img, x, y, w, h);
-                let view = preprocess::resize_to(&part, self.size, self.size, Interpolation::Bilinear);
+                let crop = pcmepp_crop(img.width, img.height, rng);
                 let flip = self.flip && rng.below(2) == 1;
-                preprocess::push_normalised(&view, mean, std, flip, dst);
+                push_normalised_f32(&cv2_linear(img, crop, self.size), self.size, mean, std, flip, dst);
             }
             ImageTransformKind::Clip => {
                 let flip = self.flip && rng.below(2) == 1;
@@ -163,8 +163,8 @@ impl ImageTransform {
                 crop_to_chw(img, (0, 0, img.width, img.height), self.size, false, mean, std, dst)
             }
             ImageTransformKind::Pcmepp => {
-                let view = preprocess::resize_to(img, self.size, self.size, Interpolation::Bilinear);
-                preprocess::push_normalised(&view, mean, std, false, dst);
+                let whole = (0, 0, img.width, img.height);
+                push_normalised_f32(&cv2_linear(img, whole, self.size), self.size, mean, std, false, dst);
             }
             ImageTransformKind::Otter | ImageTransformKind::Clip => {
                 preprocess::push_normalised(&self.resize_then_crop().resize_crop(img), mean, std, false, dst)
@@ -181,16 +181,89 @@ impl ImageTransform {
     }
 }
 
-/// PCME++'s crop of an image `width × height`: one side ratio `r ~ U(0.6, 1)` for both sides
-/// (`int(r · side)`, at least 1), at a uniform position. Returns `(x, y, w, h)`.
+/// PCME++'s crop of an image `width × height`, as its data loader draws it: one side ratio
+/// `r ~ U(0.6, 1)` for both sides (`int(r · side)`, at least 1), then the left edge uniform in
+/// `0..width − w` and the top edge in `0..height − h` (NumPy's `randint(n)`, which excludes `n`;
+/// 0 when the crop spans the side). Returns `(x, y, w, h)`.
 pub fn pcmepp_crop(width: usize, height: usize, rng: &mut RowRng) -> (usize, usize, usize, usize) {
     let [lo, hi] = PCMEPP_CROP_RANGE;
     let r = lo + (hi - lo) * unit(rng);
     let w = ((width as f64 * r) as usize).clamp(1, width);
     let h = ((height as f64 * r) as usize).clamp(1, height);
-    let y = rng.below((height - h + 1) as u64) as usize;
-    let x = rng.below((width - w + 1) as u64) as usize;
+    let mut start = |spare: usize| if spare == 0 { 0 } else { rng.below(spare as u64) as usize };
+    let x = start(width - w);
+    let y = start(height - h);
     (x, y, w, h)
+}
+
+/// OpenCV's `cv2.resize(crop, None, fx=out/w, fy=out/h, interpolation=cv2.INTER_LINEAR)` of
+/// the `w × h` part of `img` at `(x, y)` converted to float32, as PCME++'s data loader calls
+/// it: output pixel `d` of an axis reads `f = (d + 0.5) · s − 0.5` with `s = 1 / (out / w)`
+/// (computed in float64, then `f` rounded to float32), the two pixels `⌊f⌋` and `⌊f⌋ + 1`
+/// with weights `1 − (f − ⌊f⌋)` and `f − ⌊f⌋`; before the first pixel or from the last on, that
+/// pixel alone. Horizontal pass first, float32 sums, no antialiasing, no rounding.
+///
+/// # Shapes
+/// - returns `[out, out, 3]` (HWC) flattened, values in `[0, 255]`
+pub fn cv2_linear(img: &Rgb8, (x0, y0, w, h): (usize, usize, usize, usize), out: usize) -> Vec<f32> {
+    let taps = |len: usize| -> Vec<(usize, usize, f32, f32)> {
+        let scale = 1.0 / (out as f64 / len as f64);
+        (0..out)
+            .map(|d| {
+                let f = ((d as f64 + 0.5) * scale - 0.5) as f32;
+                let s = f.floor();
+                let (mut i, mut frac) = (s as isize, f - s);
+                if i < 0 {
+                    (i, frac) = (0, 0.0);
+                }
+                if i >= len as isize - 1 {
+                    (i, frac) = (len as isize - 1, 0.0);
+                }
+                let i = i as usize;
+                (i, (i + 1).min(len - 1), 1.0 - frac, frac)
+            })
+            .collect()
+    };
+    let (cols, rows) = (taps(w), taps(h));
+    let px = |x: usize, y: usize, c: usize| img.data[((y0 + y) * img.width + x0 + x) * 3 + c] as f32;
+    // Horizontal pass over the rows the vertical pass reads.
+    let mut wide = vec![0f32; h * out * 3];
+    let mut needed = vec![false; h];
+    for &(a, b, _, _) in &rows {
+        needed[a] = true;
+        needed[b] = true;
+    }
+    for y in (0..h).filter(|&y| needed[y]) {
+        for (d, &(a, b, wa, wb)) in cols.iter().enumerate() {
+            for c in 0..3 {
+                wide[(y * out + d) * 3 + c] = px(a, y, c) * wa + px(b, y, c) * wb;
+            }
+        }
+    }
+    let mut view = vec![0f32; out * out * 3];
+    for (d, &(a, b, wa, wb)) in rows.iter().enumerate() {
+        for k in 0..out * 3 {
+            view[d * out * 3 + k] = wide[a * out * 3 + k] * wa + wide[b * out * 3 + k] * wb;
+        }
+    }
+    view
+}
+
+/// Appends the normalised CHW tensor of an `[size, size, 3]` float view (values 0–255) to
+/// `dst`, mirrored when `flip`: `x / 255`, then `(x − mean) / std`, in float32.
+pub fn push_normalised_f32(view: &[f32], size: usize, mean: [f32; 3], std: [f32; 3], flip: bool, dst: &mut Vec<f32>) {
+    let plane = size * size;
+    let start = dst.len();
+    dst.resize(start + 3 * plane, 0.0);
+    let out = &mut dst[start..];
+    for y in 0..size {
+        for x in 0..size {
+            let at = y * size + if flip { size - 1 - x } else { x };
+            for c in 0..3 {
+                out[c * plane + at] = (view[(y * size + x) * 3 + c] / 255.0 - mean[c]) / std[c];
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -298,5 +371,70 @@ mod tests {
             }
         }
         assert!(flipped > 16 && kept > 16, "about half each: {flipped} / {kept}");
+    }
+
+    #[test]
+    fn training_views_are_their_pieces_at_the_drawn_offsets_and_reach_both_extremes() {
+        // otter at 32 px: shorter side to 37, so a 40 x 37 image gives tops 0..=5, lefts 0..=8.
+        let img = image(40, 37);
+        let t = transform(ImageTransformKind::Otter, 32);
+        let p = t.resize_then_crop();
+        let (rw, rh) = p.resized_size(40, 37);
+        assert_eq!((rw, rh), (40, 37));
+        let (mut tops, mut lefts) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+        for k in 0..300 {
+            let mut got = Vec::new();
+            t.train(&img, &mut RowRng::new(2, "augment/0", &k.to_string()), &mut got);
+            // The same draws, by hand: row offset, then column offset (flip is off).
+            let mut rng = RowRng::new(2, "augment/0", &k.to_string());
+            let top = rng.below((rh - 32 + 1) as u64) as usize;
+            let left = rng.below((rw - 32 + 1) as u64) as usize;
+            let mut want = Vec::new();
+            preprocess::push_normalised(&p.resize_crop_at(&img, left, top), CLIP_MEAN, CLIP_STD, false, &mut want);
+            assert_eq!(got, want, "row {k}");
+            tops.insert(top);
+            lefts.insert(left);
+        }
+        assert_eq!((tops.first(), tops.last(), lefts.first(), lefts.last()), (Some(&0), Some(&5), Some(&0), Some(&8)));
+
+        // pcmepp: NumPy's randint(spare) never gives `spare`, so a crop narrower than the image
+        // never touches its right or bottom edge; both ends of 0..spare are reached.
+        let mut rng = RowRng::new(4, "t", "x");
+        let (mut first, mut last) = (false, false);
+        for _ in 0..2000 {
+            let (x, y, w, h) = pcmepp_crop(10, 10, &mut rng);
+            assert!(w == 10 || x + w < 10, "{x} + {w}");
+            assert!(h == 10 || y + h < 10, "{y} + {h}");
+            first |= x == 0 && w < 10;
+            last |= w < 10 && x + w == 9;
+        }
+        assert!(first && last);
+        // And the training view is the reference's pipeline on the drawn crop.
+        let t = transform(ImageTransformKind::Pcmepp, 16);
+        let img = image(23, 19);
+        let mut got = Vec::new();
+        t.train(&img, &mut RowRng::new(1, "augment/0", "x"), &mut got);
+        let mut rng = RowRng::new(1, "augment/0", "x");
+        let crop = pcmepp_crop(23, 19, &mut rng);
+        let flip = rng.below(2) == 1;
+        let mut want = Vec::new();
+        push_normalised_f32(&cv2_linear(&img, crop, 16), 16, IMAGENET_MEAN, IMAGENET_STD, flip, &mut want);
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn cv2_linear_samples_at_pixel_centres_without_antialiasing() {
+        // 4 -> 2: output pixel 0 reads f = 0.5 · 2 − 0.5 = 0.5, halfway between pixels 0 and 1
+        // (no wider window); 2 -> 4: f = −0.25 is clamped to pixel 0, f = 0.25 mixes 0 and 1.
+        let row = |v: &[u8]| Rgb8 { width: v.len(), height: 1, data: v.iter().flat_map(|&x| [x, x, x]).collect() };
+        let down = cv2_linear(&row(&[0, 100, 200, 250]), (0, 0, 4, 1), 2);
+        // Vertically 1 -> 2 rows: both read the one row.
+        assert_eq!(down.iter().step_by(3).copied().collect::<Vec<f32>>(), [50.0, 225.0, 50.0, 225.0]);
+        let up = cv2_linear(&row(&[0, 100]), (0, 0, 2, 1), 4);
+        assert_eq!(up.iter().step_by(3).take(4).copied().collect::<Vec<f32>>(), [0.0, 25.0, 75.0, 100.0]);
+        // A crop reads inside itself only: at its edge the last pixel alone, not the next one.
+        // 2 -> 3: f = −1/6 (pixel 0), 1/2 (halfway), 7/6 (past the crop's last pixel: it alone).
+        let edge = cv2_linear(&row(&[10, 20, 250]), (0, 0, 2, 1), 3);
+        assert_eq!(edge.iter().step_by(3).take(3).copied().collect::<Vec<f32>>(), [10.0, 15.0, 20.0]);
     }
 }

@@ -78,7 +78,14 @@ pub struct ZeroShotScores {
 }
 
 impl ZeroShot {
-    pub fn load(c: &ZeroShotConfig, transform: &ImageTransform) -> Result<ZeroShot> {
+    /// One prompt per (class, template), class-major, as the text tower gets them.
+    pub fn prompts(&self) -> &[String] {
+        &self.prompts
+    }
+
+    /// The set of `c`, images prepared with the evaluation view of `transform`, prompts after
+    /// CUSA's `pre_caption` when the run trained on such captions (`data.pre_caption`).
+    pub fn load(c: &ZeroShotConfig, transform: &ImageTransform, pre_caption: bool) -> Result<ZeroShot> {
         let size = transform.size;
         let text = std::fs::read_to_string(&c.classes).map_err(|e| Error::io("cannot read classes", &c.classes, e))?;
         let class_names = parse_classes(&text);
@@ -138,7 +145,14 @@ impl ZeroShot {
                 ),
             });
         }
-        let prompts = class_names.iter().flat_map(|names| c.templates.iter().map(|t| class_prompt(t, names))).collect();
+        let prompt = |t: &str, names: &[String]| {
+            let p = class_prompt(t, names);
+            match pre_caption {
+                true => crate::text::pre_caption(&p, crate::text::PRE_CAPTION_WORDS).unwrap_or(p),
+                false => p,
+            }
+        };
+        let prompts = class_names.iter().flat_map(|names| c.templates.iter().map(|t| prompt(t, names))).collect();
         Ok(ZeroShot {
             images,
             size,
