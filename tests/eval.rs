@@ -40,10 +40,9 @@ fn captions(ids: &[i64], image_ids: &[i64], dim: usize, data: &[f32]) -> Caption
     }
 }
 
-#[test]
-fn cli_matches_the_eccv_caption_package() {
-    let out = tempfile::tempdir().unwrap();
-    let run = Command::new(env!("CARGO_BIN_EXE_curate"))
+/// `curate eval` on the eccv-caption fixture into `out`, with `extra` flags.
+fn eval_fixture(out: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_curate"))
         .args(["eval", "--image-embeddings"])
         .arg(fixture("images.parquet"))
         .arg("--caption-embeddings")
@@ -51,31 +50,47 @@ fn cli_matches_the_eccv_caption_package() {
         .arg("--eccv-annotations")
         .arg(fixture(""))
         .arg("--out")
-        .arg(out.path())
-        .args(["--similarity", "dot", "--threads", "2"])
+        .arg(out)
+        .args(extra)
         .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert_eq!(run.status.code(), Some(0), "{stderr}");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(stdout.starts_with("| metric | i2t | t2i | mean |"), "{stdout}");
+        .unwrap()
+}
 
-    let read =
-        |p: PathBuf| -> serde_json::Value { serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap() };
-    let got = read(out.path().join("metrics.json"));
-    let want = read(fixture("expected_metrics.json"))["metrics"].clone();
+fn read_json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// Asserts that `out/metrics.json` has the package's metrics, each within 1e-6; returns how
+/// many values were compared.
+fn assert_package_metrics(out: &Path) -> usize {
+    let got = read_json(&out.join("metrics.json"));
+    let want = read_json(&fixture("expected_metrics.json"))["metrics"].clone();
     let (got, want) = (got.as_object().unwrap(), want.as_object().unwrap());
     assert_eq!(
         got.keys().collect::<std::collections::BTreeSet<_>>(),
         want.keys().collect::<std::collections::BTreeSet<_>>(),
         "same metric names as the package"
     );
+    let mut compared = 0;
     for (name, w) in want {
         for dir in ["i2t", "t2i"] {
             let (g, w) = (got[name][dir].as_f64().unwrap(), w[dir].as_f64().unwrap());
             assert!((g - w).abs() <= 1e-6, "{name} {dir}: curate {g}, eccv-caption {w}");
+            compared += 1;
         }
     }
+    compared
+}
+
+#[test]
+fn cli_matches_the_eccv_caption_package() {
+    let out = tempfile::tempdir().unwrap();
+    let run = eval_fixture(out.path(), &["--similarity", "dot", "--threads", "2"]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{stderr}");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(stdout.starts_with("| metric | i2t | t2i | mean |"), "{stdout}");
+    assert_eq!(assert_package_metrics(out.path()), 28, "the package's 14 metrics, both directions");
     for f in ["config.json", "metrics.md", "recall_at_k.svg"] {
         assert!(out.path().join(f).is_file(), "{f} written");
     }
@@ -296,33 +311,10 @@ fn input_errors_name_the_file_and_column() {
 fn float64_scores_agree_with_the_package_where_float32_does() {
     // The fixture has no near ties: float64 scores (PCME++'s evaluation) rank as float32 ones.
     let out = tempfile::tempdir().unwrap();
-    let run = Command::new(env!("CARGO_BIN_EXE_curate"))
-        .args(["eval", "--image-embeddings"])
-        .arg(fixture("images.parquet"))
-        .arg("--caption-embeddings")
-        .arg(fixture("captions.parquet"))
-        .arg("--eccv-annotations")
-        .arg(fixture(""))
-        .arg("--out")
-        .arg(out.path())
-        .args(["--similarity", "dot", "--precision", "f64"])
-        .output()
-        .unwrap();
+    let run = eval_fixture(out.path(), &["--similarity", "dot", "--precision", "f64"]);
     assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
-    let read =
-        |p: PathBuf| -> serde_json::Value { serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap() };
-    let got = read(out.path().join("metrics.json"));
-    let want = read(fixture("expected_metrics.json"))["metrics"].clone();
-    let mut compared = 0;
-    for (name, w) in want.as_object().unwrap() {
-        for dir in ["i2t", "t2i"] {
-            let (g, w) = (got[name][dir].as_f64().unwrap(), w[dir].as_f64().unwrap());
-            assert!((g - w).abs() <= 1e-6, "{name} {dir}: curate f64 {g}, eccv-caption {w}");
-            compared += 1;
-        }
-    }
-    assert_eq!(compared, 28, "the package's 14 metrics, both directions");
-    assert_eq!(read(out.path().join("config.json"))["precision"], "f64");
+    assert_eq!(assert_package_metrics(out.path()), 28, "the package's 14 metrics, both directions");
+    assert_eq!(read_json(&out.path().join("config.json"))["precision"], "f64");
 }
 
 #[test]
