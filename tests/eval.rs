@@ -417,6 +417,51 @@ fn csd_ranks_by_the_closed_form_distance_with_each_items_uncertainty() {
     assert!((got["coco_5k_r1"]["t2i"].as_f64().unwrap() - 1.0).abs() < 1e-12, "{got}");
 }
 
+#[test]
+fn all_zero_embeddings_are_warned_about_where_scores_normalise() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ids = |v: &[i64]| -> ArrayRef { Arc::new(Int64Array::from(v.to_vec())) };
+    let vectors = |rows: &[[f32; 2]]| -> ArrayRef {
+        let mut b = FixedSizeListBuilder::new(Float32Builder::new(), 2);
+        for r in rows {
+            b.values().append_slice(r);
+            b.append(true);
+        }
+        Arc::new(b.finish())
+    };
+    let ip =
+        write(d, "i.parquet", vec![("coco_image_id", ids(&[1, 2])), ("embedding", vectors(&[[0.0, 0.0], [0.0, 1.0]]))]);
+    let cp = write(
+        d,
+        "c.parquet",
+        vec![
+            ("coco_caption_id", ids(&[10, 20])),
+            ("coco_image_id", ids(&[1, 2])),
+            ("embedding", vectors(&[[1.0, 0.0], [0.0, 1.0]])),
+        ],
+    );
+    for (similarity, warned) in [("cosine", true), ("dot", false)] {
+        let out = d.join(similarity);
+        let run = Command::new(env!("CARGO_BIN_EXE_curate"))
+            .args(["eval", "--image-embeddings"])
+            .arg(&ip)
+            .arg("--caption-embeddings")
+            .arg(&cp)
+            .arg("--out")
+            .arg(&out)
+            .args(["--similarity", similarity])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(0), "{stderr}");
+        let want = "all-zero embeddings (no direction: every cosine with them is 0): 1 image(s), 0 caption(s)";
+        assert_eq!(stderr.contains(&format!("warning: {want}")), warned, "{similarity}: {stderr}");
+        let md = std::fs::read_to_string(out.join("metrics.md")).unwrap();
+        assert_eq!(md.contains(want), warned, "{similarity}: {md}");
+    }
+}
+
 // `curate eval RUN_DIR`: a 4-step run on the bundled sample (`data/gen_train_sample.py`), its
 // model embedding `data/train_sample/retrieval_*.parquet` (120 images, 5 captions each).
 

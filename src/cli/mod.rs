@@ -339,6 +339,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 };
                 let ev = crate::eval::trained::run_trained(&run, &device(&args.device)?)?;
                 out!("{}", crate::eval::report::markdown_table(&ev));
+                for w in crate::eval::report::warnings(&ev) {
+                    say!("warning: {w}");
+                }
                 let total: f64 = ev.timings_s.iter().map(|t| t.1).sum();
                 say!("wrote `{}` ({total:.2} s)", run.out_dir().join("metrics.json").display());
                 return Ok(0);
@@ -359,6 +362,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             };
             let ev = crate::eval::run_embeddings(&run)?;
             out!("{}", crate::eval::report::markdown_table(&ev));
+            for w in crate::eval::report::warnings(&ev) {
+                say!("warning: {w}");
+            }
             let total: f64 = ev.timings_s.iter().map(|t| t.1).sum();
             say!("wrote `{}` ({total:.2} s)", run.out.join("metrics.json").display());
             Ok(0)

@@ -42,6 +42,14 @@ impl Matrix {
     }
 
     /// Each row divided by its L2 norm (rows of norm 0 stay 0), for cosine similarity.
+    /// Rows whose values are all zero (no direction to normalise to).
+    pub fn zero_rows(&self) -> usize {
+        match self.dim {
+            0 => self.rows,
+            d => self.data.chunks(d).filter(|r| r.iter().all(|&x| x == 0.0)).count(),
+        }
+    }
+
     pub fn l2_normalized(&self) -> Matrix {
         let mut data = self.data.clone();
         if self.dim > 0 {

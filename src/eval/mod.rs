@@ -323,6 +323,9 @@ pub struct Counts {
     /// Requested (query, positive) pairs tied exactly with another gallery item, i2t and t2i,
     /// among the ranks computed exactly (all of them, or with the screen those a metric reads).
     pub tied_pairs: [u64; 2],
+    /// Image and caption rows whose embedding is all zeros where scores normalise them (cosine,
+    /// CSD): they have no direction, so every cosine with them is 0.
+    pub zero_rows: [usize; 2],
 }
 
 /// Scores both directions once (float32) and computes every metric: [`evaluate_scored`] with
@@ -405,6 +408,7 @@ pub fn evaluate_scored(
         Similarity::Dot => (&images.embeddings, &captions.embeddings),
         // CSD's means are unit vectors (§3.11).
         Similarity::Cosine | Similarity::Csd => {
+            counts.zero_rows = [images.embeddings.zero_rows(), captions.embeddings.zero_rows()];
             normalized = (images.embeddings.l2_normalized(), captions.embeddings.l2_normalized());
             (&normalized.0, &normalized.1)
         }

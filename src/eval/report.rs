@@ -62,6 +62,20 @@ pub fn markdown_table(ev: &Evaluation) -> String {
     s
 }
 
+/// What a researcher should know about the inputs before trusting the numbers (also said on
+/// stderr by `curate eval`).
+pub fn warnings(ev: &Evaluation) -> Vec<String> {
+    let c = &ev.counts;
+    let mut out = Vec::new();
+    if c.zero_rows != [0, 0] {
+        out.push(format!(
+            "all-zero embeddings (no direction: every cosine with them is 0): {} image(s), {} caption(s)",
+            c.zero_rows[0], c.zero_rows[1]
+        ));
+    }
+    out
+}
+
 /// `metrics.md`: the table, then what was evaluated and how long it took.
 pub fn markdown(ev: &Evaluation) -> String {
     let c = &ev.counts;
@@ -88,6 +102,9 @@ pub fn markdown(ev: &Evaluation) -> String {
         "- exact score ties of a positive with another gallery item, among the ranks computed exactly (broken by gallery row): i2t {}, t2i {}",
         c.tied_pairs[0], c.tied_pairs[1]
     );
+    for w in warnings(ev) {
+        let _ = writeln!(s, "- warning: {w}");
+    }
     let t: Vec<String> = ev.timings_s.iter().map(|(k, v)| format!("{k} {v:.2} s")).collect();
     let _ = writeln!(s, "- timings: {}", t.join(", "));
     s.push_str("\n![recall@K](recall_at_k.svg)\n");
