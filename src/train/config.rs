@@ -187,7 +187,8 @@ pub struct DataConfig {
     /// Apply CUSA's `pre_caption` (lower-case, punctuation to spaces, at most 64 words; spec
     /// `cusa-and-pcmepp.md` §1.2) to every training caption before tokenising, as its student's
     /// tokenizer sees them; pair it with teacher text features made by `encode_text` with
-    /// `pre_caption = true`. `curate eval RUN_DIR` applies it to the retrieval captions too.
+    /// `pre_caption = true`. The zero-shot prompts and `curate eval RUN_DIR`'s retrieval
+    /// captions get it too.
     /// Rows it empties are left out (a note counts them).
     #[serde(default)]
     pub pre_caption: bool,

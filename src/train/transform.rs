@@ -33,8 +33,9 @@ use super::data::{crop_to_chw, random_resized_crop, unit};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ImageTransformKind {
-    /// torchvision's RandomResizedCrop + RandomHorizontalFlip, ImageNet mean/std; evaluation
-    /// resizes the whole image.
+    /// torchvision's RandomResizedCrop crop rule + RandomHorizontalFlip, the crop resampled
+    /// bilinearly at pixel centres (no antialiasing), ImageNet mean/std; evaluation resizes the
+    /// whole image the same way.
     #[default]
     RandomResizedCrop,
     /// OTTER's recipe, which *A Fistful of Words* trains with (its §7 A9).
@@ -78,13 +79,12 @@ pub struct ImageTransform {
 impl ImageTransform {
     /// The transform of a training file's `[data]` for the model's `image_size_px`.
     pub fn new(data: &DataConfig, size: usize) -> ImageTransform {
-        let kind = data.image_transform;
+        let d = ImageTransform::of_kind(data.image_transform, size);
         ImageTransform {
-            kind,
-            size,
-            crop_scale: data.crop_scale.unwrap_or(super::config::DEFAULT_CROP_SCALE),
-            crop_ratio: data.crop_ratio.unwrap_or(super::config::DEFAULT_CROP_RATIO),
-            flip: data.flip.unwrap_or_else(|| kind.flips_by_default()),
+            crop_scale: data.crop_scale.unwrap_or(d.crop_scale),
+            crop_ratio: data.crop_ratio.unwrap_or(d.crop_ratio),
+            flip: data.flip.unwrap_or(d.flip),
+            ..d
         }
     }
 
