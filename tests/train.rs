@@ -1226,3 +1226,50 @@ fn a_run_checkpointed_by_an_earlier_curate_resumes_when_only_new_keys_at_their_d
     let e = train(&other, &TrainOptions { resume: true, ..Default::default() }).unwrap_err();
     assert!(e.to_string().contains("differs"), "{e}");
 }
+
+#[test]
+fn caption_augmentation_gives_masked_batches_and_needs_a_mask_token() {
+    let dir = tempfile::tempdir().unwrap();
+    // The bundled text model has no [MASK]: refused before training.
+    let c = config_without_teachers(dir.path(), &["data.caption_augment=true"]);
+    let set = Arc::new(TrainSet::load(&c).unwrap());
+    let e = BatchMaker::new(set.clone(), &c).err().expect("no [MASK] token").to_string();
+    assert!(e.contains("`data.caption_augment` masks words with `[MASK]`"), "{e}");
+
+    // The same model with a [MASK] token (id 67, one more embedding row).
+    let model = dir.path().join("text_model");
+    std::fs::create_dir(&model).unwrap();
+    let mut tok: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("data/train_sample/text_model/tokenizer.json").unwrap()).unwrap();
+    tok["model"]["vocab"]["[MASK]"] = 67.into();
+    let added = serde_json::json!({"content": "[MASK]", "id": 67, "lstrip": false, "normalized": false,
+        "rstrip": false, "single_word": false, "special": true});
+    tok["added_tokens"].as_array_mut().unwrap().push(added);
+    std::fs::write(model.join("tokenizer.json"), tok.to_string()).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("data/train_sample/text_model/config.json").unwrap()).unwrap();
+    config["vocab_size"] = 68.into();
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    let dir_set = format!("model.text.dir=\"{}\"", model.display());
+    let plain = config_without_teachers(dir.path(), &[&dir_set]);
+    let aug = config_without_teachers(dir.path(), &[&dir_set, "data.caption_augment=true"]);
+    let make = |c: &TrainConfig, step: u64| {
+        let maker = BatchMaker::new(set.clone(), c).unwrap();
+        maker.make(step, &maker.epoch_order(0)).unwrap()
+    };
+    let (a, b) = (make(&plain, 0), make(&aug, 0));
+    assert_eq!(a.rows, b.rows, "the same rows");
+    assert_eq!(make(&aug, 0).ids, b.ids, "a function of (seed, step)");
+    let (cls, sep) = (2, 3);
+    let mut masks = 0;
+    for r in 0..b.rows.len() {
+        let row = &b.ids[r * b.seq..(r + 1) * b.seq];
+        let m = &b.mask[r * b.seq..(r + 1) * b.seq];
+        let len = m.iter().filter(|&&x| x == 1).count();
+        assert!(m[..len].iter().all(|&x| x == 1) && row[len..].iter().all(|&x| x == 0), "padding after the text");
+        assert_eq!((row[0], row[len - 1]), (cls, sep), "special tokens stay");
+        masks += row.iter().filter(|&&x| x == 67).count();
+    }
+    assert!(masks > 0 && a.ids != b.ids, "some words are masked: {masks}");
+    assert!(!a.ids.contains(&67), "none without augmentation");
+}

@@ -208,6 +208,12 @@ pub struct DataConfig {
     /// `random_resized_crop` and `pcmepp`, no for `otter` and `clip`); filled in when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flip: Option<bool>,
+    /// PCME++'s caption augmentation (its loader's `process_caption` for BERT-family
+    /// tokenizers, spec `cusa-and-pcmepp.md` §3.9 [ref]): each word with probability 0.2 is
+    /// masked (half of those), replaced by random tokens (a tenth) or deleted (the rest). Off by
+    /// default; needs a tokenizer with `[MASK]`.
+    #[serde(default)]
+    pub caption_augment: bool,
     /// PCME++'s mixed sample data augmentation (Mixup / CutMix on images, soft labels; spec
     /// `cusa-and-pcmepp.md` §3.8); absent: off. Only with `loss.type = "pcmepp"`.
     #[serde(default)]

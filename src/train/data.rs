@@ -421,6 +421,65 @@ pub fn tokenize(tok: &Tokenizer, texts: &[&str]) -> Result<(Vec<i64>, Vec<i64>, 
     Ok((ids, mask, s))
 }
 
+/// PCME++'s caption augmentation for a BERT-family tokenizer (its loader's `process_caption`,
+/// the text side of spec `cusa-and-pcmepp.md` §3.9 [ref]): each word (the tokenizer's
+/// pre-tokenized words; special tokens are never touched) is picked with probability 0.2, and a
+/// picked word has all its word pieces made `mask_id` (half of them), each piece made a
+/// uniformly random vocabulary id (a tenth), or the word deleted (the rest). `word_ids` gives
+/// each token's word (`None` for special tokens), as `Encoding::get_word_ids` does.
+pub fn augment_caption(ids: &[u32], word_ids: &[Option<u32>], mask_id: u32, vocab: u32, rng: &mut RowRng) -> Vec<u32> {
+    let mut out = Vec::with_capacity(ids.len());
+    let mut i = 0;
+    while i < ids.len() {
+        let Some(word) = word_ids[i] else {
+            out.push(ids[i]);
+            i += 1;
+            continue;
+        };
+        let end = i + word_ids[i..].iter().take_while(|w| **w == Some(word)).count();
+        let p = unit(rng);
+        if p < 0.2 {
+            let p = p / 0.2;
+            if p < 0.5 {
+                out.extend(std::iter::repeat_n(mask_id, end - i));
+            } else if p < 0.6 {
+                out.extend((i..end).map(|_| rng.below(vocab as u64) as u32));
+            }
+            // Otherwise the word is deleted.
+        } else {
+            out.extend_from_slice(&ids[i..end]);
+        }
+        i = end;
+    }
+    out
+}
+
+/// [`tokenize`] with [`augment_caption`] applied to each text, `rngs[k]` drawing for text `k`;
+/// padded to the longest with `tok`'s pad id.
+pub fn tokenize_augmented(tok: &Tokenizer, texts: &[&str], rngs: &mut [RowRng]) -> Result<(Vec<i64>, Vec<i64>, usize)> {
+    let mask_id = tok.token_to_id("[MASK]").ok_or_else(|| Error::Model {
+        message: "the text model's tokenizer has no `[MASK]` token for `data.caption_augment`".into(),
+        hint: Some("caption augmentation is PCME++'s for BERT-family tokenizers; leave it off".into()),
+    })?;
+    let vocab = tok.get_vocab_size(true) as u32;
+    let pad = tok.get_padding().map_or(0, |p| p.pad_id);
+    let mut rows = Vec::with_capacity(texts.len());
+    for (text, rng) in texts.iter().zip(rngs) {
+        let enc = tok
+            .encode(*text, true)
+            .map_err(|e| Error::Model { message: format!("tokenizer failed: {e}"), hint: None })?;
+        // Single texts are not padded (BatchLongest pads a batch of one to itself).
+        rows.push(augment_caption(enc.get_ids(), enc.get_word_ids(), mask_id, vocab, rng));
+    }
+    let s = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let (mut ids, mut mask) = (Vec::with_capacity(rows.len() * s), Vec::with_capacity(rows.len() * s));
+    for r in &rows {
+        ids.extend(r.iter().map(|&i| i as i64).chain(std::iter::repeat_n(pad as i64, s - r.len())));
+        mask.extend(std::iter::repeat_n(1, r.len()).chain(std::iter::repeat_n(0, s - r.len())));
+    }
+    Ok((ids, mask, s))
+}
+
 /// A uniform float in `[0, 1)`.
 pub(crate) fn unit(rng: &mut RowRng) -> f64 {
     (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
@@ -598,6 +657,8 @@ pub struct BatchMaker {
     pub seed: u64,
     pub transform: super::transform::ImageTransform,
     pub msda: Option<super::config::MsdaConfig>,
+    /// PCME++'s caption augmentation ([`augment_caption`], `data.caption_augment`).
+    pub caption_augment: bool,
     /// Rows whose image was found undecodable, so that no worker reads them again. Only a
     /// cache: whether a row is in it changes no batch, since its image fails every time.
     pub undecodable: std::sync::Mutex<HashMap<usize, String>>,
@@ -605,14 +666,25 @@ pub struct BatchMaker {
 
 impl BatchMaker {
     pub fn new(set: Arc<TrainSet>, c: &TrainConfig) -> Result<BatchMaker> {
+        let tokenizer = load_tokenizer(&c.model.text.dir, c.model.text.max_tokens)?;
+        if c.data.caption_augment && tokenizer.token_to_id("[MASK]").is_none() {
+            return Err(Error::Model {
+                message: format!(
+                    "`data.caption_augment` masks words with `[MASK]`, and the tokenizer of `{}` has none",
+                    c.model.text.dir.display()
+                ),
+                hint: Some("caption augmentation is PCME++'s for BERT-family tokenizers; leave it off".into()),
+            });
+        }
         Ok(BatchMaker {
             set,
-            tokenizer: load_tokenizer(&c.model.text.dir, c.model.text.max_tokens)?,
+            tokenizer,
             batch_size: c.batch_size,
             image_size: c.model.image_size_px,
             seed: c.seed,
             transform: super::transform::ImageTransform::new(&c.data, c.model.image_size_px),
             msda: c.data.msda.clone(),
+            caption_augment: c.data.caption_augment,
             undecodable: Default::default(),
         })
     }
@@ -697,7 +769,14 @@ impl BatchMaker {
             mix_batch(&mut images, self.image_size, c, &mut rng)
         });
         let texts: Vec<&str> = rows.iter().map(|&r| self.set.samples[r].caption.as_str()).collect();
-        let (ids, mask, seq) = tokenize(&self.tokenizer, &texts)?;
+        let (ids, mask, seq) = if self.caption_augment {
+            let tag = format!("caption/{epoch}");
+            let mut rngs: Vec<RowRng> =
+                rows.iter().map(|&r| RowRng::new(self.seed, &tag, &self.set.samples[r].sample_id)).collect();
+            tokenize_augmented(&self.tokenizer, &texts, &mut rngs)?
+        } else {
+            tokenize(&self.tokenizer, &texts)?
+        };
         let gather = |t: &Option<(Vec<f32>, usize)>| {
             t.as_ref().map(|(v, d)| rows.iter().flat_map(|&r| v[r * d..(r + 1) * d].iter().copied()).collect())
         };
@@ -901,5 +980,58 @@ mod tests {
         let white = (1.0 - IMAGENET_MEAN[0]) / IMAGENET_STD[0];
         assert!((a[0] - black).abs() < 1e-6 && (a[1] - white).abs() < 1e-6);
         assert!((b[0] - white).abs() < 1e-6 && (b[1] - black).abs() < 1e-6);
+    }
+
+    #[test]
+    fn caption_augmentation_masks_replaces_or_deletes_a_fifth_of_the_words() {
+        // [CLS] w0 .. w39 [SEP], one piece each: kept pieces are 1000 + w, the mask 900, random
+        // ids below the vocabulary of 100, so each word's outcome is told apart.
+        let (cls, sep, mask) = (101u32, 102u32, 900u32);
+        let ids: Vec<u32> = std::iter::once(cls).chain(1000..1040).chain([sep]).collect();
+        let words: Vec<Option<u32>> = std::iter::once(None).chain((0..40).map(Some)).chain([None]).collect();
+        let (mut masked, mut random, mut deleted, mut kept) = (0, 0, 0, 0);
+        for k in 0..500 {
+            let mut rng = RowRng::new(0, "caption/0", &k.to_string());
+            let out = augment_caption(&ids, &words, mask, 100, &mut rng);
+            assert_eq!((out.first(), out.last()), (Some(&cls), Some(&sep)), "special tokens stay");
+            let body = &out[1..out.len() - 1];
+            let mut j = 0;
+            for &id in &ids[1..41] {
+                match body.get(j) {
+                    Some(&t) if t == id => kept += 1,
+                    Some(&t) if t == mask => masked += 1,
+                    Some(&t) if t < 100 => random += 1,
+                    _ => {
+                        deleted += 1;
+                        continue;
+                    }
+                }
+                j += 1;
+            }
+            assert_eq!(j, body.len(), "every output token accounted for: {out:?}");
+        }
+        // A word of several pieces is masked, replaced or deleted whole.
+        let mut seen = [false; 4];
+        for k in 0..400 {
+            let mut rng = RowRng::new(0, "caption/0", &k.to_string());
+            let out = augment_caption(&[cls, 2000, 2001, sep], &[None, Some(0), Some(0), None], mask, 100, &mut rng);
+            let outcome = match &out[1..out.len() - 1] {
+                [2000, 2001] => 0,
+                [a, b] if *a == mask && *b == mask => 1,
+                [a, b] if *a < 100 && *b < 100 => 2,
+                [] => 3,
+                other => panic!("a word split: {other:?}"),
+            };
+            seen[outcome] = true;
+        }
+        assert_eq!(seen, [true; 4]);
+        let total = (masked + random + deleted + kept) as f64;
+        assert_eq!(total, 500.0 * 40.0);
+        let share = |n: i32| n as f64 / total;
+        // Expected 0.8 kept, 0.1 masked, 0.02 random, 0.08 deleted (20,000 words).
+        assert!((share(kept) - 0.8).abs() < 0.015, "kept {}", share(kept));
+        assert!((share(masked) - 0.1).abs() < 0.01, "masked {}", share(masked));
+        assert!((share(random) - 0.02).abs() < 0.005, "random {}", share(random));
+        assert!((share(deleted) - 0.08).abs() < 0.01, "deleted {}", share(deleted));
     }
 }
