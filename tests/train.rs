@@ -1273,3 +1273,41 @@ fn caption_augmentation_gives_masked_batches_and_needs_a_mask_token() {
     assert!(masks > 0 && a.ids != b.ids, "some words are masked: {masks}");
     assert!(!a.ids.contains(&67), "none without augmentation");
 }
+
+#[test]
+fn noise_ratio_shuffles_the_captions_of_that_share_of_rows_among_them() {
+    use curate::train::data::noisy_correspondence;
+    // The draw: floor(r · n) positions, their captions permuted among them, seeded.
+    let from = noisy_correspondence(100, 0.37, 5);
+    let chosen: Vec<usize> = (0..100).filter(|&i| from[i] != i).collect();
+    assert!(chosen.len() <= 37 && chosen.len() >= 30, "{}", chosen.len());
+    let mut sources: Vec<usize> = from.clone();
+    sources.sort_unstable();
+    assert_eq!(sources, (0..100).collect::<Vec<_>>(), "a permutation: no caption lost or doubled");
+    assert_eq!(noisy_correspondence(100, 0.37, 5), from, "seeded");
+    assert_ne!(noisy_correspondence(100, 0.37, 6), from);
+    assert_eq!(noisy_correspondence(100, 0.0, 5), (0..100).collect::<Vec<_>>());
+
+    // Through the training set, teacher text features follow their captions.
+    let dir = tempfile::tempdir().unwrap();
+    let clean = TrainSet::load(&config(dir.path(), &[])).unwrap();
+    let noisy = TrainSet::load(&config(dir.path(), &["data.noise_ratio=0.5"])).unwrap();
+    let n = clean.samples.len();
+    let from = noisy_correspondence(n, 0.5, 3);
+    assert_eq!(noisy.noisy_rows, (0..n).filter(|&i| from[i] != i).count());
+    assert!(noisy.noisy_rows > n / 3, "{} of {n}", noisy.noisy_rows);
+    let (tc, tn) = (clean.teacher_text.as_ref().unwrap(), noisy.teacher_text.as_ref().unwrap());
+    let d = tc.1;
+    for i in 0..n {
+        assert_eq!(noisy.samples[i].sample_id, clean.samples[i].sample_id, "rows stay");
+        assert_eq!(noisy.samples[i].caption, clean.samples[from[i]].caption);
+        assert_eq!(tn.0[i * d..(i + 1) * d], tc.0[from[i] * d..(from[i] + 1) * d]);
+    }
+    assert_eq!(noisy.teacher_image, clean.teacher_image, "images keep their features");
+    for bad in ["1.5", "-0.1", "nan"] {
+        let file = dir.path().join("train.toml");
+        let sets = ["output_dir=out".to_owned(), format!("data.noise_ratio={bad}")];
+        let e = TrainConfig::load(&file, &sets).unwrap_err().to_string();
+        assert!(e.contains("`data.noise_ratio`") && e.contains("is not in [0, 1]"), "{bad}: {e}");
+    }
+}

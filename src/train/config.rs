@@ -208,6 +208,11 @@ pub struct DataConfig {
     /// `random_resized_crop` and `pcmepp`, no for `otter` and `clip`); filled in when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flip: Option<bool>,
+    /// PCME++'s noisy-correspondence setting (spec `cusa-and-pcmepp.md` §3.9): the captions of
+    /// a random `floor(r · N)` of the training rows are permuted among those rows (seeded by
+    /// `seed`), so about that share of pairs no longer match. 0 (the default): off.
+    #[serde(default)]
+    pub noise_ratio: f64,
     /// PCME++'s caption augmentation (its loader's `process_caption` for BERT-family
     /// tokenizers, spec `cusa-and-pcmepp.md` §3.9 [ref]): each word with probability 0.2 is
     /// masked (half of those), replaced by random tokens (a tenth) or deleted (the rest). Off by
@@ -637,6 +642,8 @@ impl TrainConfig {
         if let Some([lo, hi]) = self.data.crop_ratio {
             within("data.crop_ratio", lo, 0.0 < lo && lo <= hi && hi.is_finite(), "a range of positive ratios");
         }
+        let r = self.data.noise_ratio;
+        within("data.noise_ratio", r, (0.0..=1.0).contains(&r), "in [0, 1]");
         if let Some(m) = &self.data.msda {
             within("data.msda.mix_ratio", m.mix_ratio, (0.0..=1.0).contains(&m.mix_ratio), "in [0, 1]");
             within("data.msda.cutmix_prob", m.cutmix_prob, (0.0..=1.0).contains(&m.cutmix_prob), "in [0, 1]");

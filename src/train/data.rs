@@ -143,6 +143,25 @@ pub struct TrainSet {
     pub incomplete_rows: usize,
     /// Rows left out because `data.pre_caption` left nothing of their caption.
     pub emptied_captions: usize,
+    /// Rows whose caption `data.noise_ratio` took from another row.
+    pub noisy_rows: usize,
+}
+
+/// PCME++'s noisy correspondence, as its loader draws it: `floor(ratio · n)` positions chosen at
+/// random, their captions shuffled among them. Returns, per row, the row whose caption it gets.
+pub fn noisy_correspondence(n: usize, ratio: f64, seed: u64) -> Vec<usize> {
+    let k = ((ratio * n as f64).floor() as usize).min(n);
+    let mut rng = RowRng::new(seed, "noise_ratio", "captions");
+    let mut order: Vec<usize> = (0..n).collect();
+    rng.shuffle(&mut order);
+    let chosen: Vec<usize> = (0..n).filter(|&i| order[i] < k).collect();
+    let mut shuffled = chosen.clone();
+    rng.shuffle(&mut shuffled);
+    let mut from: Vec<usize> = (0..n).collect();
+    for (&i, &j) in chosen.iter().zip(&shuffled) {
+        from[i] = j;
+    }
+    from
 }
 
 /// A column of a table as strings (any Arrow string type).
@@ -366,8 +385,30 @@ impl TrainSet {
             Ok(Some((out, dim)))
         };
         let teacher_image = join(&d.teacher_image, "image")?;
-        let teacher_text = join(&d.teacher_text, "text")?;
-        Ok(TrainSet { samples, teacher_image, teacher_text, missing_images, incomplete_rows, emptied_captions })
+        let mut teacher_text = join(&d.teacher_text, "text")?;
+        let noisy_rows = if d.noise_ratio > 0.0 {
+            let from = noisy_correspondence(samples.len(), d.noise_ratio, c.seed);
+            let captions: Vec<String> = from.iter().map(|&j| samples[j].caption.clone()).collect();
+            for (s, caption) in samples.iter_mut().zip(captions) {
+                s.caption = caption;
+            }
+            // A caption's teacher features go with it.
+            if let Some((v, dim)) = &mut teacher_text {
+                *v = from.iter().flat_map(|&j| v[j * *dim..(j + 1) * *dim].to_vec()).collect();
+            }
+            from.iter().enumerate().filter(|&(i, &j)| i != j).count()
+        } else {
+            0
+        };
+        Ok(TrainSet {
+            samples,
+            teacher_image,
+            teacher_text,
+            missing_images,
+            incomplete_rows,
+            emptied_captions,
+            noisy_rows,
+        })
     }
 
     pub fn steps_per_epoch(&self, batch_size: usize) -> u64 {

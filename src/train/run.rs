@@ -584,6 +584,15 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             set.incomplete_rows
         );
     }
+    if config.data.noise_ratio > 0.0 {
+        say!(
+            "note: `data.noise_ratio = {}`: the captions of {} of {} rows were shuffled among them ({} moved)",
+            config.data.noise_ratio,
+            ((config.data.noise_ratio * set.samples.len() as f64).floor() as usize).min(set.samples.len()),
+            set.samples.len(),
+            set.noisy_rows
+        );
+    }
     if set.emptied_captions > 0 {
         say!(
             "note: {} training row(s) left out: `data.pre_caption` leaves nothing of their caption",
