@@ -1298,10 +1298,10 @@ fn noise_ratio_shuffles_the_captions_of_that_share_of_rows_among_them() {
     assert!(noisy.noisy_rows > n / 3, "{} of {n}", noisy.noisy_rows);
     let (tc, tn) = (clean.teacher_text.as_ref().unwrap(), noisy.teacher_text.as_ref().unwrap());
     let d = tc.1;
-    for i in 0..n {
+    for (i, &j) in from.iter().enumerate() {
         assert_eq!(noisy.samples[i].sample_id, clean.samples[i].sample_id, "rows stay");
-        assert_eq!(noisy.samples[i].caption, clean.samples[from[i]].caption);
-        assert_eq!(tn.0[i * d..(i + 1) * d], tc.0[from[i] * d..(from[i] + 1) * d]);
+        assert_eq!(noisy.samples[i].caption, clean.samples[j].caption);
+        assert_eq!(tn.0[i * d..(i + 1) * d], tc.0[j * d..(j + 1) * d]);
     }
     assert_eq!(noisy.teacher_image, clean.teacher_image, "images keep their features");
     for bad in ["1.5", "-0.1", "nan"] {
