@@ -900,6 +900,10 @@ fn an_empty_zero_shot_table_is_an_error_and_null_rows_are_counted() {
         assert_eq!(*p, curate::text::pre_caption(r, 64).unwrap());
         assert!(p.starts_with("a photo of a ") && !p.contains('.'), "{p}");
     }
+    // A prompt it empties is an error, not a silent raw prompt.
+    templated.templates = vec!["?!".into()];
+    let e = ZeroShot::load(&templated, &t, true).err().expect("an empty prompt").to_string();
+    assert!(e.contains("the zero-shot prompt `?!` has nothing left after `pre_caption`"), "{e}");
     let empty = table("empty.parquet", 0);
     let e = ZeroShot::load(
         &eval_config(&empty),
@@ -1216,7 +1220,9 @@ fn a_run_checkpointed_by_an_earlier_curate_resumes_when_only_new_keys_at_their_d
     let path = out.join("config.json");
     let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let data = v["data"].as_object_mut().unwrap();
+    // (`flip` too: the earlier build wrote it, but the resolved config fills it in either way.)
     assert!(data.remove("pre_caption").is_some() && data.remove("image_transform").is_some());
+    assert!(data.remove("flip").is_some());
     std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
     let s = train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
     assert_eq!((s.resumed_at, s.steps), (3, 6));
@@ -1272,6 +1278,25 @@ fn caption_augmentation_gives_masked_batches_and_needs_a_mask_token() {
     }
     assert!(masks > 0 && a.ids != b.ids, "some words are masked: {masks}");
     assert!(!a.ids.contains(&67), "none without augmentation");
+    // Each row is its caption augmented by its own draws, keyed by (seed, epoch, sample_id):
+    // not by its place in the batch, and drawn again in another epoch.
+    use curate::train::data::{augment_vocabulary, tokenize_augmented};
+    let maker = BatchMaker::new(set.clone(), &aug).unwrap();
+    let (mask_id, vocab) = augment_vocabulary(&maker.tokenizer).unwrap();
+    assert_eq!(mask_id, 67);
+    let mut redrawn = 0;
+    for (k, &r) in b.rows.iter().enumerate() {
+        let caption = [set.samples[r].caption.as_str()];
+        let one = |epoch| {
+            tokenize_augmented(&maker.tokenizer, &caption, (mask_id, &vocab), &mut [maker.caption_rng(epoch, r)])
+                .unwrap()
+        };
+        let (ids, _, len) = one(0);
+        assert_eq!(ids[..], b.ids[k * b.seq..k * b.seq + len], "row {k}");
+        assert!(b.ids[k * b.seq + len..(k + 1) * b.seq].iter().all(|&x| x == 0));
+        redrawn += usize::from(one(1).0 != ids);
+    }
+    assert!(redrawn > 0, "another epoch draws again");
 }
 
 #[test]

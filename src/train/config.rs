@@ -213,10 +213,11 @@ pub struct DataConfig {
     /// `seed`), so about that share of pairs no longer match. 0 (the default): off.
     #[serde(default)]
     pub noise_ratio: f64,
-    /// PCME++'s caption augmentation (its loader's `process_caption` for BERT-family
-    /// tokenizers, spec `cusa-and-pcmepp.md` §3.9 [ref]): each word with probability 0.2 is
-    /// masked (half of those), replaced by random tokens (a tenth) or deleted (the rest). Off by
-    /// default; needs a tokenizer with `[MASK]`.
+    /// PCME++'s caption augmentation, as its loader's `process_caption` does it for BERT-family
+    /// tokenizers (spec `cusa-and-pcmepp.md` §3.9 describes the same loader's CLIP-BPE branch;
+    /// curate's text towers are BERT-family): each word with probability 0.2 is masked (half of
+    /// those), replaced by random tokens (a tenth) or deleted (the rest). Off by default; needs a
+    /// tokenizer with `[MASK]`.
     #[serde(default)]
     pub caption_augment: bool,
     /// PCME++'s mixed sample data augmentation (Mixup / CutMix on images, soft labels; spec

@@ -466,9 +466,17 @@ pub fn tokenize(tok: &Tokenizer, texts: &[&str]) -> Result<(Vec<i64>, Vec<i64>, 
 /// the text side of spec `cusa-and-pcmepp.md` §3.9 [ref]): each word (the tokenizer's
 /// pre-tokenized words; special tokens are never touched) is picked with probability 0.2, and a
 /// picked word has all its word pieces made `mask_id` (half of them), each piece made a
-/// uniformly random vocabulary id (a tenth), or the word deleted (the rest). `word_ids` gives
-/// each token's word (`None` for special tokens), as `Encoding::get_word_ids` does.
-pub fn augment_caption(ids: &[u32], word_ids: &[Option<u32>], mask_id: u32, vocab: u32, rng: &mut RowRng) -> Vec<u32> {
+/// uniformly random vocabulary entry (a tenth; `vocab` lists the vocabulary's ids), or the word
+/// deleted (the rest). `word_ids` gives each token's word (`None` for special tokens), as
+/// `Encoding::get_word_ids` does. (§3.9's own text describes the CLIP-BPE branch of the same
+/// loader, `process_caption_vit`; curate's text towers are BERT-family, hence this one.)
+pub fn augment_caption(
+    ids: &[u32],
+    word_ids: &[Option<u32>],
+    mask_id: u32,
+    vocab: &[u32],
+    rng: &mut RowRng,
+) -> Vec<u32> {
     let mut out = Vec::with_capacity(ids.len());
     let mut i = 0;
     while i < ids.len() {
@@ -484,7 +492,7 @@ pub fn augment_caption(ids: &[u32], word_ids: &[Option<u32>], mask_id: u32, voca
             if p < 0.5 {
                 out.extend(std::iter::repeat_n(mask_id, end - i));
             } else if p < 0.6 {
-                out.extend((i..end).map(|_| rng.below(vocab as u64) as u32));
+                out.extend((i..end).map(|_| vocab[rng.below(vocab.len() as u64) as usize]));
             }
             // Otherwise the word is deleted.
         } else {
@@ -495,14 +503,23 @@ pub fn augment_caption(ids: &[u32], word_ids: &[Option<u32>], mask_id: u32, voca
     out
 }
 
+/// What [`augment_caption`] needs from a tokenizer: its `[MASK]` id and its vocabulary's ids
+/// (sorted), or `None` without a `[MASK]` token.
+pub fn augment_vocabulary(tok: &Tokenizer) -> Option<(u32, Vec<u32>)> {
+    let mask_id = tok.token_to_id("[MASK]")?;
+    let mut ids: Vec<u32> = tok.get_vocab(true).into_values().collect();
+    ids.sort_unstable();
+    Some((mask_id, ids))
+}
+
 /// [`tokenize`] with [`augment_caption`] applied to each text, `rngs[k]` drawing for text `k`;
-/// padded to the longest with `tok`'s pad id.
-pub fn tokenize_augmented(tok: &Tokenizer, texts: &[&str], rngs: &mut [RowRng]) -> Result<(Vec<i64>, Vec<i64>, usize)> {
-    let mask_id = tok.token_to_id("[MASK]").ok_or_else(|| Error::Model {
-        message: "the text model's tokenizer has no `[MASK]` token for `data.caption_augment`".into(),
-        hint: Some("caption augmentation is PCME++'s for BERT-family tokenizers; leave it off".into()),
-    })?;
-    let vocab = tok.get_vocab_size(true) as u32;
+/// padded to the longest with `tok`'s pad id. `vocab`: [`augment_vocabulary`].
+pub fn tokenize_augmented(
+    tok: &Tokenizer,
+    texts: &[&str],
+    (mask_id, vocab): (u32, &[u32]),
+    rngs: &mut [RowRng],
+) -> Result<(Vec<i64>, Vec<i64>, usize)> {
     let pad = tok.get_padding().map_or(0, |p| p.pad_id);
     let mut rows = Vec::with_capacity(texts.len());
     for (text, rng) in texts.iter().zip(rngs) {
@@ -698,8 +715,9 @@ pub struct BatchMaker {
     pub seed: u64,
     pub transform: super::transform::ImageTransform,
     pub msda: Option<super::config::MsdaConfig>,
-    /// PCME++'s caption augmentation ([`augment_caption`], `data.caption_augment`).
-    pub caption_augment: bool,
+    /// PCME++'s caption augmentation ([`augment_caption`], `data.caption_augment`): the
+    /// tokenizer's `[MASK]` id and vocabulary ids, when on.
+    pub caption_augment: Option<(u32, Vec<u32>)>,
     /// Rows whose image was found undecodable, so that no worker reads them again. Only a
     /// cache: whether a row is in it changes no batch, since its image fails every time.
     pub undecodable: std::sync::Mutex<HashMap<usize, String>>,
@@ -708,15 +726,16 @@ pub struct BatchMaker {
 impl BatchMaker {
     pub fn new(set: Arc<TrainSet>, c: &TrainConfig) -> Result<BatchMaker> {
         let tokenizer = load_tokenizer(&c.model.text.dir, c.model.text.max_tokens)?;
-        if c.data.caption_augment && tokenizer.token_to_id("[MASK]").is_none() {
-            return Err(Error::Model {
+        let caption_augment = match c.data.caption_augment {
+            false => None,
+            true => Some(augment_vocabulary(&tokenizer).ok_or_else(|| Error::Model {
                 message: format!(
                     "`data.caption_augment` masks words with `[MASK]`, and the tokenizer of `{}` has none",
                     c.model.text.dir.display()
                 ),
                 hint: Some("caption augmentation is PCME++'s for BERT-family tokenizers; leave it off".into()),
-            });
-        }
+            })?),
+        };
         Ok(BatchMaker {
             set,
             tokenizer,
@@ -725,9 +744,14 @@ impl BatchMaker {
             seed: c.seed,
             transform: super::transform::ImageTransform::new(&c.data, c.model.image_size_px),
             msda: c.data.msda.clone(),
-            caption_augment: c.data.caption_augment,
+            caption_augment,
             undecodable: Default::default(),
         })
+    }
+
+    /// What draws row `r`'s caption augmentation in `epoch`.
+    pub fn caption_rng(&self, epoch: u64, r: usize) -> RowRng {
+        RowRng::new(self.seed, &format!("caption/{epoch}"), &self.set.samples[r].sample_id)
     }
 
     /// The row order of `epoch`.
@@ -810,13 +834,12 @@ impl BatchMaker {
             mix_batch(&mut images, self.image_size, c, &mut rng)
         });
         let texts: Vec<&str> = rows.iter().map(|&r| self.set.samples[r].caption.as_str()).collect();
-        let (ids, mask, seq) = if self.caption_augment {
-            let tag = format!("caption/{epoch}");
-            let mut rngs: Vec<RowRng> =
-                rows.iter().map(|&r| RowRng::new(self.seed, &tag, &self.set.samples[r].sample_id)).collect();
-            tokenize_augmented(&self.tokenizer, &texts, &mut rngs)?
-        } else {
-            tokenize(&self.tokenizer, &texts)?
+        let (ids, mask, seq) = match &self.caption_augment {
+            Some((mask_id, vocab)) => {
+                let mut rngs: Vec<RowRng> = rows.iter().map(|&r| self.caption_rng(epoch, r)).collect();
+                tokenize_augmented(&self.tokenizer, &texts, (*mask_id, vocab), &mut rngs)?
+            }
+            None => tokenize(&self.tokenizer, &texts)?,
         };
         let gather = |t: &Option<(Vec<f32>, usize)>| {
             t.as_ref().map(|(v, d)| rows.iter().flat_map(|&r| v[r * d..(r + 1) * d].iter().copied()).collect())
@@ -1033,7 +1056,7 @@ mod tests {
         let (mut masked, mut random, mut deleted, mut kept) = (0, 0, 0, 0);
         for k in 0..500 {
             let mut rng = RowRng::new(0, "caption/0", &k.to_string());
-            let out = augment_caption(&ids, &words, mask, 100, &mut rng);
+            let out = augment_caption(&ids, &words, mask, &(0..100).collect::<Vec<u32>>(), &mut rng);
             assert_eq!((out.first(), out.last()), (Some(&cls), Some(&sep)), "special tokens stay");
             let body = &out[1..out.len() - 1];
             let mut j = 0;
@@ -1055,7 +1078,8 @@ mod tests {
         let mut seen = [false; 4];
         for k in 0..400 {
             let mut rng = RowRng::new(0, "caption/0", &k.to_string());
-            let out = augment_caption(&[cls, 2000, 2001, sep], &[None, Some(0), Some(0), None], mask, 100, &mut rng);
+            let vocab: Vec<u32> = (0..100).collect();
+            let out = augment_caption(&[cls, 2000, 2001, sep], &[None, Some(0), Some(0), None], mask, &vocab, &mut rng);
             let outcome = match &out[1..out.len() - 1] {
                 [2000, 2001] => 0,
                 [a, b] if *a == mask && *b == mask => 1,

@@ -200,31 +200,41 @@ pub fn pcmepp_crop(width: usize, height: usize, rng: &mut RowRng) -> (usize, usi
 /// the `w × h` part of `img` at `(x, y)` converted to float32, as PCME++'s data loader calls
 /// it: output pixel `d` of an axis reads `f = (d + 0.5) · s − 0.5` with `s = 1 / (out / w)`
 /// (computed in float64, then `f` rounded to float32), the two pixels `⌊f⌋` and `⌊f⌋ + 1`
-/// with weights `1 − (f − ⌊f⌋)` and `f − ⌊f⌋`; before the first pixel or from the last on, that
-/// pixel alone. Horizontal pass first, float32 sums, no antialiasing, no rounding.
+/// with weights `1 − (f − ⌊f⌋)` and `f − ⌊f⌋`; horizontally, before the first pixel or from the
+/// last on, that pixel alone; vertically, the two rows clamped to the crop. Horizontal pass
+/// first, float32 sums, no antialiasing, no rounding: OpenCV's generic path (with IPP off; IPP,
+/// on by default in `opencv-python`, rounds otherwise by up to ~4e-3 of a level).
 ///
 /// # Shapes
 /// - returns `[out, out, 3]` (HWC) flattened, values in `[0, 255]`
 pub fn cv2_linear(img: &Rgb8, (x0, y0, w, h): (usize, usize, usize, usize), out: usize) -> Vec<f32> {
-    let taps = |len: usize| -> Vec<(usize, usize, f32, f32)> {
+    // Per output position: the two source positions and their weights. Horizontally OpenCV
+    // moves a position outside the pixels onto the edge pixel with weights (1, 0); vertically
+    // it clamps the two rows and keeps the weights as computed (the same value, other rounding).
+    let taps = |len: usize, clamp_weights: bool| -> Vec<(usize, usize, f32, f32)> {
         let scale = 1.0 / (out as f64 / len as f64);
+        let last = len as isize - 1;
         (0..out)
             .map(|d| {
                 let f = ((d as f64 + 0.5) * scale - 0.5) as f32;
                 let s = f.floor();
-                let (mut i, mut frac) = (s as isize, f - s);
-                if i < 0 {
-                    (i, frac) = (0, 0.0);
+                let (i, frac) = (s as isize, f - s);
+                if clamp_weights {
+                    let (i, frac) = if i < 0 {
+                        (0, 0.0)
+                    } else if i >= last {
+                        (last, 0.0)
+                    } else {
+                        (i, frac)
+                    };
+                    (i as usize, (i + 1).min(last) as usize, 1.0 - frac, frac)
+                } else {
+                    (i.clamp(0, last) as usize, (i + 1).clamp(0, last) as usize, 1.0 - frac, frac)
                 }
-                if i >= len as isize - 1 {
-                    (i, frac) = (len as isize - 1, 0.0);
-                }
-                let i = i as usize;
-                (i, (i + 1).min(len - 1), 1.0 - frac, frac)
             })
             .collect()
     };
-    let (cols, rows) = (taps(w), taps(h));
+    let (cols, rows) = (taps(w, true), taps(h, false));
     let px = |x: usize, y: usize, c: usize| img.data[((y0 + y) * img.width + x0 + x) * 3 + c] as f32;
     // Horizontal pass over the rows the vertical pass reads.
     let mut wide = vec![0f32; h * out * 3];
@@ -433,6 +443,10 @@ mod tests {
         let up = cv2_linear(&row(&[0, 100]), (0, 0, 2, 1), 4);
         assert_eq!(up.iter().step_by(3).take(4).copied().collect::<Vec<f32>>(), [0.0, 25.0, 75.0, 100.0]);
         // A crop reads inside itself only: at its edge the last pixel alone, not the next one.
+        // Vertically the same positions: a 1 x 2 column to 1 x 3 mixes rows 0 and 1 halfway.
+        let column = Rgb8 { width: 1, height: 3, data: [10u8, 20, 250].iter().flat_map(|&x| [x, x, x]).collect() };
+        let v = cv2_linear(&column, (0, 0, 1, 2), 3);
+        assert_eq!(v.chunks(9).map(|r| r[0]).collect::<Vec<f32>>(), [10.0, 15.0, 20.0]);
         // 2 -> 3: f = −1/6 (pixel 0), 1/2 (halfway), 7/6 (past the crop's last pixel: it alone).
         let edge = cv2_linear(&row(&[10, 20, 250]), (0, 0, 2, 1), 3);
         assert_eq!(edge.iter().step_by(3).take(3).copied().collect::<Vec<f32>>(), [10.0, 15.0, 20.0]);

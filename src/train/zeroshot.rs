@@ -145,14 +145,21 @@ impl ZeroShot {
                 ),
             });
         }
-        let prompt = |t: &str, names: &[String]| {
+        let prompt = |t: &String, names: &Vec<String>| -> Result<String> {
             let p = class_prompt(t, names);
             match pre_caption {
-                true => crate::text::pre_caption(&p, crate::text::PRE_CAPTION_WORDS).unwrap_or(p),
-                false => p,
+                true => crate::text::pre_caption(&p, crate::text::PRE_CAPTION_WORDS).ok_or_else(|| Error::Data {
+                    message: format!("the zero-shot prompt `{p}` has nothing left after `pre_caption`"),
+                    hint: Some("the run trains with `data.pre_caption`: give templates and class names words".into()),
+                }),
+                false => Ok(p),
             }
         };
-        let prompts = class_names.iter().flat_map(|names| c.templates.iter().map(|t| prompt(t, names))).collect();
+        let prompts = class_names
+            .iter()
+            .flat_map(|names| c.templates.iter().map(move |t| (t, names)))
+            .map(|(t, names)| prompt(t, names))
+            .collect::<Result<Vec<String>>>()?;
         Ok(ZeroShot {
             images,
             size,
