@@ -1336,3 +1336,20 @@ fn noise_ratio_shuffles_the_captions_of_that_share_of_rows_among_them() {
         assert!(e.contains("`data.noise_ratio`") && e.contains("is not in [0, 1]"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn the_schedule_reaches_the_optimiser_by_epoch() {
+    // 576 pairs in batches of 8: 72 steps an epoch. `step` with a milestone at epoch 0 scales
+    // every step; at epoch 1, none of the 6 steps.
+    for (milestone, want) in [(0, 1e-4), (1, 1e-3)] {
+        let dir = tempfile::tempdir().unwrap();
+        let sets = ["optim.schedule=step".to_owned(), format!("optim.step_epochs=[{milestone}]")];
+        let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+        let c = config_without_teachers(dir.path(), &sets);
+        train(&c, &TrainOptions::default()).unwrap();
+        let lrs: Vec<f64> =
+            metric_lines(&dir.path().join("out")).iter().filter_map(|l| l.get("lr").and_then(|v| v.as_f64())).collect();
+        assert_eq!(lrs.len(), 6);
+        assert!(lrs.iter().all(|&lr| (lr - want).abs() < 1e-12), "milestone {milestone}: {lrs:?}");
+    }
+}

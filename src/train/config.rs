@@ -295,12 +295,29 @@ pub struct OptimConfig {
     /// Linear warm-up steps from 0 to `lr`.
     #[serde(default)]
     pub warmup_steps: u64,
-    /// `cosine` decay to `min_lr` after warm-up, or `constant`.
+    /// After warm-up: `cosine` (per step, to `min_lr` at the last step), `cosine_per_epoch`
+    /// (one value per epoch, `min_lr + ½(lr − min_lr)(1 + cos(π·e/E))` for epoch `e` of `E`: the
+    /// BoW paper's and OTTER's, spec `bow-and-otter.md` §5.8, §7 A9), `step` (`lr` times
+    /// `step_factor` for each of `step_epochs` reached: PCME++'s ×0.1 from epoch 15, spec
+    /// `cusa-and-pcmepp.md` §3.10) or `constant`.
     #[serde(default = "default_schedule")]
     pub schedule: Schedule,
     /// The learning rate at the end of the cosine decay.
     #[serde(default)]
     pub min_lr: f64,
+    /// `step`: the epochs (0-based) from which the rate is multiplied by `step_factor` again.
+    #[serde(default = "default_step_epochs")]
+    pub step_epochs: Vec<u64>,
+    /// `step`: the factor per epoch of `step_epochs` reached.
+    #[serde(default = "default_step_factor")]
+    pub step_factor: f64,
+}
+
+fn default_step_epochs() -> Vec<u64> {
+    vec![15]
+}
+fn default_step_factor() -> f64 {
+    0.1
 }
 
 impl Default for OptimConfig {
@@ -315,6 +332,8 @@ impl Default for OptimConfig {
             warmup_steps: 0,
             schedule: default_schedule(),
             min_lr: 0.0,
+            step_epochs: default_step_epochs(),
+            step_factor: default_step_factor(),
         }
     }
 }
@@ -330,6 +349,8 @@ pub enum OptimizerKind {
 #[serde(rename_all = "snake_case")]
 pub enum Schedule {
     Cosine,
+    CosinePerEpoch,
+    Step,
     Constant,
 }
 
@@ -629,6 +650,7 @@ impl TrainConfig {
             "within [0, lr]",
         );
         within("optim.momentum", o.momentum, (0.0..1.0).contains(&o.momentum), "in [0, 1)");
+        within("optim.step_factor", o.step_factor, o.step_factor > 0.0 && o.step_factor <= 1.0, "in (0, 1]");
         for (i, b) in o.betas.iter().enumerate() {
             within(&format!("optim.betas[{i}]"), *b, (0.0..1.0).contains(b), "in [0, 1)");
         }

@@ -11,18 +11,31 @@ use burn::optim::{AdamWConfig, ModuleOptimizer, SgdConfig};
 
 use super::config::{OptimConfig, OptimizerKind, Schedule};
 
-/// The learning rate of step `step` (0-based) of `total`: linear warm-up over `warmup_steps`
-/// (step 0 gets `lr / warmup`), then cosine from `lr` down to `min_lr` at the last step.
-pub fn learning_rate(c: &OptimConfig, step: u64, total: u64) -> f64 {
+/// The learning rate of step `step` (0-based) of `total`, with `steps_per_epoch` steps an
+/// epoch: linear warm-up over `warmup_steps` (step 0 gets `lr / warmup`), then the schedule
+/// (see [`Schedule`]): cosine from `lr` down to `min_lr` at the last step; one cosine value per
+/// epoch (`e = 0..E−1`, so the last epoch stays above `min_lr`, as OTTER's per-epoch annealing);
+/// `lr` times `step_factor` per milestone epoch reached; or `lr`.
+pub fn learning_rate(c: &OptimConfig, step: u64, total: u64, steps_per_epoch: u64) -> f64 {
     if step < c.warmup_steps {
         return c.lr * (step + 1) as f64 / c.warmup_steps as f64;
     }
+    let cosine = |t: f64| c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + (std::f64::consts::PI * t).cos());
+    let per_epoch = steps_per_epoch.max(1);
+    let epoch = step / per_epoch;
     match c.schedule {
         Schedule::Constant => c.lr,
         Schedule::Cosine => {
             let span = total.saturating_sub(c.warmup_steps).max(1) as f64;
-            let t = ((step - c.warmup_steps) as f64 / span).min(1.0);
-            c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + (std::f64::consts::PI * t).cos())
+            cosine(((step - c.warmup_steps) as f64 / span).min(1.0))
+        }
+        Schedule::CosinePerEpoch => {
+            let epochs = total.div_ceil(per_epoch).max(1);
+            cosine(epoch.min(epochs - 1) as f64 / epochs as f64)
+        }
+        Schedule::Step => {
+            let reached = c.step_epochs.iter().filter(|&&e| epoch >= e).count();
+            c.lr * c.step_factor.powi(reached as i32)
         }
     }
 }
@@ -57,13 +70,34 @@ mod tests {
     #[test]
     fn warmup_then_cosine() {
         let c = OptimConfig { lr: 1.0, warmup_steps: 4, min_lr: 0.0, ..Default::default() };
-        let lr: Vec<f64> = (0..14).map(|s| learning_rate(&c, s, 14)).collect();
+        let lr: Vec<f64> = (0..14).map(|s| learning_rate(&c, s, 14, 7)).collect();
         assert_eq!(&lr[..4], &[0.25, 0.5, 0.75, 1.0]);
         assert!((lr[4] - 1.0).abs() < 1e-12);
         // Halfway through the 10 decay steps: cos(π/2) → 0.5.
         assert!((lr[9] - 0.5).abs() < 1e-12);
         assert!(lr.windows(2).skip(4).all(|w| w[1] <= w[0]));
         let c = OptimConfig { schedule: Schedule::Constant, ..c };
-        assert_eq!(learning_rate(&c, 10, 14), 1.0);
+        assert_eq!(learning_rate(&c, 10, 14, 7), 1.0);
+    }
+
+    #[test]
+    fn per_epoch_cosine_is_constant_within_an_epoch_and_steps_multiply_at_milestones() {
+        // OTTER: lr_e = ½ lr (1 + cos(π e / E)), e = 0..E−1; 4 epochs of 3 steps.
+        let c = OptimConfig { lr: 2.0, schedule: Schedule::CosinePerEpoch, ..Default::default() };
+        let lr: Vec<f64> = (0..12).map(|s| learning_rate(&c, s, 12, 3)).collect();
+        let want = |e: f64| 0.5 * 2.0 * (1.0 + (std::f64::consts::PI * e / 4.0).cos());
+        for (s, v) in lr.iter().enumerate() {
+            assert!((v - want((s / 3) as f64)).abs() < 1e-12, "step {s}: {v}");
+        }
+        assert_eq!(lr[0], 2.0);
+        assert!(lr[11] > 0.0, "the last epoch stays above min_lr (e = E − 1)");
+        // PCME++: constant, then x0.1 from epoch 15 (0-based) of 25.
+        let c = OptimConfig { lr: 5e-4, schedule: Schedule::Step, ..Default::default() };
+        assert_eq!((c.step_epochs.clone(), c.step_factor), (vec![15], 0.1));
+        let at = |epoch: u64| learning_rate(&c, epoch * 10 + 3, 250, 10);
+        assert_eq!((at(0), at(14)), (5e-4, 5e-4));
+        assert!((at(15) - 5e-5).abs() < 1e-18 && (at(24) - 5e-5).abs() < 1e-18);
+        let c = OptimConfig { step_epochs: vec![2, 4], ..c };
+        assert!((learning_rate(&c, 45, 60, 10) - 5e-6).abs() < 1e-18, "two milestones: x0.01");
     }
 }

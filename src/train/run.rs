@@ -607,6 +607,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         );
     }
     let total = config.total_steps(rows)?;
+    let per_epoch = set.steps_per_epoch(config.batch_size);
     let maker = Arc::new(BatchMaker::new(set.clone(), config)?);
     let transform = super::transform::ImageTransform::new(&config.data, config.model.image_size_px);
     let zeroshot = config.eval.as_ref().map(|e| ZeroShot::load(e, &transform, config.data.pre_caption)).transpose()?;
@@ -703,7 +704,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             }
         }
         let step = batch.step + 1; // steps completed after this one
-        let lr = super::optim::learning_rate(&config.optim, batch.step, total);
+        let lr = super::optim::learning_rate(&config.optim, batch.step, total, per_epoch);
         let (images, ids, mask) = upload(&mut batch, size, &device);
         trace.lap("upload");
         // EMA teacher first (spec §4 step 2, §5.6), then its forward without gradient.
