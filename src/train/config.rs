@@ -297,7 +297,8 @@ pub struct OptimConfig {
     pub warmup_steps: u64,
     /// After warm-up: `cosine` (per step, to `min_lr` at the last step), `cosine_per_epoch`
     /// (one value per epoch, `min_lr + ½(lr − min_lr)(1 + cos(π·e/E))` for epoch `e` of `E`: the
-    /// BoW paper's and OTTER's, spec `bow-and-otter.md` §5.8, §7 A9), `step` (`lr` times
+    /// BoW paper's and OTTER's, spec `bow-and-otter.md` §5.8, §7 A9; CUSA's with `min_lr =
+    /// 1e-6`, `cusa-and-pcmepp.md` §2.6), `step` (`lr` times
     /// `step_factor` for each of `step_epochs` reached: PCME++'s ×0.1 from epoch 15, spec
     /// `cusa-and-pcmepp.md` §3.10) or `constant`.
     #[serde(default = "default_schedule")]
