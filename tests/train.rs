@@ -1353,3 +1353,54 @@ fn the_schedule_reaches_the_optimiser_by_epoch() {
         assert!(lrs.iter().all(|&lr| (lr - want).abs() < 1e-12), "milestone {milestone}: {lrs:?}");
     }
 }
+
+#[test]
+fn taking_the_image_towers_gradients_out_first_leaves_it_without_update() {
+    // What `optim.freeze_image_epochs` relies on: extracting the image tower's gradients takes
+    // them out of the gradients, so the encoder's then hold only the rest.
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), &[]);
+    let set = Arc::new(TrainSet::load(&c).unwrap());
+    let maker = BatchMaker::new(set, &c).unwrap();
+    let batch = maker.make(0, &maker.epoch_order(0)).unwrap();
+    let device = Device::flex().autodiff();
+    let model = DualEncoder::init(&c.model, Heads::default(), 0, &device).unwrap();
+    let (b, s) = (batch.rows.len(), c.model.image_size_px);
+    let grads = || {
+        let images = Tensor::<4>::from_data(TensorData::new(batch.images.clone(), [b, 3, s, s]), &device);
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(batch.ids.clone(), [b, batch.seq]), &device);
+        let mask = Tensor::<2, Int>::from_data(TensorData::new(batch.mask.clone(), [b, batch.seq]), &device);
+        let e = model.forward(images, ids, mask);
+        infonce(e.image, e.text, curate::losses::common::scalar(10.0, &device), DirectionReduction::Mean).backward()
+    };
+    let all = GradientsParams::from_module(&mut grads(), &model).len();
+    let mut g = grads();
+    let image = GradientsParams::from_module(&mut g, &model.image).len();
+    let rest = GradientsParams::from_module(&mut g, &model).len();
+    assert!(image > 0 && rest > 0, "{image} {rest}");
+    assert_eq!(image + rest, all);
+    // And an optimiser step with them leaves the image tower as it was, and moves the rest.
+    struct Values(Vec<Vec<f32>>);
+    impl burn::module::ModuleVisitor for Values {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
+            self.0.push(param.val().into_data().try_to_vec::<f32>().unwrap());
+        }
+    }
+    let values = |m: &dyn Fn(&mut Values)| {
+        let mut v = Values(Vec::new());
+        m(&mut v);
+        v.0
+    };
+    use burn::module::Module;
+    let mut g = grads();
+    let (image_before, proj_before) = (values(&|v| model.image.visit(v)), values(&|v| model.image_proj.visit(v)));
+    let mut optim = burn::optim::AdamWConfig::new().init();
+    let _ = GradientsParams::from_module(&mut g, &model.image);
+    let stepped = optim.step(1e-2, model.clone(), GradientsParams::from_module(&mut g, &model));
+    assert!(values(&|v| stepped.image.visit(v)) == image_before, "the image tower moved");
+    assert!(values(&|v| stepped.image_proj.visit(v)) != proj_before, "the projection did not move");
+    // (With all the gradients, the same step moves the tower.)
+    let mut optim = burn::optim::AdamWConfig::new().init();
+    let moved = optim.step(1e-2, model.clone(), GradientsParams::from_module(&mut grads(), &model));
+    assert!(values(&|v| moved.image.visit(v)) != image_before);
+}

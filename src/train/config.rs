@@ -306,6 +306,12 @@ pub struct OptimConfig {
     /// The learning rate at the end of the cosine decay.
     #[serde(default)]
     pub min_lr: f64,
+    /// PCME++'s start (spec `cusa-and-pcmepp.md` §3.10 [ref]): the image tower (not its
+    /// projection or heads) gets no update in epochs `0..F`, and in epoch `F`, the first after
+    /// unfreezing, the loss is scaled by `(step_in_epoch + 1) / steps_per_epoch` (its reference's
+    /// warm-up). 0 (the default): off; the reference: 2.
+    #[serde(default)]
+    pub freeze_image_epochs: u64,
     /// `step`: the epochs (0-based) from which the rate is multiplied by `step_factor` again.
     #[serde(default = "default_step_epochs")]
     pub step_epochs: Vec<u64>,
@@ -333,6 +339,7 @@ impl Default for OptimConfig {
             warmup_steps: 0,
             schedule: default_schedule(),
             min_lr: 0.0,
+            freeze_image_epochs: 0,
             step_epochs: default_step_epochs(),
             step_factor: default_step_factor(),
         }

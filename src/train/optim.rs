@@ -40,6 +40,17 @@ pub fn learning_rate(c: &OptimConfig, step: u64, total: u64, steps_per_epoch: u6
     }
 }
 
+/// PCME++'s start (spec `cusa-and-pcmepp.md` §3.10, `optim.freeze_image_epochs = F`) at step
+/// `step`: whether the image tower is frozen (epochs `0..F`), and the factor of the loss (in
+/// epoch `F`, `(step_in_epoch + 1) / steps_per_epoch`; otherwise 1).
+pub fn image_freeze(c: &OptimConfig, step: u64, steps_per_epoch: u64) -> (bool, f64) {
+    let per_epoch = steps_per_epoch.max(1);
+    let (epoch, in_epoch) = (step / per_epoch, step % per_epoch);
+    let f = c.freeze_image_epochs;
+    let scale = if f > 0 && epoch == f { (in_epoch + 1) as f64 / per_epoch as f64 } else { 1.0 };
+    (epoch < f, scale)
+}
+
 /// An optimiser from the config; `weight_decay` is the config's for the encoders and 0 for the
 /// loss parameters.
 pub fn build(c: &OptimConfig, weight_decay: f64) -> ModuleOptimizer {
@@ -99,5 +110,17 @@ mod tests {
         assert!((at(15) - 5e-5).abs() < 1e-18 && (at(24) - 5e-5).abs() < 1e-18);
         let c = OptimConfig { step_epochs: vec![2, 4], ..c };
         assert!((learning_rate(&c, 45, 60, 10) - 5e-6).abs() < 1e-18, "two milestones: x0.01");
+    }
+
+    #[test]
+    fn the_image_tower_is_frozen_then_the_loss_warms_up_over_one_epoch() {
+        // The reference: frozen in epochs 0 and 1, the loss scaled up over epoch 2; 4 steps an epoch.
+        let c = OptimConfig { freeze_image_epochs: 2, ..Default::default() };
+        let got: Vec<(bool, f64)> = (0..14).map(|s| image_freeze(&c, s, 4)).collect();
+        assert!(got[..8].iter().all(|&(f, k)| f && k == 1.0));
+        assert_eq!(&got[8..12], &[(false, 0.25), (false, 0.5), (false, 0.75), (false, 1.0)]);
+        assert!(got[12..].iter().all(|&g| g == (false, 1.0)));
+        let off = OptimConfig::default();
+        assert!((0..14).all(|s| image_freeze(&off, s, 4) == (false, 1.0)));
     }
 }

@@ -747,8 +747,16 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
                 ),
             });
         }
+        // PCME++'s start (§3.10): the image tower frozen for `freeze_image_epochs`, then the loss
+        // warmed up over the first epoch after (the logged value stays the loss itself).
+        let (frozen, loss_scale) = super::optim::image_freeze(&config.optim, batch.step, per_epoch);
+        let loss = if loss_scale != 1.0 { loss.mul_scalar(loss_scale) } else { loss };
         let mut grads = loss.backward();
         trace.lap("backward");
+        if frozen {
+            // Taken out of `grads` and dropped: the image tower gets no update.
+            let _ = GradientsParams::from_module(&mut grads, &run.trainee.encoder.image);
+        }
         let g_enc = GradientsParams::from_module(&mut grads, &run.trainee.encoder);
         let g_loss = GradientsParams::from_module(&mut grads, &run.trainee.loss);
         let Trainee { encoder, loss: params } = run.trainee;
