@@ -1,7 +1,8 @@
 //! Optimisers and the learning-rate schedule (spec `bow-and-otter.md` §4, §5.8): SGD with
 //! momentum (the papers: lr 3e-3, momentum 0.9, no weight decay) or AdamW, built on burn's
-//! optimisers; linear warm-up then cosine decay to `min_lr`; optional per-tensor gradient-norm
-//! clipping. The trainer keeps two optimisers: one for the encoders (with weight decay) and one
+//! optimisers; linear warm-up then cosine decay to `min_lr` (per step or per epoch), PCME++'s
+//! step decay, or a constant rate; PCME++'s frozen image tower and loss warm-up
+//! ([`image_freeze`]); optional per-tensor gradient-norm clipping. The trainer keeps two optimisers: one for the encoders (with weight decay) and one
 //! for the loss's temperatures and scales (never decayed, as OTTER's reference).
 
 use burn::grad_clipping::GradientClippingConfig;
