@@ -1404,3 +1404,101 @@ fn taking_the_image_towers_gradients_out_first_leaves_it_without_update() {
     let moved = optim.step(1e-2, model.clone(), GradientsParams::from_module(&mut grads(), &model));
     assert!(values(&|v| moved.image.visit(v)) != image_before);
 }
+
+#[test]
+fn swa_averages_the_epoch_ends_from_its_start_and_survives_a_resume() {
+    use burn::module::Module;
+    use curate::train::trained::TrainedRun;
+    struct Values(Vec<Vec<f32>>);
+    impl burn::module::ModuleVisitor for Values {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
+            self.0.push(param.val().into_data().try_to_vec::<f32>().unwrap());
+        }
+    }
+    let params = |dir: &Path, swa: bool| {
+        let run = TrainedRun::load_weights(&dir.join("out"), &Device::flex(), swa).unwrap();
+        let mut v = Values(Vec::new());
+        run.model.visit(&mut v);
+        v.0
+    };
+    // 576 pairs in batches of 64: 9 steps an epoch; a constant rate, so that a 2-epoch run is
+    // the first 18 steps of a 3-epoch one.
+    let run = |dir: &Path, epochs: u64, opts: TrainOptions| {
+        let text: String = BASE
+            .lines()
+            .filter(|l| !l.starts_with("teacher_"))
+            .map(|l| if l == "steps = 6" { format!("epochs = {epochs}\n") } else { format!("{l}\n") })
+            .collect();
+        assert!(text.contains("epochs = "));
+        let file = dir.join("train.toml");
+        std::fs::write(&file, text).unwrap();
+        let sets = [
+            format!("output_dir={}", dir.join("out").display()),
+            "batch_size=64".into(),
+            "optim.schedule=constant".into(),
+            "optim.swa_start_epoch=1".into(),
+            "checkpoint_every=10".into(),
+        ];
+        let c = TrainConfig::load(&file, &sets).unwrap();
+        train(&c, &opts).unwrap()
+    };
+    let (two, three) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    run(two.path(), 2, TrainOptions::default());
+    run(three.path(), 3, TrainOptions::default());
+    // Two epochs: one snapshot (the end of epoch 1), the final model itself.
+    assert!(params(two.path(), true) == params(two.path(), false));
+    // Three: the mean of the ends of epochs 1 (step 18, the 2-epoch run's model) and 2.
+    let (a, b, swa) = (params(two.path(), false), params(three.path(), false), params(three.path(), true));
+    assert!(a != b);
+    // Every parameter is the mean of the two; BatchNorm's running statistics, which burn shares
+    // between a model's copies, are the final model's (PCME++'s ViT has none).
+    let (mut averaged, mut finals) = (0, 0);
+    for ((x, y), s) in a.iter().zip(&b).zip(&swa) {
+        let mean = |k: usize| 0.5 * x[k] + 0.5 * y[k];
+        if (0..s.len()).all(|k| (s[k] - mean(k)).abs() <= 1e-6 * (1.0 + mean(k).abs())) {
+            averaged += 1;
+        } else {
+            assert!(s == y, "neither the mean nor the final values");
+            finals += 1;
+        }
+    }
+    assert!(averaged >= 80 && finals <= averaged / 2, "{averaged} averaged, {finals} final");
+    // Stopped after step 22 (checkpoint 20, after the first snapshot) and resumed: the same.
+    let parts = tempfile::tempdir().unwrap();
+    run(parts.path(), 3, TrainOptions { stop_after: Some(22), ..Default::default() });
+    assert!(!parts.path().join("out/model_swa.bpk").exists());
+    run(parts.path(), 3, TrainOptions { resume: true, ..Default::default() });
+    assert!(params(parts.path(), true) == swa, "the resumed run's average differs");
+    // `curate eval RUN_DIR --swa` scores the average into RUN_DIR/eval_swa.
+    use curate::eval::trained::{run_trained, RunEval};
+    let eval = |swa: bool| {
+        let args = RunEval {
+            run: three.path().join("out"),
+            images: Some("data/train_sample/retrieval_images.parquet".into()),
+            captions: Some("data/train_sample/retrieval_captions.parquet".into()),
+            swa,
+            ..Default::default()
+        };
+        run_trained(&args, &Device::flex()).unwrap();
+        let dir = three.path().join("out").join(if swa { "eval_swa" } else { "eval" });
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        assert_eq!(config["swa"], swa);
+        std::fs::read_to_string(dir.join("metrics.json")).unwrap()
+    };
+    assert_ne!(eval(true), eval(false), "the average scores otherwise than the final model");
+    // A run without SWA has none to score, and says so; a new run into a folder removes the
+    // earlier run's average with its final model.
+    let plain = dir_without_swa();
+    let e = TrainedRun::load_weights(&plain, &Device::flex(), true).err().expect("no SWA");
+    assert!(e.to_string().contains("has no SWA average (model_swa.bpk)"), "{e}");
+    std::fs::copy(three.path().join("out/model_swa.bpk"), plain.join("model_swa.bpk")).unwrap();
+    common::train_run(plain.parent().unwrap(), common::TINY_RUN);
+    assert!(!plain.join("model_swa.bpk").exists(), "an earlier run's average stayed");
+}
+
+/// A finished run without SWA (4 steps).
+fn dir_without_swa() -> PathBuf {
+    let dir = tempfile::tempdir().unwrap().keep();
+    common::train_run(&dir, common::TINY_RUN)
+}

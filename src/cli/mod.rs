@@ -74,6 +74,10 @@ pub struct EvalArgs {
     /// `uncertainty` column (‖σ²‖₁).
     #[arg(long, value_enum)]
     pub similarity: Option<crate::eval::Similarity>,
+    /// With RUN_DIR: score the run's SWA average (`model_swa.bpk`, `optim.swa_start_epoch`)
+    /// instead of its final model; default output `RUN_DIR/eval_swa`.
+    #[arg(long, requires = "run")]
+    pub swa: bool,
     /// Float type of the scores: `f32` (eccv-caption's; the default) or `f64` (PCME++'s
     /// evaluation; always for `csd`). Exact ranks either way.
     #[arg(long, value_enum)]
@@ -335,6 +339,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     out: args.out,
                     similarity: args.similarity,
                     precision: args.precision,
+                    swa: args.swa,
                     progress: true,
                 };
                 let ev = crate::eval::trained::run_trained(&run, &device(&args.device)?)?;

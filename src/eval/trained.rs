@@ -53,14 +53,16 @@ pub struct RunEval {
     pub similarity: Option<Similarity>,
     /// Default: float64 for CSD, else float32.
     pub precision: Option<Precision>,
+    /// Score the run's SWA average (`model_swa.bpk`) instead of its final model.
+    pub swa: bool,
     /// Say on stderr what is being embedded (counts, then progress lines).
     pub progress: bool,
 }
 
 impl RunEval {
-    /// The output folder: `out`, or `RUN_DIR/eval`.
+    /// The output folder: `out`, or `RUN_DIR/eval` (`RUN_DIR/eval_swa` for the SWA average).
     pub fn out_dir(&self) -> PathBuf {
-        self.out.clone().unwrap_or_else(|| self.run.join("eval"))
+        self.out.clone().unwrap_or_else(|| self.run.join(if self.swa { "eval_swa" } else { "eval" }))
     }
 }
 
@@ -80,6 +82,8 @@ pub struct Resolved {
     pub out: PathBuf,
     pub similarity: Similarity,
     pub precision: Precision,
+    /// Whether the SWA average (`model_swa.bpk`) was scored.
+    pub swa: bool,
 }
 
 /// The retrieval set: the flags, else the run config's `eval.retrieval`.
@@ -139,6 +143,7 @@ fn resolve(args: &RunEval, config: &TrainConfig, has_uncertainty: bool) -> Resul
         out: args.out_dir(),
         similarity,
         precision,
+        swa: args.swa,
     })
 }
 
@@ -166,7 +171,7 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
         }
     };
     let t0 = Instant::now();
-    let run = TrainedRun::load(&args.run, device)?;
+    let run = TrainedRun::load_weights(&args.run, device, args.swa)?;
     let r = resolve(args, &run.config, run.has_uncertainty())?;
     let t_load = t0.elapsed().as_secs_f64();
 

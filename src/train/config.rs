@@ -312,6 +312,12 @@ pub struct OptimConfig {
     /// warm-up). 0 (the default): off; the reference: 2.
     #[serde(default)]
     pub freeze_image_epochs: u64,
+    /// PCME++'s SWA (spec `cusa-and-pcmepp.md` §3.10): the weights (encoders and the loss's
+    /// parameters) averaged over the ends of epochs `swa_start_epoch..` (0-based; the reference:
+    /// 16 of 25, its epochs 17 to 25), written as `model_swa.bpk` beside `model.bpk` and scored
+    /// with `curate eval RUN_DIR --swa`. Absent: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swa_start_epoch: Option<u64>,
     /// `step`: the epochs (0-based) from which the rate is multiplied by `step_factor` again.
     #[serde(default = "default_step_epochs")]
     pub step_epochs: Vec<u64>,
@@ -340,6 +346,7 @@ impl Default for OptimConfig {
             schedule: default_schedule(),
             min_lr: 0.0,
             freeze_image_epochs: 0,
+            swa_start_epoch: None,
             step_epochs: default_step_epochs(),
             step_factor: default_step_factor(),
         }

@@ -209,6 +209,9 @@ struct State {
     loss: f32,
     ema_updates: u64,
     bank: Option<BankState>,
+    /// Epoch ends averaged into the SWA weights so far (`swa.bpk`).
+    #[serde(default)]
+    swa_snapshots: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -228,6 +231,9 @@ struct Run {
     optim_encoder: ModuleOptimizer,
     optim_loss: ModuleOptimizer,
     ema_updates: u64,
+    /// PCME++'s SWA: the running mean of the trainee at the epoch ends so far, and their count.
+    swa: Option<Trainee>,
+    swa_snapshots: u64,
 }
 
 fn record_err(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
@@ -265,7 +271,8 @@ fn earlier_run_note(output: &Path, checkpoints: usize) -> String {
 /// run's), the final model (`curate eval` would score it under this run's config) and the
 /// `eval/` folder `curate eval RUN_DIR` wrote (the scores of the model being replaced, which
 /// would otherwise sit beside the new one as if they were its own). `metrics.jsonl` and
-/// `config.json` are written anew; other files stay.
+/// `config.json` are written anew; other files stay. (`model_swa.bpk`, the SWA average, goes
+/// with the final model.)
 fn clear_earlier_run(output: &Path) -> Result<()> {
     let dir = output.join("checkpoints");
     let steps: Vec<PathBuf> = match std::fs::read_dir(&dir) {
@@ -286,6 +293,12 @@ fn clear_earlier_run(output: &Path) -> Result<()> {
     }
     if eval.is_dir() {
         std::fs::remove_dir_all(&eval).map_err(|e| Error::io("cannot remove", &eval, e))?;
+    }
+    // An earlier run's SWA average goes with its final model.
+    let swa = output.join("model_swa.bpk");
+    match std::fs::remove_file(&swa) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io("cannot remove", &swa, e)),
+        _ => {}
     }
     match std::fs::remove_file(&model) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io("cannot remove", &model, e)),
@@ -338,6 +351,10 @@ impl Run {
             let p = tmp.join("teacher.bpk");
             t.clone().save_file(&p).map_err(|e| record_err("write", &p, e))?;
         }
+        if let Some(s) = &self.swa {
+            let p = tmp.join("swa.bpk");
+            s.clone().save_file(&p).map_err(|e| record_err("write", &p, e))?;
+        }
         let bank = match &self.bank {
             Some(b) => {
                 let (image, text, filled, next, last) = b.state();
@@ -350,7 +367,7 @@ impl Run {
             }
             None => None,
         };
-        let state = State { step, loss, ema_updates: self.ema_updates, bank };
+        let state = State { step, loss, ema_updates: self.ema_updates, bank, swa_snapshots: self.swa_snapshots };
         let p = tmp.join("state.json");
         std::fs::write(&p, serde_json::to_vec_pretty(&state).expect("serialisable"))
             .map_err(|e| Error::io("cannot write", &p, e))?;
@@ -396,6 +413,11 @@ impl Run {
             self.bank = Some(MemoryBank::from_state(image, text, b.filled, b.next, b.last.map(|(s, e)| s..e)));
         }
         self.ema_updates = state.ema_updates;
+        self.swa_snapshots = state.swa_snapshots;
+        if state.swa_snapshots > 0 {
+            let p = dir.join("swa.bpk");
+            self.swa = Some(self.trainee.clone().try_load_file(&p).map_err(|e| record_err("read", &p, e))?.no_grad());
+        }
         Ok((self, state))
     }
 }
@@ -640,6 +662,8 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         optim_encoder: super::optim::build(&config.optim, config.optim.weight_decay),
         optim_loss: super::optim::build(&config.optim, 0.0),
         ema_updates: 0,
+        swa: None,
+        swa_snapshots: 0,
     };
     let mut start = 0;
     if let Some((step, dir)) = &resume_from {
@@ -784,6 +808,17 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             let rate = batch.rows.len() as f64 / step_started.elapsed().as_secs_f64().max(1e-9);
             b.set_message(format!("{value:.4} · {rate:.0} samples/s"));
         }
+        // PCME++'s SWA: at the end of each epoch from `swa_start_epoch`, the trainee joins the
+        // running mean of the snapshots (`θ̄ ← n/(n+1) θ̄ + 1/(n+1) θ`).
+        if let Some(first) = config.optim.swa_start_epoch {
+            if step % per_epoch.max(1) == 0 && step / per_epoch.max(1) > first {
+                fold_pending_running_stats(&run.trainee.encoder);
+                let n = run.swa_snapshots as f64;
+                let base = run.swa.take().unwrap_or_else(|| run.trainee.clone().no_grad());
+                run.swa = Some(ema_update(base, &run.trainee, n / (n + 1.0)));
+                run.swa_snapshots += 1;
+            }
+        }
         if config.checkpoint_every > 0 && step % config.checkpoint_every == 0 && step < total {
             run.save(&out, step, value, config.keep_checkpoints)?;
         }
@@ -810,6 +845,13 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         fold_pending_running_stats(&run.trainee.encoder);
         run.trainee.encoder.clone().save_file(&tmp).map_err(|e| record_err("write", &tmp, e))?;
         std::fs::rename(&tmp, &p).map_err(|e| Error::io("cannot rename into place", &p, e))?;
+        if let Some(swa) = &run.swa {
+            let p = out.join("model_swa.bpk");
+            let tmp = crate::io::tmp_path(&p);
+            swa.encoder.clone().save_file(&tmp).map_err(|e| record_err("write", &tmp, e))?;
+            std::fs::rename(&tmp, &p).map_err(|e| Error::io("cannot rename into place", &p, e))?;
+            say!("SWA: the average of {} epoch ends written to `{}`", run.swa_snapshots, p.display());
+        }
     }
     if let Some(b) = &bar {
         b.finish();

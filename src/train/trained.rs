@@ -34,8 +34,14 @@ fn to_vec(t: Tensor<2>) -> Result<Vec<f32>> {
 impl TrainedRun {
     /// Loads `dir/config.json` and `dir/model.bpk` (written when a run finishes all its steps).
     pub fn load(dir: &Path, device: &Device) -> Result<TrainedRun> {
+        TrainedRun::load_weights(dir, device, false)
+    }
+
+    /// [`TrainedRun::load`] with the SWA average (`model_swa.bpk`, `optim.swa_start_epoch`)
+    /// instead of the final model when `swa`.
+    pub fn load_weights(dir: &Path, device: &Device, swa: bool) -> Result<TrainedRun> {
         let config_path = dir.join("config.json");
-        let model_path = dir.join("model.bpk");
+        let model_path = dir.join(if swa { "model_swa.bpk" } else { "model.bpk" });
         let hint = || Some(format!("train it first (`curate train FILE --set output_dir={}`)", dir.display()));
         if !config_path.is_file() {
             return Err(Error::Data {
@@ -52,6 +58,12 @@ impl TrainedRun {
                     dir.display()
                 ),
                 hint: Some("name the `output_dir` of a `curate train` run".into()),
+            });
+        }
+        if swa && !model_path.is_file() && dir.join("model.bpk").is_file() {
+            return Err(Error::Data {
+                message: format!("`{}` has no SWA average (model_swa.bpk)", dir.display()),
+                hint: Some("train with `optim.swa_start_epoch` set, or leave out `--swa`".into()),
             });
         }
         if !model_path.is_file() {
