@@ -1487,6 +1487,10 @@ fn swa_averages_the_epoch_ends_from_its_start_and_survives_a_resume() {
         std::fs::read_to_string(dir.join("metrics.json")).unwrap()
     };
     assert_ne!(eval(true), eval(false), "the average scores otherwise than the final model");
+    // An SWA start past the last epoch is a config error.
+    let file = dir_for_config();
+    let e = TrainConfig::load(&file, &["optim.swa_start_epoch=6".into()]).unwrap_err().to_string();
+    assert!(e.contains("`optim.swa_start_epoch`: 6 is not an epoch of the 6 (0-based)"), "{e}");
     // A run without SWA has none to score, and says so; a new run into a folder removes the
     // earlier run's average with its final model.
     let plain = dir_without_swa();
@@ -1495,6 +1499,16 @@ fn swa_averages_the_epoch_ends_from_its_start_and_survives_a_resume() {
     std::fs::copy(three.path().join("out/model_swa.bpk"), plain.join("model_swa.bpk")).unwrap();
     common::train_run(plain.parent().unwrap(), common::TINY_RUN);
     assert!(!plain.join("model_swa.bpk").exists(), "an earlier run's average stayed");
+}
+
+/// A training file of 6 epochs (BASE with `epochs` for `steps`) in a temporary folder.
+fn dir_for_config() -> PathBuf {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let text = format!("output_dir = \"out\"\n{}", BASE.replace("steps = 6\n", "epochs = 6\n"));
+    assert!(text.contains("epochs = 6"));
+    let file = dir.join("train.toml");
+    std::fs::write(&file, text).unwrap();
+    file
 }
 
 /// A finished run without SWA (4 steps).

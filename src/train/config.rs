@@ -680,6 +680,10 @@ impl TrainConfig {
         if let Some([lo, hi]) = self.data.crop_ratio {
             within("data.crop_ratio", lo, 0.0 < lo && lo <= hi && hi.is_finite(), "a range of positive ratios");
         }
+        if let (Some(s), Some(e)) = (o.swa_start_epoch, self.epochs) {
+            let range = format!("an epoch of the {e} (0-based), so nothing would be averaged");
+            within("optim.swa_start_epoch", s as f64, s < e, &range);
+        }
         let r = self.data.noise_ratio;
         within("data.noise_ratio", r, (0.0..=1.0).contains(&r), "in [0, 1]");
         if let Some(m) = &self.data.msda {

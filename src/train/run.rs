@@ -845,6 +845,13 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         fold_pending_running_stats(&run.trainee.encoder);
         run.trainee.encoder.clone().save_file(&tmp).map_err(|e| record_err("write", &tmp, e))?;
         std::fs::rename(&tmp, &p).map_err(|e| Error::io("cannot rename into place", &p, e))?;
+        if run.swa.is_none() && config.optim.swa_start_epoch.is_some() {
+            say!(
+                "note: SWA: no epoch from `optim.swa_start_epoch = {}` ended within the {total} steps ({per_epoch} an \
+                 epoch); no model_swa.bpk",
+                config.optim.swa_start_epoch.unwrap_or(0)
+            );
+        }
         if let Some(swa) = &run.swa {
             let p = out.join("model_swa.bpk");
             let tmp = crate::io::tmp_path(&p);
