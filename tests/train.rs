@@ -1339,19 +1339,51 @@ fn noise_ratio_shuffles_the_captions_of_that_share_of_rows_among_them() {
 
 #[test]
 fn the_schedule_reaches_the_optimiser_by_epoch() {
-    // 576 pairs in batches of 8: 72 steps an epoch. `step` with a milestone at epoch 0 scales
-    // every step; at epoch 1, none of the 6 steps.
-    for (milestone, want) in [(0, 1e-4), (1, 1e-3)] {
+    // 576 pairs in batches of 64: 9 steps an epoch. `step` with a milestone at epoch 1: steps 1
+    // to 9 at lr, 10 to 12 at lr / 10.
+    let dir = tempfile::tempdir().unwrap();
+    let sets = ["batch_size=64", "steps=12", "log_every=1", "optim.schedule=step", "optim.step_epochs=[1]"];
+    let c = config_without_teachers(dir.path(), &sets);
+    train(&c, &TrainOptions::default()).unwrap();
+    let lrs: Vec<f64> =
+        metric_lines(&dir.path().join("out")).iter().filter_map(|l| l.get("lr").and_then(|v| v.as_f64())).collect();
+    assert_eq!(lrs.len(), 12);
+    assert!(lrs[..9].iter().all(|&lr| (lr - 1e-3).abs() < 1e-12), "{lrs:?}");
+    assert!(lrs[9..].iter().all(|&lr| (lr - 1e-4).abs() < 1e-12), "{lrs:?}");
+}
+
+#[test]
+fn a_frozen_image_tower_keeps_its_initial_weights_through_train() {
+    use burn::module::Module;
+    struct Values(Vec<Vec<f32>>);
+    impl burn::module::ModuleVisitor for Values {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
+            self.0.push(param.val().into_data().try_to_vec::<f32>().unwrap());
+        }
+    }
+    let values = |m: &dyn Fn(&mut Values)| {
+        let mut v = Values(Vec::new());
+        m(&mut v);
+        v.0
+    };
+    // One epoch of 9 steps, frozen or not, against the seeded initial model.
+    let mut unchanged = Vec::new();
+    for freeze in [0, 1] {
         let dir = tempfile::tempdir().unwrap();
-        let sets = ["optim.schedule=step".to_owned(), format!("optim.step_epochs=[{milestone}]")];
+        let sets = ["batch_size=64".to_owned(), "steps=9".to_owned(), format!("optim.freeze_image_epochs={freeze}")];
         let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
         let c = config_without_teachers(dir.path(), &sets);
         train(&c, &TrainOptions::default()).unwrap();
-        let lrs: Vec<f64> =
-            metric_lines(&dir.path().join("out")).iter().filter_map(|l| l.get("lr").and_then(|v| v.as_f64())).collect();
-        assert_eq!(lrs.len(), 6);
-        assert!(lrs.iter().all(|&lr| (lr - want).abs() < 1e-12), "milestone {milestone}: {lrs:?}");
+        let init = DualEncoder::init(&c.model, Heads::default(), c.seed, &Device::flex()).unwrap();
+        let run = curate::train::trained::TrainedRun::load(&dir.path().join("out"), &Device::flex()).unwrap();
+        let (a, b) = (values(&|v| init.image.visit(v)), values(&|v| run.model.image.visit(v)));
+        unchanged.push(a.iter().zip(&b).filter(|(x, y)| x == y).count());
+        assert!(values(&|v| init.image_proj.visit(v)) != values(&|v| run.model.image_proj.visit(v)));
     }
+    // Frozen: every weight as initialised (BatchNorm's running statistics still move); not
+    // frozen: none.
+    assert_eq!(unchanged[0], 0, "{unchanged:?}");
+    assert!(unchanged[1] >= 2 * unchanged[0] + 40, "{unchanged:?}");
 }
 
 #[test]
@@ -1423,7 +1455,7 @@ fn swa_averages_the_epoch_ends_from_its_start_and_survives_a_resume() {
     };
     // 576 pairs in batches of 64: 9 steps an epoch; a constant rate, so that a 2-epoch run is
     // the first 18 steps of a 3-epoch one.
-    let run = |dir: &Path, epochs: u64, opts: TrainOptions| {
+    let run_with = |dir: &Path, epochs: u64, swa: bool, opts: TrainOptions| {
         let text: String = BASE
             .lines()
             .filter(|l| !l.starts_with("teacher_"))
@@ -1432,16 +1464,19 @@ fn swa_averages_the_epoch_ends_from_its_start_and_survives_a_resume() {
         assert!(text.contains("epochs = "));
         let file = dir.join("train.toml");
         std::fs::write(&file, text).unwrap();
-        let sets = [
+        let mut sets = vec![
             format!("output_dir={}", dir.join("out").display()),
             "batch_size=64".into(),
             "optim.schedule=constant".into(),
-            "optim.swa_start_epoch=1".into(),
             "checkpoint_every=10".into(),
         ];
+        if swa {
+            sets.push("optim.swa_start_epoch=1".into());
+        }
         let c = TrainConfig::load(&file, &sets).unwrap();
         train(&c, &opts).unwrap()
     };
+    let run = |dir: &Path, epochs: u64, opts: TrainOptions| run_with(dir, epochs, true, opts);
     let (two, three) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     run(two.path(), 2, TrainOptions::default());
     run(three.path(), 3, TrainOptions::default());
@@ -1463,6 +1498,10 @@ fn swa_averages_the_epoch_ends_from_its_start_and_survives_a_resume() {
         }
     }
     assert!(averaged >= 80 && finals <= averaged / 2, "{averaged} averaged, {finals} final");
+    // Averaging leaves the trainee as it was: the final model equals a run's without SWA.
+    let without = tempfile::tempdir().unwrap();
+    run_with(without.path(), 3, false, TrainOptions::default());
+    assert!(params(without.path(), false) == b, "SWA changed the trained model");
     // Stopped after step 22 (checkpoint 20, after the first snapshot) and resumed: the same.
     let parts = tempfile::tempdir().unwrap();
     run(parts.path(), 3, TrainOptions { stop_after: Some(22), ..Default::default() });
@@ -1491,14 +1530,19 @@ fn swa_averages_the_epoch_ends_from_its_start_and_survives_a_resume() {
     let file = dir_for_config();
     let e = TrainConfig::load(&file, &["optim.swa_start_epoch=6".into()]).unwrap_err().to_string();
     assert!(e.contains("`optim.swa_start_epoch`: 6 is not an epoch of the 6 (0-based)"), "{e}");
+    let e = TrainConfig::load(&file, &["optim.freeze_image_epochs=6".into()]).unwrap_err().to_string();
+    assert!(e.contains("`optim.freeze_image_epochs`: 6 is not below `epochs` (6)"), "{e}");
     // A run without SWA has none to score, and says so; a new run into a folder removes the
     // earlier run's average with its final model.
     let plain = dir_without_swa();
     let e = TrainedRun::load_weights(&plain, &Device::flex(), true).err().expect("no SWA");
     assert!(e.to_string().contains("has no SWA average (model_swa.bpk)"), "{e}");
     std::fs::copy(three.path().join("out/model_swa.bpk"), plain.join("model_swa.bpk")).unwrap();
+    std::fs::create_dir(plain.join("eval_swa")).unwrap();
+    std::fs::write(plain.join("eval_swa/metrics.json"), "{}").unwrap();
     common::train_run(plain.parent().unwrap(), common::TINY_RUN);
     assert!(!plain.join("model_swa.bpk").exists(), "an earlier run's average stayed");
+    assert!(!plain.join("eval_swa").exists(), "an earlier run's SWA scores stayed");
 }
 
 /// A training file of 6 epochs (BASE with `epochs` for `steps`) in a temporary folder.

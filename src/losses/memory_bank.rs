@@ -228,9 +228,20 @@ pub fn ema_decay(updates: u64, momentum: f64, warmup: bool) -> f64 {
 /// graph; each parameter keeps its `require_grad` setting. Integer and boolean tensors are left
 /// as they are.
 pub fn ema_update<M: Module>(target: M, online: &M, momentum: f64) -> M {
+    average(target, online, momentum, false)
+}
+
+/// [`ema_update`] of the parameters of `target` that require a gradient only; the others
+/// (BatchNorm's running statistics, which burn shares between a module's copies, so that
+/// mapping them would also round the online module's) are left as they are. SWA's average.
+pub fn ema_update_trainable<M: Module>(target: M, online: &M, momentum: f64) -> M {
+    average(target, online, momentum, true)
+}
+
+fn average<M: Module>(target: M, online: &M, momentum: f64, trainable_only: bool) -> M {
     let mut collect = Collect(Vec::new());
     online.visit(&mut collect);
-    let mut mapper = Average { online: collect.0.into_iter(), momentum };
+    let mut mapper = Average { online: collect.0.into_iter(), momentum, trainable_only };
     let target = target.map(&mut mapper);
     assert!(mapper.online.next().is_none(), "EMA target has fewer parameters than the online module");
     target
@@ -250,18 +261,25 @@ impl ModuleVisitor for Collect {
 struct Average {
     online: std::vec::IntoIter<Tensor<1>>,
     momentum: f64,
+    /// Leave the tensors that require no gradient as they are.
+    trainable_only: bool,
 }
 
 impl ModuleMapper for Average {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         let online = self.online.next().expect("EMA target has more parameters than the online module");
         let m = self.momentum;
+        let trainable_only = self.trainable_only;
         param.map(|t| {
             let require_grad = t.is_require_grad();
+            if trainable_only && !require_grad {
+                return t;
+            }
             let shape = t.shape();
             assert_eq!(online.dims()[0], shape.num_elements(), "EMA parameter shapes differ");
             let online: Tensor<D> = online.reshape(shape);
-            (t.detach().mul_scalar(m) + online.mul_scalar(1.0 - m)).set_require_grad(require_grad)
+            // A fresh leaf (a tracked parameter must be one).
+            (t.detach().mul_scalar(m) + online.mul_scalar(1.0 - m)).detach().set_require_grad(require_grad)
         })
     }
 }

@@ -313,7 +313,7 @@ pub struct OptimConfig {
     #[serde(default)]
     pub freeze_image_epochs: u64,
     /// PCME++'s SWA (spec `cusa-and-pcmepp.md` §3.10): the weights (encoders and the loss's
-    /// parameters) averaged over the ends of epochs `swa_start_epoch..` (0-based; the reference:
+    /// parameters) averaged over the ends of the complete epochs `swa_start_epoch..` (0-based; the reference:
     /// 16 of 25, its epochs 17 to 25), written as `model_swa.bpk` beside `model.bpk` and scored
     /// with `curate eval RUN_DIR --swa`. Absent: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -679,6 +679,10 @@ impl TrainConfig {
         }
         if let Some([lo, hi]) = self.data.crop_ratio {
             within("data.crop_ratio", lo, 0.0 < lo && lo <= hi && hi.is_finite(), "a range of positive ratios");
+        }
+        if let (f, Some(e)) = (o.freeze_image_epochs, self.epochs) {
+            let range = format!("below `epochs` ({e}): the image tower would never train");
+            within("optim.freeze_image_epochs", f as f64, f < e, &range);
         }
         if let (Some(s), Some(e)) = (o.swa_start_epoch, self.epochs) {
             let range = format!("an epoch of the {e} (0-based), so nothing would be averaged");

@@ -34,7 +34,7 @@ use super::zeroshot::{ZeroShot, ZeroShotScores};
 use crate::error::{Error, Result};
 use crate::losses::common::{l2_normalize, LogitScale};
 use crate::losses::cusa::{cusa, CusaBatch, CusaTemperatures};
-use crate::losses::memory_bank::{ema_decay, ema_update, MemoryBank};
+use crate::losses::memory_bank::{ema_decay, ema_update, ema_update_trainable, MemoryBank};
 use crate::losses::pcmepp::{msda_labels, pair_labels, pcmepp, MatchScale};
 use crate::losses::{infonce, kd, label_smoothing, otter, LossConfig};
 
@@ -284,18 +284,18 @@ fn clear_earlier_run(output: &Path) -> Result<()> {
         Err(_) => Vec::new(),
     };
     let model = output.join("model.bpk");
-    let eval = output.join("eval");
-    if !steps.is_empty() || model.exists() || eval.is_dir() {
+    let evals = [output.join("eval"), output.join("eval_swa")];
+    let swa = output.join("model_swa.bpk");
+    if !steps.is_empty() || model.exists() || swa.exists() || evals.iter().any(|e| e.is_dir()) {
         say!("{}", earlier_run_note(output, steps.len()));
     }
     for p in steps {
         std::fs::remove_dir_all(&p).map_err(|e| Error::io("cannot remove", &p, e))?;
     }
-    if eval.is_dir() {
-        std::fs::remove_dir_all(&eval).map_err(|e| Error::io("cannot remove", &eval, e))?;
+    for eval in evals.iter().filter(|e| e.is_dir()) {
+        std::fs::remove_dir_all(eval).map_err(|e| Error::io("cannot remove", eval, e))?;
     }
     // An earlier run's SWA average goes with its final model.
-    let swa = output.join("model_swa.bpk");
     match std::fs::remove_file(&swa) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io("cannot remove", &swa, e)),
         _ => {}
@@ -416,7 +416,8 @@ impl Run {
         self.swa_snapshots = state.swa_snapshots;
         if state.swa_snapshots > 0 {
             let p = dir.join("swa.bpk");
-            self.swa = Some(self.trainee.clone().try_load_file(&p).map_err(|e| record_err("read", &p, e))?.no_grad());
+            // (Its parameters keep `require_grad`, by which the average tells them apart.)
+            self.swa = Some(self.trainee.clone().try_load_file(&p).map_err(|e| record_err("read", &p, e))?);
         }
         Ok((self, state))
     }
@@ -814,8 +815,10 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             if step % per_epoch.max(1) == 0 && step / per_epoch.max(1) > first {
                 fold_pending_running_stats(&run.trainee.encoder);
                 let n = run.swa_snapshots as f64;
-                let base = run.swa.take().unwrap_or_else(|| run.trainee.clone().no_grad());
-                run.swa = Some(ema_update(base, &run.trainee, n / (n + 1.0)));
+                // Trainable parameters only: BatchNorm's running statistics are shared between
+                // a model's copies in burn, and mapping them would round the trainee's own.
+                let base = run.swa.take().unwrap_or_else(|| run.trainee.clone());
+                run.swa = Some(ema_update_trainable(base, &run.trainee, n / (n + 1.0)));
                 run.swa_snapshots += 1;
             }
         }

@@ -63,7 +63,11 @@ impl TrainedRun {
         if swa && !model_path.is_file() && dir.join("model.bpk").is_file() {
             return Err(Error::Data {
                 message: format!("`{}` has no SWA average (model_swa.bpk)", dir.display()),
-                hint: Some("train with `optim.swa_start_epoch` set, or leave out `--swa`".into()),
+                hint: Some(
+                    "train with `optim.swa_start_epoch` at an epoch the run completes (a run that ends \
+                     before one writes none), or leave out `--swa`"
+                        .into(),
+                ),
             });
         }
         if !model_path.is_file() {
