@@ -230,6 +230,16 @@ fn emb(rows: usize, dim: usize) -> ArrayRef {
     Arc::new(b.finish())
 }
 
+/// A `FixedSizeList<Float32, 2>` column of `rows`.
+fn vectors(rows: &[[f32; 2]]) -> ArrayRef {
+    let mut b = FixedSizeListBuilder::new(Float32Builder::new(), 2);
+    for r in rows {
+        b.values().append_slice(r);
+        b.append(true);
+    }
+    Arc::new(b.finish())
+}
+
 fn write(dir: &Path, name: &str, cols: Vec<(&str, ArrayRef)>) -> PathBuf {
     let fields: Vec<Field> = cols.iter().map(|(n, a)| Field::new(*n, a.data_type().clone(), false)).collect();
     let schema = Arc::new(Schema::new(fields));
@@ -348,14 +358,6 @@ fn csd_ranks_by_the_closed_form_distance_with_each_items_uncertainty() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let ids = |v: &[i64]| -> ArrayRef { Arc::new(Int64Array::from(v.to_vec())) };
-    let vectors = |rows: &[[f32; 2]]| -> ArrayRef {
-        let mut b = FixedSizeListBuilder::new(Float32Builder::new(), 2);
-        for r in rows {
-            b.values().append_slice(r);
-            b.append(true);
-        }
-        Arc::new(b.finish())
-    };
     let floats = |v: &[f64]| -> ArrayRef { Arc::new(arrow_array::Float64Array::from(v.to_vec())) };
     let ip = write(
         d,
@@ -422,14 +424,6 @@ fn all_zero_embeddings_are_warned_about_where_scores_normalise() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let ids = |v: &[i64]| -> ArrayRef { Arc::new(Int64Array::from(v.to_vec())) };
-    let vectors = |rows: &[[f32; 2]]| -> ArrayRef {
-        let mut b = FixedSizeListBuilder::new(Float32Builder::new(), 2);
-        for r in rows {
-            b.values().append_slice(r);
-            b.append(true);
-        }
-        Arc::new(b.finish())
-    };
     let ip =
         write(d, "i.parquet", vec![("coco_image_id", ids(&[1, 2])), ("embedding", vectors(&[[0.0, 0.0], [0.0, 1.0]]))]);
     let cp = write(

@@ -1354,18 +1354,6 @@ fn the_schedule_reaches_the_optimiser_by_epoch() {
 
 #[test]
 fn a_frozen_image_tower_keeps_its_initial_weights_through_train() {
-    use burn::module::Module;
-    struct Values(Vec<Vec<f32>>);
-    impl burn::module::ModuleVisitor for Values {
-        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
-            self.0.push(param.val().into_data().try_to_vec::<f32>().unwrap());
-        }
-    }
-    let values = |m: &dyn Fn(&mut Values)| {
-        let mut v = Values(Vec::new());
-        m(&mut v);
-        v.0
-    };
     // One epoch of 9 steps, frozen or not, against the seeded initial model.
     let mut unchanged = Vec::new();
     for freeze in [0, 1] {
@@ -1376,9 +1364,9 @@ fn a_frozen_image_tower_keeps_its_initial_weights_through_train() {
         train(&c, &TrainOptions::default()).unwrap();
         let init = DualEncoder::init(&c.model, Heads::default(), c.seed, &Device::flex()).unwrap();
         let run = curate::train::trained::TrainedRun::load(&dir.path().join("out"), &Device::flex()).unwrap();
-        let (a, b) = (values(&|v| init.image.visit(v)), values(&|v| run.model.image.visit(v)));
+        let (a, b) = (param_values(&init.image), param_values(&run.model.image));
         unchanged.push(a.iter().zip(&b).filter(|(x, y)| x == y).count());
-        assert!(values(&|v| init.image_proj.visit(v)) != values(&|v| run.model.image_proj.visit(v)));
+        assert!(param_values(&init.image_proj) != param_values(&run.model.image_proj));
     }
     // Frozen: every weight as initialised (BatchNorm's running statistics still move); not
     // frozen: none.
@@ -1412,46 +1400,24 @@ fn taking_the_image_towers_gradients_out_first_leaves_it_without_update() {
     assert!(image > 0 && rest > 0, "{image} {rest}");
     assert_eq!(image + rest, all);
     // And an optimiser step with them leaves the image tower as it was, and moves the rest.
-    struct Values(Vec<Vec<f32>>);
-    impl burn::module::ModuleVisitor for Values {
-        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
-            self.0.push(param.val().into_data().try_to_vec::<f32>().unwrap());
-        }
-    }
-    let values = |m: &dyn Fn(&mut Values)| {
-        let mut v = Values(Vec::new());
-        m(&mut v);
-        v.0
-    };
-    use burn::module::Module;
     let mut g = grads();
-    let (image_before, proj_before) = (values(&|v| model.image.visit(v)), values(&|v| model.image_proj.visit(v)));
+    let (image_before, proj_before) = (param_values(&model.image), param_values(&model.image_proj));
     let mut optim = burn::optim::AdamWConfig::new().init();
     let _ = GradientsParams::from_module(&mut g, &model.image);
     let stepped = optim.step(1e-2, model.clone(), GradientsParams::from_module(&mut g, &model));
-    assert!(values(&|v| stepped.image.visit(v)) == image_before, "the image tower moved");
-    assert!(values(&|v| stepped.image_proj.visit(v)) != proj_before, "the projection did not move");
+    assert!(param_values(&stepped.image) == image_before, "the image tower moved");
+    assert!(param_values(&stepped.image_proj) != proj_before, "the projection did not move");
     // (With all the gradients, the same step moves the tower.)
     let mut optim = burn::optim::AdamWConfig::new().init();
     let moved = optim.step(1e-2, model.clone(), GradientsParams::from_module(&mut grads(), &model));
-    assert!(values(&|v| moved.image.visit(v)) != image_before);
+    assert!(param_values(&moved.image) != image_before);
 }
 
 #[test]
 fn swa_averages_the_epoch_ends_from_its_start_and_survives_a_resume() {
-    use burn::module::Module;
     use curate::train::trained::TrainedRun;
-    struct Values(Vec<Vec<f32>>);
-    impl burn::module::ModuleVisitor for Values {
-        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
-            self.0.push(param.val().into_data().try_to_vec::<f32>().unwrap());
-        }
-    }
     let params = |dir: &Path, swa: bool| {
-        let run = TrainedRun::load_weights(&dir.join("out"), &Device::flex(), swa).unwrap();
-        let mut v = Values(Vec::new());
-        run.model.visit(&mut v);
-        v.0
+        param_values(&TrainedRun::load_weights(&dir.join("out"), &Device::flex(), swa).unwrap().model)
     };
     // 576 pairs in batches of 64: 9 steps an epoch; a constant rate, so that a 2-epoch run is
     // the first 18 steps of a 3-epoch one.
@@ -1543,6 +1509,20 @@ fn swa_averages_the_epoch_ends_from_its_start_and_survives_a_resume() {
     common::train_run(plain.parent().unwrap(), common::TINY_RUN);
     assert!(!plain.join("model_swa.bpk").exists(), "an earlier run's average stayed");
     assert!(!plain.join("eval_swa").exists(), "an earlier run's SWA scores stayed");
+}
+
+/// Every float parameter of `module` in visit order, values (BatchNorm running statistics
+/// included).
+fn param_values<M: burn::module::Module>(module: &M) -> Vec<Vec<f32>> {
+    struct Values(Vec<Vec<f32>>);
+    impl burn::module::ModuleVisitor for Values {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
+            self.0.push(param.val().into_data().try_to_vec::<f32>().unwrap());
+        }
+    }
+    let mut v = Values(Vec::new());
+    module.visit(&mut v);
+    v.0
 }
 
 /// A training file of 6 epochs (BASE with `epochs` for `steps`) in a temporary folder.
