@@ -73,22 +73,32 @@ fn losses(out: &Path) -> Vec<(u64, f64)> {
         .collect()
 }
 
-#[test]
-fn a_few_steps_reduce_the_loss_on_a_fixed_batch() {
-    let dir = tempfile::tempdir().unwrap();
-    let c = config(dir.path(), &[]);
+/// The base config's first batch (from `dir`), and its model inputs on `device`.
+fn first_batch(dir: &Path, device: &Device) -> (TrainConfig, impl Fn() -> (Tensor<4>, Tensor<2, Int>, Tensor<2, Int>)) {
+    let c = config(dir, &[]);
     let set = Arc::new(TrainSet::load(&c).unwrap());
     let maker = BatchMaker::new(set, &c).unwrap();
     let batch = maker.make(0, &maker.epoch_order(0)).unwrap();
-    let device = Device::flex().autodiff();
-    let mut model = DualEncoder::init(&c.model, Heads::default(), 0, &device).unwrap();
-    let mut optim = burn::optim::AdamWConfig::new().init();
-    let (b, s) = (batch.rows.len(), c.model.image_size_px);
-    let mut values = Vec::new();
-    for _ in 0..8 {
+    let (b, s, device) = (batch.rows.len(), c.model.image_size_px, device.clone());
+    let inputs = move || {
         let images = Tensor::<4>::from_data(TensorData::new(batch.images.clone(), [b, 3, s, s]), &device);
         let ids = Tensor::<2, Int>::from_data(TensorData::new(batch.ids.clone(), [b, batch.seq]), &device);
         let mask = Tensor::<2, Int>::from_data(TensorData::new(batch.mask.clone(), [b, batch.seq]), &device);
+        (images, ids, mask)
+    };
+    (c, inputs)
+}
+
+#[test]
+fn a_few_steps_reduce_the_loss_on_a_fixed_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = Device::flex().autodiff();
+    let (c, inputs) = first_batch(dir.path(), &device);
+    let mut model = DualEncoder::init(&c.model, Heads::default(), 0, &device).unwrap();
+    let mut optim = burn::optim::AdamWConfig::new().init();
+    let mut values = Vec::new();
+    for _ in 0..8 {
+        let (images, ids, mask) = inputs();
         let e = model.forward(images, ids, mask);
         let scale = curate::losses::common::scalar(10.0, &device);
         let loss = infonce(e.image, e.text, scale, DirectionReduction::Mean);
@@ -1379,17 +1389,11 @@ fn taking_the_image_towers_gradients_out_first_leaves_it_without_update() {
     // What `optim.freeze_image_epochs` relies on: extracting the image tower's gradients takes
     // them out of the gradients, so the encoder's then hold only the rest.
     let dir = tempfile::tempdir().unwrap();
-    let c = config(dir.path(), &[]);
-    let set = Arc::new(TrainSet::load(&c).unwrap());
-    let maker = BatchMaker::new(set, &c).unwrap();
-    let batch = maker.make(0, &maker.epoch_order(0)).unwrap();
     let device = Device::flex().autodiff();
+    let (c, inputs) = first_batch(dir.path(), &device);
     let model = DualEncoder::init(&c.model, Heads::default(), 0, &device).unwrap();
-    let (b, s) = (batch.rows.len(), c.model.image_size_px);
     let grads = || {
-        let images = Tensor::<4>::from_data(TensorData::new(batch.images.clone(), [b, 3, s, s]), &device);
-        let ids = Tensor::<2, Int>::from_data(TensorData::new(batch.ids.clone(), [b, batch.seq]), &device);
-        let mask = Tensor::<2, Int>::from_data(TensorData::new(batch.mask.clone(), [b, batch.seq]), &device);
+        let (images, ids, mask) = inputs();
         let e = model.forward(images, ids, mask);
         infonce(e.image, e.text, curate::losses::common::scalar(10.0, &device), DirectionReduction::Mean).backward()
     };
