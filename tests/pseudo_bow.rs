@@ -450,3 +450,43 @@ fn an_aligned_set_with_a_repeated_id_is_refused() {
     let e = pipeline::run(plan, &RunOptions::default()).expect_err("refused").to_string();
     assert!(e.contains("the aligned set has two captioned rows with `sample_id`"), "{e}");
 }
+
+#[test]
+fn crops_are_normalised_as_the_runs_image_transform() {
+    // The same weights, its config saying `image_transform = "clip"` (CLIP's mean/std) instead
+    // of the default (ImageNet's): other inputs, so other neighbours.
+    let clip = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.bpk"] {
+        std::fs::copy(trained_run().join(f), clip.path().join(f)).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(clip.path().join("config.json")).unwrap()).unwrap();
+    let data = config["data"].as_object_mut().unwrap();
+    assert_eq!(data.insert("image_transform".into(), "clip".into()), Some("random_resized_crop".into()));
+    data.remove("crop_scale");
+    data.remove("crop_ratio");
+    data.insert("flip".into(), false.into());
+    std::fs::write(clip.path().join("config.json"), config.to_string()).unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let neighbours = |name: &str, run_dir: &Path| {
+        let out = dir.path().join(name);
+        let toml = pipeline(&out, "data/train_sample/unaligned", "data/train_sample/train.parquet", "batch_size = 16")
+            .replace(
+                &format!("run = {:?}", trained_run().to_string_lossy()),
+                &format!("run = {:?}", run_dir.to_string_lossy()),
+            );
+        run(toml, 2);
+        let mut ids = Vec::new();
+        for b in common::read_dir(&out.join("data")) {
+            let col = b.column_by_name("neighbor_ids").unwrap().as_list::<i32>();
+            for r in 0..b.num_rows() {
+                ids.push(format!("{:?}", col.value(r)));
+            }
+        }
+        ids
+    };
+    let (imagenet, clipped) = (neighbours("imagenet", trained_run()), neighbours("clip", clip.path()));
+    assert_eq!(imagenet.len(), clipped.len());
+    assert!(imagenet != clipped, "mining ignored the run's normalisation");
+}
