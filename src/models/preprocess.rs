@@ -226,14 +226,16 @@ impl Preprocess {
 }
 
 /// `img` resized to exactly `width × height` (aspect not kept), as PIL's `resize((width,
-/// height))` — torchvision's `Resize((h, w))` on a PIL image.
-pub fn resize_to(img: &Rgb8, width: usize, height: usize, filter: Interpolation) -> Rgb8 {
+/// height))` — torchvision's `Resize((h, w))` on a PIL image. (Only tests need it.)
+#[cfg(test)]
+pub(crate) fn resize_to(img: &Rgb8, width: usize, height: usize, filter: Interpolation) -> Rgb8 {
     resample(img, (width, height), (0, 0), (width, height), filter)
 }
 
 /// The `w × h` part of `img` whose top-left corner is `(x, y)`, as PIL's `crop((x, y, x + w,
-/// y + h))` inside the image.
-pub fn crop(img: &Rgb8, x: usize, y: usize, w: usize, h: usize) -> Rgb8 {
+/// y + h))` inside the image. (Only tests need it.)
+#[cfg(test)]
+pub(crate) fn crop(img: &Rgb8, x: usize, y: usize, w: usize, h: usize) -> Rgb8 {
     assert!(
         x + w <= img.width && y + h <= img.height,
         "crop {w}x{h} at ({x}, {y}) outside {}x{}",

@@ -630,7 +630,8 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         );
     }
     let total = config.total_steps(rows)?;
-    let per_epoch = set.steps_per_epoch(config.batch_size);
+    // At least 1: the set holds a batch (checked at load).
+    let per_epoch = set.steps_per_epoch(config.batch_size).max(1);
     let maker = Arc::new(BatchMaker::new(set.clone(), config)?);
     let transform = super::transform::ImageTransform::new(&config.data, config.model.image_size_px);
     let zeroshot = config.eval.as_ref().map(|e| ZeroShot::load(e, &transform, config.data.pre_caption)).transpose()?;
@@ -812,7 +813,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         // PCME++'s SWA: at the end of each epoch from `swa_start_epoch`, the trainee joins the
         // running mean of the snapshots (`θ̄ ← n/(n+1) θ̄ + 1/(n+1) θ`).
         if let Some(first) = config.optim.swa_start_epoch {
-            if step % per_epoch.max(1) == 0 && step / per_epoch.max(1) > first {
+            if step % per_epoch == 0 && step / per_epoch > first {
                 fold_pending_running_stats(&run.trainee.encoder);
                 let n = run.swa_snapshots as f64;
                 // Trainable parameters only: BatchNorm's running statistics are shared between
