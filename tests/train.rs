@@ -1233,6 +1233,10 @@ fn a_run_checkpointed_by_an_earlier_curate_resumes_when_only_new_keys_at_their_d
     // (`flip` too: the earlier build wrote it, but the resolved config fills it in either way.)
     assert!(data.remove("pre_caption").is_some() && data.remove("image_transform").is_some());
     assert!(data.remove("flip").is_some());
+    let optim = v["optim"].as_object_mut().unwrap();
+    for key in ["adamp_delta", "adamp_wd_ratio", "grad_clip_scope", "layer_decay", "image_backbone_lr_scale"] {
+        assert!(optim.remove(key).is_some(), "{key}");
+    }
     std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
     let s = train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
     assert_eq!((s.resumed_at, s.steps), (3, 6));
@@ -1241,6 +1245,20 @@ fn a_run_checkpointed_by_an_earlier_curate_resumes_when_only_new_keys_at_their_d
     let other = config_without_teachers(dir.path(), &["data.flip=false"]);
     let e = train(&other, &TrainOptions { resume: true, ..Default::default() }).unwrap_err();
     assert!(e.to_string().contains("differs"), "{e}");
+
+    // A run that clipped before `grad_clip_scope` existed clipped each tensor: the default
+    // (global) would change it, so it resumes only with `tensor`.
+    let clipped = config_without_teachers(dir.path(), &["optim.grad_clip_norm=1"]);
+    train(&clipped, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(v["optim"]["grad_clip_scope"], "global");
+    v["optim"].as_object_mut().unwrap().remove("grad_clip_scope");
+    std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
+    let e = train(&clipped, &TrainOptions { resume: true, ..Default::default() }).unwrap_err();
+    assert!(e.to_string().contains("differs"), "{e}");
+    let per_tensor = config_without_teachers(dir.path(), &["optim.grad_clip_norm=1", "optim.grad_clip_scope=tensor"]);
+    let s = train(&per_tensor, &TrainOptions { resume: true, ..Default::default() }).unwrap();
+    assert_eq!((s.resumed_at, s.steps), (3, 6));
 }
 
 #[test]
@@ -1543,4 +1561,166 @@ fn dir_for_config() -> PathBuf {
 fn dir_without_swa() -> PathBuf {
     let dir = tempfile::tempdir().unwrap().keep();
     common::train_run(&dir, common::TINY_RUN)
+}
+
+/// Each float parameter of `module` by id: its values, and its gradient in `grads` if any.
+fn values_by_id<M: Module>(
+    module: &M,
+    grads: Option<&GradientsParams>,
+) -> std::collections::HashMap<burn::module::ParamId, (Vec<f32>, Option<Vec<f32>>)> {
+    struct Values<'a>(
+        std::collections::HashMap<burn::module::ParamId, (Vec<f32>, Option<Vec<f32>>)>,
+        Option<&'a GradientsParams>,
+    );
+    impl burn::module::ModuleVisitor for Values<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
+            let v = |t: Tensor<D>| t.into_data().try_to_vec::<f32>().unwrap();
+            let g = self.1.and_then(|g| g.get::<D>(param.id)).map(v);
+            self.0.insert(param.id, (v(param.val()), g));
+        }
+    }
+    let mut v = Values(Default::default(), grads);
+    module.visit(&mut v);
+    v.0
+}
+
+#[test]
+fn tower_rates_and_layer_decay_give_each_parameter_its_rate_in_an_optimiser_step() {
+    use curate::train::config::{OptimConfig, OptimizerKind};
+    use curate::train::optim::{build, param_ids, LrGroups};
+    let dir = tempfile::tempdir().unwrap();
+    let device = Device::flex().autodiff();
+    let (c, inputs) = first_batch(dir.path(), &device);
+    let model = DualEncoder::init(&c.model, Heads::default(), 0, &device).unwrap();
+    // PCME++'s multiples (spec `cusa-and-pcmepp.md` §3.10) on plain SGD, so a step is −rate · grad.
+    let oc = OptimConfig {
+        optimizer: OptimizerKind::Sgd,
+        momentum: 0.0,
+        layer_decay: 0.7,
+        image_backbone_lr_scale: 0.01,
+        text_backbone_lr_scale: 0.1,
+        ..Default::default()
+    };
+    let lr = 1.0;
+    let policy = LrGroups::new(model.lr_groups(&oc)).policy(lr);
+    let rate = |id| policy.lr_from_param(id, None);
+    // The rates: the image tower at 0.01; the text tower's blocks k of L = 2 at 0.1 · 0.7^(L − k),
+    // its embeddings and their norm at 0.1; the projection at the whole rate.
+    assert!(param_ids(&model.image).into_iter().all(|id| rate(id) == 0.01));
+    let blocks = model.text.layers();
+    assert_eq!(blocks.len(), 2);
+    let mut in_blocks = std::collections::HashSet::new();
+    for (k, block) in blocks.iter().enumerate() {
+        let want = 0.1 * 0.7f64.powi(2 - k as i32);
+        for id in param_ids(block) {
+            assert!((rate(id) - want).abs() < 1e-15, "block {k}: {} against {want}", rate(id));
+            in_blocks.insert(id);
+        }
+    }
+    let others: Vec<_> = param_ids(&model.text).into_iter().filter(|id| !in_blocks.contains(id)).collect();
+    assert!(others.len() >= 4, "word, position, token-type embeddings and their norm: {}", others.len());
+    assert!(others.iter().all(|&id| rate(id) == 0.1));
+    assert!(param_ids(&model.image_proj).into_iter().all(|id| rate(id) == 1.0));
+
+    // One step applies them, parameter by parameter: Δw = −rate · g.
+    let (images, ids, mask) = inputs();
+    let e = model.forward(images, ids, mask);
+    let loss = infonce(e.image, e.text, curate::losses::common::scalar(10.0, &device), DirectionReduction::Mean);
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    let before = values_by_id(&model, Some(&grads));
+    let mut optim = build(&oc, 0.0, vec![]);
+    let stepped = optim.step(policy.clone(), model.clone(), grads);
+    let after = values_by_id(&stepped, None);
+    let mut checked = std::collections::HashSet::new();
+    for (id, (w, g)) in &before {
+        let Some(g) = g else { continue };
+        let gg: f64 = g.iter().map(|&x| (x as f64).powi(2)).sum();
+        let dg: f64 = after[id].0.iter().zip(w).zip(g).map(|((a, b), &x)| (*a as f64 - *b as f64) * x as f64).sum();
+        if gg < 1e-10 {
+            continue;
+        }
+        let got = -dg / gg;
+        assert!((got - rate(*id)).abs() <= 0.02 * rate(*id), "a step of {got} · g where the rate is {}", rate(*id));
+        checked.insert((rate(*id) * 1e6).round() as u64);
+    }
+    assert_eq!(checked.len(), 5, "every rate checked on some parameter: {checked:?}");
+}
+
+#[test]
+fn global_clipping_bounds_the_norm_of_all_the_updates_and_per_tensor_each_one() {
+    // One SGD step (no momentum, rate 1): the update is the clipped gradient. The heads and the
+    // text tower have no running statistics, so their change is all update.
+    let step_norms = |sets: &[&str]| {
+        let dir = tempfile::tempdir().unwrap();
+        let base = ["steps=1", "optim.optimizer=sgd", "optim.momentum=0", "optim.lr=1"];
+        let c = config_without_teachers(dir.path(), &[&base[..], sets].concat());
+        train(&c, &TrainOptions::default()).unwrap();
+        let init = DualEncoder::init(&c.model, Heads::default(), c.seed, &Device::flex()).unwrap();
+        let run = curate::train::trained::TrainedRun::load(&dir.path().join("out"), &Device::flex()).unwrap();
+        let mut norms = Vec::new();
+        for (a, b) in [
+            (param_values(&init.text), param_values(&run.model.text)),
+            (param_values(&init.image_proj), param_values(&run.model.image_proj)),
+        ] {
+            for (x, y) in a.iter().zip(&b) {
+                norms.push(x.iter().zip(y).map(|(p, q)| ((p - q) as f64).powi(2)).sum::<f64>().sqrt());
+            }
+        }
+        norms
+    };
+    let total = |n: &[f64]| n.iter().map(|x| x * x).sum::<f64>().sqrt();
+    // (The per-tower rates reach the trainer: the same step with the text tower at 0.1 of the
+    // rate moves it a tenth as far; the projection, at the whole rate, as far.)
+    let (free, tenth) = (step_norms(&[]), step_norms(&["optim.text_backbone_lr_scale=0.1"]));
+    let last = free.len() - 1; // the projection's bias; the text tower's tensors come first
+    let moved: Vec<_> = free.iter().zip(&tenth).enumerate().filter(|(_, (a, _))| **a > 1e-4).collect();
+    assert!(moved.len() + 4 >= free.len(), "{} of {}", moved.len(), free.len());
+    for (i, (a, b)) in moved {
+        // (Tensors that barely move, such as the attention keys' biases, whose gradient is 0 in
+        // exact arithmetic, are left out: rounding decides their step.)
+        let want = if i >= last - 1 { 1.0 } else { 0.1 };
+        assert!((b / a - want).abs() < 0.02 * want, "tensor {i}: {b} against {a}");
+    }
+    let max = 0.05;
+    let free = step_norms(&[]);
+    assert!(total(&free) > 4.0 * max, "the bound must bind: {}", total(&free));
+    let global = step_norms(&["optim.grad_clip_norm=0.05"]);
+    // These tensors are part of all the gradients: together at most the bound.
+    assert!(total(&global) <= max * (1.0 + 1e-3), "{}", total(&global));
+    assert!(total(&global) > 0.2 * max, "{}", total(&global));
+    let per_tensor = step_norms(&["optim.grad_clip_norm=0.05", "optim.grad_clip_scope=tensor"]);
+    assert!(per_tensor.iter().all(|&n| n <= max * (1.0 + 1e-3)), "{per_tensor:?}");
+    assert!(total(&per_tensor) > 2.0 * max, "each tensor on its own: {}", total(&per_tensor));
+}
+
+#[test]
+fn an_adamp_run_with_tower_rates_and_global_clipping_resumes_exactly() {
+    // AdamP's state (both parameter groups: `Linear` weights read transposed), the per-tower
+    // rates and the global clipping, through a checkpoint.
+    let sets = [
+        "optim.optimizer=adamp",
+        "optim.weight_decay=1e-4",
+        "optim.image_backbone_lr_scale=0.01",
+        "optim.text_backbone_lr_scale=0.1",
+        "optim.layer_decay=0.7",
+        "optim.grad_clip_norm=2",
+    ];
+    let whole = tempfile::tempdir().unwrap();
+    train(&config_without_teachers(whole.path(), &sets), &TrainOptions::default()).unwrap();
+    let want = losses(&whole.path().join("out"));
+    assert_eq!(want.len(), 6);
+    assert!(want.iter().all(|(_, l)| l.is_finite()), "{want:?}");
+    let parts = tempfile::tempdir().unwrap();
+    let c = config_without_teachers(parts.path(), &sets);
+    train(&c, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
+    let s = train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
+    assert_eq!((s.resumed_at, s.steps), (3, 6));
+    assert_eq!(losses(&parts.path().join("out")), want);
+    // And AdamP is not AdamW: the same run with AdamW has other losses after its first step.
+    let adamw = tempfile::tempdir().unwrap();
+    let other: Vec<&str> = sets.iter().map(|s| if s.contains("adamp") { "optim.optimizer=adamw" } else { s }).collect();
+    train(&config_without_teachers(adamw.path(), &other), &TrainOptions::default()).unwrap();
+    let w = losses(&adamw.path().join("out"));
+    assert_eq!(w[0], want[0]);
+    assert_ne!(w[1..], want[1..]);
 }

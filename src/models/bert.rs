@@ -169,6 +169,11 @@ const DISTILBERT_NAMES: Names = Names {
 };
 
 impl Bert {
+    /// The transformer blocks, first to last (for per-block learning rates).
+    pub fn layers(&self) -> &[BertLayer] {
+        &self.layers
+    }
+
     /// Builds the model from checkpoint tensors (BERT/MiniLM or DistilBERT names, by
     /// `model_type`); call [`Weights::finish`] afterwards.
     pub fn from_weights(c: &BertConfig, w: &Weights, device: &Device) -> Bert {

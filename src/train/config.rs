@@ -273,7 +273,9 @@ pub const DEFAULT_CROP_RATIO: [f64; 2] = [0.75, 4.0 / 3.0];
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OptimConfig {
-    /// `sgd` (with momentum; the papers) or `adamw`.
+    /// `sgd` (with momentum; the BoW paper and OTTER), `adamw`, or `adamp` (PCME++'s, spec
+    /// `cusa-and-pcmepp.md` §3.10: Adam that takes the radial part out of the update of
+    /// scale-invariant weights; `src/train/adamp.rs`).
     #[serde(default = "default_optimizer")]
     pub optimizer: OptimizerKind,
     /// Peak learning rate (the papers: 3e-3 with SGD).
@@ -282,16 +284,44 @@ pub struct OptimConfig {
     /// SGD momentum (0.9).
     #[serde(default = "default_momentum")]
     pub momentum: f64,
-    /// AdamW betas.
+    /// AdamW / AdamP betas.
     #[serde(default = "default_betas")]
     pub betas: [f64; 2],
+    /// AdamP: a tensor counts as scale-invariant when every row's `|cos(grad, weight)|` is below
+    /// `adamp_delta / √(row length)` (0.1, the package's and PCME++'s).
+    #[serde(default = "default_adamp_delta")]
+    pub adamp_delta: f64,
+    /// AdamP: the weight decay's factor for a projected tensor (0.1).
+    #[serde(default = "default_adamp_wd_ratio")]
+    pub adamp_wd_ratio: f64,
     /// Weight decay of the encoders (decoupled for AdamW, L2 for SGD); the loss's temperatures
     /// and scales never decay.
     #[serde(default)]
     pub weight_decay: f64,
-    /// Clip each parameter's gradient to this L2 norm (burn's per-tensor clipping).
+    /// Clip the gradients to this L2 norm, as `grad_clip_scope` says.
     #[serde(default)]
     pub grad_clip_norm: Option<f64>,
+    /// `global` (the default: PyTorch's `clip_grad_norm_`, one norm over every trainable
+    /// parameter, the loss's included, scaled by `min(1, max / (norm + 1e-6))`; PCME++'s, spec
+    /// §3.10) or `tensor` (each parameter's gradient clipped to the norm on its own: burn's,
+    /// and what runs made before this key did).
+    #[serde(default = "default_clip_scope")]
+    pub grad_clip_scope: ClipScope,
+    /// Layer-wise learning-rate decay (spec `cusa-and-pcmepp.md` §3.10, 0.7 there): block `k`
+    /// of a text tower of `L` transformer blocks gets `text_backbone_lr_scale · layer_decay^(L −
+    /// k)` of the rate; the tower's other weights (embeddings, their norm) get the scale alone,
+    /// as in the reference. A ResNet tower has no transformer blocks and gets its scale alone
+    /// (the reference's block pattern does not match a ResNet either). 1 (the default): off.
+    #[serde(default = "one")]
+    pub layer_decay: f64,
+    /// The image tower's share of the rate (its projection and heads get the whole rate):
+    /// PCME++'s 0.01. 1: the default.
+    #[serde(default = "one")]
+    pub image_backbone_lr_scale: f64,
+    /// The text tower's share of the rate (its projection and heads get the whole rate):
+    /// PCME++'s 0.1. 1: the default.
+    #[serde(default = "one")]
+    pub text_backbone_lr_scale: f64,
     /// Linear warm-up steps from 0 to `lr`.
     #[serde(default)]
     pub warmup_steps: u64,
@@ -326,6 +356,19 @@ pub struct OptimConfig {
     pub step_factor: f64,
 }
 
+fn default_adamp_delta() -> f64 {
+    0.1
+}
+fn default_adamp_wd_ratio() -> f64 {
+    0.1
+}
+fn default_clip_scope() -> ClipScope {
+    ClipScope::Global
+}
+fn one() -> f64 {
+    1.0
+}
+
 fn default_step_epochs() -> Vec<u64> {
     vec![15]
 }
@@ -340,8 +383,14 @@ impl Default for OptimConfig {
             lr: default_lr(),
             momentum: default_momentum(),
             betas: default_betas(),
+            adamp_delta: default_adamp_delta(),
+            adamp_wd_ratio: default_adamp_wd_ratio(),
             weight_decay: 0.0,
             grad_clip_norm: None,
+            grad_clip_scope: default_clip_scope(),
+            layer_decay: 1.0,
+            image_backbone_lr_scale: 1.0,
+            text_backbone_lr_scale: 1.0,
             warmup_steps: 0,
             schedule: default_schedule(),
             min_lr: 0.0,
@@ -358,6 +407,15 @@ impl Default for OptimConfig {
 pub enum OptimizerKind {
     Sgd,
     Adamw,
+    Adamp,
+}
+
+/// What `optim.grad_clip_norm` bounds: the norm of all the gradients together, or each one's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClipScope {
+    Global,
+    Tensor,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -676,6 +734,15 @@ impl TrainConfig {
         within("model.log_variance_bias", v, (-20.0..=20.0).contains(&v), "in [-20, 20]");
         if let Some(c) = o.grad_clip_norm {
             within("optim.grad_clip_norm", c, c > 0.0, "positive");
+        }
+        within("optim.adamp_delta", o.adamp_delta, o.adamp_delta > 0.0, "positive");
+        within("optim.adamp_wd_ratio", o.adamp_wd_ratio, (0.0..=1.0).contains(&o.adamp_wd_ratio), "in [0, 1]");
+        within("optim.layer_decay", o.layer_decay, o.layer_decay > 0.0 && o.layer_decay <= 1.0, "in (0, 1]");
+        for (key, v) in [
+            ("optim.image_backbone_lr_scale", o.image_backbone_lr_scale),
+            ("optim.text_backbone_lr_scale", o.text_backbone_lr_scale),
+        ] {
+            within(key, v, v > 0.0, "positive (to keep a tower still, see `optim.freeze_image_epochs`)");
         }
         if let Some([lo, hi]) = self.data.crop_ratio {
             within("data.crop_ratio", lo, 0.0 < lo && lo <= hi && hi.is_finite(), "a range of positive ratios");

@@ -121,6 +121,25 @@ impl DualEncoder {
         })
     }
 
+    /// The learning-rate multiples of the towers' parameters (spec `cusa-and-pcmepp.md` §3.10):
+    /// the image tower at `image_backbone_lr_scale` (a ResNet has no transformer blocks to decay);
+    /// the text tower's embeddings and their norm at `text_backbone_lr_scale`, and its block `k`
+    /// of `L` at that times `layer_decay^(L − k)`. The projections and heads are in no group
+    /// (the whole rate). Later groups take precedence, so the blocks come after the tower.
+    pub fn lr_groups(&self, c: &super::config::OptimConfig) -> Vec<(Vec<burn::module::ParamId>, f64)> {
+        use super::optim::param_ids;
+        let mut groups = vec![
+            (param_ids(&self.image), c.image_backbone_lr_scale),
+            (param_ids(&self.text), c.text_backbone_lr_scale),
+        ];
+        let blocks = self.text.layers();
+        for (k, block) in blocks.iter().enumerate() {
+            let decay = c.layer_decay.powi((blocks.len() - k) as i32);
+            groups.push((param_ids(block), c.text_backbone_lr_scale * decay));
+        }
+        groups
+    }
+
     /// Pooled image features before any head.
     ///
     /// # Shapes

@@ -4,7 +4,8 @@
 //! - [`config`]: the training file (TOML, `--set` overrides, errors with file:line);
 //! - [`dual_encoder`]: ResNet + projection, BERT-family text tower + pooling (+ projection);
 //! - [`data`]: training tables, augmentation, tokenisation, prefetching workers;
-//! - [`optim`]: SGD / AdamW, warm-up + cosine schedule;
+//! - [`optim`]: SGD / AdamW / AdamP, the schedules, per-tower rates, gradient clipping;
+//! - [`adamp`]: AdamP, PCME++'s optimiser;
 //! - [`run`]: the loop — metrics, checkpoints, resume, the NaN guard;
 //! - [`sampling_profile`]: `--sample-profile`, where the host's time goes over a few steps;
 //! - [`trained`]: a finished run loaded frozen, embedding captions and images;
@@ -12,6 +13,7 @@
 //!
 //! Depends on `models`, `losses` and `io`; nothing here knows about `cli`.
 
+pub mod adamp;
 pub mod config;
 pub mod data;
 pub mod dual_encoder;

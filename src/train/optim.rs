@@ -1,16 +1,23 @@
-//! Optimisers and the learning-rate schedule (spec `bow-and-otter.md` §4, §5.8): SGD with
-//! momentum (the papers: lr 3e-3, momentum 0.9, no weight decay) or AdamW, built on burn's
-//! optimisers; linear warm-up then cosine decay to `min_lr` (per step or per epoch), PCME++'s
-//! step decay, or a constant rate; PCME++'s frozen image tower and loss warm-up
-//! ([`image_freeze`]); optional per-tensor gradient-norm clipping. The trainer keeps two optimisers: one for the encoders (with weight decay) and one
-//! for the loss's temperatures and scales (never decayed, as OTTER's reference).
+//! Optimisers and the learning-rate schedule (spec `bow-and-otter.md` §4, §5.8;
+//! `cusa-and-pcmepp.md` §3.10): SGD with momentum (the papers: lr 3e-3, momentum 0.9, no weight
+//! decay), AdamW, or AdamP (PCME++'s, [`super::adamp`]); linear warm-up then cosine decay to
+//! `min_lr` (per step or per epoch), PCME++'s step decay, or a constant rate; PCME++'s frozen
+//! image tower and loss warm-up ([`image_freeze`]); its per-tower rates and layer-wise decay
+//! ([`LrGroups`]); gradient-norm clipping over all the gradients ([`clip_global`], PyTorch's
+//! `clip_grad_norm_`) or per tensor. The trainer keeps two optimisers: one for the encoders
+//! (with weight decay) and one for the loss's temperatures and scales (never decayed, as OTTER's
+//! and PCME++'s references).
 
 use burn::grad_clipping::GradientClippingConfig;
+use burn::lr_scheduler::module_lr_scheduler::{ModuleLearningRate, ModuleLrScheduler};
+use burn::module::{Module, ModuleVisitor, Param, ParamGroup, ParamId};
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
-use burn::optim::{AdamWConfig, ModuleOptimizer, SgdConfig};
+use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, SgdConfig};
+use burn::tensor::Tensor;
 
-use super::config::{OptimConfig, OptimizerKind, Schedule};
+use super::adamp::AdamP;
+use super::config::{ClipScope, OptimConfig, OptimizerKind, Schedule};
 
 /// The learning rate of step `step` (0-based) of `total`, with `steps_per_epoch` steps an
 /// epoch: linear warm-up over `warmup_steps` (step 0 gets `lr / warmup`), then the schedule
@@ -53,9 +60,14 @@ pub fn image_freeze(c: &OptimConfig, step: u64, steps_per_epoch: u64) -> (bool, 
 }
 
 /// An optimiser from the config; `weight_decay` is the config's for the encoders and 0 for the
-/// loss parameters.
-pub fn build(c: &OptimConfig, weight_decay: f64) -> ModuleOptimizer {
-    let clip = c.grad_clip_norm.map(|n| GradientClippingConfig::Norm(n as f32));
+/// loss parameters. `linear_weights` are the module's `Linear` weights ([`linear_weights`]),
+/// which AdamP reads in PyTorch's row layout.
+pub fn build(c: &OptimConfig, weight_decay: f64, linear_weights: Vec<ParamId>) -> ModuleOptimizer {
+    let clip = match c.grad_clip_scope {
+        ClipScope::Tensor => c.grad_clip_norm.map(|n| GradientClippingConfig::Norm(n as f32)),
+        // Applied by the trainer over every gradient at once: `clip_global`.
+        ClipScope::Global => None,
+    };
     match c.optimizer {
         OptimizerKind::Sgd => SgdConfig::new()
             // PyTorch's SGD: no dampening.
@@ -72,12 +84,259 @@ pub fn build(c: &OptimConfig, weight_decay: f64) -> ModuleOptimizer {
             .with_weight_decay(weight_decay as f32)
             .with_grad_clipping(clip)
             .init(),
+        OptimizerKind::Adamp => {
+            let adamp = AdamP {
+                beta_1: c.betas[0],
+                beta_2: c.betas[1],
+                epsilon: 1e-8,
+                weight_decay,
+                delta: c.adamp_delta,
+                wd_ratio: c.adamp_wd_ratio,
+                linear_layout: false,
+            };
+            let clip = clip.map(|c| c.init());
+            let mut o = ModuleOptimizer::from(adamp);
+            if let Some(clip) = &clip {
+                o = o.with_grad_clipping(clip.clone());
+            }
+            if !linear_weights.is_empty() {
+                let linear = AdamP { linear_layout: true, ..adamp };
+                o = o.with_group(ParamGroup::from_ids(linear_weights), linear, clip);
+            }
+            o
+        }
+    }
+}
+
+/// Every parameter id of `module`.
+pub fn param_ids<M: Module>(module: &M) -> Vec<ParamId> {
+    struct Ids(Vec<ParamId>);
+    impl ModuleVisitor for Ids {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0.push(param.id);
+        }
+    }
+    let mut ids = Ids(Vec::new());
+    module.visit(&mut ids);
+    ids.0
+}
+
+/// The ids of the weights of `module`'s burn `Linear` layers (stored `[in, out]`, where PyTorch
+/// stores `[out, in]`).
+pub fn linear_weights<M: Module>(module: &M) -> Vec<ParamId> {
+    #[derive(Default)]
+    struct Linears {
+        inside: Vec<bool>,
+        ids: Vec<ParamId>,
+    }
+    impl ModuleVisitor for Linears {
+        fn enter_module(&mut self, _name: &str, container_type: &str) {
+            self.inside.push(container_type == "Struct:Linear");
+        }
+        fn exit_module(&mut self, _name: &str, _container_type: &str) {
+            self.inside.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            // A Linear's 2-D parameter is its weight (its bias is 1-D).
+            if D == 2 && self.inside.last() == Some(&true) {
+                self.ids.push(param.id);
+            }
+        }
+    }
+    let mut l = Linears::default();
+    module.visit(&mut l);
+    l.ids
+}
+
+/// Parameter groups whose learning rate is a multiple of the schedule's: PCME++'s per-tower
+/// rates and layer-wise decay (spec `cusa-and-pcmepp.md` §3.10). Parameters in no group get the
+/// schedule's rate; a parameter in several gets the last group's multiple.
+#[derive(Clone, Default)]
+pub struct LrGroups(Vec<(ParamGroup, f64)>);
+
+impl LrGroups {
+    /// Groups of `(parameter ids, multiple)`, later ones taking precedence; none at all when
+    /// every multiple is 1.
+    pub fn new(groups: Vec<(Vec<ParamId>, f64)>) -> LrGroups {
+        if groups.iter().all(|(_, m)| *m == 1.0) {
+            return LrGroups::default();
+        }
+        LrGroups(
+            groups
+                .into_iter()
+                .filter(|(ids, _)| !ids.is_empty())
+                .map(|(ids, m)| (ParamGroup::from_ids(ids), m))
+                .collect(),
+        )
+    }
+
+    /// The rate of each parameter when the schedule's is `lr`.
+    pub fn policy(&self, lr: f64) -> ModuleLearningRate {
+        if self.0.is_empty() {
+            return lr.into();
+        }
+        let mut s = ModuleLrScheduler::new(lr);
+        for (group, m) in &self.0 {
+            s = s.with_group(group.clone(), lr * m);
+        }
+        s.step()
+    }
+}
+
+/// PyTorch's `clip_grad_norm_(parameters, max_norm)` over the gradients of `parts` (each a set
+/// of gradients with the module they belong to): with `n` the L2 norm of all of them together,
+/// each is multiplied by `min(1, max_norm / (n + 1e-6))`. Runs on the device (no read-back).
+pub fn clip_global(max_norm: f64, parts: &mut [(&mut GradientsParams, &dyn ClipTarget)]) {
+    let mut total: Option<Tensor<1>> = None;
+    for (grads, module) in parts.iter() {
+        if let Some(s) = module.square_sum(grads) {
+            total = Some(match total {
+                Some(t) => t + s,
+                None => s,
+            });
+        }
+    }
+    let Some(total) = total else { return };
+    let coef = total.sqrt().add_scalar(1e-6).recip().mul_scalar(max_norm).clamp_max(1.0);
+    for (grads, module) in parts.iter_mut() {
+        module.scale(grads, coef.clone());
+    }
+}
+
+/// A module whose gradients [`clip_global`] can measure and scale.
+pub trait ClipTarget {
+    /// The sum of the squares of this module's gradients in `grads`, if it has any.
+    fn square_sum(&self, grads: &GradientsParams) -> Option<Tensor<1>>;
+    /// Multiplies this module's gradients in `grads` by `coef` (`[1]`).
+    fn scale(&self, grads: &mut GradientsParams, coef: Tensor<1>);
+}
+
+impl<M: Module> ClipTarget for M {
+    fn square_sum(&self, grads: &GradientsParams) -> Option<Tensor<1>> {
+        struct Sum<'a> {
+            grads: &'a GradientsParams,
+            total: Option<Tensor<1>>,
+        }
+        impl ModuleVisitor for Sum<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                if let Some(g) = self.grads.get::<D>(param.id) {
+                    let s = g.square().sum();
+                    self.total = Some(match self.total.take() {
+                        Some(t) => t + s,
+                        None => s,
+                    });
+                }
+            }
+        }
+        let mut sum = Sum { grads, total: None };
+        self.visit(&mut sum);
+        sum.total
+    }
+
+    fn scale(&self, grads: &mut GradientsParams, coef: Tensor<1>) {
+        struct Scale<'a> {
+            grads: &'a mut GradientsParams,
+            coef: Tensor<1>,
+        }
+        impl ModuleVisitor for Scale<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                if let Some(g) = self.grads.remove::<D>(param.id) {
+                    let coef = self.coef.clone().reshape([1; D]);
+                    self.grads.register::<D>(param.id, g * coef);
+                }
+            }
+        }
+        self.visit(&mut Scale { grads, coef });
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::tensor::{Device, TensorData};
+
+    #[derive(Module, Debug)]
+    struct Two {
+        a: Param<Tensor<2>>,
+        b: Param<Tensor<1>>,
+    }
+
+    #[derive(Module, Debug)]
+    struct One {
+        c: Param<Tensor<4>>,
+    }
+
+    /// PyTorch's `clip_grad_norm_(max_norm = 2)` on three gradients of total norm ~5, split over
+    /// two modules as the trainer's encoder and loss parameters are
+    /// (`tests/fixtures/optim/make_adamp_fixture.py`).
+    #[test]
+    fn global_clipping_matches_pytorch_over_two_modules() {
+        let p = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/optim/adamp_reference.json");
+        let f: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        let clip = &f["clip"];
+        let floats = |v: &serde_json::Value| -> Vec<f32> {
+            v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+        };
+        let d = Device::default();
+        let two =
+            Two { a: Param::from_tensor(Tensor::zeros([6, 5], &d)), b: Param::from_tensor(Tensor::zeros([6], &d)) };
+        let one = One { c: Param::from_tensor(Tensor::zeros([4, 3, 2, 2], &d)) };
+        let (mut g2, mut g1) = (GradientsParams::new(), GradientsParams::new());
+        let g = |k: usize| floats(&clip["grads"][k]);
+        g2.register(two.a.id, Tensor::<2>::from_data(TensorData::new(g(0), [6, 5]), &d));
+        g2.register(two.b.id, Tensor::<1>::from_data(TensorData::new(g(1), [6]), &d));
+        g1.register(one.c.id, Tensor::<4>::from_data(TensorData::new(g(2), [4, 3, 2, 2]), &d));
+        let before = (two.square_sum(&g2).unwrap() + one.square_sum(&g1).unwrap()).into_scalar::<f32>().sqrt();
+        assert!((before as f64 - clip["total_norm"].as_f64().unwrap()).abs() < 1e-5, "{before}");
+        clip_global(clip["max_norm"].as_f64().unwrap(), &mut [(&mut g2, &two), (&mut g1, &one)]);
+        let got = [
+            g2.get::<2>(two.a.id).unwrap().into_data().try_to_vec::<f32>().unwrap(),
+            g2.get::<1>(two.b.id).unwrap().into_data().try_to_vec::<f32>().unwrap(),
+            g1.get::<4>(one.c.id).unwrap().into_data().try_to_vec::<f32>().unwrap(),
+        ];
+        for (k, got) in got.iter().enumerate() {
+            for (a, b) in got.iter().zip(floats(&clip["clipped"][k])) {
+                assert!((a - b).abs() <= 1e-6, "grad {k}: {a} against PyTorch's {b}");
+            }
+        }
+        // Below the bound, nothing changes.
+        let kept = got[1].clone();
+        clip_global(100.0, &mut [(&mut g2, &two), (&mut g1, &one)]);
+        assert_eq!(g2.get::<1>(two.b.id).unwrap().into_data().try_to_vec::<f32>().unwrap(), kept);
+    }
+
+    #[test]
+    fn lr_groups_give_each_parameter_its_multiple_and_later_groups_win() {
+        let d = Device::default();
+        let two =
+            Two { a: Param::from_tensor(Tensor::zeros([2, 2], &d)), b: Param::from_tensor(Tensor::zeros([2], &d)) };
+        let one = One { c: Param::from_tensor(Tensor::zeros([1, 1, 1, 1], &d)) };
+        // `a` is in both groups: the later one's multiple.
+        let groups = LrGroups::new(vec![(param_ids(&two), 0.1), (vec![two.a.id], 0.5)]);
+        let p = groups.policy(2.0);
+        assert_eq!(p.lr_from_param(two.a.id, None), 1.0);
+        assert_eq!(p.lr_from_param(two.b.id, None), 0.2);
+        assert_eq!(p.lr_from_param(one.c.id, None), 2.0, "in no group: the schedule's rate");
+        // A later group whose multiple is 1 still overrides an earlier one.
+        let p = LrGroups::new(vec![(param_ids(&two), 0.1), (vec![two.a.id], 1.0)]).policy(2.0);
+        assert_eq!(p.lr_from_param(two.a.id, None), 2.0);
+        // All ones: no groups.
+        assert!(LrGroups::new(vec![(param_ids(&two), 1.0)]).0.is_empty());
+    }
+
+    #[test]
+    fn linear_weights_are_the_2d_parameters_of_linear_layers() {
+        use burn::nn::LinearConfig;
+        #[derive(Module, Debug)]
+        struct Net {
+            fc: burn::nn::Linear,
+            table: Param<Tensor<2>>,
+        }
+        let d = Device::default();
+        let net = Net { fc: LinearConfig::new(3, 4).init(&d), table: Param::from_tensor(Tensor::zeros([5, 3], &d)) };
+        assert_eq!(linear_weights(&net), vec![net.fc.weight.id]);
+        assert_eq!(param_ids(&net).len(), 3);
+    }
 
     #[test]
     fn warmup_then_cosine() {

@@ -27,9 +27,10 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::config::TrainConfig;
+use super::config::{ClipScope, TrainConfig};
 use super::data::{Batch, BatchMaker, Loader, TrainSet};
 use super::dual_encoder::{DualEncoder, Embeddings, Heads};
+use super::optim::{clip_global, linear_weights, LrGroups};
 use super::zeroshot::{ZeroShot, ZeroShotScores};
 use crate::error::{Error, Result};
 use crate::losses::common::{l2_normalize, LogitScale};
@@ -557,6 +558,18 @@ fn zeroshot_line(step: u64, s: &ZeroShotScores) -> serde_json::Value {
     json!({"step": step, "zeroshot_top1": s.top1, "zeroshot_top5": s.top5, "zeroshot_classes": s.classes})
 }
 
+/// The config an earlier run recorded in its `config.json`, read as that build meant it: one
+/// written before `optim.grad_clip_scope` existed clipped each tensor on its own.
+fn earlier_config(text: &str) -> Option<TrainConfig> {
+    let mut v: serde_json::Value = serde_json::from_str(text).ok()?;
+    if let Some(o) = v.get_mut("optim").and_then(|o| o.as_object_mut()) {
+        if o.get("grad_clip_norm").is_some_and(|n| !n.is_null()) && !o.contains_key("grad_clip_scope") {
+            o.insert("grad_clip_scope".into(), json!("tensor"));
+        }
+    }
+    serde_json::from_value(v).ok()
+}
+
 /// Trains as `config` says. See the module documentation for what lands in `output_dir`.
 pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> {
     let started = Instant::now();
@@ -586,8 +599,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         // Compared as configs, not as text: a key a later curate added, at its default, is no
         // difference (an earlier build's `config.json` lacks it).
         let before = std::fs::read_to_string(&config_path).unwrap_or_default();
-        let same =
-            before == resolved || serde_json::from_str::<TrainConfig>(&before).is_ok_and(|b| b.resolved() == *config);
+        let same = before == resolved || earlier_config(&before).is_some_and(|b| b.resolved() == *config);
         if !same {
             return Err(Error::Data {
                 message: format!("the config differs from the one `{}` was trained with", out.display()),
@@ -657,12 +669,13 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         LossConfig::MemoryBank(c) => Some(MemoryBank::new(c.size, config.model.embed_dim, &device)),
         _ => None,
     };
+    let loss_params = LossParams::init(&config.loss, &device);
     let mut run = Run {
-        trainee: Trainee { encoder, loss: LossParams::init(&config.loss, &device) },
         teacher,
         bank,
-        optim_encoder: super::optim::build(&config.optim, config.optim.weight_decay),
-        optim_loss: super::optim::build(&config.optim, 0.0),
+        optim_encoder: super::optim::build(&config.optim, config.optim.weight_decay, linear_weights(&encoder)),
+        optim_loss: super::optim::build(&config.optim, 0.0, linear_weights(&loss_params)),
+        trainee: Trainee { encoder, loss: loss_params },
         ema_updates: 0,
         swa: None,
         swa_snapshots: 0,
@@ -674,6 +687,8 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         start = state.step;
         debug_assert_eq!(start, *step);
     }
+    // PCME++'s per-tower rates and layer-wise decay (none by default).
+    let lr_groups = LrGroups::new(run.trainee.encoder.lr_groups(&config.optim));
     let (mut metrics, zeroshot_logged) =
         Metrics::open(&out.join("metrics.jsonl"), resume_from.as_ref().map(|(s, _)| *s))?;
 
@@ -783,10 +798,14 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             // Taken out of `grads` and dropped: the image tower gets no update.
             let _ = GradientsParams::from_module(&mut grads, &run.trainee.encoder.image);
         }
-        let g_enc = GradientsParams::from_module(&mut grads, &run.trainee.encoder);
-        let g_loss = GradientsParams::from_module(&mut grads, &run.trainee.loss);
+        let mut g_enc = GradientsParams::from_module(&mut grads, &run.trainee.encoder);
+        let mut g_loss = GradientsParams::from_module(&mut grads, &run.trainee.loss);
+        if let (Some(max), ClipScope::Global) = (config.optim.grad_clip_norm, config.optim.grad_clip_scope) {
+            let Trainee { encoder, loss } = &run.trainee;
+            clip_global(max, &mut [(&mut g_enc, encoder), (&mut g_loss, loss)]);
+        }
         let Trainee { encoder, loss: params } = run.trainee;
-        let encoder = run.optim_encoder.step(lr, encoder, g_enc);
+        let encoder = run.optim_encoder.step(lr_groups.policy(lr), encoder, g_enc);
         let params = run.optim_loss.step(lr, params, g_loss);
         run.trainee = Trainee { encoder, loss: params };
         trace.lap("optim");
