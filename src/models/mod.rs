@@ -4,7 +4,7 @@
 //! Unicom's layouts: the CLIP image tower and the CUSA image teacher). `weights` reads
 //! safetensors and checks every tensor name and shape; `pooling` turns token states into
 //! sentence embeddings; `text_encoder` adds the tokenizer and picks the text model from
-//! `config.json`;
+//! `config.json`; `gpo` is VSE∞'s generalised pooling (PCME++'s heads);
 //! `preprocess` turns image bytes into normalised tensors and `image_encoder` runs the image
 //! models on them.
 //! Models run on any burn device (`Device::flex()` on CPU, `Device::cuda(0)` with the `cuda`
@@ -12,6 +12,7 @@
 
 pub mod activation;
 pub mod bert;
+pub mod gpo;
 pub mod image_encoder;
 pub mod mpnet;
 pub mod pooling;

@@ -344,6 +344,17 @@ impl ResNet {
     /// - `images`: `[batch, 3, height, width]` (normalised)
     /// - output: `[batch, feature_dim]`
     pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        let x = self.forward_grid(images);
+        let [b, c, _, _] = x.dims();
+        adaptive_avg_pool2d(x, [1, 1]).reshape([b, c])
+    }
+
+    /// The last stage's feature map, before pooling.
+    ///
+    /// # Shapes
+    /// - `images`: `[batch, 3, height, width]` (normalised)
+    /// - output: `[batch, feature_dim, height / 32, width / 32]` (rounded up)
+    pub fn forward_grid(&self, images: Tensor<4>) -> Tensor<4> {
         let x = relu(batch_norm(&self.bn1, convolve(&self.conv1, images, self.lowering), self.lowering));
         let pool = MaxPoolOptions {
             kernel_size: [3, 3],
@@ -356,8 +367,7 @@ impl ResNet {
         for block in &self.blocks {
             x = block.forward(x, self.lowering);
         }
-        let [b, c, _, _] = x.dims();
-        adaptive_avg_pool2d(x, [1, 1]).reshape([b, c])
+        x
     }
 }
 

@@ -256,6 +256,18 @@ impl Weights {
         Param::from_tensor(self.tensor_init(name, shape, init, device))
     }
 
+    /// A tensor that starts uniform in `[-bound, bound]` when random (PyTorch's default for
+    /// `nn.GRU`'s weights and biases, `bound = 1/√hidden`).
+    pub fn tensor_uniform<const D: usize>(
+        &self,
+        name: &str,
+        shape: [usize; D],
+        bound: f64,
+        device: &Device,
+    ) -> Tensor<D> {
+        self.tensor_init(name, shape, Init::Uniform(bound), device)
+    }
+
     /// A PyTorch `nn.Linear` stored as `{prefix}.weight` `[out, in]` and `{prefix}.bias` `[out]`.
     pub fn linear(&self, prefix: &str, d_in: usize, d_out: usize, device: &Device) -> Linear {
         self.linear_named(&format!("{prefix}.weight"), Some(&format!("{prefix}.bias")), d_in, d_out, device)

@@ -93,6 +93,13 @@ pub struct ModelConfig {
     /// negatives give no gradient and a short run collapses (the reference trains 25 epochs).
     #[serde(default)]
     pub log_variance_bias: f64,
+    /// Pool with GPO (VSE∞'s generalised pooling; PCME++'s heads, spec `cusa-and-pcmepp.md`
+    /// §3.1): the cross-modal embedding (and PCME++'s log-variance) is projected from every token
+    /// (the image tower's grid cells, the text tower's tokens) and pooled by a GPO of its own.
+    /// Off (the default): the towers' pooled features are projected. CUSA's uni-modal heads
+    /// always project the pooled features.
+    #[serde(default)]
+    pub gpo: bool,
 }
 
 fn default_embed_dim() -> usize {

@@ -3,8 +3,10 @@
 //! (the paper: ResNet-50, 2048 → 768), and a BERT-family text tower with mean pooling over the
 //! attention mask and an optional projection (none in the paper: DistilBERT is 768-d). Loss
 //! specific heads sit beside the projections: CUSA's uni-modal heads (`cusa-and-pcmepp.md`
-//! §2.1) and PCME++'s log-variance heads (§3.1; here one linear layer on the pooled features,
-//! not the reference's extra transformer block + GPO).
+//! §2.1) and PCME++'s log-variance heads (§3.1; one linear layer, not the reference's extra
+//! transformer block). With `model.gpo`, the embeddings and log-variances are projected from
+//! every token (grid cell, text token) and pooled by GPO ([`crate::models::gpo`]), as PCME++'s
+//! heads; otherwise the pooled features are projected.
 //!
 //! Towers come from published checkpoints ([`Weights::from_safetensors`]) or from
 //! [`Weights::random`] (training from scratch); the new heads are always random, seeded.
@@ -16,6 +18,7 @@ use burn::tensor::{Device, Int, Tensor};
 use super::config::{ImagePreset, ModelConfig};
 use crate::error::Result;
 use crate::models::bert::{Bert, BertConfig};
+use crate::models::gpo::Gpo;
 use crate::models::pooling::{pool, Pooling};
 use crate::models::resnet::{ResNet, ResNetConfig};
 use crate::models::weights::Weights;
@@ -39,8 +42,39 @@ pub struct DualEncoder {
     pub text_uni: Option<Linear>,
     pub image_log_var: Option<Linear>,
     pub text_log_var: Option<Linear>,
+    /// `model.gpo`: the GPOs of the embeddings and of PCME++'s log-variances.
+    pub image_gpo: Option<Gpo>,
+    pub text_gpo: Option<Gpo>,
+    pub image_log_var_gpo: Option<Gpo>,
+    pub text_log_var_gpo: Option<Gpo>,
     #[module(skip)]
     pub pooling: Pooling,
+}
+
+/// A tower's output: its pooled features, and with GPO its tokens and their counts.
+struct TowerOut {
+    pooled: Tensor<2>,
+    tokens: Option<(Tensor<3>, Vec<usize>)>,
+}
+
+impl TowerOut {
+    /// A head (`None`: the identity) on the pooled features, or on every token then pooled by
+    /// `gpo`.
+    fn head(&self, linear: Option<&Linear>, gpo: Option<&Gpo>) -> Tensor<2> {
+        match (gpo, &self.tokens) {
+            (Some(g), Some((t, lengths))) => {
+                let t = match linear {
+                    Some(l) => l.forward(t.clone()),
+                    None => t.clone(),
+                };
+                g.forward(t, lengths)
+            }
+            _ => match linear {
+                Some(l) => l.forward(self.pooled.clone()),
+                None => self.pooled.clone(),
+            },
+        }
+    }
 }
 
 /// Embeddings of one batch (not normalised).
@@ -117,6 +151,11 @@ impl DualEncoder {
             text_uni: heads.uni.then(|| w.linear("text_uni", ft, d, device)),
             image_log_var: heads.log_variance.then(|| log_var_head(&w, "image_log_var", fi, c, device)),
             text_log_var: heads.log_variance.then(|| log_var_head(&w, "text_log_var", ft, c, device)),
+            image_gpo: c.gpo.then(|| Gpo::from_weights(&w, "image_gpo", device)),
+            text_gpo: c.gpo.then(|| Gpo::from_weights(&w, "text_gpo", device)),
+            image_log_var_gpo: (c.gpo && heads.log_variance)
+                .then(|| Gpo::from_weights(&w, "image_log_var_gpo", device)),
+            text_log_var_gpo: (c.gpo && heads.log_variance).then(|| Gpo::from_weights(&w, "text_log_var_gpo", device)),
             pooling: c.text.pooling,
         })
     }
@@ -156,12 +195,37 @@ impl DualEncoder {
         pool(self.text.forward(ids, mask.clone()), mask, self.pooling)
     }
 
+    /// The image tower's output: with GPO, its grid cells as `[B, h·w, C]` tokens too (their
+    /// mean is the pooled features).
+    fn image_out(&self, images: Tensor<4>) -> TowerOut {
+        if self.image_gpo.is_none() {
+            return TowerOut { pooled: self.image_features(images), tokens: None };
+        }
+        let grid = self.image.forward_grid(images);
+        let [b, c, h, w] = grid.dims();
+        let tokens = grid.reshape([b, c, h * w]).swap_dims(1, 2);
+        let pooled = tokens.clone().mean_dim(1).reshape([b, c]);
+        TowerOut { pooled, tokens: Some((tokens, vec![h * w; b])) }
+    }
+
+    /// The text tower's output: with GPO, its token states too, with the count of each row's
+    /// tokens (the mask's ones, which come first).
+    fn text_out(&self, ids: Tensor<2, Int>, mask: Tensor<2, Int>) -> TowerOut {
+        let states = self.text.forward(ids, mask.clone());
+        let pooled = pool(states.clone(), mask.clone(), self.pooling);
+        let tokens = self.text_gpo.as_ref().map(|_| {
+            let lengths = mask.sum_dim(1).into_data().convert::<i64>().try_to_vec::<i64>().expect("token counts");
+            (states, lengths.into_iter().map(|n| (n as usize).max(1)).collect())
+        });
+        TowerOut { pooled, tokens }
+    }
+
     /// The cross-modal image embedding (what zero-shot and retrieval use).
     ///
     /// # Shapes
     /// - `images`: `[B, 3, H, W]` → `[B, embed_dim]`
     pub fn encode_image(&self, images: Tensor<4>) -> Tensor<2> {
-        self.image_proj.forward(self.image_features(images))
+        self.image_out(images).head(Some(&self.image_proj), self.image_gpo.as_ref())
     }
 
     /// The cross-modal image embedding and, with PCME++'s heads, its log-variance `v`.
@@ -169,9 +233,9 @@ impl DualEncoder {
     /// # Shapes
     /// - `images`: `[B, 3, H, W]` → (`[B, embed_dim]`, `[B, embed_dim]`)
     pub fn encode_image_with_log_var(&self, images: Tensor<4>) -> (Tensor<2>, Option<Tensor<2>>) {
-        let f = self.image_features(images);
-        let v = self.image_log_var.as_ref().map(|h| h.forward(f.clone()));
-        (self.image_proj.forward(f), v)
+        let o = self.image_out(images);
+        let v = self.image_log_var.as_ref().map(|h| o.head(Some(h), self.image_log_var_gpo.as_ref()));
+        (o.head(Some(&self.image_proj), self.image_gpo.as_ref()), v)
     }
 
     /// The cross-modal text embedding and, with PCME++'s heads, its log-variance `v`.
@@ -183,13 +247,9 @@ impl DualEncoder {
         ids: Tensor<2, Int>,
         mask: Tensor<2, Int>,
     ) -> (Tensor<2>, Option<Tensor<2>>) {
-        let f = self.text_features(ids, mask);
-        let v = self.text_log_var.as_ref().map(|h| h.forward(f.clone()));
-        let e = match &self.text_proj {
-            Some(p) => p.forward(f),
-            None => f,
-        };
-        (e, v)
+        let o = self.text_out(ids, mask);
+        let v = self.text_log_var.as_ref().map(|h| o.head(Some(h), self.text_log_var_gpo.as_ref()));
+        (o.head(self.text_proj.as_ref(), self.text_gpo.as_ref()), v)
     }
 
     /// The cross-modal text embedding.
@@ -197,11 +257,7 @@ impl DualEncoder {
     /// # Shapes
     /// - `ids`, `mask`: `[B, S]` → `[B, embed_dim]`
     pub fn encode_text(&self, ids: Tensor<2, Int>, mask: Tensor<2, Int>) -> Tensor<2> {
-        let f = self.text_features(ids, mask);
-        match &self.text_proj {
-            Some(p) => p.forward(f),
-            None => f,
-        }
+        self.text_out(ids, mask).head(self.text_proj.as_ref(), self.text_gpo.as_ref())
     }
 
     /// Everything the losses need from one batch.
@@ -209,19 +265,15 @@ impl DualEncoder {
     /// # Shapes
     /// - `images`: `[B, 3, H, W]`, `ids`, `mask`: `[B, S]` → [`Embeddings`] of `[B, embed_dim]`
     pub fn forward(&self, images: Tensor<4>, ids: Tensor<2, Int>, mask: Tensor<2, Int>) -> Embeddings {
-        let fi = self.image_features(images);
-        let ft = self.text_features(ids, mask);
-        let head = |h: &Option<Linear>, x: &Tensor<2>| h.as_ref().map(|h| h.forward(x.clone()));
+        let (i, t) = (self.image_out(images), self.text_out(ids, mask));
+        let pooled = |h: &Option<Linear>, o: &TowerOut| h.as_ref().map(|h| h.forward(o.pooled.clone()));
         Embeddings {
-            image: self.image_proj.forward(fi.clone()),
-            text: match &self.text_proj {
-                Some(p) => p.forward(ft.clone()),
-                None => ft.clone(),
-            },
-            image_uni: head(&self.image_uni, &fi),
-            text_uni: head(&self.text_uni, &ft),
-            image_log_var: head(&self.image_log_var, &fi),
-            text_log_var: head(&self.text_log_var, &ft),
+            image: i.head(Some(&self.image_proj), self.image_gpo.as_ref()),
+            text: t.head(self.text_proj.as_ref(), self.text_gpo.as_ref()),
+            image_uni: pooled(&self.image_uni, &i),
+            text_uni: pooled(&self.text_uni, &t),
+            image_log_var: self.image_log_var.as_ref().map(|h| i.head(Some(h), self.image_log_var_gpo.as_ref())),
+            text_log_var: self.text_log_var.as_ref().map(|h| t.head(Some(h), self.text_log_var_gpo.as_ref())),
         }
     }
 }
