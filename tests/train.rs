@@ -1234,7 +1234,8 @@ fn a_run_checkpointed_by_an_earlier_curate_resumes_when_only_new_keys_at_their_d
     assert!(data.remove("pre_caption").is_some() && data.remove("image_transform").is_some());
     assert!(data.remove("flip").is_some());
     let optim = v["optim"].as_object_mut().unwrap();
-    for key in ["adamp_delta", "adamp_wd_ratio", "grad_clip_scope", "layer_decay", "image_backbone_lr_scale"] {
+    let keys = ["adamp_delta", "adamp_wd_ratio", "grad_clip_scope", "layer_decay", "image_backbone_lr_scale"];
+    for key in keys.into_iter().chain(["text_backbone_lr_scale"]) {
         assert!(optim.remove(key).is_some(), "{key}");
     }
     std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
@@ -1256,6 +1257,7 @@ fn a_run_checkpointed_by_an_earlier_curate_resumes_when_only_new_keys_at_their_d
     std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
     let e = train(&clipped, &TrainOptions { resume: true, ..Default::default() }).unwrap_err();
     assert!(e.to_string().contains("differs"), "{e}");
+    assert!(format!("{e:?}").contains("--set optim.grad_clip_scope=tensor"), "{e:?}");
     let per_tensor = config_without_teachers(dir.path(), &["optim.grad_clip_norm=1", "optim.grad_clip_scope=tensor"]);
     let s = train(&per_tensor, &TrainOptions { resume: true, ..Default::default() }).unwrap();
     assert_eq!((s.resumed_at, s.steps), (3, 6));
@@ -1685,6 +1687,9 @@ fn global_clipping_bounds_the_norm_of_all_the_updates_and_per_tensor_each_one() 
     let free = step_norms(&[]);
     assert!(total(&free) > 4.0 * max, "the bound must bind: {}", total(&free));
     let global = step_norms(&["optim.grad_clip_norm=0.05"]);
+    // One coefficient for every tensor.
+    let coef: Vec<f64> = global.iter().zip(&free).filter(|(_, f)| **f > 1e-4).map(|(g, f)| g / f).collect();
+    assert!(coef.iter().all(|c| (c / coef[0] - 1.0).abs() < 0.02), "{coef:?}");
     // These tensors are part of all the gradients: together at most the bound.
     assert!(total(&global) <= max * (1.0 + 1e-3), "{}", total(&global));
     assert!(total(&global) > 0.2 * max, "{}", total(&global));
@@ -1697,7 +1702,12 @@ fn global_clipping_bounds_the_norm_of_all_the_updates_and_per_tensor_each_one() 
 fn an_adamp_run_with_tower_rates_and_global_clipping_resumes_exactly() {
     // AdamP's state (both parameter groups: `Linear` weights read transposed), the per-tower
     // rates and the global clipping, through a checkpoint.
+    // 40 steps, resumed at step 10 (AdamP's `Linear` group must be rebuilt from the
+    // checkpoint's parameter ids, or the resumed run drifts by ~1e-6 from step 14).
     let sets = [
+        "steps=40",
+        "checkpoint_every=10",
+        "loss.type=pcmepp",
         "optim.optimizer=adamp",
         "optim.weight_decay=1e-4",
         "optim.image_backbone_lr_scale=0.01",
@@ -1708,21 +1718,19 @@ fn an_adamp_run_with_tower_rates_and_global_clipping_resumes_exactly() {
     let whole = tempfile::tempdir().unwrap();
     train(&config_without_teachers(whole.path(), &sets), &TrainOptions::default()).unwrap();
     let want = losses(&whole.path().join("out"));
-    assert_eq!(want.len(), 6);
+    assert_eq!(want.len(), 40);
     assert!(want.iter().all(|(_, l)| l.is_finite()), "{want:?}");
     let parts = tempfile::tempdir().unwrap();
     let c = config_without_teachers(parts.path(), &sets);
-    train(&c, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
+    train(&c, &TrainOptions { stop_after: Some(12), ..Default::default() }).unwrap();
     let s = train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
-    assert_eq!((s.resumed_at, s.steps), (3, 6));
+    assert_eq!((s.resumed_at, s.steps), (10, 40));
     assert_eq!(losses(&parts.path().join("out")), want);
     // And AdamP is not AdamW: the same run with AdamW has other losses after its first step.
     let adamw = tempfile::tempdir().unwrap();
     let other: Vec<&str> = sets.iter().map(|s| if s.contains("adamp") { "optim.optimizer=adamw" } else { s }).collect();
     train(&config_without_teachers(adamw.path(), &other), &TrainOptions::default()).unwrap();
-    let w = losses(&adamw.path().join("out"));
-    assert_eq!(w[0], want[0]);
-    assert_ne!(w[1..], want[1..]);
+    assert_ne!(losses(&adamw.path().join("out"))[1..], want[1..]);
 }
 
 #[test]

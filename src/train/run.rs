@@ -27,7 +27,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::config::{ClipScope, TrainConfig};
+use super::config::{ClipScope, OptimConfig, TrainConfig};
 use super::data::{Batch, BatchMaker, Loader, TrainSet};
 use super::dual_encoder::{DualEncoder, Embeddings, Heads};
 use super::optim::{clip_global, linear_weights, LrGroups};
@@ -391,12 +391,16 @@ impl Run {
         Ok(())
     }
 
-    fn load(mut self, dir: &Path, device: &Device) -> Result<(Run, State)> {
+    fn load(mut self, dir: &Path, optim: &OptimConfig, device: &Device) -> Result<(Run, State)> {
         let p = dir.join("state.json");
         let text = std::fs::read_to_string(&p).map_err(|e| Error::io("cannot read", &p, e))?;
         let state: State = serde_json::from_str(&text).map_err(|e| record_err("parse", &p, e))?;
         let p = dir.join("model.bpk");
         self.trainee = self.trainee.try_load_file(&p).map_err(|e| record_err("read", &p, e))?;
+        // The loaded parameters carry the checkpoint's ids: AdamP's `Linear` group is made anew
+        // from them, before the optimisers' state is sorted into groups.
+        self.optim_encoder = super::optim::build(optim, optim.weight_decay, linear_weights(&self.trainee.encoder));
+        self.optim_loss = super::optim::build(optim, 0.0, linear_weights(&self.trainee.loss));
         let p = dir.join("optim_encoder.bpk");
         self.optim_encoder = self.optim_encoder.load(&p).map_err(|e| record_err("read", &p, e))?;
         let p = dir.join("optim_loss.bpk");
@@ -601,9 +605,17 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         let before = std::fs::read_to_string(&config_path).unwrap_or_default();
         let same = before == resolved || earlier_config(&before).is_some_and(|b| b.resolved() == *config);
         if !same {
+            let clipped_per_tensor = earlier_config(&before)
+                .is_some_and(|b| b.optim.grad_clip_scope == ClipScope::Tensor && !before.contains("grad_clip_scope"));
+            let hint = if clipped_per_tensor {
+                "that run clipped each gradient on its own, as curate did before `optim.grad_clip_scope`: resume \
+                 with `--set optim.grad_clip_scope=tensor`"
+            } else {
+                "resume with the same file and `--set` values, or train into a new `output_dir`"
+            };
             return Err(Error::Data {
                 message: format!("the config differs from the one `{}` was trained with", out.display()),
-                hint: Some("resume with the same file and `--set` values, or train into a new `output_dir`".into()),
+                hint: Some(hint.into()),
             });
         }
     }
@@ -682,7 +694,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     };
     let mut start = 0;
     if let Some((step, dir)) = &resume_from {
-        let (r, state) = run.load(dir, &device)?;
+        let (r, state) = run.load(dir, &config.optim, &device)?;
         run = r;
         start = state.step;
         debug_assert_eq!(start, *step);
