@@ -399,8 +399,7 @@ impl Run {
         self.trainee = self.trainee.try_load_file(&p).map_err(|e| record_err("read", &p, e))?;
         // The loaded parameters carry the checkpoint's ids: AdamP's `Linear` group is made anew
         // from them, before the optimisers' state is sorted into groups.
-        self.optim_encoder = super::optim::build(optim, optim.weight_decay, linear_weights(&self.trainee.encoder));
-        self.optim_loss = super::optim::build(optim, 0.0, linear_weights(&self.trainee.loss));
+        (self.optim_encoder, self.optim_loss) = optimisers(optim, &self.trainee.encoder, &self.trainee.loss);
         let p = dir.join("optim_encoder.bpk");
         self.optim_encoder = self.optim_encoder.load(&p).map_err(|e| record_err("read", &p, e))?;
         let p = dir.join("optim_loss.bpk");
@@ -562,6 +561,13 @@ fn zeroshot_line(step: u64, s: &ZeroShotScores) -> serde_json::Value {
     json!({"step": step, "zeroshot_top1": s.top1, "zeroshot_top5": s.top5, "zeroshot_classes": s.classes})
 }
 
+/// The encoders' optimiser (with the config's weight decay) and the loss parameters' (none),
+/// AdamP's `Linear` group made from these parameters' ids.
+fn optimisers(optim: &OptimConfig, encoder: &DualEncoder, loss: &LossParams) -> (ModuleOptimizer, ModuleOptimizer) {
+    let build = super::optim::build;
+    (build(optim, optim.weight_decay, linear_weights(encoder)), build(optim, 0.0, linear_weights(loss)))
+}
+
 /// The config an earlier run recorded in its `config.json`, read as that build meant it: one
 /// written before `optim.grad_clip_scope` existed clipped each tensor on its own.
 fn earlier_config(text: &str) -> Option<TrainConfig> {
@@ -682,11 +688,12 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         _ => None,
     };
     let loss_params = LossParams::init(&config.loss, &device);
+    let (optim_encoder, optim_loss) = optimisers(&config.optim, &encoder, &loss_params);
     let mut run = Run {
         teacher,
         bank,
-        optim_encoder: super::optim::build(&config.optim, config.optim.weight_decay, linear_weights(&encoder)),
-        optim_loss: super::optim::build(&config.optim, 0.0, linear_weights(&loss_params)),
+        optim_encoder,
+        optim_loss,
         trainee: Trainee { encoder, loss: loss_params },
         ema_updates: 0,
         swa: None,
