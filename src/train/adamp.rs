@@ -23,7 +23,7 @@
 //! `Linear` weights their own group, see `optim::linear_weights`).
 
 use burn::optim::{AdaptiveMomentumState, LearningRate, Optimizer};
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Bool, Device, Tensor};
 
 /// AdamP's settings (the `adamp` package's defaults, PCME++'s values).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -90,10 +90,15 @@ impl AdamP {
 
     /// AdamP's projection of the update `perturb` (PyTorch's row layout, `[rows, len]`) for the
     /// weights `w` and gradient `g` in the same layout: the update with the radial component of
-    /// the first view that passes the test taken out, and the case taken.
-    pub fn project(&self, w: Tensor<2>, g: Tensor<2>, perturb: Tensor<2>) -> (Tensor<2>, Projection) {
+    /// the first view that passes the test taken out, and the test's verdicts.
+    ///
+    /// Both views are projected and the verdicts pick between them on the device, so that a step
+    /// never waits to read a value back (on a GPU, one read per weight per step would stall the
+    /// queue).
+    pub fn project(&self, w: Tensor<2>, g: Tensor<2>, perturb: Tensor<2>) -> (Tensor<2>, Verdict) {
         let [rows, len] = w.dims();
-        for (case, shape) in [(Projection::Channel, [rows, len]), (Projection::Layer, [1, rows * len])] {
+        let mut out = Vec::with_capacity(2);
+        for shape in [[rows, len], [1, rows * len]] {
             let (wv, gv) = (w.clone().reshape(shape), g.clone().reshape(shape));
             let eps = self.epsilon;
             // PyTorch's `cosine_similarity`: each norm clamped at ε on its own.
@@ -101,26 +106,28 @@ impl AdamP {
             let g_norm = gv.clone().square().sum_dim(1).sqrt();
             let dot = (gv * wv.clone()).sum_dim(1);
             let cos = dot.div(g_norm.clamp_min(eps).mul(w_norm.clone().clamp_min(eps))).abs();
-            let max = cos.max().into_scalar::<f32>() as f64;
-            if max < self.delta / (shape[1] as f64).sqrt() {
-                let unit = wv.div(w_norm.add_scalar(eps));
-                let p = perturb.reshape(shape);
-                let radial = (unit.clone() * p.clone()).sum_dim(1);
-                let projected = p - unit * radial;
-                return (projected.reshape([rows, len]), case);
-            }
+            let passes = cos.max().lower_elem(self.delta / (shape[1] as f64).sqrt()).reshape([1, 1]);
+            let unit = wv.div(w_norm.add_scalar(eps));
+            let p = perturb.clone().reshape(shape);
+            let radial = (unit.clone() * p.clone()).sum_dim(1);
+            out.push(((p - unit * radial).reshape([rows, len]), passes));
         }
-        (perturb, Projection::None)
+        let (layer, layer_passes) = out.pop().expect("two views");
+        let (channel, channel_passes) = out.pop().expect("two views");
+        let projected = perturb
+            .mask_where(layer_passes.clone().expand([rows, len]), layer)
+            .mask_where(channel_passes.clone().expand([rows, len]), channel);
+        (projected, Verdict { channel: channel_passes, layer: layer_passes })
     }
 
-    /// One step for one tensor, with the case it took.
-    pub fn step_traced<const D: usize>(
+    /// One step for one tensor, with the test's verdicts (`None` for a tensor of one dimension).
+    fn step_on_device<const D: usize>(
         &self,
         lr: LearningRate,
         tensor: Tensor<D>,
         grad: Tensor<D>,
         state: Option<AdaptiveMomentumState<D>>,
-    ) -> (Tensor<D>, AdaptiveMomentumState<D>, Projection) {
+    ) -> (Tensor<D>, AdaptiveMomentumState<D>, Option<Verdict>) {
         let (b1, b2) = (self.beta_1 as f32, self.beta_2 as f32);
         let state = match state {
             Some(mut s) => {
@@ -140,23 +147,66 @@ impl AdamP {
         let correction_2 = 1.0 - self.beta_2.powi(t);
         let denom =
             state.moment_2.clone().sqrt().div_scalar(correction_2.sqrt() as f32).add_scalar(self.epsilon as f32);
-        let mut perturb = state.moment_1.clone().div(denom);
-        let mut case = Projection::None;
-        if D >= 2 {
+        let perturb = state.moment_1.clone().div(denom);
+        let full_decay = (1.0 - lr * self.weight_decay) as f32;
+        let (perturb, decayed, verdict) = if D >= 2 {
             let dims = tensor.dims();
             let (w, g) = (self.channel_view(tensor.clone()), self.channel_view(grad));
-            let (p, c) = self.project(w, g, self.channel_view(perturb));
-            perturb = self.unview(p, dims);
-            case = c;
-        }
-        let ratio = if case == Projection::None { 1.0 } else { self.wd_ratio };
-        let decayed = if self.weight_decay > 0.0 {
-            tensor.mul_scalar((1.0 - lr * self.weight_decay * ratio) as f32)
+            let (p, verdict) = self.project(w, g, self.channel_view(perturb));
+            let decayed = if self.weight_decay > 0.0 {
+                // The decay factor chosen on the device: `wd_ratio` of it for a projected tensor.
+                let device = tensor.device();
+                let projected = verdict.channel.clone().bool_or(verdict.layer.clone()).reshape([1; D]);
+                let factor = Tensor::<D>::full([1; D], full_decay, &device)
+                    .mask_fill(projected, (1.0 - lr * self.weight_decay * self.wd_ratio) as f32);
+                tensor.mul(factor.expand(dims))
+            } else {
+                tensor
+            };
+            (self.unview(p, dims), decayed, Some(verdict))
+        } else if self.weight_decay > 0.0 {
+            (perturb, tensor.mul_scalar(full_decay), None)
         } else {
-            tensor
+            (perturb, tensor, None)
         };
         let updated = decayed.sub(perturb.mul_scalar((lr / correction_1) as f32));
-        (updated, state, case)
+        (updated, state, verdict)
+    }
+
+    /// One step for one tensor, with the case it took (reads the verdicts back: for tests and
+    /// tracing, not for the training loop).
+    pub fn step_traced<const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: Tensor<D>,
+        grad: Tensor<D>,
+        state: Option<AdaptiveMomentumState<D>>,
+    ) -> (Tensor<D>, AdaptiveMomentumState<D>, Projection) {
+        let (updated, state, verdict) = self.step_on_device(lr, tensor, grad, state);
+        (updated, state, verdict.map_or(Projection::None, |v| v.case()))
+    }
+}
+
+/// AdamP's test for one tensor, as `[1, 1]` booleans on its device.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    /// Every channel's gradient was nearly orthogonal to its weights.
+    pub channel: Tensor<2, Bool>,
+    /// The whole tensor's was.
+    pub layer: Tensor<2, Bool>,
+}
+
+impl Verdict {
+    /// The case taken (reads the verdicts back from the device).
+    pub fn case(&self) -> Projection {
+        let read = |t: &Tensor<2, Bool>| t.clone().into_data().iter::<bool>().next().unwrap_or(false);
+        if read(&self.channel) {
+            Projection::Channel
+        } else if read(&self.layer) {
+            Projection::Layer
+        } else {
+            Projection::None
+        }
     }
 }
 
@@ -170,7 +220,7 @@ impl Optimizer for AdamP {
         grad: Tensor<D>,
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
-        let (tensor, state, _) = self.step_traced(lr, tensor, grad, state);
+        let (tensor, state, _) = self.step_on_device(lr, tensor, grad, state);
         (tensor, Some(state))
     }
 
