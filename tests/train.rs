@@ -155,6 +155,35 @@ fn the_memory_banks_first_step_is_infonce_against_a_teacher_that_saw_the_same_ba
 }
 
 #[test]
+fn an_ema_teachers_forward_leaves_the_students_batchnorm_statistics() {
+    // At a rate of 1e-30 no weight moves (by more than a rounding), so the student's BatchNorm
+    // running statistics depend on the batches alone: after OTTER, KD and memory-bank runs, whose EMA teacher (in training mode, spec §5.6) sees
+    // every batch too, they must be those of an InfoNCE run. A teacher sharing them with the
+    // student (burn's `clone`) would update them twice a step.
+    let image_features = |loss: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let ty = format!("loss.type={loss}");
+        let mut sets = vec![ty.as_str(), "steps=3", "checkpoint_every=0", "optim.lr=1e-30"];
+        if loss == "memory_bank" {
+            sets.push("loss.size=16");
+        }
+        let c = config(dir.path(), &sets);
+        train(&c, &TrainOptions::default()).unwrap_or_else(|e| panic!("{loss}: {e}"));
+        let run = curate::train::trained::TrainedRun::load(&dir.path().join("out"), &Device::flex()).unwrap();
+        let s = run.image_size();
+        let pixels: Vec<f32> = (0..2 * 3 * s * s).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
+        run.embed_images(pixels, 2).unwrap()
+    };
+    let plain = image_features("infonce");
+    for loss in ["otter", "kd", "memory_bank"] {
+        let got = image_features(loss);
+        let worst = got.iter().zip(&plain).map(|(a, b)| (a - b).abs() / (1e-3 + b.abs())).fold(0f32, f32::max);
+        println!("{loss}: largest relative difference {worst:e}");
+        assert!(worst < 1e-5, "{loss}: the teacher moved the student's statistics ({worst:e})");
+    }
+}
+
+#[test]
 fn resume_reproduces_the_losses_of_an_uninterrupted_run() {
     // Memory bank: the checkpoint must carry the model, both optimisers (SGD momentum), the EMA
     // teacher, the bank and the EMA count for the losses to match bit for bit.

@@ -224,24 +224,44 @@ pub fn ema_decay(updates: u64, momentum: f64, warmup: bool) -> f64 {
 }
 
 /// `θ' ← m·θ' + (1−m)·θ` for every float parameter of `target`, paired in traversal order with
-/// the parameters of `online` (two instances of the same module type). The new values carry no
-/// graph; each parameter keeps its `require_grad` setting. Integer and boolean tensors are left
-/// as they are.
+/// the parameters of `online` (two instances of the same module type), except BatchNorm's running
+/// statistics: the teacher's buffers are its own, and are not averaged (spec §5.6). The new values
+/// carry no graph; each parameter keeps its `require_grad` setting. Integer and boolean tensors
+/// are left as they are. `target` should come from [`ema_teacher`]: a plain clone would share
+/// its running statistics with `online`.
 pub fn ema_update<M: Module>(target: M, online: &M, momentum: f64) -> M {
-    average(target, online, momentum, false)
+    average(target, online, momentum, Keep::RunningStats)
+}
+
+/// A copy of `student` to be its EMA teacher: the same parameter values and ids, no gradient, and
+/// BatchNorm running statistics of its own. burn's `clone` shares a module's running statistics
+/// between the copies, so that a teacher forward in training mode (the reference's, spec §5.6)
+/// would also move the student's, which its evaluation then uses.
+pub fn ema_teacher<M: Module>(student: &M) -> M {
+    // `valid` and `train` each rebuild every running state from its value.
+    student.clone().valid().train().no_grad()
 }
 
 /// [`ema_update`] of the parameters of `target` that require a gradient only; the others
 /// (BatchNorm's running statistics, which burn shares between a module's copies, so that
 /// mapping them would also round the online module's) are left as they are. SWA's average.
 pub fn ema_update_trainable<M: Module>(target: M, online: &M, momentum: f64) -> M {
-    average(target, online, momentum, true)
+    average(target, online, momentum, Keep::Untrainable)
 }
 
-fn average<M: Module>(target: M, online: &M, momentum: f64, trainable_only: bool) -> M {
+/// What an average leaves as it is.
+#[derive(Clone, Copy, PartialEq)]
+enum Keep {
+    /// BatchNorm's running statistics (found by their field names in a `BatchNorm`).
+    RunningStats,
+    /// Every tensor of `target` that requires no gradient.
+    Untrainable,
+}
+
+fn average<M: Module>(target: M, online: &M, momentum: f64, keep: Keep) -> M {
     let mut collect = Collect(Vec::new());
     online.visit(&mut collect);
-    let mut mapper = Average { online: collect.0.into_iter(), momentum, trainable_only };
+    let mut mapper = Average { online: collect.0.into_iter(), momentum, keep, field: Vec::new() };
     let target = target.map(&mut mapper);
     assert!(mapper.online.next().is_none(), "EMA target has fewer parameters than the online module");
     target
@@ -261,18 +281,39 @@ impl ModuleVisitor for Collect {
 struct Average {
     online: std::vec::IntoIter<Tensor<1>>,
     momentum: f64,
-    /// Leave the tensors that require no gradient as they are.
-    trainable_only: bool,
+    keep: Keep,
+    /// The fields entered, with the type of the struct holding each.
+    field: Vec<(String, String)>,
+}
+
+impl Average {
+    fn in_running_stat(&self) -> bool {
+        matches!(self.field.last(), Some((name, holder))
+            if holder == "Struct:BatchNorm" && (name == "running_mean" || name == "running_var"))
+    }
 }
 
 impl ModuleMapper for Average {
+    fn enter_module(&mut self, name: &str, container_type: &str) {
+        self.field.push((name.to_string(), container_type.to_string()));
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.field.pop();
+    }
+
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         let online = self.online.next().expect("EMA target has more parameters than the online module");
         let m = self.momentum;
-        let trainable_only = self.trainable_only;
+        let keep = self.keep;
+        let running_stat = self.in_running_stat();
         param.map(|t| {
             let require_grad = t.is_require_grad();
-            if trainable_only && !require_grad {
+            let kept = match keep {
+                Keep::RunningStats => running_stat,
+                Keep::Untrainable => !require_grad,
+            };
+            if kept {
                 return t;
             }
             let shape = t.shape();
@@ -331,6 +372,54 @@ mod tests {
         let diff = (target.weight.val() - want_w).abs().max().into_scalar::<f32>();
         let diff_b = (target.bias.unwrap().val() - want_b).abs().max().into_scalar::<f32>();
         assert!(diff < 1e-7 && diff_b < 1e-7, "{diff} {diff_b}");
+    }
+
+    #[derive(Module, Debug)]
+    struct Normed {
+        fc: burn::nn::Linear,
+        bn: burn::nn::BatchNorm,
+    }
+
+    fn normed(d: &Device) -> Normed {
+        Normed { fc: LinearConfig::new(2, 2).init(d), bn: burn::nn::BatchNormConfig::new(2).init(d) }
+    }
+
+    fn running_mean(m: &Normed) -> Vec<f32> {
+        m.bn.running_mean.value_sync().into_data().try_to_vec::<f32>().unwrap()
+    }
+
+    /// A teacher forward in training mode moves the teacher's running statistics, not the
+    /// student's (a plain `clone` would move both: burn shares them between copies).
+    #[test]
+    fn the_teacher_has_running_statistics_of_its_own() {
+        let d = Device::flex().autodiff();
+        let x = Tensor::<4>::from_data(TensorData::new(vec![1.0f32, 5.0, 3.0, 9.0], [2, 2, 1, 1]), &d);
+        let student = normed(&d);
+        let teacher = ema_teacher(&student);
+        let _ = teacher.bn.forward(x.clone());
+        assert_eq!(running_mean(&student), vec![0.0, 0.0], "the student's statistics moved");
+        assert_eq!(running_mean(&teacher), vec![0.2, 0.7], "the teacher's moved by momentum 0.1");
+        assert_eq!(teacher.fc.weight.id, student.fc.weight.id);
+        assert!(!teacher.fc.weight.is_require_grad() && student.fc.weight.is_require_grad());
+        let shared = student.clone();
+        let _ = shared.bn.forward(x);
+        assert_eq!(running_mean(&student), vec![0.2, 0.7], "burn's clone shares them (why ema_teacher exists)");
+    }
+
+    /// The EMA averages BatchNorm's weights and leaves its running statistics (spec §5.6).
+    #[test]
+    fn ema_leaves_running_statistics_and_averages_the_rest() {
+        let d = Device::flex();
+        let online = normed(&d);
+        let mut target = ema_teacher(&normed(&d));
+        target.bn.gamma = target.bn.gamma.map(|t| t.mul_scalar(3.0));
+        target.bn.running_mean = burn::module::RunningState::new(Tensor::from_floats([4.0, 8.0], &d));
+        let target = ema_update(target, &online, 0.5);
+        assert_eq!(running_mean(&target), vec![4.0, 8.0]);
+        let gamma = target.bn.gamma.val().into_data().try_to_vec::<f32>().unwrap();
+        assert_eq!(gamma, vec![2.0, 2.0], "(3 + 1) / 2");
+        let v = target.bn.running_var.value_sync().into_data().try_to_vec::<f32>().unwrap();
+        assert_eq!(v, vec![1.0, 1.0]);
     }
 
     #[test]

@@ -14,7 +14,9 @@
 //!
 //! EMA teachers (memory bank, KD, OTTER): a copy of the student at initialisation, updated at
 //! the start of every step, before the teacher forward (spec `bow-and-otter.md` §4 step 2, §5.6),
-//! in training mode (BatchNorm on batch statistics; `teacher_train_mode = true`).
+//! in training mode (BatchNorm on batch statistics, as the reference). The teacher's BatchNorm
+//! running statistics are its own (`ema_teacher`; burn's `clone` would share the student's, and
+//! the teacher's forwards would move them) and are not averaged.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -35,7 +37,7 @@ use super::zeroshot::{ZeroShot, ZeroShotScores};
 use crate::error::{Error, Result};
 use crate::losses::common::{l2_normalize, LogitScale};
 use crate::losses::cusa::{cusa, CusaBatch, CusaTemperatures};
-use crate::losses::memory_bank::{ema_decay, ema_update, ema_update_trainable, MemoryBank};
+use crate::losses::memory_bank::{ema_decay, ema_teacher, ema_update, ema_update_trainable, MemoryBank};
 use crate::losses::pcmepp::{msda_labels, pair_labels, pcmepp, MatchScale};
 use crate::losses::{infonce, kd, label_smoothing, otter, LossConfig};
 
@@ -682,7 +684,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     }
 
     let ema = teacher_momentum(&config.loss);
-    let teacher = ema.map(|_| encoder.clone().no_grad());
+    let teacher = ema.map(|_| ema_teacher(&encoder));
     let bank = match &config.loss {
         LossConfig::MemoryBank(c) => Some(MemoryBank::new(c.size, config.model.embed_dim, &device)),
         _ => None,
