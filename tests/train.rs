@@ -1828,3 +1828,104 @@ fn a_gpo_run_trains_its_poolers_and_resumes_exactly() {
     let e = run.embed_images(pixels, 2).unwrap();
     assert!(e.iter().all(|x| x.is_finite()));
 }
+
+#[test]
+fn head_styles_build_the_heads_of_each_paper() {
+    // CUSA (§2.1): Linear(LayerNorm(f)) on the cross-modal and uni-modal heads, weights
+    // N(0, 0.02); PCME++ (§3.1): the image heads Xavier-uniform with bias 0. The tiny text tower is
+    // 64-d, as the embedding here: only the papers' styles give it a head.
+    let dir = tempfile::tempdir().unwrap();
+    let device = Device::flex();
+    let heads = Heads { uni: true, log_variance: true };
+    let build = |style: &str| {
+        let s = format!("model.head_style={style}");
+        let c = config(dir.path(), &["model.embed_dim=64", "model.log_variance_bias=-2", &s]);
+        (DualEncoder::init(&c.model, heads, 0, &device).unwrap(), c)
+    };
+    let flat = |l: &burn::nn::Linear| {
+        let w = l.weight.val().into_data().try_to_vec::<f32>().unwrap();
+        let b = l.bias.as_ref().unwrap().val().into_data().try_to_vec::<f32>().unwrap();
+        (w, b)
+    };
+    let max_abs = |v: &[f32]| v.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let std = |v: &[f32]| {
+        let m = v.iter().sum::<f32>() / v.len() as f32;
+        (v.iter().map(|x| (x - m) * (x - m)).sum::<f32>() / v.len() as f32).sqrt()
+    };
+    // Uniform in ±bound: every value inside, the largest near it.
+    let uniform = |v: &[f32], bound: f32| max_abs(v) <= bound && max_abs(v) > 0.95 * bound;
+
+    let (linear, _) = build("linear");
+    assert!(linear.text_proj.is_none() && linear.image_proj_norm.is_none() && linear.image_uni_norm.is_none());
+    let (w, b) = flat(&linear.image_proj);
+    assert!(uniform(&w, 1.0 / 16.0) && uniform(&b, 1.0 / 16.0), "PyTorch's default for 256 inputs");
+
+    let (cusa, c) = build("cusa");
+    for (name, l) in [
+        ("image_proj", &cusa.image_proj),
+        ("text_proj", cusa.text_proj.as_ref().unwrap()),
+        ("image_uni", cusa.image_uni.as_ref().unwrap()),
+        ("text_uni", cusa.text_uni.as_ref().unwrap()),
+    ] {
+        let (w, b) = flat(l);
+        assert!((std(&w) - 0.02).abs() < 0.002 && max_abs(&w) < 0.2, "{name}: std {}", std(&w));
+        assert!(max_abs(&b) > 0.0, "{name}: the bias keeps PyTorch's default");
+    }
+    for n in [&cusa.image_proj_norm, &cusa.text_proj_norm, &cusa.image_uni_norm, &cusa.text_uni_norm] {
+        let n = n.as_ref().expect("a LayerNorm before each CUSA head");
+        assert!(n.gamma.val().into_data().try_to_vec::<f32>().unwrap().iter().all(|&g| g == 1.0));
+    }
+    // The cross-modal head is the Linear of the features normalised per row.
+    let x = Tensor::<4>::from_data(
+        TensorData::new(
+            (0..2 * 3 * 16 * 16).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect::<Vec<_>>(),
+            [2, 3, 16, 16],
+        ),
+        &device,
+    );
+    let f = cusa.valid().image_features(x.clone());
+    let centred = f.clone() - f.clone().mean_dim(1);
+    let normed = centred.clone() / centred.square().mean_dim(1).add_scalar(1e-5).sqrt();
+    let want = cusa.image_proj.forward(normed).into_data().try_to_vec::<f32>().unwrap();
+    let got = cusa.valid().encode_image(x).into_data().try_to_vec::<f32>().unwrap();
+    for (a, b) in got.iter().zip(&want) {
+        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} against {b}");
+    }
+    assert_eq!(c.model.head_style, curate::train::config::HeadStyle::Cusa);
+
+    let (pcme, _) = build("pcmepp");
+    assert!(pcme.image_proj_norm.is_none() && pcme.text_proj_norm.is_none());
+    let xavier = (6.0f32 / (256.0 + 64.0)).sqrt();
+    let (w, b) = flat(&pcme.image_proj);
+    assert!(uniform(&w, xavier) && b.iter().all(|&x| x == 0.0), "image μ head: Xavier-uniform, bias 0");
+    let (w, b) = flat(pcme.image_log_var.as_ref().unwrap());
+    assert!(uniform(&w, xavier) && b.iter().all(|&x| x == -2.0), "image log-variance head: log_variance_bias");
+    let (w, b) = flat(pcme.text_proj.as_ref().unwrap());
+    assert!(uniform(&w, 1.0 / 8.0) && uniform(&b, 1.0 / 8.0), "text μ head: PyTorch's default");
+
+    let file = dir.path().join("train.toml");
+    let e = TrainConfig::load(&file, &["model.head_style=clip".into()]).unwrap_err().to_string();
+    assert!(e.contains("head_style") && e.contains("cusa") && e.contains("pcmepp"), "{e}");
+}
+
+#[test]
+fn runs_with_the_papers_heads_train_resume_and_reload() {
+    for (style, loss) in [("cusa", "cusa"), ("pcmepp", "pcmepp")] {
+        let sets = [format!("model.head_style={style}"), format!("loss.type={loss}")];
+        let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+        let whole = tempfile::tempdir().unwrap();
+        train(&config(whole.path(), &sets), &TrainOptions::default()).unwrap();
+        let want = losses(&whole.path().join("out"));
+        assert!(want.len() == 6 && want.iter().all(|(_, l)| l.is_finite()), "{style}: {want:?}");
+        let parts = tempfile::tempdir().unwrap();
+        let c = config(parts.path(), &sets);
+        train(&c, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
+        train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
+        assert_eq!(losses(&parts.path().join("out")), want, "{style}");
+        let run = curate::train::trained::TrainedRun::load(&whole.path().join("out"), &Device::flex()).unwrap();
+        assert_eq!(run.model.image_proj_norm.is_some(), style == "cusa", "{style}: rebuilt from config.json");
+        let s = run.image_size();
+        let pixels: Vec<f32> = (0..2 * 3 * s * s).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
+        assert!(run.embed_images(pixels, 2).unwrap().iter().all(|x| x.is_finite()), "{style}");
+    }
+}

@@ -87,7 +87,20 @@ enum Init {
     ByName,
     /// Uniform in `[-bound, bound]` (PyTorch's Linear/Conv default: `bound = 1/√fan_in`).
     Uniform(f64),
+    /// N(0, std²).
+    Normal(f64),
     Const(f32),
+}
+
+/// How [`Weights::linear_init`] draws a new Linear layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LinearInit {
+    /// PyTorch's default: weight and bias uniform in `±1/√fan_in`.
+    PyTorch,
+    /// Weight ~ N(0, std²), bias PyTorch's default.
+    Normal(f64),
+    /// Weight Xavier-uniform (`±√(6/(fan_in + fan_out))`), bias 0.
+    XavierUniform,
 }
 
 impl Weights {
@@ -277,12 +290,36 @@ impl Weights {
     /// `[out]` (`nn.MultiheadAttention`'s `in_proj_weight`/`in_proj_bias`, `Linear(bias=False)`).
     pub fn linear_named(&self, weight: &str, bias: Option<&str>, d_in: usize, d_out: usize, device: &Device) -> Linear {
         let bound = Init::Uniform((d_in as f64).sqrt().recip());
+        self.linear_with(weight, bias, [d_in, d_out], [bound, bound], device)
+    }
+
+    /// A linear map `{prefix}.weight`, `{prefix}.bias` drawn as `init` says (when random; a
+    /// checkpoint's values otherwise).
+    pub fn linear_init(&self, prefix: &str, d_in: usize, d_out: usize, init: LinearInit, device: &Device) -> Linear {
+        let default = Init::Uniform((d_in as f64).sqrt().recip());
+        let inits = match init {
+            LinearInit::PyTorch => [default, default],
+            LinearInit::Normal(std) => [Init::Normal(std), default],
+            LinearInit::XavierUniform => [Init::Uniform((6.0 / (d_in + d_out) as f64).sqrt()), Init::Const(0.0)],
+        };
+        let (weight, bias) = (format!("{prefix}.weight"), format!("{prefix}.bias"));
+        self.linear_with(&weight, Some(&bias), [d_in, d_out], inits, device)
+    }
+
+    fn linear_with(
+        &self,
+        weight: &str,
+        bias: Option<&str>,
+        [d_in, d_out]: [usize; 2],
+        [weight_init, bias_init]: [Init; 2],
+        device: &Device,
+    ) -> Linear {
         let w = match self.random {
             // Drawn in PyTorch's `[out, in]` order, transposed on the host: a contiguous weight,
             // so a fresh model and its reloaded checkpoint take the same matmul path.
             Some(seed) => {
                 self.used.borrow_mut().insert(weight.to_owned());
-                let v = random_values(seed, weight, d_out * d_in, bound);
+                let v = random_values(seed, weight, d_out * d_in, weight_init);
                 let mut t = vec![0f32; d_in * d_out];
                 for o in 0..d_out {
                     for i in 0..d_in {
@@ -291,9 +328,9 @@ impl Weights {
                 }
                 Tensor::from_data(TensorData::new(t, [d_in, d_out]), device)
             }
-            None => self.tensor_init(weight, [d_out, d_in], bound, device).transpose(),
+            None => self.tensor_init(weight, [d_out, d_in], weight_init, device).transpose(),
         };
-        let b = bias.map(|b| self.param_init(b, [d_out], bound, device));
+        let b = bias.map(|b| self.param_init(b, [d_out], bias_init, device));
         Linear { weight: Param::from_tensor(w), bias: b }
     }
 
@@ -411,6 +448,8 @@ fn placeholder<const D: usize>(shape: [usize; D]) -> Tensor<D> {
 fn random_values(seed: u64, name: &str, n: usize, init: Init) -> Vec<f32> {
     let init = match init {
         Init::ByName if name.ends_with("bias") => Init::Const(0.0),
+        // BERT's `initializer_range`.
+        Init::ByName => Init::Normal(0.02),
         other => other,
     };
     let mut rng = crate::rng::RowRng::new(seed, "init", name);
@@ -418,12 +457,13 @@ fn random_values(seed: u64, name: &str, n: usize, init: Init) -> Vec<f32> {
     match init {
         Init::Const(v) => vec![v; n],
         Init::Uniform(bound) => (0..n).map(|_| ((2.0 * unit() - 1.0) * bound) as f32).collect(),
-        Init::ByName => (0..n)
+        Init::Normal(std) => (0..n)
             .map(|_| {
                 let (u1, u2) = (unit(), unit());
-                ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * 0.02) as f32
+                ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * std) as f32
             })
             .collect(),
+        Init::ByName => unreachable!("resolved above"),
     }
 }
 

@@ -100,6 +100,25 @@ pub struct ModelConfig {
     /// always project the pooled features.
     #[serde(default)]
     pub gpo: bool,
+    /// The new heads' structure and initialisation: `linear` (the default: one Linear, PyTorch's
+    /// default init), `cusa` (spec `cusa-and-pcmepp.md` §2.1: `Linear(LayerNorm(f))` for the
+    /// cross-modal and uni-modal heads, Linear weights ~ N(0, 0.02), biases PyTorch's default,
+    /// LayerNorm (1, 0)) or `pcmepp` (§3.1: the image tower's Linears Xavier-uniform with bias 0,
+    /// the text tower's PyTorch's default; the log-variance heads' bias stays
+    /// `log_variance_bias`). With `cusa` or `pcmepp` the text tower gets its cross-modal head
+    /// unless `model.text.projection = false`, as in both references.
+    #[serde(default)]
+    pub head_style: HeadStyle,
+}
+
+/// See [`ModelConfig::head_style`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeadStyle {
+    #[default]
+    Linear,
+    Cusa,
+    Pcmepp,
 }
 
 fn default_embed_dim() -> usize {

@@ -12,16 +12,16 @@
 //! [`Weights::random`] (training from scratch); the new heads are always random, seeded.
 
 use burn::module::Module;
-use burn::nn::Linear;
+use burn::nn::{LayerNorm, Linear};
 use burn::tensor::{Device, Int, Tensor};
 
-use super::config::{ImagePreset, ModelConfig};
+use super::config::{HeadStyle, ImagePreset, ModelConfig};
 use crate::error::Result;
 use crate::models::bert::{Bert, BertConfig};
 use crate::models::gpo::Gpo;
 use crate::models::pooling::{pool, Pooling};
 use crate::models::resnet::{ResNet, ResNetConfig};
-use crate::models::weights::Weights;
+use crate::models::weights::{LinearInit, Weights};
 
 /// Which extra heads the loss needs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -47,6 +47,11 @@ pub struct DualEncoder {
     pub text_gpo: Option<Gpo>,
     pub image_log_var_gpo: Option<Gpo>,
     pub text_log_var_gpo: Option<Gpo>,
+    /// `model.head_style = "cusa"`: the LayerNorms before the cross-modal and uni-modal heads.
+    pub image_proj_norm: Option<LayerNorm>,
+    pub text_proj_norm: Option<LayerNorm>,
+    pub image_uni_norm: Option<LayerNorm>,
+    pub text_uni_norm: Option<LayerNorm>,
     #[module(skip)]
     pub pooling: Pooling,
 }
@@ -58,21 +63,22 @@ struct TowerOut {
 }
 
 impl TowerOut {
-    /// A head (`None`: the identity) on the pooled features, or on every token then pooled by
-    /// `gpo`.
-    fn head(&self, linear: Option<&Linear>, gpo: Option<&Gpo>) -> Tensor<2> {
-        match (gpo, &self.tokens) {
-            (Some(g), Some((t, lengths))) => {
-                let t = match linear {
-                    Some(l) => l.forward(t.clone()),
-                    None => t.clone(),
-                };
-                g.forward(t, lengths)
+    /// A head (`None`: the identity), after `norm` where there is one, on the pooled features,
+    /// or on every token then pooled by `gpo`.
+    fn head(&self, norm: Option<&LayerNorm>, linear: Option<&Linear>, gpo: Option<&Gpo>) -> Tensor<2> {
+        fn apply<const D: usize>(x: Tensor<D>, norm: Option<&LayerNorm>, linear: Option<&Linear>) -> Tensor<D> {
+            let x = match norm {
+                Some(n) => n.forward(x),
+                None => x,
+            };
+            match linear {
+                Some(l) => l.forward(x),
+                None => x,
             }
-            _ => match linear {
-                Some(l) => l.forward(self.pooled.clone()),
-                None => self.pooled.clone(),
-            },
+        }
+        match (gpo, &self.tokens) {
+            (Some(g), Some((t, lengths))) => g.forward(apply(t.clone(), norm, linear), lengths),
+            _ => apply(self.pooled.clone(), norm, linear),
         }
     }
 }
@@ -110,8 +116,7 @@ fn resnet_config(c: &super::config::ImageModelConfig) -> ResNetConfig {
 }
 
 /// A PCME++ log-variance head with its bias set to `model.log_variance_bias`.
-fn log_var_head(w: &Weights, name: &str, d_in: usize, c: &ModelConfig, device: &Device) -> Linear {
-    let mut head = w.linear(name, d_in, c.embed_dim, device);
+fn log_var_bias(mut head: Linear, c: &ModelConfig, device: &Device) -> Linear {
     let bias = Tensor::<1>::full([c.embed_dim], c.log_variance_bias, device);
     head.bias = Some(burn::module::Param::from_tensor(bias));
     head
@@ -133,7 +138,8 @@ impl DualEncoder {
             Bert::from_weights(&bc, &w, device)
         };
         let (fi, ft, d) = (rc.feature_dim(), bc.hidden_size, c.embed_dim);
-        let project_text = c.text.projection.unwrap_or(ft != d);
+        let style = c.head_style;
+        let project_text = c.text.projection.unwrap_or(ft != d || style != HeadStyle::Linear);
         if !project_text && ft != d {
             return Err(crate::Error::Model {
                 message: format!("the text tower is {ft}-d but `model.embed_dim` is {d}"),
@@ -142,20 +148,36 @@ impl DualEncoder {
         }
         // New heads: their own seeded stream, so they do not depend on the towers' source.
         let w = Weights::random(seed ^ 0x6865_6164);
+        let (image_init, text_init) = match style {
+            HeadStyle::Linear => (LinearInit::PyTorch, LinearInit::PyTorch),
+            HeadStyle::Cusa => (LinearInit::Normal(0.02), LinearInit::Normal(0.02)),
+            HeadStyle::Pcmepp => (LinearInit::XavierUniform, LinearInit::PyTorch),
+        };
+        let image_head = |name: &str| w.linear_init(name, fi, d, image_init, device);
+        let text_head = |name: &str| w.linear_init(name, ft, d, text_init, device);
+        // PyTorch's LayerNorm defaults (ε 1e-5), as the CUSA reference's.
+        let norm = |name: &str, width: usize| {
+            (style == HeadStyle::Cusa).then(|| w.layer_norm(&format!("{name}_norm"), width, 1e-5, device))
+        };
+        let log_var = heads.log_variance;
         Ok(DualEncoder {
             image,
-            image_proj: w.linear("image_proj", fi, d, device),
+            image_proj: image_head("image_proj"),
             text,
-            text_proj: project_text.then(|| w.linear("text_proj", ft, d, device)),
-            image_uni: heads.uni.then(|| w.linear("image_uni", fi, d, device)),
-            text_uni: heads.uni.then(|| w.linear("text_uni", ft, d, device)),
-            image_log_var: heads.log_variance.then(|| log_var_head(&w, "image_log_var", fi, c, device)),
-            text_log_var: heads.log_variance.then(|| log_var_head(&w, "text_log_var", ft, c, device)),
+            text_proj: project_text.then(|| text_head("text_proj")),
+            image_uni: heads.uni.then(|| image_head("image_uni")),
+            text_uni: heads.uni.then(|| text_head("text_uni")),
+            image_log_var: log_var.then(|| log_var_bias(image_head("image_log_var"), c, device)),
+            text_log_var: log_var.then(|| log_var_bias(text_head("text_log_var"), c, device)),
             image_gpo: c.gpo.then(|| Gpo::from_weights(&w, "image_gpo", device)),
             text_gpo: c.gpo.then(|| Gpo::from_weights(&w, "text_gpo", device)),
             image_log_var_gpo: (c.gpo && heads.log_variance)
                 .then(|| Gpo::from_weights(&w, "image_log_var_gpo", device)),
             text_log_var_gpo: (c.gpo && heads.log_variance).then(|| Gpo::from_weights(&w, "text_log_var_gpo", device)),
+            image_proj_norm: norm("image_proj", fi),
+            text_proj_norm: if project_text { norm("text_proj", ft) } else { None },
+            image_uni_norm: if heads.uni { norm("image_uni", fi) } else { None },
+            text_uni_norm: if heads.uni { norm("text_uni", ft) } else { None },
             pooling: c.text.pooling,
         })
     }
@@ -225,7 +247,7 @@ impl DualEncoder {
     /// # Shapes
     /// - `images`: `[B, 3, H, W]` → `[B, embed_dim]`
     pub fn encode_image(&self, images: Tensor<4>) -> Tensor<2> {
-        self.image_out(images).head(Some(&self.image_proj), self.image_gpo.as_ref())
+        self.image_out(images).head(self.image_proj_norm.as_ref(), Some(&self.image_proj), self.image_gpo.as_ref())
     }
 
     /// The cross-modal image embedding and, with PCME++'s heads, its log-variance `v`.
@@ -234,8 +256,8 @@ impl DualEncoder {
     /// - `images`: `[B, 3, H, W]` → (`[B, embed_dim]`, `[B, embed_dim]`)
     pub fn encode_image_with_log_var(&self, images: Tensor<4>) -> (Tensor<2>, Option<Tensor<2>>) {
         let o = self.image_out(images);
-        let v = self.image_log_var.as_ref().map(|h| o.head(Some(h), self.image_log_var_gpo.as_ref()));
-        (o.head(Some(&self.image_proj), self.image_gpo.as_ref()), v)
+        let v = self.image_log_var.as_ref().map(|h| o.head(None, Some(h), self.image_log_var_gpo.as_ref()));
+        (o.head(self.image_proj_norm.as_ref(), Some(&self.image_proj), self.image_gpo.as_ref()), v)
     }
 
     /// The cross-modal text embedding and, with PCME++'s heads, its log-variance `v`.
@@ -248,8 +270,8 @@ impl DualEncoder {
         mask: Tensor<2, Int>,
     ) -> (Tensor<2>, Option<Tensor<2>>) {
         let o = self.text_out(ids, mask);
-        let v = self.text_log_var.as_ref().map(|h| o.head(Some(h), self.text_log_var_gpo.as_ref()));
-        (o.head(self.text_proj.as_ref(), self.text_gpo.as_ref()), v)
+        let v = self.text_log_var.as_ref().map(|h| o.head(None, Some(h), self.text_log_var_gpo.as_ref()));
+        (o.head(self.text_proj_norm.as_ref(), self.text_proj.as_ref(), self.text_gpo.as_ref()), v)
     }
 
     /// The cross-modal text embedding.
@@ -257,7 +279,7 @@ impl DualEncoder {
     /// # Shapes
     /// - `ids`, `mask`: `[B, S]` → `[B, embed_dim]`
     pub fn encode_text(&self, ids: Tensor<2, Int>, mask: Tensor<2, Int>) -> Tensor<2> {
-        self.text_out(ids, mask).head(self.text_proj.as_ref(), self.text_gpo.as_ref())
+        self.text_out(ids, mask).head(self.text_proj_norm.as_ref(), self.text_proj.as_ref(), self.text_gpo.as_ref())
     }
 
     /// Everything the losses need from one batch.
@@ -266,14 +288,17 @@ impl DualEncoder {
     /// - `images`: `[B, 3, H, W]`, `ids`, `mask`: `[B, S]` → [`Embeddings`] of `[B, embed_dim]`
     pub fn forward(&self, images: Tensor<4>, ids: Tensor<2, Int>, mask: Tensor<2, Int>) -> Embeddings {
         let (i, t) = (self.image_out(images), self.text_out(ids, mask));
-        let pooled = |h: &Option<Linear>, o: &TowerOut| h.as_ref().map(|h| h.forward(o.pooled.clone()));
+        // CUSA's uni-modal heads project the pooled features (no GPO).
+        let uni = |n: &Option<LayerNorm>, h: &Option<Linear>, o: &TowerOut| {
+            h.as_ref().map(|h| o.head(n.as_ref(), Some(h), None))
+        };
         Embeddings {
-            image: i.head(Some(&self.image_proj), self.image_gpo.as_ref()),
-            text: t.head(self.text_proj.as_ref(), self.text_gpo.as_ref()),
-            image_uni: pooled(&self.image_uni, &i),
-            text_uni: pooled(&self.text_uni, &t),
-            image_log_var: self.image_log_var.as_ref().map(|h| i.head(Some(h), self.image_log_var_gpo.as_ref())),
-            text_log_var: self.text_log_var.as_ref().map(|h| t.head(Some(h), self.text_log_var_gpo.as_ref())),
+            image: i.head(self.image_proj_norm.as_ref(), Some(&self.image_proj), self.image_gpo.as_ref()),
+            text: t.head(self.text_proj_norm.as_ref(), self.text_proj.as_ref(), self.text_gpo.as_ref()),
+            image_uni: uni(&self.image_uni_norm, &self.image_uni, &i),
+            text_uni: uni(&self.text_uni_norm, &self.text_uni, &t),
+            image_log_var: self.image_log_var.as_ref().map(|h| i.head(None, Some(h), self.image_log_var_gpo.as_ref())),
+            text_log_var: self.text_log_var.as_ref().map(|h| t.head(None, Some(h), self.text_log_var_gpo.as_ref())),
         }
     }
 }
