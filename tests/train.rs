@@ -1929,3 +1929,89 @@ fn runs_with_the_papers_heads_train_resume_and_reload() {
         assert!(run.embed_images(pixels, 2).unwrap().iter().all(|x| x.is_finite()), "{style}");
     }
 }
+
+#[test]
+fn image_token_dropping_trains_resumes_exactly_and_needs_gpo() {
+    // 64-px images: a 2 × 2 grid, so the image GPOs pool two to four cells.
+    let base = ["model.gpo=true", "model.image_size_px=64", "loss.type=pcmepp"];
+    let with: Vec<&str> = base.iter().copied().chain(["model.image_token_drop=0.5"]).collect();
+    let whole = tempfile::tempdir().unwrap();
+    train(&config_without_teachers(whole.path(), &with), &TrainOptions::default()).unwrap();
+    let want = losses(&whole.path().join("out"));
+    assert!(want.len() == 6 && want.iter().all(|(_, l)| l.is_finite()), "{want:?}");
+    let parts = tempfile::tempdir().unwrap();
+    let c = config_without_teachers(parts.path(), &with);
+    train(&c, &TrainOptions { stop_after: Some(3), ..Default::default() }).unwrap();
+    train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
+    assert_eq!(losses(&parts.path().join("out")), want, "a resumed run drops the same cells");
+    let plain = tempfile::tempdir().unwrap();
+    train(&config_without_teachers(plain.path(), &base), &TrainOptions::default()).unwrap();
+    assert_ne!(losses(&plain.path().join("out"))[0], want[0], "dropping changed the first loss");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("train.toml");
+    std::fs::write(&file, BASE).unwrap();
+    let out = format!("output_dir={}", dir.path().join("out").display());
+    let e = TrainConfig::load(&file, &[out.clone(), "model.image_token_drop=0.2".into()]).unwrap_err().to_string();
+    assert!(e.contains("model.image_token_drop") && e.contains("model.gpo = true"), "{e}");
+    let e = TrainConfig::load(&file, &[out, "model.gpo=true".into(), "model.image_token_drop=1".into()]).unwrap_err();
+    assert!(e.to_string().contains("in [0, 1)"), "{e}");
+}
+
+#[test]
+fn the_first_logged_cusa_and_pcmepp_losses_are_those_of_the_first_batch_wired_by_hand() {
+    // The trainer's wiring of the heads into the losses, recomputed from the public pieces: the
+    // cross-modal and uni-modal heads, each teacher's features, μ normalised, each tower's
+    // log-variance, the labels from the image ids. A swap of any two (or a μ left unnormalised)
+    // parts the two losses.
+    use curate::losses::cusa::{cusa, CusaBatch, CusaTemperatures};
+    use curate::losses::pcmepp::{pair_labels, pcmepp, MatchScale};
+    use curate::losses::LossConfig;
+    use curate::models::pooling::l2_normalize;
+    for loss in ["cusa", "pcmepp"] {
+        let dir = tempfile::tempdir().unwrap();
+        let ty = format!("loss.type={loss}");
+        let c = config(dir.path(), &[&ty, "steps=1", "checkpoint_every=0"]);
+        train(&c, &TrainOptions::default()).unwrap();
+        let logged = losses(&dir.path().join("out"))[0].1;
+
+        let device = Device::flex().autodiff();
+        let maker = BatchMaker::new(Arc::new(TrainSet::load(&c).unwrap()), &c).unwrap();
+        let batch = maker.make(0, &maker.epoch_order(0)).unwrap();
+        let (b, s) = (batch.rows.len(), c.model.image_size_px);
+        let images = Tensor::<4>::from_data(TensorData::new(batch.images.clone(), [b, 3, s, s]), &device);
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(batch.ids.clone(), [b, batch.seq]), &device);
+        let mask = Tensor::<2, Int>::from_data(TensorData::new(batch.mask.clone(), [b, batch.seq]), &device);
+        let heads = Heads { uni: loss == "cusa", log_variance: loss == "pcmepp" };
+        let model = DualEncoder::init(&c.model, heads, c.seed, &device).unwrap();
+        let e = model.forward(images, ids, mask);
+        let features = |v: &Option<Vec<f32>>| {
+            let v = v.clone().unwrap();
+            Tensor::<2>::from_data(TensorData::new(v.clone(), [b, v.len() / b]), &device)
+        };
+        let by_hand = match &c.loss {
+            LossConfig::Cusa(cc) => {
+                let batch_in = CusaBatch {
+                    image_cross: e.image,
+                    text_cross: e.text,
+                    image_uni: e.image_uni.unwrap(),
+                    text_uni: e.text_uni.unwrap(),
+                    teacher_image: features(&batch.teacher_image),
+                    teacher_text: features(&batch.teacher_text),
+                    image_ids: &batch.image_ids,
+                };
+                cusa(batch_in, &CusaTemperatures::init(cc, &device), cc).loss
+            }
+            LossConfig::Pcmepp(pc) => {
+                let m = MatchScale::init(pc, &device);
+                let labels = pair_labels(&batch.image_ids, pc.label_smoothing, &device);
+                let (mv, vv) = (l2_normalize(e.image), e.image_log_var.unwrap());
+                let (mt, vt) = (l2_normalize(e.text), e.text_log_var.unwrap());
+                pcmepp(mv, vv, mt, vt, m.a.val(), m.b.val(), labels, pc).loss
+            }
+            _ => unreachable!(),
+        };
+        let by_hand = by_hand.into_scalar::<f32>() as f64;
+        assert!((logged - by_hand).abs() <= 1e-5 * by_hand.abs(), "{loss}: logged {logged}, by hand {by_hand}");
+    }
+}

@@ -156,10 +156,112 @@ impl Gpo {
     }
 }
 
+/// VSE∞'s size augmentation, PCME++'s image token dropping (spec `cusa-and-pcmepp.md` §3.9,
+/// rate 0.2), for one training step: which tokens each image keeps, drawn from
+/// `(seed, step, row)` alone, so that a resumed run drops the same ones.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenDrop {
+    pub rate: f64,
+    pub seed: u64,
+    pub step: u64,
+}
+
+impl TokenDrop {
+    /// The tokens (of `n`, ascending) that row `row` keeps. With `q ~ U(0, 1)`: when `q > rate`,
+    /// token `k` stays iff `u_k > rate · q` (`u_k ~ U(0, 1)`); otherwise every token stays.
+    /// Should every `u_k` fall below, the token with the largest stays: GPO pools at least one
+    /// (the reference would pool none; with its 49 or more tokens that never happens, with the
+    /// four cells of a 2 × 2 grid it is one draw in a few thousand).
+    pub fn keep(&self, row: usize, n: usize) -> Vec<usize> {
+        let mut rng = crate::rng::RowRng::new(self.seed, "image_token_drop", &format!("{}/{row}", self.step));
+        let mut unit = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        let q = unit();
+        if q <= self.rate {
+            return (0..n).collect();
+        }
+        let u: Vec<f64> = (0..n).map(|_| unit()).collect();
+        let kept: Vec<usize> = (0..n).filter(|&k| u[k] > self.rate * q).collect();
+        if kept.is_empty() {
+            let best = (0..n).max_by(|&a, &b| u[a].total_cmp(&u[b])).into_iter().collect();
+            return best;
+        }
+        kept
+    }
+
+    /// `tokens` with each row's kept tokens moved to the front, in order, and their counts (the
+    /// rest of each row is padding, which GPO leaves out).
+    ///
+    /// # Shapes
+    /// - `tokens`: `[B, N, D]` → `[B, N, D]`
+    pub fn apply(&self, tokens: Tensor<3>) -> (Tensor<3>, Vec<usize>) {
+        let [b, n, d] = tokens.dims();
+        let mut index = Vec::with_capacity(b * n);
+        let mut lengths = Vec::with_capacity(b);
+        for row in 0..b {
+            let kept = self.keep(row, n);
+            lengths.push(kept.len());
+            index.extend(kept.iter().map(|&k| k as i64));
+            index.extend(std::iter::repeat_n(0i64, n - kept.len()));
+        }
+        let device = tokens.device();
+        let index = Tensor::<2, Int>::from_data(TensorData::new(index, [b, n]), &device);
+        (tokens.gather(1, index.unsqueeze_dim::<3>(2).expand([b, n, d])), lengths)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::Value;
+
+    /// The draws follow §3.9, measured against closed forms. With rate r and
+    /// `n` tokens, a token is dropped with probability `E[r q; q > r] = r (1 − r²) / 2` and a row
+    /// keeps all its tokens with probability `r + ∫_r^1 (1 − r q)^n dq`.
+    #[test]
+    fn token_drop_draws_as_the_size_augmentation() {
+        let (r, n, rows) = (0.2, 49, 20_000);
+        let drop = TokenDrop { rate: r, seed: 7, step: 3 };
+        let (mut dropped, mut whole) = (0usize, 0usize);
+        for row in 0..rows {
+            let kept = drop.keep(row, n);
+            assert!(!kept.is_empty() && kept.windows(2).all(|w| w[0] < w[1]) && kept[kept.len() - 1] < n);
+            dropped += n - kept.len();
+            whole += usize::from(kept.len() == n);
+        }
+        let p_drop = dropped as f64 / (rows * n) as f64;
+        assert!((p_drop - r * (1.0 - r * r) / 2.0).abs() < 0.004, "{p_drop}");
+        // ∫_r^1 (1 − r q)^n dq = [(1 − r²)^(n+1) − (1 − r)^(n+1)] / (r (n + 1)).
+        let m = (n + 1) as f64;
+        let p_whole = r + ((1.0 - r * r).powf(m) - (1.0 - r).powf(m)) / (r * m);
+        let got = whole as f64 / rows as f64;
+        assert!((got - p_whole).abs() < 0.01, "{got} against {p_whole}");
+        // From (seed, step, row) alone.
+        assert_eq!(drop.keep(5, n), drop.keep(5, n));
+        let moved = (0..50).filter(|&row| drop.keep(row, n) != TokenDrop { step: 4, ..drop }.keep(row, n)).count();
+        assert!(moved > 30, "{moved}");
+        // One token: it always stays.
+        assert!((0..1000).all(|row| drop.keep(row, 1) == vec![0]));
+    }
+
+    #[test]
+    fn dropped_tokens_leave_the_kept_ones_first_in_order() {
+        let d = Device::default();
+        let (b, n) = (64, 6);
+        let values: Vec<f32> = (0..b * n * 2).map(|i| (i / 2) as f32).collect();
+        let tokens = Tensor::<3>::from_data(TensorData::new(values, [b, n, 2]), &d);
+        let drop = TokenDrop { rate: 0.5, seed: 1, step: 0 };
+        let (out, lengths) = drop.apply(tokens);
+        let out = out.into_data().try_to_vec::<f32>().unwrap();
+        assert!(lengths.iter().any(|&l| l < n), "something was dropped: {lengths:?}");
+        for (row, &len) in lengths.iter().enumerate() {
+            let kept = drop.keep(row, n);
+            assert_eq!(len, kept.len());
+            for (slot, &k) in kept.iter().enumerate() {
+                let at = (row * n + slot) * 2;
+                assert_eq!(out[at..at + 2], [(row * n + k) as f32; 2], "row {row} slot {slot}");
+            }
+        }
+    }
 
     fn floats(v: &Value) -> Vec<f32> {
         v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()

@@ -109,6 +109,12 @@ pub struct ModelConfig {
     /// unless `model.text.projection = false`, as in both references.
     #[serde(default)]
     pub head_style: HeadStyle,
+    /// PCME++'s image token dropping (VSE∞'s size augmentation, spec §3.9; the reference: 0.2),
+    /// with `gpo` only: in training, an image draws `q ~ U(0, 1)` and, when `q` is above this
+    /// rate, each grid cell is left out of its GPOs with probability `rate · q`. 0 (the default):
+    /// off.
+    #[serde(default)]
+    pub image_token_drop: f64,
 }
 
 /// See [`ModelConfig::head_style`].
@@ -679,6 +685,13 @@ impl TrainConfig {
                 "set `data.teacher_image` and `data.teacher_text` (outputs of encode_image / encode_text)",
             );
         }
+        if self.model.image_token_drop > 0.0 && !self.model.gpo {
+            bad(
+                "model.image_token_drop",
+                "dropping image tokens needs GPO: it drops the grid cells GPO pools".into(),
+                "set `model.gpo = true` (PCME++'s heads), or leave `image_token_drop` at 0",
+            );
+        }
         if self.data.msda.is_some() {
             if !matches!(self.loss, crate::losses::LossConfig::Pcmepp(_)) {
                 bad("data.msda", "mixed images need soft labels".into(), "MSDA is PCME++'s (`loss.type = \"pcmepp\"`)");
@@ -758,6 +771,8 @@ impl TrainConfig {
         // bound; NaN or 1e30 made the first loss NaN.
         let v = self.model.log_variance_bias;
         within("model.log_variance_bias", v, (-20.0..=20.0).contains(&v), "in [-20, 20]");
+        let t = self.model.image_token_drop;
+        within("model.image_token_drop", t, (0.0..1.0).contains(&t), "in [0, 1)");
         if let Some(c) = o.grad_clip_norm {
             within("optim.grad_clip_norm", c, c > 0.0, "positive");
         }

@@ -18,7 +18,7 @@ use burn::tensor::{Device, Int, Tensor};
 use super::config::{HeadStyle, ImagePreset, ModelConfig};
 use crate::error::Result;
 use crate::models::bert::{Bert, BertConfig};
-use crate::models::gpo::Gpo;
+use crate::models::gpo::{Gpo, TokenDrop};
 use crate::models::pooling::{pool, Pooling};
 use crate::models::resnet::{ResNet, ResNetConfig};
 use crate::models::weights::{LinearInit, Weights};
@@ -219,7 +219,9 @@ impl DualEncoder {
 
     /// The image tower's output: with GPO, its grid cells as `[B, h·w, C]` tokens too (their
     /// mean is the pooled features).
-    fn image_out(&self, images: Tensor<4>) -> TowerOut {
+    /// With `drop`, the grid cells each image keeps come first and GPO pools those alone (the
+    /// pooled features, which CUSA's uni-modal heads see, keep every cell).
+    fn image_out(&self, images: Tensor<4>, drop: Option<&TokenDrop>) -> TowerOut {
         if self.image_gpo.is_none() {
             return TowerOut { pooled: self.image_features(images), tokens: None };
         }
@@ -227,7 +229,11 @@ impl DualEncoder {
         let [b, c, h, w] = grid.dims();
         let tokens = grid.reshape([b, c, h * w]).swap_dims(1, 2);
         let pooled = tokens.clone().mean_dim(1).reshape([b, c]);
-        TowerOut { pooled, tokens: Some((tokens, vec![h * w; b])) }
+        let tokens = match drop {
+            Some(d) => d.apply(tokens),
+            None => (tokens, vec![h * w; b]),
+        };
+        TowerOut { pooled, tokens: Some(tokens) }
     }
 
     /// The text tower's output: with GPO, its token states too, with the count of each row's
@@ -247,7 +253,11 @@ impl DualEncoder {
     /// # Shapes
     /// - `images`: `[B, 3, H, W]` → `[B, embed_dim]`
     pub fn encode_image(&self, images: Tensor<4>) -> Tensor<2> {
-        self.image_out(images).head(self.image_proj_norm.as_ref(), Some(&self.image_proj), self.image_gpo.as_ref())
+        self.image_out(images, None).head(
+            self.image_proj_norm.as_ref(),
+            Some(&self.image_proj),
+            self.image_gpo.as_ref(),
+        )
     }
 
     /// The cross-modal image embedding and, with PCME++'s heads, its log-variance `v`.
@@ -255,7 +265,7 @@ impl DualEncoder {
     /// # Shapes
     /// - `images`: `[B, 3, H, W]` → (`[B, embed_dim]`, `[B, embed_dim]`)
     pub fn encode_image_with_log_var(&self, images: Tensor<4>) -> (Tensor<2>, Option<Tensor<2>>) {
-        let o = self.image_out(images);
+        let o = self.image_out(images, None);
         let v = self.image_log_var.as_ref().map(|h| o.head(None, Some(h), self.image_log_var_gpo.as_ref()));
         (o.head(self.image_proj_norm.as_ref(), Some(&self.image_proj), self.image_gpo.as_ref()), v)
     }
@@ -287,7 +297,19 @@ impl DualEncoder {
     /// # Shapes
     /// - `images`: `[B, 3, H, W]`, `ids`, `mask`: `[B, S]` → [`Embeddings`] of `[B, embed_dim]`
     pub fn forward(&self, images: Tensor<4>, ids: Tensor<2, Int>, mask: Tensor<2, Int>) -> Embeddings {
-        let (i, t) = (self.image_out(images), self.text_out(ids, mask));
+        self.forward_dropping(images, ids, mask, None)
+    }
+
+    /// [`DualEncoder::forward`] with PCME++'s image token dropping (`model.image_token_drop`,
+    /// with GPO; training only).
+    pub fn forward_dropping(
+        &self,
+        images: Tensor<4>,
+        ids: Tensor<2, Int>,
+        mask: Tensor<2, Int>,
+        drop: Option<&TokenDrop>,
+    ) -> Embeddings {
+        let (i, t) = (self.image_out(images, drop), self.text_out(ids, mask));
         // CUSA's uni-modal heads project the pooled features (no GPO).
         let uni = |n: &Option<LayerNorm>, h: &Option<Linear>, o: &TowerOut| {
             h.as_ref().map(|h| o.head(n.as_ref(), Some(h), None))

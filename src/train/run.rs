@@ -785,7 +785,12 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             run.trainee.loss.cusa = Some(c.clamp(cc));
         }
         trace.lap("teacher");
-        let emb = run.trainee.encoder.forward(images, ids, mask);
+        let drop = (config.model.image_token_drop > 0.0).then_some(crate::models::gpo::TokenDrop {
+            rate: config.model.image_token_drop,
+            seed: config.seed,
+            step: batch.step,
+        });
+        let emb = run.trainee.encoder.forward_dropping(images, ids, mask, drop.as_ref());
         let loss = loss_of(&config.loss, &run.trainee.loss, emb, teacher_emb, run.bank.as_mut(), &batch, &device)?;
         trace.lap("forward");
         let mut value = loss.clone().into_scalar::<f32>();
