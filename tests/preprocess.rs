@@ -251,19 +251,35 @@ fn the_papers_transforms_equal_their_references_for_given_draws() {
             mean: CLIP_MEAN,
             std: CLIP_STD,
         };
-        let (u8_view, tensor): (Rgb8, Vec<f32>) = match view {
-            "train" => {
+        let rrc =
+            ImageTransform { antialias: true, ..ImageTransform::of_kind(ImageTransformKind::RandomResizedCrop, size) };
+        let (u8_view, tensor): (Rgb8, Vec<f32>) = match (kind, view) {
+            ("otter", "train") => {
                 let (left, top) = (case["left"].as_u64().unwrap() as usize, case["top"].as_u64().unwrap() as usize);
                 let v = otter.resize_crop_at(&img, left, top);
                 let mut t = Vec::new();
                 preprocess::push_normalised(&v, CLIP_MEAN, CLIP_STD, false, &mut t);
                 (v, t)
             }
-            _ => {
+            ("otter", _) => {
                 let mut t = Vec::new();
                 ImageTransform::of_kind(ImageTransformKind::Otter, size).test(&img, &mut t);
                 (otter.resize_crop(&img), t)
             }
+            ("rrc_antialias", "train") => {
+                let c: Vec<usize> =
+                    case["crop"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+                let crop = (c[0], c[1], c[2], c[3]);
+                let mut t = Vec::new();
+                rrc.crop(&img, crop, &mut t);
+                (preprocess::crop_resize(&img, crop, size, Interpolation::Bilinear), t)
+            }
+            ("rrc_antialias", _) => {
+                let mut t = Vec::new();
+                rrc.test(&img, &mut t);
+                (preprocess::crop_resize(&img, (0, 0, img.width, img.height), size, Interpolation::Bilinear), t)
+            }
+            _ => panic!("unknown case {kind} {view}"),
         };
         assert_eq!((u8_view.width, u8_view.height, tensor.len()), (size, size, 3 * size * size), "{name} {view}");
         let px = |y: usize, x: usize, c: usize| u8_view.data[(y * size + x) * 3 + c] as i64;
@@ -275,8 +291,8 @@ fn the_papers_transforms_equal_their_references_for_given_draws() {
                     sq += px(y, x, c) * px(y, x, c);
                 }
             }
-            assert_eq!(sum, case["u8_sum"][c].as_i64().unwrap(), "{name} otter {view} {size}: channel {c} sum");
-            assert_eq!(sq, case["u8_sum_sq"][c].as_i64().unwrap(), "{name} otter {view} {size}: channel {c} squares");
+            assert_eq!(sum, case["u8_sum"][c].as_i64().unwrap(), "{name} {kind} {view} {size}: channel {c} sum");
+            assert_eq!(sq, case["u8_sum_sq"][c].as_i64().unwrap(), "{name} {kind} {view} {size}: channel {c} squares");
         }
         let hex = case["u8_sub"].as_str().unwrap();
         let mut k = 0;
@@ -284,19 +300,25 @@ fn the_papers_transforms_equal_their_references_for_given_draws() {
             for x in (0..size).step_by(size / 16 + 1) {
                 for c in 0..3 {
                     let want = i64::from_str_radix(&hex[2 * k..2 * k + 2], 16).unwrap();
-                    assert_eq!(px(y, x, c), want, "{name} otter {view} {size}: pixel ({x}, {y}) channel {c}");
+                    assert_eq!(px(y, x, c), want, "{name} {kind} {view} {size}: pixel ({x}, {y}) channel {c}");
                     k += 1;
                 }
             }
         }
         assert_eq!(2 * k, hex.len());
-        assert_eq!(sampled(&tensor), want, "{name} otter {view} {size}: normalised values");
+        assert_eq!(sampled(&tensor), want, "{name} {kind} {view} {size}: normalised values");
     }
     eprintln!("pcmepp: largest difference from OpenCV {pcmepp_max:e}");
-    let want: std::collections::BTreeMap<String, i32> =
-        [("otter test", 6), ("otter train", 18), ("pcmepp test", 6), ("pcmepp train", 12)]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect();
+    let want: std::collections::BTreeMap<String, i32> = [
+        ("otter test", 6),
+        ("otter train", 18),
+        ("pcmepp test", 6),
+        ("pcmepp train", 12),
+        ("rrc_antialias test", 6),
+        ("rrc_antialias train", 18),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
     assert_eq!(counts, want, "the fixture's cases");
 }

@@ -2015,3 +2015,26 @@ fn the_first_logged_cusa_and_pcmepp_losses_are_those_of_the_first_batch_wired_by
         assert!((logged - by_hand).abs() <= 1e-5 * by_hand.abs(), "{loss}: logged {logged}, by hand {by_hand}");
     }
 }
+
+#[test]
+fn antialiased_views_differ_from_the_default_sampler_and_belong_to_random_resized_crop() {
+    // The bundled images are 64 px and the views 16: the antialiased filter averages every pixel
+    // of the crop where the default reads two rows and columns per output pixel, so the views
+    // differ wherever the shapes' edges are (the images are mostly flat colour).
+    let dir = tempfile::tempdir().unwrap();
+    let view = |sets: &[&str]| {
+        let c = config(dir.path(), sets);
+        let maker = BatchMaker::new(Arc::new(TrainSet::load(&c).unwrap()), &c).unwrap();
+        maker.make(0, &maker.epoch_order(0)).unwrap().images
+    };
+    let (plain, smooth) = (view(&[]), view(&["data.antialias=true"]));
+    assert_eq!(plain.len(), smooth.len());
+    let moved = plain.iter().zip(&smooth).filter(|(a, b)| (*a - *b).abs() > 1e-3).count();
+    assert!(moved * 10 > plain.len(), "{moved} of {} values differ", plain.len());
+    let file = dir.path().join("train.toml");
+    let out = format!("output_dir={}", dir.path().join("out").display());
+    let e = TrainConfig::load(&file, &[out, "data.image_transform=otter".into(), "data.antialias=true".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("data.antialias") && e.contains("random_resized_crop"), "{e}");
+}

@@ -271,6 +271,20 @@ pub fn push_normalised(img: &Rgb8, mean: [f32; 3], std: [f32; 3], flip: bool, ds
     }
 }
 
+/// The `w × h` part of `img` at `(x, y)` resized to `size × size` with `filter` (PIL's
+/// `img.crop((x, y, x + w, y + h)).resize((size, size), filter)`: torchvision's `resized_crop`
+/// on a PIL image, which its `RandomResizedCrop` calls).
+pub fn crop_resize(img: &Rgb8, (x, y, w, h): (usize, usize, usize, usize), size: usize, filter: Interpolation) -> Rgb8 {
+    assert!(x + w <= img.width && y + h <= img.height && w > 0 && h > 0, "crop outside the image");
+    let mut data = Vec::with_capacity(w * h * 3);
+    for row in y..y + h {
+        let at = (row * img.width + x) * 3;
+        data.extend_from_slice(&img.data[at..at + w * 3]);
+    }
+    let crop = Rgb8 { width: w, height: h, data };
+    resample(&crop, (size, size), (0, 0), (size, size), filter)
+}
+
 /// The `size` window at `offset` of `img` resized to `resized` (PIL's resampler, see the
 /// module docs): only the input rows the window reads go through the horizontal pass.
 fn resample(

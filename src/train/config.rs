@@ -240,6 +240,13 @@ pub struct DataConfig {
     /// `random_resized_crop` and `pcmepp`, no for `otter` and `clip`); filled in when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flip: Option<bool>,
+    /// `random_resized_crop` only: resample with PIL's antialiased bilinear filter (what
+    /// torchvision's `RandomResizedCrop` does to a PIL image: the crop, then `resize((size,
+    /// size), BILINEAR)`; evaluation resizes the whole image so). Off (the default): bilinear at
+    /// pixel centres without antialiasing, the trainer's first sampler, so that earlier runs
+    /// evaluate as they trained.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub antialias: bool,
     /// PCME++'s noisy-correspondence setting (spec `cusa-and-pcmepp.md` §3.9): the captions of
     /// a random `floor(r · N)` of the training rows are permuted among those rows (seeded by
     /// `seed`), so about that share of pairs no longer match. 0 (the default): off.
@@ -620,6 +627,7 @@ impl TrainConfig {
             for (key, set) in [
                 ("data.crop_scale", self.data.crop_scale.is_some()),
                 ("data.crop_ratio", self.data.crop_ratio.is_some()),
+                ("data.antialias", self.data.antialias),
             ] {
                 if set {
                     bad(

@@ -14,7 +14,9 @@
 //! reference data loader does: `cv2.resize(..., INTER_LINEAR)` on the float32 crop (no
 //! antialiasing, no rounding to 8 bits; [`cv2_linear`]). The default
 //! keeps the trainer's first sampler (bilinear at pixel centres, no antialiasing), so runs made
-//! before the key existed evaluate as they trained. `flip` (probability 0.5) is each
+//! before the key existed evaluate as they trained; with `data.antialias` it resamples with PIL's
+//! antialiased bilinear filter, so that a view equals torchvision's `RandomResizedCrop` on a PIL
+//! image given the same crop. `flip` (probability 0.5) is each
 //! transform's paper's unless set: on for `random_resized_crop` and `pcmepp`, off for `otter`
 //! and `clip`. Every draw comes from the row's [`RowRng`], so a view is a function of
 //! `(seed, epoch, sample_id)`.
@@ -74,6 +76,8 @@ pub struct ImageTransform {
     pub crop_scale: [f64; 2],
     pub crop_ratio: [f64; 2],
     pub flip: bool,
+    /// `random_resized_crop` with PIL's antialiased bilinear resampler (`data.antialias`).
+    pub antialias: bool,
 }
 
 impl ImageTransform {
@@ -84,6 +88,7 @@ impl ImageTransform {
             crop_scale: data.crop_scale.unwrap_or(d.crop_scale),
             crop_ratio: data.crop_ratio.unwrap_or(d.crop_ratio),
             flip: data.flip.unwrap_or(d.flip),
+            antialias: data.antialias,
             ..d
         }
     }
@@ -97,6 +102,7 @@ impl ImageTransform {
             crop_scale: super::config::DEFAULT_CROP_SCALE,
             crop_ratio: super::config::DEFAULT_CROP_RATIO,
             flip: kind.flips_by_default(),
+            antialias: false,
         }
     }
 
@@ -129,7 +135,7 @@ impl ImageTransform {
             ImageTransformKind::RandomResizedCrop => {
                 let crop = random_resized_crop(img.width, img.height, self.crop_scale, self.crop_ratio, rng);
                 let flip = self.flip && rng.below(2) == 1;
-                crop_to_chw(img, crop, self.size, flip, mean, std, dst);
+                self.crop_view(img, crop, flip, dst);
             }
             ImageTransformKind::Otter => {
                 let p = self.resize_then_crop();
@@ -159,9 +165,7 @@ impl ImageTransform {
     pub fn test(&self, img: &Rgb8, dst: &mut Vec<f32>) {
         let (mean, std) = self.normalisation();
         match self.kind {
-            ImageTransformKind::RandomResizedCrop => {
-                crop_to_chw(img, (0, 0, img.width, img.height), self.size, false, mean, std, dst)
-            }
+            ImageTransformKind::RandomResizedCrop => self.crop_view(img, (0, 0, img.width, img.height), false, dst),
             ImageTransformKind::Pcmepp => {
                 let whole = (0, 0, img.width, img.height);
                 push_normalised_f32(&cv2_linear(img, whole, self.size), self.size, mean, std, false, dst);
@@ -176,8 +180,19 @@ impl ImageTransform {
     /// bilinear sampler), normalised as this transform's views are: `mine_pseudo_bow`'s crops
     /// of a trained model.
     pub fn crop(&self, img: &Rgb8, crop: (usize, usize, usize, usize), dst: &mut Vec<f32>) {
+        self.crop_view(img, crop, false, dst);
+    }
+
+    /// The crop `(x, y, w, h)` of `img` resampled to `size × size` by `random_resized_crop`'s
+    /// sampler (PIL's antialiased bilinear with `antialias`, else bilinear at pixel centres).
+    fn crop_view(&self, img: &Rgb8, crop: (usize, usize, usize, usize), flip: bool, dst: &mut Vec<f32>) {
         let (mean, std) = self.normalisation();
-        crop_to_chw(img, crop, self.size, false, mean, std, dst);
+        if self.antialias {
+            let view = preprocess::crop_resize(img, crop, self.size, Interpolation::Bilinear);
+            preprocess::push_normalised(&view, mean, std, flip, dst);
+        } else {
+            crop_to_chw(img, crop, self.size, flip, mean, std, dst);
+        }
     }
 }
 
