@@ -219,6 +219,24 @@ fn coco_1k_ranks_within_the_fold_only() {
     assert!(close(metric(&ev, "coco_5k_r1").i2t, 0.1));
 }
 
+#[test]
+fn folds_that_the_caption_order_would_draw_otherwise_are_warned_of() {
+    // Ten images with one caption each, the captions in image-id order. An image table in the
+    // same order draws the same folds (no warning); reversed, every caption's fold by the image
+    // rows differs from its block in the caption list but the middle fold's two.
+    let ids: Vec<i64> = (0..10).collect();
+    let cap = captions(&ids.iter().map(|i| i + 100).collect::<Vec<_>>(), &ids, 1, &[1.0; 10]);
+    let vals: Vec<f32> = (0..10).map(|r| r as f32).collect();
+    let same = evaluate(&images(&ids, 1, &vals), &cap, None, Similarity::Dot).unwrap();
+    assert_eq!(same.counts.coco_1k_fold_disagreements, 0);
+    assert!(curate::eval::report::warnings(&same).is_empty());
+    let reversed: Vec<i64> = ids.iter().rev().copied().collect();
+    let ev = evaluate(&images(&reversed, 1, &vals), &cap, None, Similarity::Dot).unwrap();
+    assert_eq!(ev.counts.coco_1k_fold_disagreements, 8);
+    let w = curate::eval::report::warnings(&ev);
+    assert!(w.len() == 1 && w[0].contains("8 of 10 caption(s)") && w[0].contains("§4.4"), "{w:?}");
+}
+
 fn emb(rows: usize, dim: usize) -> ArrayRef {
     let mut b = FixedSizeListBuilder::new(Float32Builder::new(), dim as i32);
     for r in 0..rows {

@@ -25,6 +25,10 @@ pub struct Folds {
     pub caption_subsets: Vec<Vec<u32>>,
     /// Per fold, its image rows (a range): the gallery of its t2i queries.
     pub image_subsets: Vec<Range<u32>>,
+    /// Captions whose fold by the caption table's order (five equal blocks of rows, spec §4.4's
+    /// definition on the package's caption list) is not their image's fold by the image table's
+    /// rows; counted when both tables split into five equal blocks.
+    pub caption_order_disagreements: usize,
 }
 
 /// The number of COCO 1K folds.
@@ -45,7 +49,16 @@ impl Folds {
             }
         }
         let image_subsets = (0..FOLDS).map(|f| (f * size) as u32..((f + 1) * size) as u32).collect();
-        Folds { image_fold, caption_subsets, image_subsets }
+        let n = captions.image_ids.len();
+        let caption_order_disagreements = if n % FOLDS == 0 && images.ids.len() % FOLDS == 0 {
+            let block = n / FOLDS;
+            (captions.image_ids.iter().enumerate())
+                .filter(|(c, im)| image_fold[index.image_row[*im] as usize] != Some((c / block) as u32))
+                .count()
+        } else {
+            0
+        };
+        Folds { image_fold, caption_subsets, image_subsets, caption_order_disagreements }
     }
 
     pub fn count(&self) -> usize {

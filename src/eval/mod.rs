@@ -316,6 +316,9 @@ pub struct Counts {
     pub images_outside_folds: usize,
     /// Images with no caption: distractors only, not COCO i2t queries.
     pub images_without_captions: usize,
+    /// Captions in another COCO 1K fold by the caption table's order than by the image table's
+    /// ([`coco::Folds::caption_order_disagreements`]).
+    pub coco_1k_fold_disagreements: usize,
     pub cxc_queries: [usize; 2],
     pub eccv_queries: [usize; 2],
     /// CxC / ECCV positives absent from the gallery (never retrieved, still counted).
@@ -380,6 +383,7 @@ pub fn evaluate_scored(
         dim: images.embeddings.dim,
         coco_1k_folds: folds.count(),
         images_outside_folds: folds.outside(),
+        coco_1k_fold_disagreements: folds.caption_order_disagreements,
         images_without_captions: coco_plan.images_without_captions(),
         ..Counts::default()
     };

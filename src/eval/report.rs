@@ -73,6 +73,14 @@ pub fn warnings(ev: &Evaluation) -> Vec<String> {
             c.zero_rows[0], c.zero_rows[1]
         ));
     }
+    if c.coco_1k_fold_disagreements > 0 {
+        out.push(format!(
+            "COCO 1K: {} of {} caption(s) fall in another fold by the caption table's order than by the image table's; \
+             the folds follow the image table's rows, and spec §4.4 defines them by the caption list in the package's \
+             order: with both tables in that order (images as their captions first appear) the two agree",
+            c.coco_1k_fold_disagreements, c.captions
+        ));
+    }
     out
 }
 
