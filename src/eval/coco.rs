@@ -50,7 +50,7 @@ impl Folds {
         }
         let image_subsets = (0..FOLDS).map(|f| (f * size) as u32..((f + 1) * size) as u32).collect();
         let n = captions.image_ids.len();
-        let caption_order_disagreements = if n % FOLDS == 0 && images.ids.len() % FOLDS == 0 {
+        let caption_order_disagreements = if n.is_multiple_of(FOLDS) && images.ids.len().is_multiple_of(FOLDS) {
             let block = n / FOLDS;
             (captions.image_ids.iter().enumerate())
                 .filter(|(c, im)| image_fold[index.image_row[*im] as usize] != Some((c / block) as u32))
