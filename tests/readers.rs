@@ -2214,3 +2214,51 @@ fn an_imagenet_run_may_write_its_output_inside_the_root() {
         assert_eq!(manifest["skipped_by_reason"]["outside_synset_folders"], 1, "run {run}");
     }
 }
+
+#[test]
+fn an_empty_img2dataset_url_is_a_null_url_as_in_every_reader() {
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let s = |v: Vec<&str>| -> ArrayRef { std::sync::Arc::new(StringArray::from(v)) };
+    let batch = RecordBatch::try_from_iter([
+        ("key", s(vec!["k1", "k2"])),
+        ("caption", s(vec!["a dog", "a cat"])),
+        ("url", s(vec!["", "http://x/k2.jpg"])),
+        ("status", s(vec!["success", "success"])),
+    ])
+    .unwrap();
+    let path = dir.path().join("00000.parquet");
+    common::write_parquet(&path, &batch);
+    let (_d, data, _) =
+        run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", path.display())));
+    assert_eq!(col(&data, "url"), [None, Some("http://x/k2.jpg".into())]);
+    // The same in a webdataset shard's KEY.json.
+    let (file, img) = (tar::EntryType::Regular, &b"\xff\xd8"[..]);
+    let shard = dir.path().join("00001.tar");
+    raw_shard(
+        &shard,
+        &[
+            (b"a.jpg", img, file),
+            (b"a.json", br#"{"url": ""}"#, file),
+            (b"a.txt", b"a bird", file),
+            (b"b.jpg", img, file),
+            (b"b.json", br#"{"url": "http://x/b.jpg"}"#, file),
+            (b"b.txt", b"a fish", file),
+        ],
+    );
+    let (_d, data, _) =
+        run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", shard.display())));
+    assert_eq!(col(&data, "url"), [None, Some("http://x/b.jpg".into())]);
+}
+
+#[test]
+fn a_tsv_header_names_columns_byte_for_byte_quotes_included() {
+    // A TSV has no quoting: `"id"` is the name of the first column, quotes and all.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("q.tsv"), "\"id\"\ttext\"\n1\thello\n").unwrap();
+    let (_d, data, _) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\nheader = true\ncolumns = {{ sample_id = '\"id\"', caption = 'text\"' }}",
+        dir.path().join("q.tsv").display()
+    )));
+    assert_eq!((strs(&data, "sample_id"), strs(&data, "caption")), (vec!["1".to_string()], vec!["hello".to_string()]));
+}

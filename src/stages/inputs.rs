@@ -198,14 +198,15 @@ pub fn refuse_non_text(
     problems.0.len() > before
 }
 
-/// Reads a file's header line for column-name checks.
+/// Reads a file's header line for column-name checks: the names between delimiters, byte for
+/// byte (a TSV has no quoting, so a `"` is part of a name).
 pub fn header_fields(path: &Path, delimiter: u8) -> std::result::Result<Vec<String>, String> {
     let mut lines = Lines::open(path).map_err(|e| e.to_string())?;
     let Some((_, line)) = lines.next_line().map_err(|e| e.to_string())? else {
         return Err(format!("`{}` is empty", path.display()));
     };
     let text = String::from_utf8_lossy(line);
-    Ok(text.split(delimiter as char).map(|s| s.trim_matches('"').to_owned()).collect())
+    Ok(text.split(delimiter as char).map(str::to_owned).collect())
 }
 
 /// Field count of the widest of the first `n` lines of a headerless file (one malformed first
