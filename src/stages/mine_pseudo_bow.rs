@@ -58,7 +58,8 @@ pub struct MinePseudoBowConfig {
     /// used frozen.
     pub run: String,
     /// The aligned set `S_a`: Parquet files or globs with `sample_id` and intact captions (a
-    /// `curate run` output, or the training table of the run).
+    /// `curate run` output, or the training table of the run). An intact run's output is the
+    /// whole set; a BoW output lacks the pairs its `bow` stage emptied (a note says so).
     pub aligned: PathPatterns,
     /// Caption column of `aligned`. Default: `original_caption` when the table has it (a BoW
     /// output keeps the intact caption there; the retrieval pool is intact captions, spec §3
@@ -397,13 +398,26 @@ fn aligned_caption_column<'a>(column: Option<&'a str>, has: &dyn Fn(&str) -> boo
     column.unwrap_or(if has(schema::ORIGINAL_CAPTION) { schema::ORIGINAL_CAPTION } else { schema::CAPTION })
 }
 
-/// `sample_id`s and captions of the aligned tables, and the caption column used.
-fn read_aligned(files: &[PathBuf], column: &Option<String>) -> Result<(Vec<String>, Vec<String>, String)> {
+/// The aligned set's rows, as [`read_aligned`] reads them.
+struct Aligned {
+    ids: Vec<String>,
+    captions: Vec<String>,
+    /// The caption column used.
+    column: String,
+    /// A table has BoW's `split` column: a BoW output, which lacks the pairs its `bow` stage
+    /// emptied (they are in its `rejects/`).
+    bow_output: bool,
+}
+
+/// `sample_id`s and captions of the aligned tables.
+fn read_aligned(files: &[PathBuf], column: &Option<String>) -> Result<Aligned> {
     let mut ids = Vec::new();
     let mut captions = Vec::new();
     let mut used = String::new();
+    let mut bow_output = false;
     for file in files {
         for batch in crate::io::parquet::read_file(file)? {
+            bow_output |= batch.column_by_name(schema::SPLIT).is_some();
             let col = aligned_caption_column(column.as_deref(), &|c| batch.column_by_name(c).is_some()).to_owned();
             let batch_ids = string_column(&batch, schema::SAMPLE_ID, file)?;
             let batch_captions = string_column(&batch, &col, file)?;
@@ -431,13 +445,21 @@ fn read_aligned(files: &[PathBuf], column: &Option<String>) -> Result<(Vec<Strin
             hint: Some("`aligned` should list the Parquet tables of the captioned pairs".into()),
         });
     }
-    Ok((ids, captions, used))
+    Ok(Aligned { ids, captions, column: used, bow_output })
 }
 
 impl MinePseudoBow {
     /// Reads `S_a`, counts its words and embeds its captions (or reads their embeddings).
     fn build_pool(&self) -> Result<Pool> {
-        let (ids, captions, caption_column) = read_aligned(&self.aligned, &self.config.caption_column)?;
+        let Aligned { ids, captions, column: caption_column, bow_output } =
+            read_aligned(&self.aligned, &self.config.caption_column)?;
+        if bow_output {
+            say!(
+                "{TYPE}: note: the aligned set is a BoW output, without the pairs its `bow` stage emptied (they are in \
+                 its `rejects/`), so the pool lacks their intact captions (spec §3 step 1 pools all of S_a); an \
+                 intact run (`pipelines/intact.toml`) gives the whole set"
+            );
+        }
         let words = PoolWords::build(
             captions.iter().map(String::as_str),
             self.tokenizer,
@@ -918,5 +940,42 @@ mod tests {
         // A checkpoint's JSON gives them back as they were.
         let back: StageStats = serde_json::from_str(&json).unwrap();
         assert_eq!(serde_json::to_string(&back).unwrap(), json);
+    }
+
+    #[test]
+    fn a_bow_output_is_read_by_its_intact_captions_and_known_as_one() {
+        use arrow_array::{ArrayRef, RecordBatch, StringArray};
+        let dir = tempfile::tempdir().unwrap();
+        let s = |v: Vec<&str>| -> ArrayRef { std::sync::Arc::new(StringArray::from(v)) };
+        let write = |name: &str, batch: RecordBatch| {
+            let path = dir.path().join(name);
+            let mut w =
+                parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), None)
+                    .unwrap();
+            w.write(&batch).unwrap();
+            w.close().unwrap();
+            path
+        };
+        let bow = write(
+            "bow.parquet",
+            RecordBatch::try_from_iter([
+                ("sample_id", s(vec!["a", "b"])),
+                ("caption", s(vec!["dog red", "a cat"])),
+                ("original_caption", s(vec!["a red dog", "a cat"])),
+                ("split", s(vec!["deformed", "base"])),
+            ])
+            .unwrap(),
+        );
+        let a = read_aligned(&[bow], &None).unwrap();
+        assert_eq!(
+            (a.captions, a.column.as_str(), a.bow_output),
+            (vec!["a red dog".into(), "a cat".into()], "original_caption", true)
+        );
+        let plain = write(
+            "plain.parquet",
+            RecordBatch::try_from_iter([("sample_id", s(vec!["c"])), ("caption", s(vec!["a bird"]))]).unwrap(),
+        );
+        let p = read_aligned(&[plain], &None).unwrap();
+        assert_eq!((p.captions, p.column.as_str(), p.bow_output), (vec!["a bird".into()], "caption", false));
     }
 }
