@@ -1339,23 +1339,29 @@ fn caption_augmentation_gives_masked_batches_and_needs_a_mask_token() {
     assert!(!a.ids.contains(&67), "none without augmentation");
     // Each row is its caption augmented by its own draws, keyed by (seed, epoch, sample_id):
     // not by its place in the batch, and drawn again in another epoch.
-    use curate::train::data::{augment_vocabulary, tokenize_augmented};
     let maker = BatchMaker::new(set.clone(), &aug).unwrap();
-    let (mask_id, vocab) = augment_vocabulary(&maker.tokenizer).unwrap();
-    assert_eq!(mask_id, 67);
+    let augment = maker.caption_augment.as_ref().unwrap();
+    assert_eq!(augment.mask_id, 67);
     let mut redrawn = 0;
     for (k, &r) in b.rows.iter().enumerate() {
         let caption = [set.samples[r].caption.as_str()];
-        let one = |epoch| {
-            tokenize_augmented(&maker.tokenizer, &caption, (mask_id, &vocab), &mut [maker.caption_rng(epoch, r)])
-                .unwrap()
-        };
+        let one = |epoch| augment.tokenize(&caption, &mut [maker.caption_rng(epoch, r)]).unwrap();
         let (ids, _, len) = one(0);
         assert_eq!(ids[..], b.ids[k * b.seq..k * b.seq + len], "row {k}");
         assert!(b.ids[k * b.seq + len..(k + 1) * b.seq].iter().all(|&x| x == 0));
         redrawn += usize::from(one(1).0 != ids);
     }
     assert!(redrawn > 0, "another epoch draws again");
+    // A caption longer than `max_tokens` (16 here) is augmented whole, then capped: its first 15
+    // tokens and `[SEP]`, so the words its deletions make room for are the ones that follow, and
+    // every row is 16 long. (Truncated first, a row with a deleted word would be shorter.)
+    let long = [set.samples[0].caption.as_str(); 10].join(" ");
+    let whole = augment.tokenizer.encode(long.as_str(), true).unwrap().get_ids().len();
+    assert!(whole > 3 * 16, "{whole} tokens");
+    for r in 0..40 {
+        let (ids, _, len) = augment.tokenize(&[long.as_str()], &mut [maker.caption_rng(0, r)]).unwrap();
+        assert_eq!((len, ids[0], ids[15]), (16, cls, sep), "draw {r}: {ids:?}");
+    }
 }
 
 #[test]
@@ -1659,7 +1665,7 @@ fn tower_rates_and_layer_decay_give_each_parameter_its_rate_in_an_optimiser_step
     let loss = infonce(e.image, e.text, curate::losses::common::scalar(10.0, &device), DirectionReduction::Mean);
     let grads = GradientsParams::from_grads(loss.backward(), &model);
     let before = values_by_id(&model, Some(&grads));
-    let mut optim = build(&oc, 0.0, vec![]);
+    let mut optim = build(&oc, 0.0, vec![], vec![]);
     let stepped = optim.step(policy.clone(), model.clone(), grads);
     let after = values_by_id(&stepped, None);
     let mut checked = std::collections::HashSet::new();
@@ -2037,4 +2043,30 @@ fn antialiased_views_differ_from_the_default_sampler_and_belong_to_random_resize
         .unwrap_err()
         .to_string();
     assert!(e.contains("data.antialias") && e.contains("random_resized_crop"), "{e}");
+}
+
+#[test]
+fn no_weight_decay_1d_keeps_the_norms_weights_from_decay_in_a_run() {
+    // One AdamW step at rate 1e-3 with weight decay 100: decay alone would take every weight to
+    // 0.9 of itself, the Adam update moves each by about 1e-3. The text tower's LayerNorm gammas
+    // (all ones at the start) stay near 1 with the key, and drop to about 0.9 without.
+    let gammas = |sets: &[&str]| {
+        let dir = tempfile::tempdir().unwrap();
+        let base = ["steps=1", "optim.optimizer=adamw", "optim.lr=1e-3", "optim.weight_decay=100"];
+        let c = config_without_teachers(dir.path(), &[&base[..], sets].concat());
+        train(&c, &TrainOptions::default()).unwrap();
+        let init = DualEncoder::init(&c.model, Heads::default(), c.seed, &Device::flex()).unwrap();
+        let run = curate::train::trained::TrainedRun::load(&dir.path().join("out"), &Device::flex()).unwrap();
+        let (before, after) = (param_values(&init.text), param_values(&run.model.text));
+        let moved: Vec<f32> = before
+            .iter()
+            .zip(&after)
+            .filter(|(b, _)| b.iter().all(|&x| x == 1.0))
+            .flat_map(|(_, a)| a.iter().copied())
+            .collect();
+        assert!(moved.len() >= 64 * 5, "the gammas of 5 LayerNorms: {}", moved.len());
+        moved
+    };
+    assert!(gammas(&["optim.no_weight_decay_1d=true"]).iter().all(|g| (g - 1.0).abs() < 0.01));
+    assert!(gammas(&[]).iter().all(|g| (g - 0.9).abs() < 0.01));
 }

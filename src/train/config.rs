@@ -337,6 +337,12 @@ pub struct OptimConfig {
     /// and scales never decay.
     #[serde(default)]
     pub weight_decay: f64,
+    /// No weight decay for the encoders' parameters of one dimension (biases, LayerNorm and
+    /// BatchNorm weights): CUSA's recipe (spec `cusa-and-pcmepp.md` §2.6: "parameters with 1-D
+    /// shape or a name ending in `.bias` get no decay"; every bias here is 1-D). Off (the
+    /// default): every encoder parameter decays, as PCME++'s recipe has it.
+    #[serde(default)]
+    pub no_weight_decay_1d: bool,
     /// Clip the gradients to this L2 norm, as `grad_clip_scope` says.
     #[serde(default)]
     pub grad_clip_norm: Option<f64>,
@@ -364,8 +370,8 @@ pub struct OptimConfig {
     /// Linear warm-up steps from 0 to `lr`.
     #[serde(default)]
     pub warmup_steps: u64,
-    /// After warm-up: `cosine` (per step, to `min_lr` at the last step), `cosine_per_epoch`
-    /// (one value per epoch, `min_lr + ½(lr − min_lr)(1 + cos(π·e/E))` for epoch `e` of `E`: the
+    /// After warm-up: `cosine` (per step, towards `min_lr`, which the step after the last would
+    /// reach), `cosine_per_epoch` (one value per epoch, `min_lr + ½(lr − min_lr)(1 + cos(π·e/E))` for epoch `e` of `E`: the
     /// BoW paper's and OTTER's, spec `bow-and-otter.md` §5.8, §7 A9; CUSA's with `min_lr =
     /// 1e-6`, `cusa-and-pcmepp.md` §2.6), `step` (`lr` times
     /// `step_factor` for each of `step_epochs` reached: PCME++'s ×0.1 from epoch 15, spec
@@ -425,6 +431,7 @@ impl Default for OptimConfig {
             adamp_delta: default_adamp_delta(),
             adamp_wd_ratio: default_adamp_wd_ratio(),
             weight_decay: 0.0,
+            no_weight_decay_1d: false,
             grad_clip_norm: None,
             grad_clip_scope: default_clip_scope(),
             layer_decay: 1.0,

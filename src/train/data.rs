@@ -512,30 +512,47 @@ pub fn augment_vocabulary(tok: &Tokenizer) -> Option<(u32, Vec<u32>)> {
     Some((mask_id, ids))
 }
 
-/// [`tokenize`] with [`augment_caption`] applied to each text, `rngs[k]` drawing for text `k`;
-/// padded to the longest with `tok`'s pad id. `vocab`: [`augment_vocabulary`].
-pub fn tokenize_augmented(
-    tok: &Tokenizer,
-    texts: &[&str],
-    (mask_id, vocab): (u32, &[u32]),
-    rngs: &mut [RowRng],
-) -> Result<(Vec<i64>, Vec<i64>, usize)> {
-    let pad = tok.get_padding().map_or(0, |p| p.pad_id);
-    let mut rows = Vec::with_capacity(texts.len());
-    for (text, rng) in texts.iter().zip(rngs) {
-        let enc = tok
-            .encode(*text, true)
-            .map_err(|e| Error::Model { message: format!("tokenizer failed: {e}"), hint: None })?;
-        // Single texts are not padded (BatchLongest pads a batch of one to itself).
-        rows.push(augment_caption(enc.get_ids(), enc.get_word_ids(), mask_id, vocab, rng));
+/// PCME++'s caption augmentation of a batch maker: what [`augment_caption`] needs from the
+/// tokenizer ([`augment_vocabulary`]), the tokenizer without truncation, and the cap.
+pub struct CaptionAugment {
+    pub mask_id: u32,
+    pub vocab: Vec<u32>,
+    /// The text tower's tokenizer, truncating nothing: a caption is augmented whole, then capped
+    /// (spec §3.9: the reference truncates nothing; curate caps, keeping the last token), so that
+    /// the room its deleted words free is filled by the words that follow.
+    pub tokenizer: Tokenizer,
+    pub max_tokens: usize,
+}
+
+impl CaptionAugment {
+    /// Token ids and attention mask of `texts`, each augmented by its own draws (`rngs[k]` for
+    /// text `k`), then capped at `max_tokens` (the first `max_tokens − 1` tokens and the last,
+    /// `[SEP]`), padded to the longest with the tokenizer's pad id.
+    pub fn tokenize(&self, texts: &[&str], rngs: &mut [RowRng]) -> Result<(Vec<i64>, Vec<i64>, usize)> {
+        let tok = &self.tokenizer;
+        let pad = tok.get_padding().map_or(0, |p| p.pad_id);
+        let mut rows = Vec::with_capacity(texts.len());
+        for (text, rng) in texts.iter().zip(rngs) {
+            let enc = tok
+                .encode(*text, true)
+                .map_err(|e| Error::Model { message: format!("tokenizer failed: {e}"), hint: None })?;
+            // Single texts are not padded (BatchLongest pads a batch of one to itself).
+            let mut row = augment_caption(enc.get_ids(), enc.get_word_ids(), self.mask_id, &self.vocab, rng);
+            if row.len() > self.max_tokens && self.max_tokens > 0 {
+                let last = row[row.len() - 1];
+                row.truncate(self.max_tokens - 1);
+                row.push(last);
+            }
+            rows.push(row);
+        }
+        let s = rows.iter().map(Vec::len).max().unwrap_or(0);
+        let (mut ids, mut mask) = (Vec::with_capacity(rows.len() * s), Vec::with_capacity(rows.len() * s));
+        for r in &rows {
+            ids.extend(r.iter().map(|&i| i as i64).chain(std::iter::repeat_n(pad as i64, s - r.len())));
+            mask.extend(std::iter::repeat_n(1, r.len()).chain(std::iter::repeat_n(0, s - r.len())));
+        }
+        Ok((ids, mask, s))
     }
-    let s = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let (mut ids, mut mask) = (Vec::with_capacity(rows.len() * s), Vec::with_capacity(rows.len() * s));
-    for r in &rows {
-        ids.extend(r.iter().map(|&i| i as i64).chain(std::iter::repeat_n(pad as i64, s - r.len())));
-        mask.extend(std::iter::repeat_n(1, r.len()).chain(std::iter::repeat_n(0, s - r.len())));
-    }
-    Ok((ids, mask, s))
 }
 
 /// A uniform float in `[0, 1)`.
@@ -715,9 +732,8 @@ pub struct BatchMaker {
     pub seed: u64,
     pub transform: super::transform::ImageTransform,
     pub msda: Option<super::config::MsdaConfig>,
-    /// PCME++'s caption augmentation ([`augment_caption`], `data.caption_augment`): the
-    /// tokenizer's `[MASK]` id and vocabulary ids, when on.
-    pub caption_augment: Option<(u32, Vec<u32>)>,
+    /// PCME++'s caption augmentation ([`augment_caption`], `data.caption_augment`), when on.
+    pub caption_augment: Option<CaptionAugment>,
     /// Rows whose image was found undecodable, so that no worker reads them again. Only a
     /// cache: whether a row is in it changes no batch, since its image fails every time.
     pub undecodable: std::sync::Mutex<HashMap<usize, String>>,
@@ -728,13 +744,20 @@ impl BatchMaker {
         let tokenizer = load_tokenizer(&c.model.text.dir, c.model.text.max_tokens)?;
         let caption_augment = match c.data.caption_augment {
             false => None,
-            true => Some(augment_vocabulary(&tokenizer).ok_or_else(|| Error::Model {
-                message: format!(
-                    "`data.caption_augment` masks words with `[MASK]`, and the tokenizer of `{}` has none",
-                    c.model.text.dir.display()
-                ),
-                hint: Some("caption augmentation is PCME++'s for BERT-family tokenizers; leave it off".into()),
-            })?),
+            true => {
+                let (mask_id, vocab) = augment_vocabulary(&tokenizer).ok_or_else(|| Error::Model {
+                    message: format!(
+                        "`data.caption_augment` masks words with `[MASK]`, and the tokenizer of `{}` has none",
+                        c.model.text.dir.display()
+                    ),
+                    hint: Some("caption augmentation is PCME++'s for BERT-family tokenizers; leave it off".into()),
+                })?;
+                let mut whole = tokenizer.clone();
+                whole
+                    .with_truncation(None)
+                    .map_err(|e| Error::Model { message: format!("tokenizer truncation: {e}"), hint: None })?;
+                Some(CaptionAugment { mask_id, vocab, tokenizer: whole, max_tokens: c.model.text.max_tokens })
+            }
         };
         Ok(BatchMaker {
             set,
@@ -835,9 +858,9 @@ impl BatchMaker {
         });
         let texts: Vec<&str> = rows.iter().map(|&r| self.set.samples[r].caption.as_str()).collect();
         let (ids, mask, seq) = match &self.caption_augment {
-            Some((mask_id, vocab)) => {
+            Some(augment) => {
                 let mut rngs: Vec<RowRng> = rows.iter().map(|&r| self.caption_rng(epoch, r)).collect();
-                tokenize_augmented(&self.tokenizer, &texts, (*mask_id, vocab), &mut rngs)?
+                augment.tokenize(&texts, &mut rngs)?
             }
             None => tokenize(&self.tokenizer, &texts)?,
         };

@@ -21,9 +21,11 @@ use super::config::{ClipScope, OptimConfig, OptimizerKind, Schedule};
 
 /// The learning rate of step `step` (0-based) of `total`, with `steps_per_epoch` steps an
 /// epoch: linear warm-up over `warmup_steps` (step 0 gets `lr / warmup`), then the schedule
-/// (see [`Schedule`]): cosine from `lr` down to `min_lr` at the last step; one cosine value per
-/// epoch (`e = 0..E−1`, so the last epoch stays above `min_lr`, as OTTER's per-epoch annealing);
-/// `lr` times `step_factor` per milestone epoch reached; or `lr`.
+/// (see [`Schedule`]): cosine from `lr` towards `min_lr` at `t = (step − warmup) / (total −
+/// warmup)`, PyTorch's `CosineAnnealingLR` with `T_max` the steps after warm-up (the last step is
+/// one short of `min_lr`); one cosine value per epoch (`e = 0..E−1`, so the last epoch stays
+/// above `min_lr`, as OTTER's per-epoch annealing); `lr` times `step_factor` per milestone epoch
+/// reached; or `lr`.
 pub fn learning_rate(c: &OptimConfig, step: u64, total: u64, steps_per_epoch: u64) -> f64 {
     if step < c.warmup_steps {
         return c.lr * (step + 1) as f64 / c.warmup_steps as f64;
@@ -61,39 +63,86 @@ pub fn image_freeze(c: &OptimConfig, step: u64, steps_per_epoch: u64) -> (bool, 
 
 /// An optimiser from the config; `weight_decay` is the config's for the encoders and 0 for the
 /// loss parameters. `linear_weights` are the module's `Linear` weights ([`linear_weights`]),
-/// which AdamP reads in PyTorch's row layout.
-pub fn build(c: &OptimConfig, weight_decay: f64, linear_weights: Vec<ParamId>) -> ModuleOptimizer {
-    let clip = match c.grad_clip_scope {
+/// which AdamP reads in PyTorch's row layout; `no_decay` the parameters that get the same
+/// optimiser without weight decay (`optim.no_weight_decay_1d`: [`one_dimensional`]).
+pub fn build(
+    c: &OptimConfig,
+    weight_decay: f64,
+    linear_weights: Vec<ParamId>,
+    no_decay: Vec<ParamId>,
+) -> ModuleOptimizer {
+    let mut o = build_all(c, weight_decay, linear_weights);
+    if !no_decay.is_empty() && weight_decay > 0.0 {
+        let clip = clip_config(c).map(|c| c.init());
+        let group = ParamGroup::from_ids(no_decay);
+        o = match c.optimizer {
+            OptimizerKind::Sgd => o.with_group(group, sgd(c, 0.0).build(), clip),
+            OptimizerKind::Adamw => o.with_group(group, adamw(c, 0.0).build(), clip),
+            OptimizerKind::Adamp => o.with_group(group, adamp(c, 0.0), clip),
+        };
+    }
+    o
+}
+
+fn clip_config(c: &OptimConfig) -> Option<GradientClippingConfig> {
+    match c.grad_clip_scope {
         ClipScope::Tensor => c.grad_clip_norm.map(|n| GradientClippingConfig::Norm(n as f32)),
         // Applied by the trainer over every gradient at once: `clip_global`.
         ClipScope::Global => None,
-    };
+    }
+}
+
+fn sgd(c: &OptimConfig, weight_decay: f64) -> SgdConfig {
+    SgdConfig::new()
+        // PyTorch's SGD: no dampening.
+        .with_momentum((c.momentum > 0.0).then(|| MomentumConfig::new().with_momentum(c.momentum).with_dampening(0.0)))
+        .with_weight_decay((weight_decay > 0.0).then(|| WeightDecayConfig::new(weight_decay as f32)))
+        .with_gradient_clipping(clip_config(c))
+}
+
+fn adamw(c: &OptimConfig, weight_decay: f64) -> AdamWConfig {
+    AdamWConfig::new()
+        .with_beta_1(c.betas[0] as f32)
+        .with_beta_2(c.betas[1] as f32)
+        .with_epsilon(1e-8)
+        .with_weight_decay(weight_decay as f32)
+        .with_grad_clipping(clip_config(c))
+}
+
+fn adamp(c: &OptimConfig, weight_decay: f64) -> AdamP {
+    AdamP {
+        beta_1: c.betas[0],
+        beta_2: c.betas[1],
+        epsilon: 1e-8,
+        weight_decay,
+        delta: c.adamp_delta,
+        wd_ratio: c.adamp_wd_ratio,
+        linear_layout: false,
+    }
+}
+
+/// The ids of `module`'s parameters of one dimension (biases, norms' weights).
+pub fn one_dimensional<M: Module>(module: &M) -> Vec<ParamId> {
+    struct Ids(Vec<ParamId>);
+    impl ModuleVisitor for Ids {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if D == 1 {
+                self.0.push(param.id);
+            }
+        }
+    }
+    let mut ids = Ids(Vec::new());
+    module.visit(&mut ids);
+    ids.0
+}
+
+fn build_all(c: &OptimConfig, weight_decay: f64, linear_weights: Vec<ParamId>) -> ModuleOptimizer {
+    let clip = clip_config(c);
     match c.optimizer {
-        OptimizerKind::Sgd => SgdConfig::new()
-            // PyTorch's SGD: no dampening.
-            .with_momentum(
-                (c.momentum > 0.0).then(|| MomentumConfig::new().with_momentum(c.momentum).with_dampening(0.0)),
-            )
-            .with_weight_decay((weight_decay > 0.0).then(|| WeightDecayConfig::new(weight_decay as f32)))
-            .with_gradient_clipping(clip)
-            .init(),
-        OptimizerKind::Adamw => AdamWConfig::new()
-            .with_beta_1(c.betas[0] as f32)
-            .with_beta_2(c.betas[1] as f32)
-            .with_epsilon(1e-8)
-            .with_weight_decay(weight_decay as f32)
-            .with_grad_clipping(clip)
-            .init(),
+        OptimizerKind::Sgd => sgd(c, weight_decay).init(),
+        OptimizerKind::Adamw => adamw(c, weight_decay).init(),
         OptimizerKind::Adamp => {
-            let adamp = AdamP {
-                beta_1: c.betas[0],
-                beta_2: c.betas[1],
-                epsilon: 1e-8,
-                weight_decay,
-                delta: c.adamp_delta,
-                wd_ratio: c.adamp_wd_ratio,
-                linear_layout: false,
-            };
+            let adamp = adamp(c, weight_decay);
             let clip = clip.map(|c| c.init());
             let mut o = ModuleOptimizer::from(adamp);
             if let Some(clip) = &clip {
@@ -254,6 +303,36 @@ impl<M: Module> ClipTarget for M {
 mod tests {
     use super::*;
     use burn::tensor::{Device, TensorData};
+
+    /// With `no_weight_decay_1d`, a bias keeps its value under a zero gradient where the weight
+    /// decays; without, both decay (SGD's L2 and AdamW's decoupled decay both halve a weight at
+    /// rate 1 and decay 0.5; AdamP's 1-D parameters decay in full).
+    #[test]
+    fn one_dimensional_parameters_can_be_kept_from_weight_decay() {
+        use burn::nn::LinearConfig;
+        let d = Device::default().autodiff();
+        for kind in [OptimizerKind::Sgd, OptimizerKind::Adamw, OptimizerKind::Adamp] {
+            for excluded in [false, true] {
+                let c = OptimConfig { optimizer: kind, weight_decay: 0.5, momentum: 0.0, ..Default::default() };
+                let mut fc = LinearConfig::new(3, 2).init(&d);
+                fc.bias = Some(Param::from_tensor(Tensor::ones([2], &d)));
+                let w0 = fc.weight.val().into_data().try_to_vec::<f32>().unwrap();
+                let no_decay = if excluded { one_dimensional(&fc) } else { Vec::new() };
+                assert_eq!(one_dimensional(&fc).len(), 1, "{kind:?}: the bias alone is 1-D");
+                let mut o = build(&c, c.weight_decay, linear_weights(&fc), no_decay);
+                // Zero gradients, through a backward pass.
+                let loss = fc.forward(Tensor::<2>::ones([1, 3], &d)).mul_scalar(0.0).sum();
+                let grads = GradientsParams::from_grads(loss.backward(), &fc);
+                let fc = o.step(1.0, fc, grads);
+                let b = fc.bias.unwrap().val().into_data().try_to_vec::<f32>().unwrap();
+                assert_eq!(b, if excluded { vec![1.0, 1.0] } else { vec![0.5, 0.5] }, "{kind:?} excluded {excluded}");
+                if kind != OptimizerKind::Adamp {
+                    let w = fc.weight.val().into_data().try_to_vec::<f32>().unwrap();
+                    assert!(w.iter().zip(&w0).all(|(a, b)| (a - 0.5 * b).abs() < 1e-7), "{kind:?}: the weight halves");
+                }
+            }
+        }
+    }
 
     #[derive(Module, Debug)]
     struct Two {

@@ -567,7 +567,11 @@ fn zeroshot_line(step: u64, s: &ZeroShotScores) -> serde_json::Value {
 /// AdamP's `Linear` group made from these parameters' ids.
 fn optimisers(optim: &OptimConfig, encoder: &DualEncoder, loss: &LossParams) -> (ModuleOptimizer, ModuleOptimizer) {
     let build = super::optim::build;
-    (build(optim, optim.weight_decay, linear_weights(encoder)), build(optim, 0.0, linear_weights(loss)))
+    let no_decay = if optim.no_weight_decay_1d { super::optim::one_dimensional(encoder) } else { Vec::new() };
+    (
+        build(optim, optim.weight_decay, linear_weights(encoder), no_decay),
+        build(optim, 0.0, linear_weights(loss), Vec::new()),
+    )
 }
 
 /// The config an earlier run recorded in its `config.json`, read as that build meant it: one
