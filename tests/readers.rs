@@ -482,13 +482,18 @@ fn imagenet21k_entries_that_are_not_image_files() {
     std::fs::create_dir(dir.path().join("extra")).unwrap();
     let bad = std::ffi::OsStr::from_bytes(b"bad\xffname.jpg");
     std::fs::write(synset.join(bad), b"\xff\xd8").unwrap();
+    // A macOS resource fork beside its image (AppleDouble metadata, named like an image).
+    std::fs::write(synset.join("._a.jpg"), b"\x00\x05\x16\x07").unwrap();
     let (d, data, rejects) =
         run_pipeline(&read_only(&format!("type = \"read_imagenet21k\"\nroot = \"{}\"", dir.path().display())));
     assert_eq!(strs(&data, "sample_id"), ["n00000001/a.jpg"]);
-    // In name order: a.jpg, bad\xffname.jpg, broken.jpg, sub.jpg.
-    assert_eq!(reasons(&rejects), [("invalid_utf8".into(), 1), ("not_a_file".into(), 2), ("not_a_file".into(), 3)]);
+    // In name order: ._a.jpg, a.jpg, bad\xffname.jpg, broken.jpg, sub.jpg.
+    assert_eq!(
+        reasons(&rejects),
+        [("resource_fork".into(), 0), ("invalid_utf8".into(), 2), ("not_a_file".into(), 3), ("not_a_file".into(), 4)]
+    );
     let raw = arrow_array::cast::AsArray::as_binary::<i32>(rejects[0].column_by_name("raw").unwrap());
-    assert_eq!(raw.value(0), b"n00000001/bad\xffname.jpg");
+    assert_eq!(raw.value(1), b"n00000001/bad\xffname.jpg");
     // The images are not read for the fingerprint (nor is the broken link followed).
     let m = json_file(&d.path().join("out/manifest.json"));
     assert!(m["input_fingerprint"].as_str().unwrap().starts_with("listing-xxh3-128:"), "{m}");

@@ -5,9 +5,10 @@
 //!
 //! `sample_id` is the path below the root (`n01440764/n01440764_10026.JPEG`); `path` is the
 //! file's path as reachable from where curate runs. Files are listed in sorted order. A file
-//! that is not an image (by extension) is an `unsupported_extension` reject; a folder or a
-//! broken link where an image should be is `not_a_file`; a name that is not UTF-8 is
-//! `invalid_utf8` (raw: the name's bytes). Entries of the root that are not synset folders (the
+//! that is not an image (by extension) is an `unsupported_extension` reject, and a macOS
+//! resource fork (`._name.JPEG`, which copies from a Mac leave beside each image) a
+//! `resource_fork` one; a folder or a broken link where an image should be is `not_a_file`; a
+//! name that is not UTF-8 is `invalid_utf8` (raw: the name's bytes). Entries of the root that are not synset folders (the
 //! words file aside) are counted as skipped (`outside_synset_folders`).
 //!
 //! The manifest's fingerprint of this input is of its listing as this reader sees it (the synset
@@ -374,7 +375,11 @@ impl Reader for ReadImagenet21k {
                 };
                 let id = format!("{synset}/{file}");
                 let ext = file.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).unwrap_or_default();
-                if !self.extensions.contains(&ext) {
+                if file.starts_with("._") {
+                    // macOS's AppleDouble companion of `file[2..]`: its metadata, not an image.
+                    let detail = "a macOS resource fork (`._` file), not an image".to_owned();
+                    rejects.push(reject(Some(id.clone()), "resource_fork", detail, id.into_bytes()));
+                } else if !self.extensions.contains(&ext) {
                     let detail = format!("`.{ext}` is not one of {:?}", self.extensions);
                     rejects.push(reject(Some(id.clone()), "unsupported_extension", detail, id.into_bytes()));
                 } else {
