@@ -835,3 +835,84 @@ fn a_wrong_element_of_a_path_list_does_not_hide_a_missing_file() {
     check("[2, \"missing.tsv\"]", true);
     check("[2]", false);
 }
+
+/// Stages that would reject every row, or lose an earlier stage's work, are refused at compile
+/// time: images read from rows that name them by URL only or not at all, captions embedded from
+/// rows that have none, a second encoder's `embedding` over the first's.
+#[test]
+fn pipelines_that_would_reject_every_row_or_replace_an_embedding_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.toml");
+    let check = |stages: &str, want: &[&str]| {
+        let text =
+            format!("output_dir = \"{}/out\"\n{stages}[[stage]]\ntype = \"write_parquet\"\n", dir.path().display());
+        std::fs::write(&file, text).unwrap();
+        let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+        assert_eq!(code, 2, "{stderr}");
+        for w in want {
+            assert!(stderr.contains(w), "`{w}` in: {stderr}");
+        }
+    };
+    let image = "[[stage]]\ntype = \"encode_image\"\nmodel = \"tests/fixtures/models/tiny_resnet.safetensors\"\narch = \"tiny_resnet\"\n";
+    let text = "[[stage]]\ntype = \"encode_text\"\nmodel = \"tests/fixtures/models/tiny_bert\"\n";
+    let cc = "[[stage]]\ntype = \"read_cc_tsv\"\npath = \"data/cc3m_sample.tsv\"\n";
+    check(&format!("{cc}{image}"), &["name their image by URL only", "download the images first"]);
+    let table = "[[stage]]\ntype = \"read_table\"\npath = \"data/train_sample/train.parquet\"\ncolumns = { sample_id = \"sample_id\", caption = \"caption\" }\n";
+    check(&format!("{table}{image}"), &["name no image", "map a `path` column"]);
+    let imagenet = "[[stage]]\ntype = \"read_imagenet21k\"\nroot = \"data/imagenet21k_sample\"\n";
+    check(&format!("{imagenet}{text}"), &["embeds captions, but the rows it gets have none"]);
+    check(&format!("{cc}{text}{text}"), &["have an `embedding` already", "one encoder per pipeline"]);
+    // A column an earlier stage made and the encoder does not pass on is named as such.
+    let writer = "[[stage]]\ntype = \"write_parquet\"\ncolumns = [\"caption\", \"embedding\"]\n";
+    std::fs::write(&file, format!("output_dir = \"{}/out\"\n{imagenet}{image}{writer}", dir.path().display())).unwrap();
+    let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("missing column `caption`: stage `encode_image` does not pass it on"), "{stderr}");
+    // The same stages with what they need compile.
+    std::fs::write(
+        &file,
+        format!(
+            "output_dir = \"{}/out\"\n{imagenet}{image}[[stage]]\ntype = \"write_parquet\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stderr}");
+}
+
+/// A run replaces `config.json` and the report in its folder: in a folder that holds no earlier
+/// pipeline run (a training run, someone's own report) it is refused before anything is touched.
+#[test]
+fn a_folder_of_another_kind_is_not_written_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("trainrun");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("config.json"), r#"{"name": "t", "loss": {"type": "infonce"}}"#).unwrap();
+    std::fs::write(out.join("model.bpk"), b"weights").unwrap();
+    let set = format!("output_dir={}", out.display());
+    for cmd in ["validate", "run"] {
+        let (code, _, stderr) = curate(&[cmd, "pipelines/bow.toml", "--set", &set]);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(stderr.contains("holds `config.json`, `model.bpk (a `curate train` run)`"), "{stderr}");
+        assert!(stderr.contains("no earlier pipeline run"), "{stderr}");
+    }
+    assert_eq!(std::fs::read(out.join("model.bpk")).unwrap(), b"weights");
+    assert!(std::fs::read_to_string(out.join("config.json")).unwrap().contains("infonce"), "not replaced");
+    // Someone's own report, with no config at all.
+    let mine = dir.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::write(mine.join("report.md"), "# my notes\n").unwrap();
+    let (code, _, stderr) =
+        curate(&["validate", "pipelines/bow.toml", "--set", &format!("output_dir={}", mine.display())]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("holds `report.md`"), "{stderr}");
+    // An earlier pipeline run's folder is the run's to replace.
+    let earlier = dir.path().join("earlier");
+    std::fs::create_dir(&earlier).unwrap();
+    std::fs::write(earlier.join("config.json"), r#"{"output_dir": "x", "stage": [{"type": "read_cc_tsv"}]}"#).unwrap();
+    std::fs::write(earlier.join("report.md"), "# report\n").unwrap();
+    let (code, _, stderr) =
+        curate(&["validate", "pipelines/bow.toml", "--set", &format!("output_dir={}", earlier.display())]);
+    assert_eq!(code, 0, "{stderr}");
+}

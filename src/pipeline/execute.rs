@@ -719,7 +719,7 @@ fn fit_passes(
 
 /// Whether a file named `name` in a shard folder is one a run writes, finished or not (and so
 /// clears before it starts).
-fn is_run_shard(name: &str) -> bool {
+pub fn is_run_shard(name: &str) -> bool {
     (name.starts_with("part-") && name.ends_with(".parquet"))
         || (name.starts_with(".part-") && name.ends_with(".parquet.tmp"))
 }

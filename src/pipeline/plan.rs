@@ -30,7 +30,7 @@ use crate::stages::{
     bow, encode_image, encode_text, mine_pseudo_bow, read_cc_tsv, read_imagenet21k, read_img2dataset, read_table,
     read_yfcc, write_parquet,
 };
-use crate::stages::{Problems, Reader, Transform};
+use crate::stages::{ImageRefs, Problems, Reader, Transform};
 
 /// Top-level keys of a pipeline file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -143,6 +143,7 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
     let mut untyped: Vec<usize> = Vec::new();
     // The schema flowing into the next stage, so each transform is checked against its input.
     let mut schema = schema::pairs();
+    let mut dropped: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     for (i, table) in doc.indexed_stages() {
         let at = format!("stage[{i}]");
         let Some(ty) = table.get("type") else {
@@ -293,7 +294,19 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
             *m = with_type;
         }
         match &stage {
-            Some(Built::Transform(t)) => schema = t.output_schema(),
+            Some(Built::Transform(t)) => {
+                let next = t.output_schema();
+                // Columns this stage does not pass on, for the writer's `missing column` message.
+                for f in schema.fields() {
+                    if next.field_with_name(f.name()).is_err() {
+                        dropped.insert(f.name().clone(), name.clone());
+                    }
+                }
+                for f in next.fields() {
+                    dropped.remove(f.name());
+                }
+                schema = next;
+            }
             // `bow` writes the same columns whatever its settings: the writer's `columns` are
             // still checked when a setting of it is wrong.
             None if ty == bow::TYPE => schema = bow::output_schema(),
@@ -306,7 +319,8 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
     check_order(doc, &built, &untyped, &types, &mut diags);
     check_bow_has_captions(doc, &built, &mut diags);
     check_images_can_be_found(doc, &built, &mut diags);
-    let output_schema = if schema_known { written_schema(doc, &built, &schema, &mut diags) } else { schema.clone() };
+    let output_schema =
+        if schema_known { written_schema(doc, &built, &schema, &dropped, &mut diags) } else { schema.clone() };
     check_inputs_are_not_cleared(doc, &built, top.as_ref(), &mut diags);
     check_output_places(doc, &built, top.as_ref(), &mut diags);
 
@@ -490,32 +504,39 @@ fn check_order(
     }
 }
 
-/// `bow` deforms captions: after a reader that gives none (an image folder, a table without a
-/// caption column), with no `mine_pseudo_bow` to make them, every row would be rejected.
+/// `bow` deforms captions and `encode_text` embeds them (its `column` by default): after a reader
+/// that gives none (an image folder, a table without a caption column), with no
+/// `mine_pseudo_bow` to make them, every row would be rejected.
 fn check_bow_has_captions(doc: &ConfigDoc, built: &[Compiled], diags: &mut Vec<Diagnostic>) {
     let mut captions = true;
     for b in built {
         match (&b.stage, b.resolved["type"].as_str()) {
             (Some(Built::Reader(r)), _) => captions = r.has_captions(),
             (_, Some(mine_pseudo_bow::TYPE)) => captions = true,
-            (_, Some(bow::TYPE)) if !captions => diags.push(
-                Diagnostic::new(format!(
-                    "stage `{}` deforms captions, but the rows it gets have none: every row would be rejected",
-                    b.name
-                ))
-                .at(doc.location(&format!("stage[{}]", b.index)))
-                .hint(
-                    "map a caption column (`read_table`), or make pseudo-BoW captions first with a \
+            (_, Some(t @ (bow::TYPE | encode_text::TYPE)))
+                if !captions && (t == bow::TYPE || b.resolved["column"].as_str().unwrap_or("caption") == "caption") =>
+            {
+                diags.push(
+                    Diagnostic::new(format!(
+                        "stage `{}` {} captions, but the rows it gets have none: every row would be rejected",
+                        b.name,
+                        if t == bow::TYPE { "deforms" } else { "embeds" }
+                    ))
+                    .at(doc.location(&format!("stage[{}]", b.index)))
+                    .hint(
+                        "map a caption column (`read_table`), or make pseudo-BoW captions first with a \
                      `mine_pseudo_bow` stage (uncaptioned images, e.g. `read_imagenet21k`)",
-                ),
-            ),
+                    ),
+                )
+            }
             _ => {}
         }
     }
 }
 
-/// The image stages after a reader whose rows name a shard and a key, not a path
-/// (`read_img2dataset`): without `shards_dir` every row would be rejected (`missing_image`).
+/// The image stages after a reader whose rows do not name their image by path: by a shard and a
+/// key (`read_img2dataset`: without `shards_dir`), by URL only (images not downloaded) or not at
+/// all; every row would be rejected (`missing_image`).
 fn check_images_can_be_found(doc: &ConfigDoc, built: &[Compiled], diags: &mut Vec<Diagnostic>) {
     let Some(reader) = built.iter().find_map(|b| match &b.stage {
         Some(Built::Reader(r)) => Some(r),
@@ -523,28 +544,47 @@ fn check_images_can_be_found(doc: &ConfigDoc, built: &[Compiled], diags: &mut Ve
     }) else {
         return;
     };
-    if reader.gives_image_paths() {
-        return;
-    }
+    let refs = reader.image_refs();
     for b in built {
         let image_stage = matches!(b.resolved["type"].as_str(), Some(encode_image::TYPE | mine_pseudo_bow::TYPE));
-        if image_stage && b.stage.is_some() && b.resolved["shards_dir"].is_null() {
-            diags.push(
-                Diagnostic::new(format!(
-                    "stage `{}` reads images, but the rows it gets name a tar shard and a key, not a path: \
-                     without `shards_dir` every row would be rejected (`missing_image`)",
-                    b.name
-                ))
-                .at(doc.location(&format!("stage[{}]", b.index)))
-                .hint("set `shards_dir` to the folder of img2dataset's `.tar` shards"),
-            );
+        if !image_stage || b.stage.is_none() {
+            continue;
         }
+        let (what, hint) = match refs {
+            ImageRefs::Paths => continue,
+            ImageRefs::ShardKeys if !b.resolved["shards_dir"].is_null() => continue,
+            ImageRefs::ShardKeys => (
+                "name a tar shard and a key, not a path: without `shards_dir`",
+                "set `shards_dir` to the folder of img2dataset's `.tar` shards",
+            ),
+            ImageRefs::UrlsOnly => (
+                "name their image by URL only, and curate reads image files:",
+                "download the images first (e.g. with img2dataset) and read its output with \
+                 `read_img2dataset`, or map a `path` column with `read_table`",
+            ),
+            ImageRefs::Nothing => ("name no image:", "map a `path` column (`read_table`)"),
+        };
+        diags.push(
+            Diagnostic::new(format!(
+                "stage `{}` reads images, but the rows it gets {what} every row would be rejected (`missing_image`)",
+                b.name
+            ))
+            .at(doc.location(&format!("stage[{}]", b.index)))
+            .hint(hint),
+        );
     }
 }
 
 /// The schema written: the writer's `columns` (each produced by an earlier stage, once) out of
 /// `schema`, the one the stages produce; all of it without `columns`.
-fn written_schema(doc: &ConfigDoc, built: &[Compiled], schema: &SchemaRef, diags: &mut Vec<Diagnostic>) -> SchemaRef {
+/// `dropped` names, for a column an earlier stage made, the stage that did not pass it on.
+fn written_schema(
+    doc: &ConfigDoc,
+    built: &[Compiled],
+    schema: &SchemaRef,
+    dropped: &std::collections::HashMap<String, String>,
+    diags: &mut Vec<Diagnostic>,
+) -> SchemaRef {
     let mut output_schema = schema.clone();
     let writer_index = built.iter().position(|b| b.kind == Kind::Write);
     if let Some(wi) = writer_index {
@@ -570,9 +610,12 @@ fn written_schema(doc: &ConfigDoc, built: &[Compiled], schema: &SchemaRef, diags
                         ),
                         Ok(f) => picked.push(Arc::new(f.clone())),
                         Err(_) => diags.push(
-                            Diagnostic::new(format!("missing column `{c}`: no earlier stage produces it"))
-                                .at(doc.location(&format!("stage[{wi_file}].columns[{j}]")))
-                                .hint(column_hint(c, &available)),
+                            Diagnostic::new(match dropped.get(c) {
+                                Some(stage) => format!("missing column `{c}`: stage `{stage}` does not pass it on"),
+                                None => format!("missing column `{c}`: no earlier stage produces it"),
+                            })
+                            .at(doc.location(&format!("stage[{wi_file}].columns[{j}]")))
+                            .hint(column_hint(c, &available)),
                         ),
                     }
                 }
@@ -625,6 +668,62 @@ fn check_output_places(doc: &ConfigDoc, built: &[Compiled], top: Option<&Pipelin
             );
         }
     }
+    // Files a run replaces, in a folder that holds no earlier pipeline run (a training run's
+    // `config.json` and `model.bpk`, someone's `report.md`): they are not a run's to replace.
+    let data_dir = out.join(data.map_or("data", |(dir, _)| dir));
+    if let Some(foreign) = foreign_files(out, &data_dir) {
+        diags.push(
+            Diagnostic::new(format!(
+                "`{}` holds {foreign} but no earlier pipeline run (its `config.json` has no `[[stage]]`, or there is none): \
+                 a run would replace them",
+                out.display()
+            ))
+            .at(doc.location("output_dir"))
+            .hint("write to another `output_dir` (e.g. `--set output_dir=out/bow`)"),
+        );
+    }
+    // Folders a run clears and writes in: one it cannot write in would fail the run only after it
+    // had removed the earlier run's manifest and report.
+    // (`output_dir` itself is checked with the other keys.)
+    let mut places: Vec<PathBuf> = vec![out.join("rejects"), out.join("plots")];
+    places.extend(data.map(|(dir, _)| out.join(dir)));
+    for place in places {
+        if let Some(why) = place.is_dir().then(|| unwritable(&place)).flatten() {
+            diags.push(
+                Diagnostic::new(format!("the run clears and writes `{}`: {why}", place.display()))
+                    .at(doc.location("output_dir"))
+                    .hint("make it writable (`chmod u+w`), or write to another `output_dir`"),
+            );
+        }
+    }
+}
+
+/// What in `out` a run would replace although no earlier pipeline run made it: `None` when `out`
+/// holds an earlier run (a `config.json` with stages, or shards in `data_dir` or `rejects/`),
+/// none of the files a run writes beside its data, or is not a folder.
+fn foreign_files(out: &Path, data_dir: &Path) -> Option<String> {
+    let config = std::fs::read_to_string(out.join("config.json")).ok();
+    let pipeline_config = config
+        .as_deref()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+        .is_some_and(|v| v["stage"].is_array());
+    let has_shards = |dir: &Path| {
+        std::fs::read_dir(dir).is_ok_and(|mut d| {
+            d.any(|e| e.is_ok_and(|e| crate::pipeline::execute::is_run_shard(&e.file_name().to_string_lossy())))
+        })
+    };
+    if pipeline_config || has_shards(data_dir) || has_shards(&out.join("rejects")) {
+        return None;
+    }
+    let mut names: Vec<&str> =
+        crate::pipeline::execute::RUN_FILES.iter().copied().filter(|n| out.join(n).is_file()).collect();
+    if names.is_empty() {
+        return None;
+    }
+    if out.join("model.bpk").is_file() {
+        names.push("model.bpk (a `curate train` run)");
+    }
+    Some(names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", "))
 }
 
 fn check_inputs_are_not_cleared(

@@ -59,6 +59,7 @@ fn default_batch() -> usize {
 impl EncodeImageConfig {
     pub fn build(&self, input: &SchemaRef, device: &Device, problems: &mut Problems) -> Option<EncodeImage> {
         let references = images::reference_columns(input, TYPE, problems);
+        super::check_no_embedding_yet(input, problems);
         if self.batch_size == 0 {
             problems.push("batch_size", "batch_size must be at least 1", None);
         }

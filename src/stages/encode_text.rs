@@ -75,6 +75,7 @@ impl EncodeTextConfig {
                 );
             }
         }
+        super::check_no_embedding_yet(input, problems);
         if self.batch_size == 0 {
             problems.push("batch_size", "batch_size must be at least 1", None);
         }

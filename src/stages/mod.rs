@@ -79,11 +79,35 @@ pub trait Reader: Send + Sync {
     fn has_captions(&self) -> bool {
         true
     }
-    /// Whether rows name their image by `path` (not so for img2dataset's, which name a shard and
-    /// a key: the image stages then need `shards_dir`).
-    fn gives_image_paths(&self) -> bool {
-        true
+    /// How rows name their images, for the stages that read them.
+    fn image_refs(&self) -> ImageRefs {
+        ImageRefs::Paths
     }
+}
+
+/// An encoder's `embedding` would replace an earlier encoder's: one encoder per pipeline.
+pub fn check_no_embedding_yet(input: &SchemaRef, problems: &mut Problems) {
+    if input.field_with_name("embedding").is_ok() {
+        problems.push(
+            "type",
+            "the rows have an `embedding` already (an earlier encoder's), which this stage's would replace",
+            Some("one encoder per pipeline: embed with each model in a pipeline of its own".into()),
+        );
+    }
+}
+
+/// How a reader's rows name their images.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageRefs {
+    /// By file (`path`).
+    Paths,
+    /// By tar shard and key (img2dataset's webdataset): the image stages then need `shards_dir`.
+    ShardKeys,
+    /// By URL only (Conceptual Captions, YFCC, a table whose `path` is not mapped): the images
+    /// are not downloaded, and the image stages read files.
+    UrlsOnly,
+    /// Not at all (a table with neither `path` nor `url` mapped).
+    Nothing,
 }
 
 /// A stage that maps chunks to chunks, possibly after fitting on the whole input.

@@ -50,6 +50,10 @@ pub struct ReadCcTsv {
 }
 
 impl Reader for ReadCcTsv {
+    fn image_refs(&self) -> super::ImageRefs {
+        super::ImageRefs::UrlsOnly
+    }
+
     fn inputs(&self) -> Vec<PathBuf> {
         self.files.clone()
     }

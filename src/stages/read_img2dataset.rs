@@ -117,8 +117,8 @@ impl Reader for ReadImg2dataset {
         self.files.clone()
     }
 
-    fn gives_image_paths(&self) -> bool {
-        false
+    fn image_refs(&self) -> super::ImageRefs {
+        super::ImageRefs::ShardKeys
     }
 
     fn open(&self) -> Result<ChunkIter<'_>> {

@@ -214,6 +214,11 @@ impl ReadTableConfig {
             indexes,
             widths,
             caption_mapped: self.columns.caption.is_some(),
+            image_refs: match (&self.columns.path, &self.columns.url) {
+                (Some(_), _) => super::ImageRefs::Paths,
+                (None, Some(_)) => super::ImageRefs::UrlsOnly,
+                (None, None) => super::ImageRefs::Nothing,
+            },
             id_mapped: self.columns.sample_id.is_some(),
             path_cut_at: self.path_cut_at.clone(),
             image_root,
@@ -607,6 +612,8 @@ pub struct ReadTable {
     /// For each TSV file: the fields every line must have (see [`ReadTableConfig::resolve`]).
     widths: Vec<usize>,
     caption_mapped: bool,
+    /// How rows name their images: by the mapped `path`, else the mapped `url`.
+    image_refs: super::ImageRefs,
     /// Without a mapped id, rows (rejected ones too) are known by `file#row`.
     id_mapped: bool,
     path_cut_at: Option<String>,
@@ -694,6 +701,10 @@ impl Reader for ReadTable {
 
     fn has_captions(&self) -> bool {
         self.caption_mapped
+    }
+
+    fn image_refs(&self) -> super::ImageRefs {
+        self.image_refs
     }
 
     fn open(&self) -> Result<ChunkIter<'_>> {

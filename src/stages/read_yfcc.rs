@@ -187,6 +187,10 @@ const LAYOUT_25: Layout = Layout { id: 1, title: 8, description: 9, download_url
 const LAYOUT_23: Layout = Layout { id: 0, title: 6, description: 7, download_url: 14, marker: 22 };
 
 impl Reader for ReadYfcc {
+    fn image_refs(&self) -> super::ImageRefs {
+        super::ImageRefs::UrlsOnly
+    }
+
     fn inputs(&self) -> Vec<PathBuf> {
         self.files.iter().chain(&self.subset_files).cloned().collect()
     }

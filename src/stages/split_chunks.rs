@@ -77,8 +77,8 @@ impl Reader for SplitChunks {
     fn has_captions(&self) -> bool {
         self.inner.has_captions()
     }
-    fn gives_image_paths(&self) -> bool {
-        self.inner.gives_image_paths()
+    fn image_refs(&self) -> super::ImageRefs {
+        self.inner.image_refs()
     }
 }
 
