@@ -907,6 +907,11 @@ fn a_folder_of_another_kind_is_not_written_over() {
         curate(&["validate", "pipelines/bow.toml", "--set", &format!("output_dir={}", mine.display())]);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("holds `report.md`"), "{stderr}");
+    // An image folder's root as the output folder would change the listing the run reads.
+    let (code, _, stderr) =
+        curate(&["validate", "pipelines/image_teacher.toml", "--set", "output_dir=data/imagenet21k_sample"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("`output_dir` is the input folder `data/imagenet21k_sample`"), "{stderr}");
     // An earlier pipeline run's folder is the run's to replace.
     let earlier = dir.path().join("earlier");
     std::fs::create_dir(&earlier).unwrap();
@@ -915,4 +920,15 @@ fn a_folder_of_another_kind_is_not_written_over() {
     let (code, _, stderr) =
         curate(&["validate", "pipelines/bow.toml", "--set", &format!("output_dir={}", earlier.display())]);
     assert_eq!(code, 0, "{stderr}");
+}
+
+#[test]
+fn a_duplicate_key_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.toml");
+    std::fs::write(&file, "output_dir = \"x\"\n[[stage]]\ntype = \"read_cc_tsv\"\npath = \"a\"\npath = \"b\"\n")
+        .unwrap();
+    let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("invalid TOML: duplicate key `path`") && stderr.contains("p.toml:5:1"), "{stderr}");
 }

@@ -88,7 +88,18 @@ impl ConfigDoc {
             Ok(t) => t,
             Err(e) => {
                 let loc = e.span().map(|s| location_in(path, &source, s.start));
-                let first = e.message().lines().next().unwrap_or("invalid TOML").to_owned();
+                let mut first = e.message().lines().next().unwrap_or("invalid TOML").to_owned();
+                // The parser names no key: it is the text of the line before its `=`.
+                if first == "duplicate key" {
+                    let key = e.span().and_then(|s| source.get(s.start..)).and_then(|rest| {
+                        let line = rest.lines().next()?;
+                        let key = line.split('=').next()?.trim().trim_matches(['[', ']']).trim();
+                        (!key.is_empty()).then(|| key.to_owned())
+                    });
+                    if let Some(key) = key {
+                        first = format!("duplicate key `{key}` (each key is set once per table)");
+                    }
+                }
                 return Err(vec![Diagnostic::new(format!("invalid TOML: {first}"))
                     .at(loc)
                     .hint("see https://toml.io for the syntax")]);

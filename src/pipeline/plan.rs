@@ -740,6 +740,23 @@ fn check_inputs_are_not_cleared(
         Some(Built::Write(w)) if w.dir_problem().is_none() => Some(w),
         _ => None,
     });
+    if let (Some((r, _)), Some(t)) = (reader, &top) {
+        // An input folder (an image folder's root) that is the output folder: the run's own files
+        // would change the listing it reads, and every run would stop as "changed while read".
+        let out = Path::new(&t.output_dir).canonicalize().ok();
+        for input in r.inputs().iter().filter(|p| p.is_dir()) {
+            if out.is_some() && input.canonicalize().ok() == out {
+                diags.push(
+                    Diagnostic::new(format!(
+                        "`output_dir` is the input folder `{}`: the run's files would change the listing it reads",
+                        input.display()
+                    ))
+                    .at(doc.location("output_dir"))
+                    .hint("write to a folder inside it (e.g. `curated`) or elsewhere"),
+                );
+            }
+        }
+    }
     if let (Some((r, ri)), Some(w), Some(t)) = (reader, writer, &top) {
         let out = PathBuf::from(&t.output_dir);
         let (data, rejects) = (out.join(&w.dir), out.join("rejects"));
