@@ -77,7 +77,19 @@ impl ConfigDoc {
         })?;
         if is_json_path(path) {
             let root = json_as_table(path, &source)?;
-            let origins = json_spans(&source);
+            let (origins, twice) = json_walk(&source);
+            if !twice.is_empty() {
+                return Err(twice
+                    .into_iter()
+                    .map(|(key, at)| {
+                        Diagnostic::new(format!(
+                            "invalid JSON: duplicate key `{key}` (each key is set once per object)"
+                        ))
+                        .at(Some(location_in(path, &source, at)))
+                        .hint("keep one of them: JSON readers disagree on which one counts")
+                    })
+                    .collect());
+            }
             return Ok(Self::assemble(path, source, root, origins, overrides));
         }
         Self::parse(path, source, overrides)
@@ -650,11 +662,19 @@ fn json_text(v: &Value) -> String {
 /// Where each key and value of a JSON document sits in its text, by the paths TOML's values get
 /// (`stage[1].keep_words`), so that a JSON pipeline's problems are placed by line as a TOML
 /// file's are. `source` is valid JSON (serde_json has read it); the walk stops early otherwise.
+#[cfg(test)]
 fn json_spans(source: &str) -> HashMap<String, Origin> {
+    json_walk(source).0
+}
+
+/// [`json_spans`], and the keys set twice in one object (their path and the byte offset of the
+/// second), which `serde_json` reads as the last one silently.
+fn json_walk(source: &str) -> (HashMap<String, Origin>, Vec<(String, usize)>) {
     struct Walk<'a> {
         s: &'a [u8],
         i: usize,
         out: HashMap<String, Origin>,
+        twice: Vec<(String, usize)>,
     }
     impl Walk<'_> {
         fn peek(&mut self) -> Option<u8> {
@@ -683,13 +703,18 @@ fn json_spans(source: &str) -> HashMap<String, Origin> {
             match first {
                 b'{' => {
                     self.i += 1;
+                    let mut seen = std::collections::HashSet::new();
                     while self.peek()? != b'}' {
                         let k = self.i;
                         let name = self.string()?;
                         let key = k..self.i;
                         (self.peek()? == b':').then_some(())?;
                         self.i += 1;
+                        let twice = !seen.insert(name.clone());
                         let child = if path.is_empty() { name } else { format!("{path}.{name}") };
+                        if twice {
+                            self.twice.push((child.clone(), k));
+                        }
                         self.value(child, key)?;
                         if self.peek()? == b',' {
                             self.i += 1;
@@ -726,11 +751,11 @@ fn json_spans(source: &str) -> HashMap<String, Origin> {
         }
     }
     let bom = if source.starts_with('\u{feff}') { '\u{feff}'.len_utf8() } else { 0 };
-    let mut walk = Walk { s: source.as_bytes(), i: bom, out: HashMap::new() };
+    let mut walk = Walk { s: source.as_bytes(), i: bom, out: HashMap::new(), twice: Vec::new() };
     walk.peek();
     let start = walk.i;
     walk.value(String::new(), start..start);
-    walk.out
+    (walk.out, walk.twice)
 }
 
 fn record_spans(origins: &mut HashMap<String, Origin>, prefix: &str, table: &DeTable<'_>) {
@@ -1136,6 +1161,15 @@ mod tests {
         let d = doc("[[stage]]\na = \"x\"\nb = true\n", &[]);
         let (s, dropped) = d.extract_recovering::<S>("stage[0]", &Value::Table(d.stages()[0].clone()), &mut diags);
         assert_eq!((s, dropped.len()), (None, 1));
+    }
+
+    #[test]
+    fn json_keys_set_twice_in_one_object_are_found() {
+        let json =
+            r#"{"seed": 1, "stage": [{"type": "bow", "keep_words": 4, "keep_words": 1}, {"type": "bow"}], "seed": 2}"#;
+        let (_, twice) = json_walk(json);
+        let found: Vec<(&str, &str)> = twice.iter().map(|(k, at)| (k.as_str(), &json[*at..*at + 6])).collect();
+        assert_eq!(found, [("stage[0].keep_words", "\"keep_"), ("seed", "\"seed\"")]);
     }
 
     #[test]
