@@ -932,3 +932,11 @@ fn a_duplicate_key_is_named() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("invalid TOML: duplicate key `path`") && stderr.contains("p.toml:5:1"), "{stderr}");
 }
+
+#[test]
+fn a_choice_given_a_number_lists_its_names() {
+    let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", "bow.mode=1"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("`bow.mode`: wrong type: expected a name (quoted text)"), "{stderr}");
+    assert!(stderr.contains("hint: one of `\"mostly\"`, `\"only\"`"), "{stderr}");
+}

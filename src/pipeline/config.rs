@@ -492,7 +492,14 @@ impl ConfigDoc {
                             return (None, dropped);
                         }
                     }
-                    let (msg, hint) = explain_serde_error(&message, &join(shown));
+                    let (msg, mut hint) = explain_serde_error(&message, &join(shown));
+                    // A choice given as a number, a list or a table: say what it takes.
+                    if hint.is_none() && message.starts_with("invalid type") {
+                        if let Some(names) = choices_at::<T>(&value, &now).filter(|n| !n.is_empty()) {
+                            let names: Vec<String> = names.iter().map(|n| format!("`\"{n}\"`")).collect();
+                            hint = Some(format!("one of {} (a quoted name)", names.join(", ")));
+                        }
+                    }
                     // An unknown key is shown at the key, as the file's other unknown keys are.
                     let at = if message.starts_with("unknown field `") {
                         self.key_location(&full).or_else(|| self.location(&full))
@@ -860,6 +867,42 @@ fn culprits(table: &Table, message: &str) -> Vec<String> {
         .collect()
 }
 
+/// Sets the value at `path` (which must be there) to `new`.
+fn replace_path(value: &mut Value, path: &str, new: Value) -> bool {
+    let parts: Vec<&str> = path.split('.').collect();
+    let mut cur = value;
+    for part in parts {
+        let (name, index) = match part.split_once('[') {
+            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (part, None),
+        };
+        let Some(next) = cur.as_table_mut().and_then(|t| t.get_mut(name)) else { return false };
+        cur = match index {
+            Some(ix) => match next.as_array_mut().and_then(|a| a.get_mut(ix)) {
+                Some(v) => v,
+                None => return false,
+            },
+            None => next,
+        };
+    }
+    *cur = new;
+    true
+}
+
+/// The names a key of a choice takes (an enum's variants), learnt by giving it a name it cannot
+/// have: serde then lists them. `None` for a key that is no choice.
+fn choices_at<T: DeserializeOwned>(value: &Value, path: &str) -> Option<Vec<String>> {
+    let mut probe = value.clone();
+    if !replace_path(&mut probe, path, Value::String("\u{1}".into())) {
+        return None;
+    }
+    let e = serde_path_to_error::deserialize::<_, T>(probe).err()?;
+    let m = e.inner().message();
+    let rest = m.strip_prefix("unknown variant ")?;
+    let expected = rest.split("expected").nth(1)?.split('`').skip(1).step_by(2).map(str::to_owned).collect();
+    Some(expected)
+}
+
 fn remove_path(value: &mut Value, path: &str) -> bool {
     let parts: Vec<&str> = path.split('.').collect();
     let mut cur = value;
@@ -935,6 +978,10 @@ fn explain_serde_error(message: &str, shown: &str) -> (String, Option<String>) {
         } else {
             (format!("`{shown}`: missing required key `{key}`"), Some(format!("add `{key} = ...` to this stage")))
         };
+    }
+    // A number, a list or a table where a choice's name goes (toml's wording).
+    if message.starts_with("invalid type") && message.ends_with("expected string only") {
+        return (format!("`{shown}`: wrong type: expected a name (quoted text)"), None);
     }
     if message.starts_with("invalid type") || message.starts_with("invalid value") {
         let message = plain_type_names(message);
