@@ -940,3 +940,23 @@ fn a_choice_given_a_number_lists_its_names() {
     assert!(stderr.contains("`bow.mode`: wrong type: expected a name (quoted text)"), "{stderr}");
     assert!(stderr.contains("hint: one of `\"mostly\"`, `\"only\"`"), "{stderr}");
 }
+
+#[test]
+fn set_addresses_one_element_of_an_array() {
+    let cols = "write_parquet.columns=[\"sample_id\", \"caption\"]";
+    let (code, _, stderr) =
+        curate(&["validate", "pipelines/bow.toml", "--set", cols, "--set", "write_parquet.columns[1]=captoin"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("missing column `captoin`") && stderr.contains("--set write_parquet.columns[1]=captoin"));
+    assert!(stderr.contains("did you mean `caption`?"), "{stderr}");
+    let (code, _, stderr) =
+        curate(&["validate", "pipelines/bow.toml", "--set", cols, "--set", "write_parquet.columns[1]=split"]);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, _, stderr) =
+        curate(&["validate", "pipelines/bow.toml", "--set", cols, "--set", "write_parquet.columns[2]=split"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("`columns` has 2 element(s), numbered from 0"), "{stderr}");
+    let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", "bow.keep_words[0]=3"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("there is no array `keep_words`"), "{stderr}");
+}

@@ -341,6 +341,30 @@ impl ConfigDoc {
             };
         for (i, part) in rest.iter().enumerate() {
             prefix = if prefix.is_empty() { (*part).to_owned() } else { format!("{prefix}.{part}") };
+            // `columns[1]`: one element of an array the file (or an earlier `--set`) has.
+            let element = part
+                .strip_suffix(']')
+                .and_then(|p| p.split_once('['))
+                .and_then(|(name, ix)| Some((name, ix.parse::<usize>().ok()?)));
+            if let Some((name, ix)) = element {
+                let len = table.get(name).and_then(Value::as_array).map(Vec::len);
+                let Some(slot) = table.get_mut(name).and_then(Value::as_array_mut).and_then(|a| a.get_mut(ix)) else {
+                    return Err(bad(match len {
+                        Some(n) => format!("`--set {key}`: `{name}` has {n} element(s), numbered from 0"),
+                        None => format!("`--set {key}`: there is no array `{name}` to set an element of"),
+                    })
+                    .hint(format!(
+                        "set the whole array: `--set '{}=[...]'`",
+                        key.rsplit_once('[').map_or(key, |k| k.0)
+                    )));
+                };
+                if i + 1 == rest.len() {
+                    *slot = value.clone();
+                    break;
+                }
+                table = slot.as_table_mut().ok_or_else(|| bad(format!("`--set {key}`: `{part}` is not a table")))?;
+                continue;
+            }
             if i + 1 == rest.len() {
                 table.insert((*part).to_owned(), value.clone());
                 break;
