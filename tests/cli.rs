@@ -960,3 +960,20 @@ fn set_addresses_one_element_of_an_array() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("there is no array `keep_words`"), "{stderr}");
 }
+
+#[test]
+fn a_wrong_writer_key_does_not_hide_its_columns_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("w.toml");
+    std::fs::write(
+        &file,
+        "output_dir = \"out/w\"\n[[stage]]\ntype = \"read_cc_tsv\"\npath = \"data/cc3m_sample.tsv\"\n[[stage]]\n\
+         type = \"write_parquet\"\nrows_per_shard = \"1000\"\ncolumns = [\"sample_id\", \"captoin\", \"sample_id\"]\n",
+    )
+    .unwrap();
+    let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("`write_parquet.rows_per_shard`: wrong type"), "{stderr}");
+    assert!(stderr.contains("missing column `captoin`") && stderr.contains("column `sample_id` is listed twice"));
+    assert!(stderr.contains("3 configuration errors"), "{stderr}");
+}

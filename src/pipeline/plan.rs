@@ -797,7 +797,7 @@ where
         // problems of the dropped keys (now at their defaults), or of the tables holding them,
         // are left out.
         (Some(c), dropped) => {
-            f(problems, &c);
+            let stage = f(problems, &c);
             let related = |a: &str, b: &str| a == b || [".", "["].iter().any(|s| a.starts_with(&format!("{b}{s}")));
             // Keys whose meaning depends on another's: a table's columns are named against
             // its header, which its format decides (`header = "yes"` dropped leaves the default,
@@ -817,7 +817,13 @@ where
                     related(key, d) || (related(d, key) && !(element_of(d, key) && kept_some(key))) || depends(key, d)
                 })
             });
-            (None, serde_json::Value::Null)
+            // The writer is kept (nothing runs: its wrong keys are reported): its `columns`, if
+            // not among them, are still checked against what reaches it.
+            let writer = match stage {
+                Some(Built::Write(w)) if !dropped.iter().any(|d| related(d, "columns")) => Some(Built::Write(w)),
+                _ => None,
+            };
+            (writer, serde_json::Value::Null)
         }
         (None, _) => (None, serde_json::Value::Null),
     }
