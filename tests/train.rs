@@ -62,6 +62,16 @@ fn config_without_teachers(dir: &Path, sets: &[&str]) -> TrainConfig {
     TrainConfig::load(&file, &overrides).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// A run of `sets` on [`config_without_teachers`] in `dir`: the model it started from (its seeded
+/// initialisation) and the finished run.
+fn start_and_end(dir: &Path, sets: &[&str]) -> (DualEncoder, curate::train::trained::TrainedRun) {
+    let c = config_without_teachers(dir, sets);
+    train(&c, &TrainOptions::default()).unwrap();
+    let init = DualEncoder::init(&c.model, Heads::default(), c.seed, &Device::flex()).unwrap();
+    let run = curate::train::trained::TrainedRun::load(&dir.join("out"), &Device::flex()).unwrap();
+    (init, run)
+}
+
 /// `(step, loss)` of the training lines of `metrics.jsonl`.
 fn losses(out: &Path) -> Vec<(u64, f64)> {
     std::fs::read_to_string(out.join("metrics.jsonl"))
@@ -1690,10 +1700,7 @@ fn global_clipping_bounds_the_norm_of_all_the_updates_and_per_tensor_each_one() 
     let step_norms = |sets: &[&str]| {
         let dir = tempfile::tempdir().unwrap();
         let base = ["steps=1", "optim.optimizer=sgd", "optim.momentum=0", "optim.lr=1"];
-        let c = config_without_teachers(dir.path(), &[&base[..], sets].concat());
-        train(&c, &TrainOptions::default()).unwrap();
-        let init = DualEncoder::init(&c.model, Heads::default(), c.seed, &Device::flex()).unwrap();
-        let run = curate::train::trained::TrainedRun::load(&dir.path().join("out"), &Device::flex()).unwrap();
+        let (init, run) = start_and_end(dir.path(), &[&base[..], sets].concat());
         let mut norms = Vec::new();
         for (a, b) in [
             (param_values(&init.text), param_values(&run.model.text)),
@@ -2053,10 +2060,7 @@ fn no_weight_decay_1d_keeps_the_norms_weights_from_decay_in_a_run() {
     let gammas = |sets: &[&str]| {
         let dir = tempfile::tempdir().unwrap();
         let base = ["steps=1", "optim.optimizer=adamw", "optim.lr=1e-3", "optim.weight_decay=100"];
-        let c = config_without_teachers(dir.path(), &[&base[..], sets].concat());
-        train(&c, &TrainOptions::default()).unwrap();
-        let init = DualEncoder::init(&c.model, Heads::default(), c.seed, &Device::flex()).unwrap();
-        let run = curate::train::trained::TrainedRun::load(&dir.path().join("out"), &Device::flex()).unwrap();
+        let (init, run) = start_and_end(dir.path(), &[&base[..], sets].concat());
         let (before, after) = (param_values(&init.text), param_values(&run.model.text));
         let moved: Vec<f32> = before
             .iter()
