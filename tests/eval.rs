@@ -931,4 +931,38 @@ captions = "data/train_sample/retrieval_captions.parquet"
         assert!(stderr.contains("error: ") && stderr.contains("model.bpk") && stderr.contains("hint:"), "{stderr}");
         assert!(bin.stdout.is_empty());
     }
+
+    /// An evaluation writes only once it is done: one that fails on an image leaves an earlier
+    /// evaluation as it was, and one sent into a training run's folder (`--out RUN_DIR`) is
+    /// refused before it writes over the run's `config.json`.
+    #[test]
+    fn a_failed_evaluation_keeps_the_earlier_one_and_a_run_folder_is_not_written_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let run_dir = crate::common::train_run(dir.path(), crate::common::TINY_RUN);
+        let device = Device::flex();
+        let out = dir.path().join("eval");
+        let args = RunEval {
+            run: run_dir.clone(),
+            images: Some(IMAGES.into()),
+            captions: Some(CAPTIONS.into()),
+            out: Some(out.clone()),
+            ..Default::default()
+        };
+        run_trained(&args, &device).unwrap();
+        let earlier: Vec<Vec<u8>> =
+            ["config.json", "metrics.json", "metrics.md"].iter().map(|f| std::fs::read(out.join(f)).unwrap()).collect();
+        let broken = RunEval { image_root: Some(dir.path().join("nowhere")), ..args.clone() };
+        let e = run_trained(&broken, &device).unwrap_err().to_string();
+        assert!(e.contains("nowhere"), "{e}");
+        for (f, bytes) in ["config.json", "metrics.json", "metrics.md"].iter().zip(&earlier) {
+            assert_eq!(&std::fs::read(out.join(f)).unwrap(), bytes, "{f} kept");
+        }
+
+        let run_config = std::fs::read(run_dir.join("config.json")).unwrap();
+        let into_run = RunEval { out: Some(run_dir.clone()), ..args.clone() };
+        let e = run_trained(&into_run, &device).unwrap_err().to_string();
+        assert!(e.contains("holds a `config.json` that is not an evaluation's") && e.contains("--out"), "{e}");
+        assert_eq!(std::fs::read(run_dir.join("config.json")).unwrap(), run_config, "the run's config is kept");
+        assert!(!run_dir.join("metrics.json").exists());
+    }
 }

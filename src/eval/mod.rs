@@ -561,9 +561,7 @@ pub fn run_embeddings(run: &EmbeddingsRun) -> Result<Evaluation> {
         _ => None,
     };
     let t_read = t0.elapsed().as_secs_f64();
-    // Only now, with every input read: a mistyped path leaves an earlier evaluation as it was.
-    std::fs::create_dir_all(&run.out).map_err(|e| Error::io("cannot create folder", &run.out, e))?;
-    report::write_config(&run.out, run)?;
+    report::check_out(&run.out)?;
     let scoring = Scoring { similarity: run.similarity, precision: run.precision, uncertainty: None };
     let mut ev = match &uncertainty {
         Some((iu, cu)) => evaluate_scored(
@@ -575,6 +573,9 @@ pub fn run_embeddings(run: &EmbeddingsRun) -> Result<Evaluation> {
         None => evaluate_scored(&images, &captions, annotations.as_ref(), &scoring)?,
     };
     ev.timings_s.insert(0, ("read".to_owned(), t_read));
+    // Only now, with everything read and scored: a failed evaluation leaves an earlier one as it was.
+    std::fs::create_dir_all(&run.out).map_err(|e| Error::io("cannot create folder", &run.out, e))?;
+    report::write_config(&run.out, run)?;
     report::write(&run.out, &ev)?;
     Ok(ev)
 }

@@ -162,6 +162,28 @@ pub const RESULT_FILES: [&str; 3] = ["metrics.json", "metrics.md", "recall_at_k.
 /// command and the inputs (`run`: [`super::EmbeddingsRun`] or [`super::trained::Resolved`]). An
 /// earlier evaluation's results in `out` are removed first, so an evaluation that fails from here
 /// on leaves none beside its `config.json` that are not its own.
+/// Refuses an output folder that holds something other than an evaluation: a `config.json` that
+/// is not one (a training run's, a pipeline's), or a training run's `model.bpk`. Writing the
+/// evaluation's `config.json` there would replace it.
+pub fn check_out(out: &Path) -> Result<()> {
+    let config = std::fs::read_to_string(out.join("config.json")).ok();
+    let evaluation = |text: &str| {
+        serde_json::from_str::<serde_json::Value>(text).is_ok_and(|v| v["command"].as_str() == Some("eval"))
+    };
+    let foreign = match config.as_deref() {
+        Some(text) if !evaluation(text) => Some("a `config.json` that is not an evaluation's"),
+        _ if out.join("model.bpk").is_file() => Some("a training run's `model.bpk`"),
+        _ => None,
+    };
+    match foreign {
+        Some(what) => Err(Error::Data {
+            message: format!("`{}` holds {what}: the evaluation would write over it", out.display()),
+            hint: Some("give `--out` a folder of its own (the default is `eval/` inside the run)".into()),
+        }),
+        None => Ok(()),
+    }
+}
+
 pub fn write_config<T: Serialize>(out: &Path, run: &T) -> Result<()> {
     for name in RESULT_FILES {
         let path = out.join(name);

@@ -161,9 +161,10 @@ pub fn resolve_precision(similarity: Similarity, precision: Option<Precision>) -
 }
 
 /// Loads the run, embeds the retrieval set, evaluates (plus zero-shot when configured) and
-/// writes the report into [`RunEval::out_dir`]: `config.json` first, then `metrics.json`,
-/// `metrics.md`, `recall_at_k.svg`. Inputs are checked (tables, annotations, zero-shot set)
-/// before anything is written or embedded.
+/// writes the report into [`RunEval::out_dir`]: `config.json`, then `metrics.json`,
+/// `metrics.md`, `recall_at_k.svg`, all once the evaluation is done (a failed one leaves an
+/// earlier one as it was). Inputs are checked (tables, annotations, zero-shot set, an output
+/// folder that is no evaluation's) before anything is embedded.
 pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     let note = |msg: String| {
         if args.progress {
@@ -202,9 +203,7 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
         captions.texts.clone()
     };
     let t_read = t1.elapsed().as_secs_f64();
-    // Only now, with every input read: a mistyped path leaves an earlier evaluation as it was.
-    std::fs::create_dir_all(&r.out).map_err(|e| Error::io("cannot create folder", &r.out, e))?;
-    report::write_config(&r.out, &r)?;
+    report::check_out(&r.out)?;
 
     let size = run.image_size();
     let transform = run.transform();
@@ -280,6 +279,10 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
         ev.zeroshot = Some(z.evaluate(&run.model, &run.tokenizer)?.into());
         ev.timings_s.push(("zeroshot".to_owned(), t4.elapsed().as_secs_f64()));
     }
+    // Only now, with everything read, embedded and scored: an evaluation that fails (a missing or
+    // undecodable image) leaves an earlier one in `out` as it was.
+    std::fs::create_dir_all(&r.out).map_err(|e| Error::io("cannot create folder", &r.out, e))?;
+    report::write_config(&r.out, &r)?;
     report::write(&r.out, &ev)?;
     Ok(ev)
 }
