@@ -228,7 +228,7 @@ fn resume_reproduces_the_losses_of_an_uninterrupted_run() {
     // A changed config is refused on resume.
     let changed = config(parts.path(), &[&sets[..], &["optim.lr=0.01"]].concat());
     let e = train(&changed, &TrainOptions { resume: true, ..Default::default() }).unwrap_err();
-    assert!(e.to_string().contains("differs"), "{e}");
+    assert!(e.to_string().contains("differs") && e.to_string().contains("`optim.lr`: 0.05 then, 0.01 now"), "{e}");
 }
 
 /// The lines of `metrics.jsonl` without their timing (`samples_per_s`).
@@ -1289,6 +1289,8 @@ fn a_run_checkpointed_by_an_earlier_curate_resumes_when_only_new_keys_at_their_d
     // A run that clipped before `grad_clip_scope` existed clipped each tensor: the default
     // (global) would change it, so it resumes only with `tensor`.
     let clipped = config_without_teachers(dir.path(), &["optim.grad_clip_norm=1"]);
+    // (Starting over on the unfinished run above: its checkpoints go first.)
+    std::fs::remove_dir_all(out.join("checkpoints")).unwrap();
     train(&clipped, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     assert_eq!(v["optim"]["grad_clip_scope"], "global");
@@ -2073,4 +2075,40 @@ fn no_weight_decay_1d_keeps_the_norms_weights_from_decay_in_a_run() {
     };
     assert!(gammas(&["optim.no_weight_decay_1d=true"]).iter().all(|g| (g - 1.0).abs() < 0.01));
     assert!(gammas(&[]).iter().all(|g| (g - 0.9).abs() < 0.01));
+}
+
+#[test]
+fn training_does_not_write_over_what_it_was_not_asked_to_replace() {
+    // A folder whose config.json is no training run's (a model folder, a pipeline's output):
+    // refused, and the file is kept.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let hf = r#"{"model_type": "bert", "vocab_size": 67}"#;
+    std::fs::write(out.join("config.json"), hf).unwrap();
+    let e = train(&config(dir.path(), &[]), &TrainOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("holds a `config.json` that is no `curate train` run's"), "{e}");
+    assert_eq!(std::fs::read_to_string(out.join("config.json")).unwrap(), hf);
+    std::fs::remove_file(out.join("config.json")).unwrap();
+    std::fs::write(out.join("manifest.json"), "{}").unwrap();
+    let e = train(&config(dir.path(), &[]), &TrainOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("the output of a `curate run` pipeline"), "{e}");
+    std::fs::remove_file(out.join("manifest.json")).unwrap();
+
+    // An unfinished run is not started over without being asked: `--resume` goes on from it.
+    let c = config(dir.path(), &["checkpoint_every=2"]);
+    train(&c, &TrainOptions { stop_after: Some(3), ..Default::default() }).unwrap();
+    let e = train(&c, &TrainOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("holds an unfinished run (its last checkpoint is at step 2)"), "{e}");
+    assert_eq!(curate::train::run::last_checkpoint(&out).unwrap().0, 2, "kept");
+    let s = train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
+    assert_eq!((s.resumed_at, s.steps), (2, 6));
+
+    // A finished run has nothing to resume: its last steps are not trained again over its model.
+    let model = std::fs::read(out.join("model.bpk")).unwrap();
+    let e = train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap_err().to_string();
+    assert!(e.contains("holds a finished run (model.bpk): there is nothing to resume"), "{e}");
+    assert_eq!(std::fs::read(out.join("model.bpk")).unwrap(), model);
+    // Asked to train again (no `--resume`), it replaces the finished run, as documented.
+    train(&c, &TrainOptions::default()).unwrap();
 }

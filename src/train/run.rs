@@ -260,6 +260,42 @@ fn checkpoint_dir(output: &Path, step: u64) -> PathBuf {
 /// The note for an earlier run in `output` with `checkpoints` checkpoints that a run from step 0
 /// removes. `--resume` goes on from a checkpoint only (a finished run without one is refused), so
 /// it is offered only where there are checkpoints.
+/// Refuses an output folder a training run would write over without being asked: one whose
+/// `config.json` is no training run's (a pipeline's output, a model folder, someone's own), or one
+/// that holds a `curate run` output, and, without `--resume`, one holding an unfinished run's
+/// checkpoints (starting over would delete them).
+fn check_output_folder(out: &Path, resume: bool) -> Result<()> {
+    let config = std::fs::read_to_string(out.join("config.json")).ok();
+    let foreign = match config.as_deref() {
+        Some(text) if earlier_config(text).is_none() => Some("a `config.json` that is no `curate train` run's"),
+        _ if out.join("manifest.json").is_file() => Some("the output of a `curate run` pipeline (manifest.json)"),
+        _ => None,
+    };
+    if let Some(what) = foreign {
+        return Err(Error::Data {
+            message: format!("`{}` holds {what}: training would write over it", out.display()),
+            hint: Some("train into a folder of its own (`--set output_dir=out/train_...`)".into()),
+        });
+    }
+    if !resume && !out.join("model.bpk").is_file() {
+        if let Some((step, _)) = last_checkpoint(out) {
+            return Err(Error::Data {
+                message: format!(
+                    "`{}` holds an unfinished run (its last checkpoint is at step {step}): training from step 0 \
+                     would delete it",
+                    out.display()
+                ),
+                hint: Some(
+                    "add `--resume` to go on from it, train into a new `output_dir`, or remove its `checkpoints/` to \
+                     start over"
+                        .into(),
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn earlier_run_note(output: &Path, checkpoints: usize) -> String {
     let resume = if checkpoints == 0 { "" } else { ", or `--resume` to go on from them" };
     format!(
@@ -574,6 +610,35 @@ fn optimisers(optim: &OptimConfig, encoder: &DualEncoder, loss: &LossParams) -> 
     )
 }
 
+/// The keys whose values differ between two configs (as JSON), each as "`path`: then → now",
+/// at most 8 of them.
+fn config_differences(then: &serde_json::Value, now: &serde_json::Value) -> Vec<String> {
+    fn walk(path: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<String>) {
+        match (a, b) {
+            (serde_json::Value::Object(x), serde_json::Value::Object(y)) => {
+                let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
+                keys.sort();
+                keys.dedup();
+                for k in keys {
+                    let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                    let null = serde_json::Value::Null;
+                    walk(&p, x.get(k).unwrap_or(&null), y.get(k).unwrap_or(&null), out);
+                }
+            }
+            _ if a != b => out.push(format!("`{path}`: {a} then, {b} now")),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk("", then, now, &mut out);
+    if out.len() > 8 {
+        let more = out.len() - 8;
+        out.truncate(8);
+        out.push(format!("and {more} more"));
+    }
+    out
+}
+
 /// The config an earlier run recorded in its `config.json`, read as that build meant it: one
 /// written before `optim.grad_clip_scope` existed clipped each tensor on its own.
 fn earlier_config(text: &str) -> Option<TrainConfig> {
@@ -596,6 +661,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let _lock = crate::io::lock_folder(&out)?;
     let resolved = serde_json::to_string_pretty(config).expect("serialisable config");
     let config_path = out.join("config.json");
+    check_output_folder(&out, opts.resume)?;
     let resume_from = if opts.resume { last_checkpoint(&out) } else { None };
     if opts.resume && resume_from.is_none() && out.join("model.bpk").is_file() {
         // A finished run kept no checkpoint: starting over would remove what `--resume` asked to keep.
@@ -625,13 +691,31 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             } else {
                 "resume with the same file and `--set` values, or train into a new `output_dir`"
             };
+            let changed = earlier_config(&before)
+                .map(|b| config_differences(&serde_json::json!(b.resolved()), &serde_json::json!(config)))
+                .filter(|d| !d.is_empty())
+                .map_or(String::new(), |d| format!(": {}", d.join("; ")));
             return Err(Error::Data {
-                message: format!("the config differs from the one `{}` was trained with", out.display()),
+                message: format!("the config differs from the one `{}` was trained with{changed}", out.display()),
                 hint: Some(hint.into()),
             });
         }
     }
 
+    if opts.resume && resume_from.is_some() && out.join("model.bpk").is_file() {
+        // Its last steps would be trained again, on whatever the data is now, over its model.
+        return Err(Error::Data {
+            message: format!(
+                "--resume: `{}` holds a finished run (model.bpk): there is nothing to resume",
+                out.display()
+            ),
+            hint: Some(
+                "leave out `--resume` to train again from step 0 (it replaces that run), or train into a new \
+                 `output_dir`"
+                    .into(),
+            ),
+        });
+    }
     // The data is loaded before an earlier run's files are cleared: a wrong path or an empty
     // table then leaves that run as it was.
     let set = Arc::new(TrainSet::load(config)?);
