@@ -977,3 +977,24 @@ fn a_wrong_writer_key_does_not_hide_its_columns_problems() {
     assert!(stderr.contains("missing column `captoin`") && stderr.contains("column `sample_id` is listed twice"));
     assert!(stderr.contains("3 configuration errors"), "{stderr}");
 }
+
+/// `--progress always` into a log (stderr not a terminal): lines, since a bar would draw nothing.
+#[test]
+fn training_progress_in_a_log_is_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = format!("output_dir={}", dir.path().join("t").display());
+    let (code, _, stderr) = curate(&[
+        "train",
+        "pipelines/train.toml",
+        "--set",
+        "steps=3",
+        "--set",
+        "optim.warmup_steps=0",
+        "--set",
+        &out,
+        "--progress",
+        "always",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("step 3/3 loss "), "{stderr}");
+}

@@ -610,6 +610,37 @@ fn optimisers(optim: &OptimConfig, encoder: &DualEncoder, loss: &LossParams) -> 
     )
 }
 
+/// Settings of the schedule that a run of `total` steps (`per_epoch` an epoch) cannot carry out,
+/// said before it starts: a warm-up as long as the run (the rate never reaches `lr`), an image
+/// tower frozen for every epoch, an SWA that no epoch end feeds. With `epochs` these are config
+/// errors; with `steps` the epochs are known only once the data is read, and a short run (a
+/// smoke test of a paper's file) may mean them, so they are notes.
+fn schedule_notes(o: &OptimConfig, total: u64, per_epoch: u64) -> Vec<String> {
+    let epochs = total.div_ceil(per_epoch);
+    let mut notes = Vec::new();
+    if o.warmup_steps > 0 && o.warmup_steps >= total {
+        notes.push(format!(
+            "note: `optim.warmup_steps = {}` is not below the run's {total} steps: the rate never reaches `optim.lr`",
+            o.warmup_steps
+        ));
+    }
+    if o.freeze_image_epochs > 0 && o.freeze_image_epochs >= epochs {
+        notes.push(format!(
+            "note: `optim.freeze_image_epochs = {}` covers all {epochs} epoch(s) of the run ({per_epoch} steps an \
+             epoch): the image tower is not trained",
+            o.freeze_image_epochs
+        ));
+    }
+    // Snapshots are taken at the ends of the epochs after `swa_start_epoch`.
+    if let Some(first) = o.swa_start_epoch.filter(|&first| (first + 1) * per_epoch > total) {
+        notes.push(format!(
+            "note: `optim.swa_start_epoch = {first}`: no epoch after it ends within the run's {total} steps \
+             ({per_epoch} an epoch), so there will be no SWA average"
+        ));
+    }
+    notes
+}
+
 /// The keys whose values differ between two configs (as JSON), each as "`path`: then → now",
 /// at most 8 of them.
 fn config_differences(then: &serde_json::Value, now: &serde_json::Value) -> Vec<String> {
@@ -752,6 +783,9 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let total = config.total_steps(rows)?;
     // At least 1: the set holds a batch (checked at load).
     let per_epoch = set.steps_per_epoch(config.batch_size).max(1);
+    for note in schedule_notes(&config.optim, total, per_epoch) {
+        say!("{note}");
+    }
     let maker = Arc::new(BatchMaker::new(set.clone(), config)?);
     let transform = super::transform::ImageTransform::new(&config.data, config.model.image_size_px);
     let zeroshot = config.eval.as_ref().map(|e| ZeroShot::load(e, &transform, config.data.pre_caption)).transpose()?;
@@ -823,7 +857,11 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         evaluate(&run, start, &mut metrics)?;
     }
 
-    let bar = opts.progress.then(|| {
+    // Where stderr is no terminal (a log file, a scheduler's output), `--progress always` is a
+    // line every 10 s instead of a bar, which would draw nothing there.
+    let log_lines = opts.progress && !std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut last_line = Instant::now();
+    let bar = (opts.progress && !log_lines).then(|| {
         let b = indicatif::ProgressBar::new(total);
         b.set_style(
             indicatif::ProgressStyle::with_template("{bar:30} step {pos}/{len} loss {msg} ETA {eta}")
@@ -943,6 +981,11 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             let rate = batch.rows.len() as f64 / step_started.elapsed().as_secs_f64().max(1e-9);
             b.set_message(format!("{value:.4} · {rate:.0} samples/s"));
         }
+        if log_lines && (last_line.elapsed().as_secs() >= 10 || step == end) {
+            let rate = batch.rows.len() as f64 / step_started.elapsed().as_secs_f64().max(1e-9);
+            say!("step {step}/{total} loss {value:.4} · {rate:.0} samples/s");
+            last_line = Instant::now();
+        }
         // PCME++'s SWA: at the end of each epoch from `swa_start_epoch`, the trainee joins the
         // running mean of the snapshots (`θ̄ ← n/(n+1) θ̄ + 1/(n+1) θ`).
         if let Some(first) = config.optim.swa_start_epoch {
@@ -1017,6 +1060,23 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+
+    use super::{schedule_notes, OptimConfig};
+
+    #[test]
+    fn a_schedule_a_short_run_cannot_carry_out_is_said() {
+        // 20 steps of 9: 3 epochs (the last one short), epoch ends at steps 9 and 18.
+        let base = OptimConfig::default();
+        assert!(schedule_notes(&base, 20, 9).is_empty());
+        let o = OptimConfig { warmup_steps: 20, freeze_image_epochs: 3, swa_start_epoch: Some(2), ..base.clone() };
+        let notes = schedule_notes(&o, 20, 9);
+        assert_eq!(notes.len(), 3, "{notes:?}");
+        assert!(notes[0].contains("warmup_steps = 20") && notes[1].contains("all 3 epoch(s)"), "{notes:?}");
+        assert!(notes[2].contains("swa_start_epoch = 2"), "{notes:?}");
+        // Just within: warm-up one step short of the run, two of three epochs frozen, SWA fed at 18.
+        let o = OptimConfig { warmup_steps: 19, freeze_image_epochs: 2, swa_start_epoch: Some(1), ..base };
+        assert!(schedule_notes(&o, 20, 9).is_empty());
+    }
 
     #[test]
     fn the_earlier_run_note_offers_resume_only_with_checkpoints() {
