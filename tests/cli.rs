@@ -119,17 +119,21 @@ fn img2dataset_shards_given_as_a_folder_or_both_ways() {
 
 #[test]
 fn a_training_file_given_to_run_and_a_pipeline_given_to_train_say_so() {
-    // One error naming the right command, not one per unknown key.
-    for cmd in ["validate", "run"] {
-        let (code, _, stderr) = curate(&[cmd, "pipelines/train.toml"]);
-        assert_eq!(code, 2, "{stderr}");
-        assert!(
-            stderr.contains("error: `pipelines/train.toml` is a training file (it has `model`, `loss`"),
-            "{stderr}"
-        );
-        assert!(stderr.contains("hint: train with `curate train pipelines/train.toml`"), "{stderr}");
-        assert!(stderr.contains("1 configuration error"), "{stderr}");
-    }
+    // `validate` checks a training file as `curate train` does before it reads data.
+    let (code, _, stderr) = curate(&["validate", "pipelines/train.toml"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("is a valid training file: loss `infonce`, 600 steps"), "{stderr}");
+    let (code, _, stderr) =
+        curate(&["validate", "pipelines/train.toml", "--set", "optim.lr=-1", "--set", "loss.tmperature=1"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("unknown key `tmperature` in `loss`") && stderr.contains("`optim.lr`: -1 is not positive"));
+    assert!(stderr.contains("2 configuration errors"), "{stderr}");
+    // `run`: one error naming the right command, not one per unknown key.
+    let (code, _, stderr) = curate(&["run", "pipelines/train.toml"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("error: `pipelines/train.toml` is a training file (it has `model`, `loss`"), "{stderr}");
+    assert!(stderr.contains("hint: train with `curate train pipelines/train.toml`"), "{stderr}");
+    assert!(stderr.contains("1 configuration error"), "{stderr}");
     // The files a run writes beside its data, given to `validate`: one error each.
     let dir = tempfile::tempdir().unwrap();
     for (name, text, what) in [

@@ -275,9 +275,33 @@ pub fn main() -> i32 {
     }
 }
 
+/// Whether `file` reads as a training file (no `[[stage]]`, a `[model]`), so that `validate`
+/// checks it as one; a file that does not read at all is left to the pipeline check's messages.
+fn is_training_file(file: &std::path::Path, overrides: &[String]) -> bool {
+    pipeline::config::ConfigDoc::load(file, overrides)
+        .is_ok_and(|doc| !doc.root.contains_key("stage") && doc.root.contains_key("model"))
+}
+
 fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Validate(RunArgs { pipeline: args, .. }) => {
+            // A training file is checked as `curate train` checks it before it reads data.
+            if is_training_file(&args.file, &args.overrides) {
+                let c = crate::train::TrainConfig::load(&args.file, &args.overrides)?;
+                let length = match (c.steps, c.epochs) {
+                    (Some(s), _) => format!("{s} steps"),
+                    (None, Some(e)) => format!("{e} epochs"),
+                    _ => "no length".into(),
+                };
+                say!(
+                    "ok: `{}` is a valid training file: loss `{}`, {length}, output to `{}` (its tables are read \
+                     when it trains)",
+                    args.file.display(),
+                    c.loss.loss_type().name(),
+                    c.output_dir.display()
+                );
+                return Ok(0);
+            }
             let plan = pipeline::plan::compile_on(&args.file, &args.overrides, &device(&args.device)?)?;
             say!(
                 "ok: `{}` is valid: {} stage(s), output to `{}`",
