@@ -2112,3 +2112,25 @@ fn training_does_not_write_over_what_it_was_not_asked_to_replace() {
     // Asked to train again (no `--resume`), it replaces the finished run, as documented.
     train(&c, &TrainOptions::default()).unwrap();
 }
+
+#[test]
+fn optional_tables_may_be_left_out_and_a_wrong_length_is_one_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.toml");
+    // BASE without `steps` and without `[model.image]` (every key of it has a default).
+    let text: String = BASE
+        .lines()
+        .filter(|l| !l.starts_with("steps") && *l != "[model.image]" && !l.starts_with("preset"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let out = format!("output_dir={}", dir.path().join("out").display());
+    std::fs::write(&file, &text).unwrap();
+    let c = TrainConfig::load(&file, &[out.clone(), "epochs=1".into()]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.model.image.preset, curate::train::config::ImagePreset::Tiny);
+    // `epochs` of a wrong type: that error alone, not also "neither steps nor epochs".
+    let e = TrainConfig::load(&file, &[out.clone(), "epochs=\"3\"".into()]).unwrap_err().to_string();
+    assert!(e.contains("`epochs`: wrong type") && !e.contains("neither"), "{e}");
+    assert!(e.contains("1 configuration error"), "{e}");
+    let e = TrainConfig::load(&file, &["output_dir=\"\"".into(), "epochs=1".into()]).unwrap_err().to_string();
+    assert!(e.contains("`output_dir`: is empty"), "{e}");
+}

@@ -86,6 +86,8 @@ pub struct ModelConfig {
     /// Side of the square training crops and evaluation images.
     #[serde(default = "default_image_size")]
     pub image_size_px: usize,
+    /// Every key has a default: `[model.image]` may be left out (a tiny random ResNet).
+    #[serde(default)]
     pub image: ImageModelConfig,
     pub text: TextModelConfig,
     /// Initial bias of PCME++'s log-variance heads (the reference: 0). With `D` dimensions the
@@ -159,6 +161,12 @@ pub enum ImagePreset {
     Tiny,
     Resnet50,
     Resnet101,
+}
+
+impl Default for ImageModelConfig {
+    fn default() -> Self {
+        ImageModelConfig { preset: default_image_preset(), layers: None, width: None, checkpoint: None }
+    }
 }
 
 fn default_image_preset() -> ImagePreset {
@@ -601,9 +609,15 @@ impl TrainConfig {
                 diags.push(Diagnostic::new(format!("`{path}`: {message}")).at(doc.location(path)).hint(hint));
             }
         };
+        if self.output_dir.as_os_str().is_empty() {
+            bad("output_dir", "is empty".into(), "name the run's folder, e.g. `output_dir = \"out/train\"`");
+        }
         match (self.steps, self.epochs) {
             (Some(_), Some(_)) => bad("steps", "both `steps` and `epochs` are set".into(), "keep one of them"),
-            (None, None) => bad("steps", "neither `steps` nor `epochs` is set".into(), "add `steps = 1000`"),
+            // (One of them given with a wrong type is reported already.)
+            (None, None) if !skip("epochs") && !skip("steps") => {
+                bad("steps", "neither `steps` nor `epochs` is set".into(), "add `steps = 1000`")
+            }
             (Some(0), _) => bad("steps", "must be at least 1".into(), "train for at least one step"),
             (_, Some(0)) => bad("epochs", "must be at least 1".into(), "train for at least one epoch"),
             _ => {}
