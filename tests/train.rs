@@ -2133,4 +2133,10 @@ fn optional_tables_may_be_left_out_and_a_wrong_length_is_one_error() {
     assert!(e.contains("1 configuration error"), "{e}");
     let e = TrainConfig::load(&file, &["output_dir=\"\"".into(), "epochs=1".into()]).unwrap_err().to_string();
     assert!(e.contains("`output_dir`: is empty"), "{e}");
+    // Sizes out of range are each reported, beside a wrong value elsewhere in `[model]`.
+    let sets = [out, "epochs=1".into(), "model.embed_dim=0".into(), "model.image_size_px=3".into()];
+    let sets: Vec<String> = sets.into_iter().chain(["model.text.projection=yes".to_owned()]).collect();
+    let e = TrainConfig::load(&file, &sets).unwrap_err().to_string();
+    assert!(e.contains("`model.embed_dim`: must be positive") && e.contains("`model.image_size_px`: 3 is below 8"));
+    assert!(e.contains("`model.text.projection`: wrong type") && e.contains("3 configuration errors"), "{e}");
 }

@@ -659,8 +659,13 @@ impl TrainConfig {
                 }
             }
         }
-        if self.model.embed_dim == 0 || self.model.image_size_px < 8 {
-            bad("model", "embed_dim must be positive and image_size_px at least 8".into(), "see the paper preset");
+        // Each at its own key: a wrong value elsewhere in `[model]` does not hide them.
+        if self.model.embed_dim == 0 {
+            bad("model.embed_dim", "must be positive".into(), "the paper's is 768");
+        }
+        if self.model.image_size_px < 8 {
+            let size = self.model.image_size_px;
+            bad("model.image_size_px", format!("{size} is below 8"), "the papers' images are 224 px");
         }
         let text_dir = &self.model.text.dir;
         for file in ["config.json", "tokenizer.json"] {
