@@ -2111,6 +2111,12 @@ fn training_does_not_write_over_what_it_was_not_asked_to_replace() {
     assert_eq!(std::fs::read(out.join("model.bpk")).unwrap(), model);
     // Asked to train again (no `--resume`), it replaces the finished run, as documented.
     train(&c, &TrainOptions::default()).unwrap();
+    // An unfinished run of other settings is started over (the advice after a NaN loss: lower
+    // the rate and train again).
+    train(&c, &TrainOptions { stop_after: Some(3), ..Default::default() }).unwrap();
+    let lower = config(dir.path(), &["checkpoint_every=2", "optim.lr=1e-4"]);
+    let s = train(&lower, &TrainOptions::default()).unwrap();
+    assert_eq!((s.resumed_at, s.steps), (0, 6));
 }
 
 #[test]

@@ -534,8 +534,7 @@ pub struct EmbeddingsRun {
 }
 
 /// Reads the embeddings and annotations, evaluates, and writes the report into `run.out`
-/// (`config.json` first, once the inputs are read, then `metrics.json`, `metrics.md`,
-/// `recall_at_k.svg`).
+/// (`config.json`, `metrics.json`, `metrics.md`, `recall_at_k.svg`, once the evaluation is done).
 pub fn run_embeddings(run: &EmbeddingsRun) -> Result<Evaluation> {
     let t0 = Instant::now();
     // The three inputs are read side by side (the captions take longest); errors are reported
@@ -574,7 +573,6 @@ pub fn run_embeddings(run: &EmbeddingsRun) -> Result<Evaluation> {
     };
     ev.timings_s.insert(0, ("read".to_owned(), t_read));
     // Only now, with everything read and scored: a failed evaluation leaves an earlier one as it was.
-    std::fs::create_dir_all(&run.out).map_err(|e| Error::io("cannot create folder", &run.out, e))?;
     report::write_config(&run.out, run)?;
     report::write(&run.out, &ev)?;
     Ok(ev)

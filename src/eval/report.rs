@@ -1,5 +1,5 @@
-//! What `curate eval` writes into its output folder: `config.json` (the inputs, before any
-//! work), `metrics.json` (metric name, as the eccv-caption package names it, -> `{"i2t": x,
+//! What `curate eval` writes into its output folder, once the evaluation is done: `config.json`
+//! (the inputs), `metrics.json` (metric name, as the eccv-caption package names it, -> `{"i2t": x,
 //! "t2i": y}`, fractions as the package returns them, `null` where a protocol had no queries),
 //! `metrics.md` (the same values x100 in a table, with counts and timings) and
 //! `recall_at_k.svg` (COCO 5K and CxC recall@K curves, drawn with [`crate::report::plot`]).
@@ -158,13 +158,10 @@ pub fn plot(ev: &Evaluation) -> String {
 /// What [`write`] writes: an earlier evaluation's are removed when a new one starts.
 pub const RESULT_FILES: [&str; 3] = ["metrics.json", "metrics.md", "recall_at_k.svg"];
 
-/// Writes `config.json` (once the inputs are read, before the work starts): the version, the
-/// command and the inputs (`run`: [`super::EmbeddingsRun`] or [`super::trained::Resolved`]). An
-/// earlier evaluation's results in `out` are removed first, so an evaluation that fails from here
-/// on leaves none beside its `config.json` that are not its own.
-/// Refuses an output folder that holds something other than an evaluation: a `config.json` that
-/// is not one (a training run's, a pipeline's), or a training run's `model.bpk`. Writing the
-/// evaluation's `config.json` there would replace it.
+/// Before the work: refuses an output folder that holds something other than an evaluation (a
+/// `config.json` that is not one, a training run's or a pipeline's, or a training run's
+/// `model.bpk`: the evaluation's `config.json` would replace it), and makes the folder, so that
+/// a place that cannot be one fails now rather than after the work.
 pub fn check_out(out: &Path) -> Result<()> {
     let config = std::fs::read_to_string(out.join("config.json")).ok();
     let evaluation = |text: &str| {
@@ -175,15 +172,19 @@ pub fn check_out(out: &Path) -> Result<()> {
         _ if out.join("model.bpk").is_file() => Some("a training run's `model.bpk`"),
         _ => None,
     };
-    match foreign {
-        Some(what) => Err(Error::Data {
+    if let Some(what) = foreign {
+        return Err(Error::Data {
             message: format!("`{}` holds {what}: the evaluation would write over it", out.display()),
             hint: Some("give `--out` a folder of its own (the default is `eval/` inside the run)".into()),
-        }),
-        None => Ok(()),
+        });
     }
+    std::fs::create_dir_all(out).map_err(|e| Error::io("cannot create folder", out, e))
 }
 
+/// Writes `config.json` (once the evaluation is done, just before its results): the version,
+/// the command and the inputs (`run`: [`super::EmbeddingsRun`] or
+/// [`super::trained::Resolved`]). An earlier evaluation's results in `out` are removed first, so
+/// none stay beside a `config.json` that is not theirs.
 pub fn write_config<T: Serialize>(out: &Path, run: &T) -> Result<()> {
     for name in RESULT_FILES {
         let path = out.join(name);

@@ -66,7 +66,7 @@ impl RunEval {
     }
 }
 
-/// The inputs as resolved, written to `config.json` before anything is embedded.
+/// The inputs as resolved, written to `config.json` once the evaluation is done.
 #[derive(Debug, Clone, Serialize)]
 pub struct Resolved {
     pub run: PathBuf,
@@ -281,7 +281,6 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     }
     // Only now, with everything read, embedded and scored: an evaluation that fails (a missing or
     // undecodable image) leaves an earlier one in `out` as it was.
-    std::fs::create_dir_all(&r.out).map_err(|e| Error::io("cannot create folder", &r.out, e))?;
     report::write_config(&r.out, &r)?;
     report::write(&r.out, &ev)?;
     Ok(ev)

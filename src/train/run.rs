@@ -257,14 +257,12 @@ fn checkpoint_dir(output: &Path, step: u64) -> PathBuf {
     output.join("checkpoints").join(format!("step-{step:08}"))
 }
 
-/// The note for an earlier run in `output` with `checkpoints` checkpoints that a run from step 0
-/// removes. `--resume` goes on from a checkpoint only (a finished run without one is refused), so
-/// it is offered only where there are checkpoints.
 /// Refuses an output folder a training run would write over without being asked: one whose
 /// `config.json` is no training run's (a pipeline's output, a model folder, someone's own), or one
-/// that holds a `curate run` output, and, without `--resume`, one holding an unfinished run's
-/// checkpoints (starting over would delete them).
-fn check_output_folder(out: &Path, resume: bool) -> Result<()> {
+/// that holds a `curate run` output, and, without `--resume`, one holding an unfinished run of
+/// this very config (`--resume` forgotten: starting over would delete its checkpoints). An
+/// unfinished run of other settings is started over, with a note (the advice after a NaN loss).
+fn check_output_folder(out: &Path, resume: bool, config_now: &TrainConfig) -> Result<()> {
     let config = std::fs::read_to_string(out.join("config.json")).ok();
     let foreign = match config.as_deref() {
         Some(text) if earlier_config(text).is_none() => Some("a `config.json` that is no `curate train` run's"),
@@ -277,7 +275,8 @@ fn check_output_folder(out: &Path, resume: bool) -> Result<()> {
             hint: Some("train into a folder of its own (`--set output_dir=out/train_...`)".into()),
         });
     }
-    if !resume && !out.join("model.bpk").is_file() {
+    let same_config = config.as_deref().and_then(earlier_config).is_some_and(|b| b.resolved() == *config_now);
+    if !resume && same_config && !out.join("model.bpk").is_file() {
         if let Some((step, _)) = last_checkpoint(out) {
             return Err(Error::Data {
                 message: format!(
@@ -296,11 +295,12 @@ fn check_output_folder(out: &Path, resume: bool) -> Result<()> {
     Ok(())
 }
 
+/// The note for an earlier run in `output` with `checkpoints` checkpoints that a run from step 0
+/// removes (one of other settings, or a finished one: `--resume` goes on from neither).
 fn earlier_run_note(output: &Path, checkpoints: usize) -> String {
-    let resume = if checkpoints == 0 { "" } else { ", or `--resume` to go on from them" };
     format!(
         "note: `{}` holds an earlier run: its {checkpoints} checkpoint(s), final model and `eval/` results are \
-         removed (train into a new `output_dir` to keep them{resume})",
+         removed (train into a new `output_dir` to keep them)",
         output.display()
     )
 }
@@ -618,9 +618,10 @@ fn optimisers(optim: &OptimConfig, encoder: &DualEncoder, loss: &LossParams) -> 
 fn schedule_notes(o: &OptimConfig, total: u64, per_epoch: u64) -> Vec<String> {
     let epochs = total.div_ceil(per_epoch);
     let mut notes = Vec::new();
-    if o.warmup_steps > 0 && o.warmup_steps >= total {
+    // The last step's rate is `lr · min(1, total / warmup)`.
+    if o.warmup_steps > total {
         notes.push(format!(
-            "note: `optim.warmup_steps = {}` is not below the run's {total} steps: the rate never reaches `optim.lr`",
+            "note: `optim.warmup_steps = {}` is longer than the run's {total} steps: the rate never reaches `optim.lr`",
             o.warmup_steps
         ));
     }
@@ -632,7 +633,7 @@ fn schedule_notes(o: &OptimConfig, total: u64, per_epoch: u64) -> Vec<String> {
         ));
     }
     // Snapshots are taken at the ends of the epochs after `swa_start_epoch`.
-    if let Some(first) = o.swa_start_epoch.filter(|&first| (first + 1) * per_epoch > total) {
+    if let Some(first) = o.swa_start_epoch.filter(|&first| first.saturating_add(1).saturating_mul(per_epoch) > total) {
         notes.push(format!(
             "note: `optim.swa_start_epoch = {first}`: no epoch after it ends within the run's {total} steps \
              ({per_epoch} an epoch), so there will be no SWA average"
@@ -692,7 +693,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let _lock = crate::io::lock_folder(&out)?;
     let resolved = serde_json::to_string_pretty(config).expect("serialisable config");
     let config_path = out.join("config.json");
-    check_output_folder(&out, opts.resume)?;
+    check_output_folder(&out, opts.resume, config)?;
     let resume_from = if opts.resume { last_checkpoint(&out) } else { None };
     if opts.resume && resume_from.is_none() && out.join("model.bpk").is_file() {
         // A finished run kept no checkpoint: starting over would remove what `--resume` asked to keep.
@@ -1068,20 +1069,24 @@ mod tests {
         // 20 steps of 9: 3 epochs (the last one short), epoch ends at steps 9 and 18.
         let base = OptimConfig::default();
         assert!(schedule_notes(&base, 20, 9).is_empty());
-        let o = OptimConfig { warmup_steps: 20, freeze_image_epochs: 3, swa_start_epoch: Some(2), ..base.clone() };
+        let o = OptimConfig { warmup_steps: 21, freeze_image_epochs: 3, swa_start_epoch: Some(2), ..base.clone() };
         let notes = schedule_notes(&o, 20, 9);
         assert_eq!(notes.len(), 3, "{notes:?}");
-        assert!(notes[0].contains("warmup_steps = 20") && notes[1].contains("all 3 epoch(s)"), "{notes:?}");
+        assert!(notes[0].contains("warmup_steps = 21") && notes[1].contains("all 3 epoch(s)"), "{notes:?}");
         assert!(notes[2].contains("swa_start_epoch = 2"), "{notes:?}");
-        // Just within: warm-up one step short of the run, two of three epochs frozen, SWA fed at 18.
-        let o = OptimConfig { warmup_steps: 19, freeze_image_epochs: 2, swa_start_epoch: Some(1), ..base };
+        // Just within: the warm-up ends at the last step, two of three epochs frozen, SWA fed at 18.
+        let o = OptimConfig { warmup_steps: 20, freeze_image_epochs: 2, swa_start_epoch: Some(1), ..base.clone() };
         assert!(schedule_notes(&o, 20, 9).is_empty());
+        // No overflow on an absurd epoch.
+        let o = OptimConfig { swa_start_epoch: Some(u64::MAX), ..base };
+        assert_eq!(schedule_notes(&o, 20, 9).len(), 1);
     }
 
     #[test]
-    fn the_earlier_run_note_offers_resume_only_with_checkpoints() {
+    fn the_earlier_run_note_offers_no_resume() {
+        // The runs it is said of (other settings, or finished) cannot be resumed.
         let with = super::earlier_run_note(Path::new("out"), 2);
-        assert!(with.contains("its 2 checkpoint(s)") && with.contains("or `--resume` to go on from them"), "{with}");
+        assert!(with.contains("its 2 checkpoint(s)") && !with.contains("--resume"), "{with}");
         let without = super::earlier_run_note(Path::new("out"), 0);
         assert!(without.contains("`out` holds an earlier run") && !without.contains("--resume"), "{without}");
     }
