@@ -695,20 +695,6 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let config_path = out.join("config.json");
     check_output_folder(&out, opts.resume, config)?;
     let resume_from = if opts.resume { last_checkpoint(&out) } else { None };
-    if opts.resume && resume_from.is_none() && out.join("model.bpk").is_file() {
-        // A finished run kept no checkpoint: starting over would remove what `--resume` asked to keep.
-        return Err(Error::Data {
-            message: format!(
-                "--resume: `{}` holds a finished run (model.bpk) and no checkpoint to go on from",
-                out.display()
-            ),
-            hint: Some(
-                "leave out `--resume` to train again from step 0 (it replaces that run), or train into a new \
-                 `output_dir`"
-                    .into(),
-            ),
-        });
-    }
     if resume_from.is_some() {
         // Compared as configs, not as text: a key a later curate added, at its default, is no
         // difference (an earlier build's `config.json` lacks it).
@@ -734,11 +720,13 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         }
     }
 
-    if opts.resume && resume_from.is_some() && out.join("model.bpk").is_file() {
-        // Its last steps would be trained again, on whatever the data is now, over its model.
+    if opts.resume && out.join("model.bpk").is_file() {
+        // A finished run: starting over would remove what `--resume` asked to keep, and going on
+        // from a checkpoint it kept would train its last steps again over its model.
+        let kept = if resume_from.is_none() { " and no checkpoint to go on from" } else { "" };
         return Err(Error::Data {
             message: format!(
-                "--resume: `{}` holds a finished run (model.bpk): there is nothing to resume",
+                "--resume: `{}` holds a finished run (model.bpk){kept}: there is nothing to resume",
                 out.display()
             ),
             hint: Some(
