@@ -777,12 +777,24 @@ fn rows_without_id_caption_or_image_reference_are_counted_and_a_table_without_re
     let tables = format!("data.tables=[{table:?}]");
     let set = TrainSet::load(&config_without_teachers(dir.path(), &[&tables, "batch_size=2"])).unwrap();
     assert_eq!((set.samples.len(), set.incomplete_rows, set.missing_images), (7, 3, 0));
-    // With `shards_dir`, a table with neither a path nor shard and key is refused, as without.
+    // With `shards_dir`, a table with neither a path nor shard and key is refused, as without,
+    // when the config is checked (from the table's footer, before any data is read).
     let bare = write("bare.parquet", vec![("sample_id", vec![Some("a"); 3]), ("caption", vec![Some("b"); 3])]);
-    let shards = format!("data.shards_dir={:?}", dir.path());
-    let tables = format!("data.tables=[{bare:?}]");
-    let e = TrainSet::load(&config_without_teachers(dir.path(), &[&tables, &shards])).unwrap_err().to_string();
-    assert!(e.contains("bare.parquet` has no column `path`, nor `shard` and `key`"), "{e}");
+    let out = format!("output_dir={}", dir.path().join("out").display());
+    for shards in [format!("data.shards_dir={:?}", dir.path()), "seed=3".to_owned()] {
+        let tables = format!("data.tables=[{bare:?}]");
+        let e = TrainConfig::load(&dir.path().join("plain.toml"), &[out.clone(), tables, shards]).unwrap_err();
+        assert!(e.to_string().contains("bare.parquet` has no column `path`"), "{e}");
+    }
+    // Every table's missing columns at once, and a teacher table's.
+    let no_caption =
+        write("no_caption.parquet", vec![("sample_id", vec![Some("a"); 3]), ("path", vec![Some(image); 3])]);
+    let tables = format!("data.tables=[{bare:?}, {no_caption:?}]");
+    let teacher = format!("data.teacher_text=[{no_caption:?}]");
+    let e = TrainConfig::load(&dir.path().join("plain.toml"), &[out, tables, teacher]).unwrap_err().to_string();
+    assert!(e.contains("bare.parquet` has no column `path`"), "{e}");
+    assert!(e.contains("no_caption.parquet` has no column `caption`"), "{e}");
+    assert!(e.contains("no_caption.parquet` has no column `embedding`") && e.contains("3 configuration errors"), "{e}");
 }
 
 #[test]

@@ -590,6 +590,16 @@ impl TrainConfig {
         }
     }
 
+    /// The columns each table of `key` must have (`data.tables`: its image reference is checked
+    /// beside these).
+    fn columns_needed(&self, key: &str) -> Vec<String> {
+        match key {
+            "data.tables" => vec!["sample_id".into(), self.data.caption_column.clone()],
+            "data.teacher_image" | "data.teacher_text" => vec!["sample_id".into(), "embedding".into()],
+            _ => Vec::new(),
+        }
+    }
+
     /// The defaults that depend on other keys, filled in, so that the run's `config.json` says
     /// what ran: the crop ranges of `random_resized_crop` and every transform's `flip`.
     pub(crate) fn resolved(mut self) -> TrainConfig {
@@ -633,8 +643,41 @@ impl TrainConfig {
         tables.push(("data.teacher_text", self.data.teacher_text.as_ref()));
         tables.push(("eval.images", self.eval.as_ref().map(|e| &e.images)));
         for (key, patterns) in tables {
-            if let Some(Err(e)) = patterns.map(PathPatterns::expand) {
-                bad(key, e, "list Parquet files or globs (e.g. the `data/*.parquet` of a `curate run` output)");
+            let Some(files) = patterns.map(PathPatterns::expand) else { continue };
+            let files = match files {
+                Ok(files) => files,
+                Err(e) => {
+                    bad(key, e, "list Parquet files or globs (e.g. the `data/*.parquet` of a `curate run` output)");
+                    continue;
+                }
+            };
+            // Their columns, from the footers (no data read): every table's problem at once.
+            for file in files {
+                let needed = self.columns_needed(key);
+                let schema = match crate::io::parquet::read_schema(&file) {
+                    Ok(schema) => schema,
+                    Err(e) => {
+                        bad(key, format!("`{}` cannot be read as Parquet: {e}", file.display()), "a Parquet table");
+                        continue;
+                    }
+                };
+                let has = |c: &str| schema.field_with_name(c).is_ok();
+                let mut missing: Vec<String> = needed.iter().filter(|c| !has(c)).map(|c| format!("`{c}`")).collect();
+                // A row names its image by path, or by tar shard and key with `data.shards_dir`.
+                if key == "data.tables"
+                    && !has(&self.data.image_column)
+                    && !(self.data.shards_dir.is_some() && has("shard") && has("key"))
+                {
+                    missing.push(format!("`{}`", self.data.image_column));
+                }
+                if !missing.is_empty() {
+                    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+                    bad(
+                        key,
+                        format!("`{}` has no column {}", file.display(), missing.join(", ")),
+                        &format!("its columns: {}", names.join(", ")),
+                    );
+                }
             }
         }
         if let Some([lo, hi]) = self.data.crop_scale {
