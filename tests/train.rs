@@ -72,6 +72,22 @@ fn start_and_end(dir: &Path, sets: &[&str]) -> (DualEncoder, curate::train::trai
     (init, run)
 }
 
+/// `(step, loss)` lines of a run.
+type Losses = Vec<(u64, f64)>;
+
+/// A run made by `make` (given its folder) trained whole, and the same run stopped after `stop`
+/// steps and resumed: the whole run's folder and the `(step, loss)` lines of both.
+fn whole_and_resumed(make: impl Fn(&Path) -> TrainConfig, stop: u64) -> (tempfile::TempDir, Losses, Losses) {
+    let whole = tempfile::tempdir().unwrap();
+    train(&make(whole.path()), &TrainOptions::default()).unwrap();
+    let parts = tempfile::tempdir().unwrap();
+    let c = make(parts.path());
+    train(&c, &TrainOptions { stop_after: Some(stop), ..Default::default() }).unwrap();
+    train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
+    let (want, got) = (losses(&whole.path().join("out")), losses(&parts.path().join("out")));
+    (whole, want, got)
+}
+
 /// `(step, loss)` of the training lines of `metrics.jsonl`.
 fn losses(out: &Path) -> Vec<(u64, f64)> {
     std::fs::read_to_string(out.join("metrics.jsonl"))
@@ -1824,16 +1840,10 @@ fn text_gpo_pools_a_caption_alike_with_or_without_padding() {
 fn a_gpo_run_trains_its_poolers_and_resumes_exactly() {
     // 64-px images: the tiny ResNet's grid is 2 × 2, so the image GPO pools four cells.
     let sets = ["model.gpo=true", "model.image_size_px=64", "loss.type=pcmepp", "optim.lr=5e-3"];
-    let whole = tempfile::tempdir().unwrap();
+    let (whole, want, got) = whole_and_resumed(|d| config_without_teachers(d, &sets), 4);
     let c = config_without_teachers(whole.path(), &sets);
-    train(&c, &TrainOptions::default()).unwrap();
-    let want = losses(&whole.path().join("out"));
     assert!(want.len() == 6 && want.iter().all(|(_, l)| l.is_finite()), "{want:?}");
-    let parts = tempfile::tempdir().unwrap();
-    let c2 = config_without_teachers(parts.path(), &sets);
-    train(&c2, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
-    train(&c2, &TrainOptions { resume: true, ..Default::default() }).unwrap();
-    assert_eq!(losses(&parts.path().join("out")), want);
+    assert_eq!(got, want);
     // Every pooler trained (its GRU and score weights moved from their seeded start).
     let heads = Heads { log_variance: true, ..Default::default() };
     let init = DualEncoder::init(&c.model, heads, c.seed, &Device::flex()).unwrap();
@@ -1940,15 +1950,9 @@ fn runs_with_the_papers_heads_train_resume_and_reload() {
     for (style, loss) in [("cusa", "cusa"), ("pcmepp", "pcmepp")] {
         let sets = [format!("model.head_style={style}"), format!("loss.type={loss}")];
         let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
-        let whole = tempfile::tempdir().unwrap();
-        train(&config(whole.path(), &sets), &TrainOptions::default()).unwrap();
-        let want = losses(&whole.path().join("out"));
+        let (whole, want, got) = whole_and_resumed(|d| config(d, &sets), 4);
         assert!(want.len() == 6 && want.iter().all(|(_, l)| l.is_finite()), "{style}: {want:?}");
-        let parts = tempfile::tempdir().unwrap();
-        let c = config(parts.path(), &sets);
-        train(&c, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
-        train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
-        assert_eq!(losses(&parts.path().join("out")), want, "{style}");
+        assert_eq!(got, want, "{style}");
         let run = curate::train::trained::TrainedRun::load(&whole.path().join("out"), &Device::flex()).unwrap();
         assert_eq!(run.model.image_proj_norm.is_some(), style == "cusa", "{style}: rebuilt from config.json");
         let s = run.image_size();
@@ -1962,15 +1966,9 @@ fn image_token_dropping_trains_resumes_exactly_and_needs_gpo() {
     // 64-px images: a 2 × 2 grid, so the image GPOs pool two to four cells.
     let base = ["model.gpo=true", "model.image_size_px=64", "loss.type=pcmepp"];
     let with: Vec<&str> = base.iter().copied().chain(["model.image_token_drop=0.5"]).collect();
-    let whole = tempfile::tempdir().unwrap();
-    train(&config_without_teachers(whole.path(), &with), &TrainOptions::default()).unwrap();
-    let want = losses(&whole.path().join("out"));
+    let (_whole, want, got) = whole_and_resumed(|d| config_without_teachers(d, &with), 3);
     assert!(want.len() == 6 && want.iter().all(|(_, l)| l.is_finite()), "{want:?}");
-    let parts = tempfile::tempdir().unwrap();
-    let c = config_without_teachers(parts.path(), &with);
-    train(&c, &TrainOptions { stop_after: Some(3), ..Default::default() }).unwrap();
-    train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
-    assert_eq!(losses(&parts.path().join("out")), want, "a resumed run drops the same cells");
+    assert_eq!(got, want, "a resumed run drops the same cells");
     let plain = tempfile::tempdir().unwrap();
     train(&config_without_teachers(plain.path(), &base), &TrainOptions::default()).unwrap();
     assert_ne!(losses(&plain.path().join("out"))[0], want[0], "dropping changed the first loss");
