@@ -21,7 +21,7 @@ Inputs and cases:
     --no-version-dependent` (tricky Unicode, whitespace and malformed lines). With
     --version-dependent it keeps the line with letters added after Unicode 14; Python 3.11's
     str.lower/isalpha do not know them, so several cases then differ for that line only.
-  * golden_input.tsv with make_golden.py's 11 configurations, and a check that the committed
+  * golden_input.tsv with make_golden.py's 14 configurations, and a check that the committed
     golden_expected.json is what the reference writes now.
   * a 300,005-line file (`data/gen_cc3m_sample.py --rows 300000 --seed 3 --malformed`: many
     chunks); tiny files (the first 1..35 random rows of the crafted file: base-set rounding);
@@ -36,7 +36,7 @@ Inputs and cases:
 
 Generated inputs and curate's outputs go to --scratch (default: /tmp/curate-bow-reference,
 i.e. the system temp folder); results.json there has every case in detail. Needs pyarrow and
-xxhash. Exit status 1 if any case differs or fails.
+xxhash, and snowballstemmer 2.x for the stemmer cases. Exit status 1 if any case differs or fails.
 
     python3 benches/bow_reference_check.py [--curate target/release/curate] [--quick]
         [--scratch DIR] [--only SUBSTRING] [--version-dependent] [--no-determinism]
@@ -100,6 +100,9 @@ EXTRA = [
     ("base tiny, no limit, t=0", ["bow.base_fraction=0.00000001", "bow.limit_to_base_vocab=false", "bow.rm_top_freq=0"],
      False),
     ("base 0.99999999", ["bow.base_fraction=0.99999999"], False),
+    ("stemmer", ["bow.stemmer=english"], False),
+    ("stemmer raw t=50", ["bow.stemmer=english", "bow.frequency_candidates=raw", "bow.rm_top_freq=50"], False),
+    ("stemmer no stop, keep 0", ["bow.stemmer=english", "bow.rm_stop_nalpha=false", "bow.keep_words=0"], False),
 ]
 # the head of a header-less 2-column table: malformed lines, blank/duplicate ids, empty captions
 TABLE = (b"id1\tcap one\nid2\tcap two\nid3 cap three\nid4\tcap\textra\nid1\tdup caption\n\tno id\n \tblank id\n"
@@ -296,6 +299,12 @@ def cases(p, quick):
                        sets=[f"read_table.path={FLICKR}"], ref_sets=ONLY))
         cs.append(dict(table, group="flickr8k", name="flickr8k: mostly BoW defaults", input=[str(FLICKR)],
                        sets=[f"read_table.path={FLICKR}"] + mostly, ref_sets=[]))
+        stem = ["bow.stemmer=english"]
+        cs.append(dict(table, group="flickr8k", name="flickr8k: mostly BoW, stemmer", input=[str(FLICKR)],
+                       sets=[f"read_table.path={FLICKR}"] + mostly + stem, ref_sets=stem))
+        stem_t = stem + ["bow.rm_stop_nalpha=false", "bow.rm_top_freq=100"]
+        cs.append(dict(table, group="flickr8k", name="flickr8k: mostly BoW, stemmer, stopwords kept, t=100",
+                       input=[str(FLICKR)], sets=[f"read_table.path={FLICKR}"] + mostly + stem_t, ref_sets=stem_t))
     return cs
 
 

@@ -345,8 +345,9 @@ fn base_size_rounds_halves_to_even_like_python() {
 /// The whole stage against an independent implementation: `tests/fixtures/bow/bow_reference.py`
 /// was written in Python from the spec and the docs (not from this code) and gives, for a small
 /// TSV of tricky captions (Unicode case and letters, whitespace, punctuation, malformed lines,
-/// repeated words) and 11 configurations, every output row in order, every dropped row with its
-/// reason, the top-t list and the report's statistics (`make_golden.py` wrote them).
+/// repeated words) and 14 configurations (three with the stemmer), every output row in order,
+/// every dropped row with its reason, the top-t list and the report's statistics
+/// (`make_golden.py` wrote them).
 #[test]
 fn the_pipeline_matches_the_independent_python_reference() {
     use arrow_array::cast::AsArray;
