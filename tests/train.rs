@@ -2156,3 +2156,60 @@ fn optional_tables_may_be_left_out_and_a_wrong_length_is_one_error() {
     assert!(e.contains("`model.embed_dim`: must be positive") && e.contains("`model.image_size_px`: 3 is below 8"));
     assert!(e.contains("`model.text.projection`: wrong type") && e.contains("3 configuration errors"), "{e}");
 }
+
+#[test]
+fn ctrl_c_stops_after_the_step_with_a_checkpoint_and_resume_goes_on_from_it() {
+    // `CURATE_SIGINT_AT_STEP=N`: the binary sends itself SIGINT as step N ends, as a Ctrl-C
+    // would. Checkpoints every 3 of 6 steps.
+    let whole = tempfile::tempdir().unwrap();
+    train(&config(whole.path(), &[]), &TrainOptions::default()).unwrap();
+    let want = losses(&whole.path().join("out"));
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), &[]);
+    let curate = |out: &str, sigint_at: Option<u64>, resume: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_curate"));
+        cmd.arg("train").arg(dir.path().join("train.toml"));
+        cmd.args(["--set", &format!("output_dir={}", dir.path().join(out).display()), "--progress", "never"]);
+        cmd.args(["--set", r#"data.tables=["data/train_sample/train.parquet"]"#]);
+        if resume {
+            cmd.arg("--resume");
+        }
+        cmd.env_remove("CURATE_SIGINT_AT_STEP");
+        if let Some(n) = sigint_at {
+            cmd.env("CURATE_SIGINT_AT_STEP", n.to_string());
+        }
+        let run = cmd.output().unwrap();
+        (run.status.code(), String::from_utf8_lossy(&run.stderr).into_owned())
+    };
+    let last = |out: &str| curate::train::run::last_checkpoint(&dir.path().join(out)).map(|c| c.0);
+
+    // Between checkpoints: step 4 gets one of its own; the run stops there, exit status 130.
+    let (code, stderr) = curate("between", Some(4), false);
+    assert_eq!(code, Some(130), "{stderr}");
+    // The message gives the command that goes on, its --set lines included (shell-quoted).
+    let resume = format!(
+        "interrupted (Ctrl-C) after step 4 of 6: checkpoint written; `curate train {} --set output_dir={} --set \
+         'data.tables=[\"data/train_sample/train.parquet\"]' --resume` goes on from it",
+        dir.path().join("train.toml").display(),
+        dir.path().join("between").display()
+    );
+    assert!(stderr.contains(&resume), "{stderr}");
+    assert_eq!(last("between"), Some(4));
+    assert!(!dir.path().join("between/model.bpk").exists(), "an interrupted run has no final model");
+    let (code, stderr) = curate("between", None, true);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("trained 2 steps (resumed at step 4)"), "{stderr}");
+    assert_eq!(losses(&dir.path().join("between")), want);
+
+    // On a checkpoint's step: that checkpoint serves.
+    let (code, stderr) = curate("on", Some(3), false);
+    assert_eq!(code, Some(130), "{stderr}");
+    assert_eq!(last("on"), Some(3));
+
+    // On the last step: the run finishes as usual.
+    let (code, stderr) = curate("last", Some(6), false);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains("interrupted"), "{stderr}");
+    assert!(dir.path().join("last/model.bpk").exists());
+    assert_eq!(losses(&dir.path().join("last")), want);
+}

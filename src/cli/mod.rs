@@ -408,9 +408,29 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 device: device(&args.pipeline.device)?,
                 trace_steps: args.trace_steps,
                 sample_profile: args.sample_profile,
+                stop_on_ctrl_c: true,
                 ..Default::default()
             };
             let s = crate::train::train(&config, &opts)?;
+            if s.interrupted {
+                let mut resume = vec!["curate".to_owned(), "train".into(), args.pipeline.file.display().to_string()];
+                for o in &args.pipeline.overrides {
+                    resume.extend(["--set".to_owned(), o.clone()]);
+                }
+                if args.pipeline.device != "cpu" {
+                    resume.extend(["--device".to_owned(), args.pipeline.device.clone()]);
+                }
+                resume.push("--resume".into());
+                let resume: Vec<String> = resume.iter().map(|w| shell_word(w)).collect();
+                say!(
+                    "interrupted (Ctrl-C) after step {} of {}: checkpoint written; `{}` goes on from it",
+                    s.steps,
+                    s.total_steps,
+                    resume.join(" ")
+                );
+                // The shell's convention for a run ended by SIGINT.
+                return Ok(130);
+            }
             let zs = |z: Option<crate::train::zeroshot::ZeroShotScores>| {
                 z.map(|z| format!("top-1 {:.3}, top-5 {:.3} ({} classes)", z.top1, z.top5, z.classes))
                     .unwrap_or_else(|| "not configured".into())
@@ -463,6 +483,17 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             crate::bench::bow_stage(&pipeline)?;
             Ok(0)
         }
+    }
+}
+
+/// `word` as a POSIX shell reads it back: as it is when it holds nothing the shell treats
+/// specially, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./=:,+@%".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
     }
 }
 

@@ -7,6 +7,7 @@
 //! - [`optim`]: SGD / AdamW / AdamP, the schedules, per-tower rates, gradient clipping;
 //! - [`adamp`]: AdamP, PCME++'s optimiser;
 //! - [`run`]: the loop — metrics, checkpoints, resume, the NaN guard;
+//! - [`interrupt`]: Ctrl-C stops the loop after its step, with a checkpoint to resume from;
 //! - [`sampling_profile`]: `--sample-profile`, where the host's time goes over a few steps;
 //! - [`trained`]: a finished run loaded frozen, embedding captions and images;
 //! - [`zeroshot`]: zero-shot top-1/top-5 (flat hit@k) at step 0, during and after training.
@@ -17,6 +18,7 @@ pub mod adamp;
 pub mod config;
 pub mod data;
 pub mod dual_encoder;
+pub mod interrupt;
 pub mod optim;
 pub mod run;
 pub mod sampling_profile;

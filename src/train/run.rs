@@ -55,6 +55,9 @@ pub struct TrainOptions {
     /// Stop (as if killed) after this many steps in total, without the final model (tests of
     /// `--resume`).
     pub stop_after: Option<u64>,
+    /// Ctrl-C during the loop stops the run after its step, with a checkpoint there
+    /// ([`super::interrupt`]; `curate train` sets it). Off, SIGINT is left as it is.
+    pub stop_on_ctrl_c: bool,
     /// Replace the loss of this step (1-based) by NaN (tests of the NaN guard).
     pub inject_nan_at: Option<u64>,
     /// Print where each step's time goes on stderr, one line per step (`curate train
@@ -120,6 +123,7 @@ impl Default for TrainOptions {
             progress: false,
             device: Device::flex(),
             stop_after: None,
+            stop_on_ctrl_c: false,
             inject_nan_at: None,
             trace_steps: false,
             sample_profile: None,
@@ -132,6 +136,8 @@ impl Default for TrainOptions {
 pub struct TrainSummary {
     /// The step the run ended at.
     pub steps: u64,
+    /// The steps of the whole run (`steps`, or `epochs` in steps).
+    pub total_steps: u64,
     /// The step it started from (0, or a resumed checkpoint's).
     pub resumed_at: u64,
     /// The step of `first_zeroshot` (0, or a resumed run's first evaluation).
@@ -144,6 +150,8 @@ pub struct TrainSummary {
     pub rows: usize,
     /// Training images met in this run's batches that cannot be decoded (each left out).
     pub undecodable_images: usize,
+    /// Stopped by Ctrl-C at `steps`, with a checkpoint there (no final model).
+    pub interrupted: bool,
 }
 
 /// The loss's learnable scalars.
@@ -867,6 +875,8 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let mut step_started = Instant::now();
     let mut undecodable = std::collections::HashSet::new();
     let mut trace = StepTrace::new(opts.trace_steps);
+    let ctrl_c = super::interrupt::Listener::new(opts.stop_on_ctrl_c);
+    let mut interrupted_at = None;
     for batch in loader {
         let mut batch = batch?;
         trace.lap("batch");
@@ -988,13 +998,24 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
                 run.swa_snapshots += 1;
             }
         }
-        if config.checkpoint_every > 0 && step % config.checkpoint_every == 0 && step < total {
+        let checkpointed = config.checkpoint_every > 0 && step % config.checkpoint_every == 0 && step < total;
+        if checkpointed {
             run.save(&out, step, value, config.keep_checkpoints)?;
         }
         if let Some(e) = &config.eval {
             if step % e.every_steps == 0 && step < total {
                 evaluate(&run, step, &mut metrics)?;
             }
+        }
+        ctrl_c.step_ended(step);
+        if ctrl_c.requested() && step < total {
+            // Ctrl-C: this step's checkpoint (unless it has one already), then stop; the last
+            // step finishes the run instead.
+            if !checkpointed {
+                run.save(&out, step, value, config.keep_checkpoints)?;
+            }
+            interrupted_at = Some(step);
+            break;
         }
         if opts.stop_after == Some(step) && step < total {
             break;
@@ -1003,9 +1024,12 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         step_started = Instant::now();
         trace.restart();
     }
+    // From here Ctrl-C ends the process again.
+    drop(ctrl_c);
     if let Some(s) = &mut sampler {
         s.finish()?;
     }
+    let end = interrupted_at.unwrap_or(end);
     let done = end == total;
     if done {
         evaluate(&run, total, &mut metrics)?;
@@ -1034,6 +1058,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     }
     Ok(TrainSummary {
         steps: end,
+        total_steps: total,
         resumed_at: resume_from.as_ref().map_or(0, |(step, _)| *step),
         first_zeroshot_step,
         last_loss,
@@ -1043,6 +1068,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         seconds: started.elapsed().as_secs_f64(),
         rows,
         undecodable_images: undecodable.len(),
+        interrupted: interrupted_at.is_some(),
     })
 }
 
