@@ -934,6 +934,18 @@ fn set_makes_an_optional_table_the_file_leaves_out() {
     assert_eq!(eval.classes, PathBuf::from("data/train_sample/classes.txt"));
     // The BoW paper's template by default (spec §6.1, A10).
     assert_eq!(eval.templates, ["a photo of a {}"]);
+    // The zero-shot table's columns are checked with the config (from its footer), named by
+    // their keys: here `eval.label_column` names a column the table lacks.
+    let file = dir.path().join("train.toml");
+    let sets = [
+        format!("output_dir={}", dir.path().join("out").display()),
+        "eval.images=data/train_sample/zeroshot.parquet".into(),
+        "eval.classes=data/train_sample/classes.txt".into(),
+        "eval.label_column=class".into(),
+    ];
+    let e = TrainConfig::load(&file, &sets).unwrap_err().to_string();
+    assert!(e.contains("eval.images") && e.contains("zeroshot.parquet` has no column `class`"), "{e}");
+    assert!(e.contains("its columns: sample_id, path, label"), "{e}");
 }
 
 #[test]

@@ -596,6 +596,10 @@ impl TrainConfig {
         match key {
             "data.tables" => vec!["sample_id".into(), self.data.caption_column.clone()],
             "data.teacher_image" | "data.teacher_text" => vec!["sample_id".into(), "embedding".into()],
+            "eval.images" => match &self.eval {
+                Some(e) => vec![e.image_column.clone(), e.label_column.clone()],
+                None => Vec::new(),
+            },
             _ => Vec::new(),
         }
     }
