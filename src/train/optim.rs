@@ -384,6 +384,58 @@ mod tests {
         assert_eq!(g2.get::<1>(two.b.id).unwrap().into_data().try_to_vec::<f32>().unwrap(), kept);
     }
 
+    /// `optim.optimizer = "sgd" | "adamw"` against PyTorch's `SGD` (momentum without dampening,
+    /// L2 weight decay) and `AdamW` (decoupled decay, eps 1e-8) over 6 steps with a changing
+    /// rate (`tests/fixtures/optim/make_sgd_adamw_fixture.py`).
+    #[test]
+    fn sgd_and_adamw_match_pytorch() {
+        let p = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/optim/sgd_adamw_reference.json");
+        let f: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        let floats = |v: &serde_json::Value| -> Vec<f32> {
+            v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+        };
+        let d = Device::default().autodiff();
+        let cases = f["cases"].as_object().unwrap();
+        assert_eq!(cases.len(), 4);
+        for (name, case) in cases {
+            let kind = match case["optimizer"].as_str().unwrap() {
+                "sgd" => OptimizerKind::Sgd,
+                _ => OptimizerKind::Adamw,
+            };
+            let betas = case.get("betas").map_or([0.9, 0.999], |b| [b[0].as_f64().unwrap(), b[1].as_f64().unwrap()]);
+            let c = OptimConfig {
+                optimizer: kind,
+                momentum: case.get("momentum").map_or(0.0, |m| m.as_f64().unwrap()),
+                weight_decay: case["weight_decay"].as_f64().unwrap(),
+                betas,
+                ..Default::default()
+            };
+            let mut two = Two {
+                a: Param::from_tensor(Tensor::from_data(TensorData::new(floats(&f["init"]["w"]), [3, 4]), &d)),
+                b: Param::from_tensor(Tensor::from_data(TensorData::new(floats(&f["init"]["b"]), [5]), &d)),
+            };
+            let mut o = build(&c, c.weight_decay, Vec::new(), Vec::new());
+            for (step, lr) in f["lrs"].as_array().unwrap().iter().enumerate() {
+                let g = &f["grads"][step];
+                // Gradients through a backward pass: d(sum(a ⊙ G_a) + sum(b ⊙ G_b)) = (G_a, G_b).
+                let ga = Tensor::<2>::from_data(TensorData::new(floats(&g["w"]), [3, 4]), &d);
+                let gb = Tensor::<1>::from_data(TensorData::new(floats(&g["b"]), [5]), &d);
+                let loss = (two.a.val() * ga).sum() + (two.b.val() * gb).sum();
+                let grads = GradientsParams::from_grads(loss.backward(), &two);
+                two = o.step(lr.as_f64().unwrap(), two, grads);
+                let want = &case["after"][step];
+                for (got, want, what) in [
+                    (two.a.val().into_data().try_to_vec::<f32>().unwrap(), floats(&want["w"]), "w"),
+                    (two.b.val().into_data().try_to_vec::<f32>().unwrap(), floats(&want["b"]), "b"),
+                ] {
+                    for (x, y) in got.iter().zip(&want) {
+                        assert!((x - y).abs() <= 2e-6 * (1.0 + y.abs()), "{name} step {step} {what}: {x} against {y}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn lr_groups_give_each_parameter_its_multiple_and_later_groups_win() {
         let d = Device::default();
