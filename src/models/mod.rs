@@ -1,7 +1,8 @@
 //! Encoders in burn that load published checkpoints (issue 3): one module per model family,
 //! each a config + module — `bert` (BERT, MiniLM, DistilBERT), `mpnet` (all-mpnet-base-v2, the
 //! CUSA text teacher), `resnet` (torchvision ResNet-50), `vit` (ViT-B/32 in OpenAI CLIP's and
-//! Unicom's layouts: the CLIP image tower and the CUSA image teacher). `weights` reads
+//! Unicom's layouts: the CLIP image tower and the CUSA image teacher), `clip_text` (CLIP's text
+//! transformer, and the sizes of an open_clip model folder). `weights` reads
 //! safetensors and checks every tensor name and shape; `pooling` turns token states into
 //! sentence embeddings; `text_encoder` adds the tokenizer and picks the text model from
 //! `config.json`; `gpo` is VSE∞'s generalised pooling (PCME++'s heads);
@@ -12,6 +13,7 @@
 
 pub mod activation;
 pub mod bert;
+pub mod clip_text;
 pub mod gpo;
 pub mod image_encoder;
 pub mod mpnet;

@@ -40,10 +40,34 @@ pub enum VitLayout {
     Unicom,
 }
 
+/// The MLP's activation in a transformer block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MlpActivation {
+    /// `x·σ(1.702x)`: OpenAI's CLIP (open_clip's `quick_gelu = true`).
+    QuickGelu,
+    /// Exact (erf) GELU: open_clip's own models (`quick_gelu = false`).
+    Gelu,
+    /// `min(max(x, 0), 6)`: Unicom.
+    Relu6,
+}
+
+impl MlpActivation {
+    pub(crate) fn apply<const D: usize>(self, h: Tensor<D>) -> Tensor<D> {
+        match self {
+            MlpActivation::QuickGelu => h.clone() * sigmoid(h.mul_scalar(1.702)),
+            MlpActivation::Gelu => super::activation::gelu(h),
+            MlpActivation::Relu6 => h.clamp(0.0, 6.0),
+        }
+    }
+}
+
 /// Sizes of a ViT; `image_size` is fixed by the learned position table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VitConfig {
     pub layout: VitLayout,
+    /// QuickGELU for OpenAI's CLIP, ReLU6 for Unicom ([`VitConfig::vit_b32_clip`] and the
+    /// other constructors set it); exact GELU for open_clip's non-OpenAI models.
+    pub activation: MlpActivation,
     pub image_size: usize,
     pub patch_size: usize,
     pub width: usize,
@@ -73,6 +97,7 @@ impl VitConfig {
     fn b32(layout: VitLayout) -> Self {
         VitConfig {
             layout,
+            activation: Self::activation_of(layout),
             image_size: 224,
             patch_size: 32,
             width: 768,
@@ -94,7 +119,24 @@ impl VitConfig {
     }
 
     fn tiny(layout: VitLayout) -> Self {
-        VitConfig { layout, image_size: 32, patch_size: 8, width: 16, layers: 2, heads: 4, mlp_dim: 64, output_dim: 8 }
+        VitConfig {
+            layout,
+            activation: Self::activation_of(layout),
+            image_size: 32,
+            patch_size: 8,
+            width: 16,
+            layers: 2,
+            heads: 4,
+            mlp_dim: 64,
+            output_dim: 8,
+        }
+    }
+
+    fn activation_of(layout: VitLayout) -> MlpActivation {
+        match layout {
+            VitLayout::Clip => MlpActivation::QuickGelu,
+            VitLayout::Unicom => MlpActivation::Relu6,
+        }
     }
 
     /// Patch tokens per image (49 for ViT-B/32 at 224 px).
@@ -103,6 +145,8 @@ impl VitConfig {
     }
 }
 
+/// A pre-LayerNorm transformer block: `x + attn(LN(x))`, then `x + MLP(LN(x))` (CLIP's
+/// `ResidualAttentionBlock`, also its text tower's).
 #[derive(Module, Debug)]
 pub struct VitBlock {
     norm1: LayerNorm,
@@ -112,6 +156,56 @@ pub struct VitBlock {
     norm2: LayerNorm,
     fc1: Linear,
     fc2: Linear,
+}
+
+impl VitBlock {
+    /// CLIP's block `{prefix}{ln_1, attn.in_proj_*, attn.out_proj, ln_2, mlp.c_fc, mlp.c_proj}`.
+    pub(crate) fn clip(w: &Weights, prefix: &str, d: usize, mlp_dim: usize, device: &Device) -> VitBlock {
+        let t = |part: &str| format!("{prefix}{part}");
+        VitBlock {
+            norm1: w.layer_norm(&t("ln_1"), d, LN_EPS, device),
+            qkv: w.linear_named(&t("attn.in_proj_weight"), Some(&t("attn.in_proj_bias")), d, 3 * d, device),
+            out: w.linear(&t("attn.out_proj"), d, d, device),
+            norm2: w.layer_norm(&t("ln_2"), d, LN_EPS, device),
+            fc1: w.linear(&t("mlp.c_fc"), d, mlp_dim, device),
+            fc2: w.linear(&t("mlp.c_proj"), mlp_dim, d, device),
+        }
+    }
+
+    /// The block on `x`, with `heads` attention heads; `mask` is added to the attention scores
+    /// (`[tokens, tokens]`: CLIP text's causal mask, `-inf` above the diagonal).
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, tokens, width]` → `[batch, tokens, width]`
+    pub(crate) fn forward(
+        &self,
+        x: Tensor<3>,
+        heads: usize,
+        activation: MlpActivation,
+        mask: Option<&Tensor<2>>,
+    ) -> Tensor<3> {
+        let x = x.clone() + self.attention(self.norm1.forward(x), heads, mask);
+        let h = activation.apply(self.fc1.forward(self.norm2.forward(x.clone())));
+        x + self.fc2.forward(h)
+    }
+
+    /// Multi-head self-attention.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, tokens, width]` → `[batch, tokens, width]`
+    fn attention(&self, x: Tensor<3>, heads: usize, mask: Option<&Tensor<2>>) -> Tensor<3> {
+        let [b, n, d] = x.dims();
+        let dh = d / heads;
+        let qkv = self.qkv.forward(x);
+        let split = |i: usize| qkv.clone().narrow(2, i * d, d).reshape([b, n, heads, dh]).swap_dims(1, 2);
+        let (q, k, v) = (split(0), split(1), split(2));
+        let mut scores = q.matmul(k.swap_dims(2, 3)).mul_scalar((dh as f64).sqrt().recip());
+        if let Some(m) = mask {
+            scores = scores + m.clone().unsqueeze_dim::<3>(0).unsqueeze_dim::<4>(0);
+        }
+        let context = softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([b, n, d]);
+        self.out.forward(context)
+    }
 }
 
 /// Unicom's `feature` head.
@@ -142,7 +236,7 @@ pub struct Vit {
     #[module(skip)]
     heads: usize,
     #[module(skip)]
-    relu6: bool,
+    activation: MlpActivation,
     #[module(skip)]
     whole_clip: bool,
     #[module(skip)]
@@ -168,17 +262,7 @@ impl Vit {
         let p = if whole_clip { "visual." } else { "" };
         let (d, eps) = (c.width, LN_EPS);
         let blocks = (0..c.layers)
-            .map(|i| {
-                let t = |part: &str| format!("{p}transformer.resblocks.{i}.{part}");
-                VitBlock {
-                    norm1: w.layer_norm(&t("ln_1"), d, eps, device),
-                    qkv: w.linear_named(&t("attn.in_proj_weight"), Some(&t("attn.in_proj_bias")), d, 3 * d, device),
-                    out: w.linear(&t("attn.out_proj"), d, d, device),
-                    norm2: w.layer_norm(&t("ln_2"), d, eps, device),
-                    fc1: w.linear(&t("mlp.c_fc"), d, c.mlp_dim, device),
-                    fc2: w.linear(&t("mlp.c_proj"), c.mlp_dim, d, device),
-                }
-            })
+            .map(|i| VitBlock::clip(w, &format!("{p}transformer.resblocks.{i}."), d, c.mlp_dim, device))
             .collect();
         let patch = ConvSpec { d_in: 3, d_out: d, kernel: c.patch_size, stride: c.patch_size, padding: 0 };
         Vit {
@@ -191,7 +275,7 @@ impl Vit {
             proj: Some(w.param(&format!("{p}proj"), [d, c.output_dim], device)),
             head: None,
             heads: c.heads,
-            relu6: false,
+            activation: c.activation,
             whole_clip,
             output_dim: c.output_dim,
         }
@@ -229,7 +313,7 @@ impl Vit {
                 bn2: w.batch_norm("feature.3", c.output_dim, BN_EPS, device),
             }),
             heads: c.heads,
-            relu6: true,
+            activation: c.activation,
             whole_clip: false,
             output_dim: c.output_dim,
         }
@@ -263,6 +347,15 @@ impl Vit {
     /// - `images`: `[batch, 3, image_size, image_size]` (normalised)
     /// - output: `[batch, output_dim]`
     pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        self.pool(self.forward_tokens(images))
+    }
+
+    /// The token states after the last block (no final norm, no head): for CLIP the class token
+    /// then the patches in row-major order (PCME++'s GPO input, spec `cusa-and-pcmepp.md` §3.1).
+    ///
+    /// # Shapes
+    /// - `images`: `[batch, 3, image_size, image_size]` → `[batch, tokens, width]`
+    pub fn forward_tokens(&self, images: Tensor<4>) -> Tensor<3> {
         let x = self.patch_embed.forward(images);
         let [b, d, gh, gw] = x.dims();
         // Patches in row-major grid order, as `flatten(2).transpose(1, 2)` in PyTorch.
@@ -276,13 +369,18 @@ impl Vit {
             x = ln.forward(x);
         }
         for block in &self.blocks {
-            x = x.clone() + self.attention(block, block.norm1.forward(x));
-            let h = block.fc1.forward(block.norm2.forward(x.clone()));
-            // QuickGELU (CLIP, x·σ(1.702x)) or ReLU6 (Unicom).
-            let h = if self.relu6 { h.clamp(0.0, 6.0) } else { h.clone() * sigmoid(h.mul_scalar(1.702)) };
-            x = x + block.fc2.forward(h);
+            x = block.forward(x, self.heads, self.activation, None);
         }
-        let [_, n, _] = x.dims();
+        x
+    }
+
+    /// The head on [`Vit::forward_tokens`]'s output: CLIP's class token → `ln_post` → `@ proj`,
+    /// or Unicom's `feature` head on the normed grid.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, tokens, width]` → `[batch, output_dim]`
+    pub fn pool(&self, x: Tensor<3>) -> Tensor<2> {
+        let [b, n, d] = x.dims();
         match (&self.proj, &self.head) {
             (Some(proj), _) => {
                 let cls = x.narrow(1, 0, 1).reshape([b, d]);
@@ -295,20 +393,5 @@ impl Vit {
             }
             (None, None) => unreachable!("every layout has a head"),
         }
-    }
-
-    /// Multi-head self-attention of one block.
-    ///
-    /// # Shapes
-    /// - `x`: `[batch, tokens, width]` → `[batch, tokens, width]`
-    fn attention(&self, block: &VitBlock, x: Tensor<3>) -> Tensor<3> {
-        let [b, n, d] = x.dims();
-        let dh = d / self.heads;
-        let qkv = block.qkv.forward(x);
-        let split = |i: usize| qkv.clone().narrow(2, i * d, d).reshape([b, n, self.heads, dh]).swap_dims(1, 2);
-        let (q, k, v) = (split(0), split(1), split(2));
-        let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar((dh as f64).sqrt().recip());
-        let context = softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([b, n, d]);
-        block.out.forward(context)
     }
 }
