@@ -746,11 +746,18 @@ fn tables_that_would_be_read_twice_or_join_features_wrongly_are_refused() {
         let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
         TrainSet::load(&config(dir.path(), &sets))
     };
-    // One table matched by two patterns.
-    let e = load(&[r#"data.tables=["data/train_sample/train.parquet", "data/train_sample/tra*.parquet"]"#.into()])
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("train.parquet` is listed twice in `data.tables`"), "{e}");
+    // One table matched by two patterns, or named twice in two spellings: refused with the
+    // config, before any data is read.
+    config(dir.path(), &[]);
+    let out = format!("output_dir={}", dir.path().join("out").display());
+    for tables in [
+        r#"data.tables=["data/train_sample/train.parquet", "data/train_sample/tra*.parquet"]"#,
+        r#"data.tables=["data/train_sample/train.parquet", "./data/train_sample/train.parquet"]"#,
+    ] {
+        let e = TrainConfig::load(&dir.path().join("train.toml"), &[out.clone(), tables.into()]).unwrap_err();
+        let e = e.to_string();
+        assert!(e.contains("train.parquet` is listed twice (two patterns name it)"), "{tables}: {e}");
+    }
     // Two data sets with the same ids: the teacher features would join to the wrong rows.
     let copy = dir.path().join("copy.parquet");
     std::fs::copy("data/train_sample/train.parquet", &copy).unwrap();

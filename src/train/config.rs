@@ -655,6 +655,15 @@ impl TrainConfig {
                     continue;
                 }
             };
+            if key == "data.tables" {
+                if let Some(twice) = super::data::listed_twice(&files) {
+                    bad(
+                        key,
+                        format!("`{}` is listed twice (two patterns name it)", twice.display()),
+                        "list each table once: its rows would be trained on twice as often",
+                    );
+                }
+            }
             // Their columns, from the footers (no data read): every table's problem at once.
             for file in files {
                 let needed = self.columns_needed(key);

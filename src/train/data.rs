@@ -264,6 +264,13 @@ pub(crate) fn read_features(files: &[PathBuf]) -> Result<(HashMap<String, Vec<f3
     Ok((out, first.map_or(0, |(d, _)| d)))
 }
 
+/// The first file of `files` that an earlier one names too, however spelt (`data/x.parquet`,
+/// `./data/x.parquet`, a link to it): the same file, by its canonical path.
+pub fn listed_twice(files: &[PathBuf]) -> Option<&PathBuf> {
+    let real: Vec<PathBuf> = files.iter().map(|f| f.canonicalize().unwrap_or_else(|_| f.clone())).collect();
+    (0..files.len()).find(|&i| real[..i].contains(&real[i])).map(|i| &files[i])
+}
+
 impl TrainSet {
     /// Reads every table of `data.tables` (each once); rows without id, caption or image
     /// reference are counted in `incomplete_rows`, rows whose image file does not exist in
@@ -274,7 +281,7 @@ impl TrainSet {
         let (mut missing_images, mut incomplete_rows, mut emptied_captions) = (0, 0, 0);
         let mut shards: HashMap<String, (Arc<PathBuf>, ShardIndex)> = HashMap::new();
         let files = expand(&d.tables)?;
-        if let Some(twice) = files.iter().enumerate().find(|(i, f)| files[..*i].contains(f)).map(|(_, f)| f) {
+        if let Some(twice) = listed_twice(&files) {
             return Err(Error::Data {
                 message: format!("`{}` is listed twice in `data.tables` (two patterns match it)", twice.display()),
                 hint: Some("list each table once: its rows would be trained on twice as often".into()),
