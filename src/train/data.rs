@@ -206,8 +206,18 @@ pub(crate) fn read_features(files: &[PathBuf]) -> Result<(HashMap<String, Vec<f3
                 hint: None,
             })?;
             let d = list.value_length() as usize;
-            let values = list.values().as_any().downcast_ref::<Float32Array>().ok_or_else(|| Error::Schema {
-                message: format!("`{}`: `embedding` values are not Float32", file.display()),
+            // Float16 and Float64 features are read as Float32 (spec `cusa-and-pcmepp.md` §1.3:
+            // fp16 is acceptable); curate's encode stages write Float32.
+            let values = match list.values().data_type() {
+                DataType::Float16 | DataType::Float64 => arrow_cast::cast(list.values(), &DataType::Float32)?,
+                _ => list.values().clone(),
+            };
+            let values = values.as_any().downcast_ref::<Float32Array>().ok_or_else(|| Error::Schema {
+                message: format!(
+                    "`{}`: `embedding` values are {}, not Float32 (or Float16, Float64)",
+                    file.display(),
+                    list.values().data_type()
+                ),
                 hint: None,
             })?;
             match first {
@@ -944,6 +954,41 @@ impl Iterator for Loader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn float16_and_float64_teacher_features_read_as_float32() {
+        // The same two 3-d rows stored as Float16, Float32 and Float64 (values exact in f16).
+        use arrow_array::{ArrayRef, Float16Array, Float64Array};
+        let dir = tempfile::tempdir().unwrap();
+        let want = [0.5f32, -1.25, 3.0, 0.0, 2.5, -0.125];
+        let table = |name: &str, values: ArrayRef| {
+            let field = Arc::new(arrow_schema::Field::new("item", values.data_type().clone(), true));
+            let list = FixedSizeListArray::new(field, 3, values, None);
+            let batch = RecordBatch::try_from_iter([
+                ("sample_id", Arc::new(StringArray::from(vec!["a", "b"])) as ArrayRef),
+                ("embedding", Arc::new(list) as ArrayRef),
+            ])
+            .unwrap();
+            let path = dir.path().join(name);
+            crate::io::parquet::write_file(&path, batch.schema(), &[batch], &[]).unwrap();
+            path
+        };
+        let f16: Vec<half::f16> = want.iter().map(|&v| half::f16::from_f32(v)).collect();
+        let f64s: Vec<f64> = want.iter().map(|&v| v as f64).collect();
+        for (name, values) in [
+            ("f16.parquet", Arc::new(Float16Array::from(f16)) as ArrayRef),
+            ("f32.parquet", Arc::new(Float32Array::from(want.to_vec())) as ArrayRef),
+            ("f64.parquet", Arc::new(Float64Array::from(f64s)) as ArrayRef),
+        ] {
+            let (features, width) = read_features(&[table(name, values)]).unwrap();
+            assert_eq!(width, 3, "{name}");
+            assert_eq!((features["a"].as_slice(), features["b"].as_slice()), (&want[..3], &want[3..]), "{name}");
+        }
+        // Integers are not features.
+        let ints = Arc::new(arrow_array::Int32Array::from(vec![1, 2, 3, 4, 5, 6])) as ArrayRef;
+        let e = read_features(&[table("int.parquet", ints)]).unwrap_err().to_string();
+        assert!(e.contains("`embedding` values are Int32, not Float32 (or Float16, Float64)"), "{e}");
+    }
 
     #[test]
     fn a_shard_is_indexed_as_the_image_stages_read_it() {
