@@ -147,6 +147,26 @@ pub struct TrainSet {
     pub noisy_rows: usize,
 }
 
+impl TrainSet {
+    /// Rows whose caption is also the caption of a row with another image: the false negatives
+    /// of in-batch and memory-bank contrast (spec `bow-and-otter.md` §4: BoW captions are short,
+    /// so identical strings for different images are common; log the rate, do not dedupe).
+    pub fn shared_captions(&self) -> usize {
+        // Caption → its first row's image, and whether another image has it too.
+        let mut seen: HashMap<&str, (String, bool)> = HashMap::with_capacity(self.samples.len());
+        for s in &self.samples {
+            let image = s.image.name();
+            match seen.get_mut(s.caption.as_str()) {
+                Some((first, shared)) => *shared |= *first != image,
+                None => {
+                    seen.insert(&s.caption, (image, false));
+                }
+            }
+        }
+        self.samples.iter().filter(|s| seen[s.caption.as_str()].1).count()
+    }
+}
+
 /// PCME++'s noisy correspondence, as its loader draws it: `floor(ratio · n)` positions chosen at
 /// random, their captions shuffled among them. Returns, per row, the row whose caption it gets.
 pub fn noisy_correspondence(n: usize, ratio: f64, seed: u64) -> Vec<usize> {
@@ -954,6 +974,36 @@ impl Iterator for Loader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_captions_count_rows_whose_text_another_image_has() {
+        let row = |caption: &str, image: &str| Sample {
+            sample_id: format!("{caption}{image}"),
+            caption: caption.into(),
+            image: ImageSource::File(PathBuf::from(image)),
+        };
+        let set = |samples: Vec<Sample>| TrainSet {
+            samples,
+            teacher_image: None,
+            teacher_text: None,
+            missing_images: 0,
+            incomplete_rows: 0,
+            emptied_captions: 0,
+            noisy_rows: 0,
+        };
+        // `dog` twice for one image (COCO's five captions may repeat): not a false negative.
+        // `cat` for two images, a third time for the first: all three rows count.
+        let s = set(vec![
+            row("dog", "1.jpg"),
+            row("dog", "1.jpg"),
+            row("cat", "1.jpg"),
+            row("cat", "2.jpg"),
+            row("cat", "1.jpg"),
+            row("bird", "3.jpg"),
+        ]);
+        assert_eq!(s.shared_captions(), 3);
+        assert_eq!(set(Vec::new()).shared_captions(), 0);
+    }
 
     #[test]
     fn float16_and_float64_teacher_features_read_as_float32() {

@@ -777,6 +777,14 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             set.missing_images
         );
     }
+    let shared = set.shared_captions();
+    if shared > 0 {
+        say!(
+            "note: {shared} of {rows} training rows ({:.1}%) share their caption with a row of another image: \
+             negatives of the same text (kept; BoW captions make them common)",
+            100.0 * shared as f64 / rows.max(1) as f64
+        );
+    }
     let total = config.total_steps(rows)?;
     // At least 1: the set holds a batch (checked at load).
     let per_epoch = set.steps_per_epoch(config.batch_size).max(1);
