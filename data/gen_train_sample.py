@@ -181,6 +181,10 @@ def main():
         "layer_norm_eps": 1e-12,
         "hidden_act": "gelu",
         "pad_token_id": 0,
+        # A tiny model trained from scratch for a few hundred steps: no dropout (transformers'
+        # default would be 0.1).
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
     }
     with open(os.path.join(model_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=1, sort_keys=True)

@@ -8,6 +8,9 @@
 //!
 //! Loaded from `config.json` + `model.safetensors`; tensor names as saved by `transformers`
 //! (with or without the `bert.` prefix of task heads; `pooler.*` and `cls.*` are ignored).
+//! In training (on an autodiff device) the config's dropout applies where transformers applies
+//! it: after the embeddings' LayerNorm, on the attention probabilities, and on each sub-layer's
+//! output before its residual sum.
 
 use std::path::Path;
 
@@ -46,6 +49,13 @@ pub struct BertConfig {
     pub hidden_act: String,
     #[serde(default = "default_position")]
     pub position_embedding_type: String,
+    /// Dropout after the embeddings and on each sub-layer's output, in training (transformers'
+    /// default 0.1 where the file has none).
+    #[serde(default = "default_dropout", alias = "dropout")]
+    pub hidden_dropout_prob: f64,
+    /// Dropout on the attention probabilities, in training.
+    #[serde(default = "default_dropout", alias = "attention_dropout")]
+    pub attention_probs_dropout_prob: f64,
 }
 
 fn default_model_type() -> String {
@@ -62,6 +72,9 @@ fn default_act() -> String {
 }
 fn default_position() -> String {
     "absolute".into()
+}
+fn default_dropout() -> f64 {
+    0.1
 }
 
 impl BertConfig {
@@ -87,6 +100,17 @@ impl BertConfig {
                 ),
                 hint: Some("curate's BERT supports `gelu` with absolute positions".into()),
             });
+        }
+        for (key, p) in [
+            ("hidden_dropout_prob", c.hidden_dropout_prob),
+            ("attention_probs_dropout_prob", c.attention_probs_dropout_prob),
+        ] {
+            if !(0.0..1.0).contains(&p) {
+                return Err(Error::Model {
+                    message: format!("`{}`: {key} {p} is not a dropout rate in [0, 1)", path.display()),
+                    hint: None,
+                });
+            }
         }
         if !c.hidden_size.is_multiple_of(c.num_attention_heads) {
             return Err(Error::Model {
@@ -122,6 +146,20 @@ pub struct Bert {
     heads: usize,
     #[module(skip)]
     max_positions: usize,
+    /// Hidden and attention-probability dropout rates, applied on an autodiff device only
+    /// (training: the trainee and the EMA teacher, which the reference runs in train mode).
+    #[module(skip)]
+    dropout: (f64, f64),
+}
+
+/// Inverted dropout at rate `p` on an autodiff device (training); the identity elsewhere or at
+/// rate 0. The mask comes from the device's random stream, which the trainer seeds per step.
+fn dropout<const D: usize>(x: Tensor<D>, p: f64) -> Tensor<D> {
+    if p <= 0.0 || !x.device().is_autodiff() {
+        return x;
+    }
+    let keep = x.random_like(burn::tensor::Distribution::Bernoulli(1.0 - p));
+    (x * keep).mul_scalar(1.0 / (1.0 - p))
 }
 
 /// Where each tensor of a layer lives in one checkpoint family (names after `{layers}.{i}.`).
@@ -207,7 +245,19 @@ impl Bert {
             layers,
             heads: c.num_attention_heads,
             max_positions: c.max_position_embeddings,
+            dropout: (c.hidden_dropout_prob, c.attention_probs_dropout_prob),
         }
+    }
+
+    /// The same model with other dropout rates (hidden, attention probabilities).
+    pub fn with_dropout(mut self, hidden: f64, attention: f64) -> Bert {
+        self.dropout = (hidden, attention);
+        self
+    }
+
+    /// Its dropout rates (hidden, attention probabilities).
+    pub fn dropout(&self) -> (f64, f64) {
+        self.dropout
     }
 
     /// Checkpoint tensors this encoder leaves out on purpose (task heads, the pooler).
@@ -238,7 +288,8 @@ impl Bert {
         if let Some(tt) = &self.token_type_embeddings {
             x = x + tt.val().narrow(0, 0, 1).unsqueeze_dim::<3>(0);
         }
-        let mut x = self.embeddings_norm.forward(x);
+        let (p_hidden, p_attention) = self.dropout;
+        let mut x = dropout(self.embeddings_norm.forward(x), p_hidden);
         // Additive attention mask, as transformers builds it: 0 for tokens, the most negative
         // f32 for padding, broadcast over heads and query positions.
         let pad = mask.float().neg().add_scalar(1.0).mul_scalar(f32::MIN).reshape([b, 1, 1, s]);
@@ -250,10 +301,11 @@ impl Bert {
             let k = split(layer.key.forward(x.clone()));
             let v = split(layer.value.forward(x.clone()));
             let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale) + pad.clone();
-            let context = softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([b, s, hidden]);
-            x = layer.attention_norm.forward(layer.attention_out.forward(context) + x);
+            let probs = dropout(softmax(scores, 3), p_attention);
+            let context = probs.matmul(v).swap_dims(1, 2).reshape([b, s, hidden]);
+            x = layer.attention_norm.forward(dropout(layer.attention_out.forward(context), p_hidden) + x);
             let h = gelu(layer.intermediate.forward(x.clone()));
-            x = layer.output_norm.forward(layer.output.forward(h) + x);
+            x = layer.output_norm.forward(dropout(layer.output.forward(h), p_hidden) + x);
         }
         x
     }

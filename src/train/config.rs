@@ -194,6 +194,12 @@ pub struct TextModelConfig {
     /// `embed_dim` (the paper has none: DistilBERT is 768-d).
     #[serde(default)]
     pub projection: Option<bool>,
+    /// The text tower's dropout rate in training (hidden and attention probabilities alike);
+    /// default: the folder's `config.json` rates (`hidden_dropout_prob`,
+    /// `attention_probs_dropout_prob`, DistilBERT's `dropout`, `attention_dropout`;
+    /// transformers' 0.1 where absent), as the papers' Hugging Face towers train. 0: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropout: Option<f64>,
 }
 
 fn yes() -> bool {
@@ -988,6 +994,9 @@ impl TrainConfig {
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
             .and_then(|c| c["max_position_embeddings"].as_u64());
         // The start and end tokens take 2: at 2, every caption would be `[CLS] [SEP]`.
+        if let Some(p) = m.text.dropout.filter(|p| !(0.0..1.0).contains(p)) {
+            bad("model.text.dropout", format!("{p} is not a dropout rate"), "a rate in [0, 1), e.g. 0.1; 0 for none");
+        }
         if m.text.max_tokens < 3 || positions.is_some_and(|p| m.text.max_tokens as u64 > p) {
             bad(
                 "model.text.max_tokens",

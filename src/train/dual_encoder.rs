@@ -137,6 +137,10 @@ impl DualEncoder {
             let w = Weights::random(seed);
             Bert::from_weights(&bc, &w, device)
         };
+        let text = match c.text.dropout {
+            Some(p) => text.with_dropout(p, p),
+            None => text,
+        };
         let (fi, ft, d) = (rc.feature_dim(), bc.hidden_size, c.embed_dim);
         let style = c.head_style;
         let project_text = c.text.projection.unwrap_or(ft != d || style != HeadStyle::Linear);

@@ -41,6 +41,9 @@ use crate::losses::memory_bank::{ema_decay, ema_teacher, ema_update, ema_update_
 use crate::losses::pcmepp::{msda_labels, pair_labels, pcmepp, MatchScale};
 use crate::losses::{infonce, kd, label_smoothing, otter, LossConfig};
 
+/// Held from seeding the device's random stream to the step's last dropout mask.
+static DROPOUT_STREAM: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runtime knobs (flags, not config: they do not change the result).
 #[derive(Debug, Clone)]
 pub struct TrainOptions {
@@ -884,6 +887,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let mut undecodable = std::collections::HashSet::new();
     let mut trace = StepTrace::new(opts.trace_steps);
     let ctrl_c = super::interrupt::Listener::new(opts.stop_on_ctrl_c);
+    let dropout = run.trainee.encoder.text.dropout() != (0.0, 0.0);
     let mut interrupted_at = None;
     for batch in loader {
         let mut batch = batch?;
@@ -902,6 +906,15 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         let lr = super::optim::learning_rate(&config.optim, batch.step, total, per_epoch);
         let (images, ids, mask) = upload(&mut batch, size, &device);
         trace.lap("upload");
+        // The text tower's dropout masks (teacher and trainee) come from the device's random
+        // stream: seeded per step, so that a resumed run draws the masks an uninterrupted one
+        // would. The stream is the backend's, one per process: trainings that share a process
+        // (tests, library callers) take turns from the seed to the last mask.
+        let masks = dropout.then(|| {
+            let guard = DROPOUT_STREAM.lock().unwrap_or_else(|e| e.into_inner());
+            device.seed(crate::rng::row_key(config.seed, "dropout", &batch.step.to_string()));
+            guard
+        });
         // EMA teacher first (spec §4 step 2, §5.6), then its forward without gradient.
         let teacher_emb = match (&mut run.teacher, ema) {
             (Some(t), Some((m, warmup))) => {
@@ -924,6 +937,8 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             step: batch.step,
         });
         let emb = run.trainee.encoder.forward_dropping(images, ids, mask, drop.as_ref());
+        // The step's last mask is drawn.
+        std::mem::drop(masks);
         let loss = loss_of(&config.loss, &run.trainee.loss, emb, teacher_emb, run.bank.as_mut(), &batch, &device)?;
         trace.lap("forward");
         let mut value = loss.clone().into_scalar::<f32>();
