@@ -534,8 +534,11 @@ captions = "data/train_sample/retrieval_captions.parquet"
     #[test]
     fn a_run_directory_is_scored_like_the_embeddings_of_its_model() {
         let dir = tempfile::tempdir().unwrap();
-        let run_dir =
-            crate::common::train_run(dir.path(), &format!("{}{ZEROSHOT_AND_RETRIEVAL}", crate::common::TINY_RUN));
+        // Seed 2: seed 1's model has two zero-shot classes within 1e-6 of each other for an
+        // image, which the brute-force comparison below refuses as fragile.
+        let tiny = crate::common::TINY_RUN.replace("seed = 1\n", "seed = 2\n");
+        assert_ne!(tiny, crate::common::TINY_RUN);
+        let run_dir = crate::common::train_run(dir.path(), &format!("{tiny}{ZEROSHOT_AND_RETRIEVAL}"));
         let device = Device::flex();
         let args = RunEval { run: run_dir.clone(), ..Default::default() };
         let ev = run_trained(&args, &device).unwrap_or_else(|e| panic!("{e}"));
