@@ -1703,7 +1703,7 @@ fn tower_rates_and_layer_decay_give_each_parameter_its_rate_in_an_optimiser_step
     // The rates: the image tower at 0.01; the text tower's blocks k of L = 2 at 0.1 · 0.7^(L − k),
     // its embeddings and their norm at 0.1; the projection at the whole rate.
     assert!(param_ids(&model.image).into_iter().all(|id| rate(id) == 0.01));
-    let blocks = model.text.layers();
+    let blocks = model.text.as_ref().unwrap().layers();
     assert_eq!(blocks.len(), 2);
     let mut in_blocks = std::collections::HashSet::new();
     for (k, block) in blocks.iter().enumerate() {

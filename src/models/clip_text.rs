@@ -272,6 +272,11 @@ impl ClipText {
         Ok(model)
     }
 
+    /// The transformer blocks, first to last (for per-block learning rates).
+    pub fn blocks(&self) -> &[VitBlock] {
+        &self.blocks
+    }
+
     pub fn width(&self) -> usize {
         self.positional_embedding.dims()[1]
     }

@@ -89,7 +89,13 @@ pub struct ModelConfig {
     /// Every key has a default: `[model.image]` may be left out (a tiny random ResNet).
     #[serde(default)]
     pub image: ImageModelConfig,
-    pub text: TextModelConfig,
+    /// The BERT-family text tower; one of `[model.text]` and `[model.clip]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<TextModelConfig>,
+    /// CLIP's image and text towers from an open_clip model folder (the CUSA and PCME++
+    /// students), in place of `[model.image]` and `[model.text]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip: Option<ClipModelConfig>,
     /// Initial bias of PCME++'s log-variance heads (the reference: 0). With `D` dimensions the
     /// initial `Σ exp(v)` is `D·e^bias`; at 0 every matching logit starts deeply negative, the
     /// negatives give no gradient and a short run collapses (the reference trains 25 epochs).
@@ -200,6 +206,62 @@ pub struct TextModelConfig {
     /// transformers' 0.1 where absent), as the papers' Hugging Face towers train. 0: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dropout: Option<f64>,
+}
+
+/// CLIP's towers (`[model.clip]`) from an open_clip model folder, as open_clip's Hugging Face
+/// repositories ship them: `open_clip_config.json` (the sizes), `tokenizer.json` (CLIP's BPE)
+/// and, when `pretrained`, `open_clip_model.safetensors` (OpenAI's layout: `visual.*` and the
+/// text tower; `.bin` files convert with `safetensors.torch.save_file`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClipModelConfig {
+    pub dir: PathBuf,
+    /// Load `open_clip_model.safetensors`; false: both towers random from `seed`.
+    #[serde(default = "yes")]
+    pub pretrained: bool,
+    /// Tokens per caption, start and end of text included; default (and at most): the model's
+    /// context length (77 in every released CLIP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<usize>,
+    /// QuickGELU (OpenAI's weights) or exact GELU in the MLPs; default: the folder's
+    /// `quick_gelu` (false where absent, open_clip's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quick_gelu: Option<bool>,
+}
+
+impl ClipModelConfig {
+    /// The folder's sizes, with `quick_gelu` applied.
+    pub fn open_clip(&self) -> crate::error::Result<crate::models::clip_text::OpenClipConfig> {
+        use crate::models::clip_text::OpenClipConfig;
+        use crate::models::vit::MlpActivation;
+        let mut c = OpenClipConfig::from_file(&self.dir.join(OpenClipConfig::FILE))?;
+        if let Some(q) = self.quick_gelu {
+            let a = if q { MlpActivation::QuickGelu } else { MlpActivation::Gelu };
+            (c.vision.activation, c.text.activation) = (a, a);
+        }
+        Ok(c)
+    }
+}
+
+impl ModelConfig {
+    /// The folder of the text tower's `tokenizer.json`.
+    pub fn tokenizer_dir(&self) -> &Path {
+        match (&self.text, &self.clip) {
+            (Some(t), _) => &t.dir,
+            (None, Some(c)) => &c.dir,
+            // Refused when the config is checked.
+            (None, None) => Path::new(""),
+        }
+    }
+
+    /// Tokens per caption (`[model.clip]`: resolved to the context length when checked).
+    pub fn max_tokens(&self) -> usize {
+        match (&self.text, &self.clip) {
+            (Some(t), _) => t.max_tokens,
+            (None, Some(c)) => c.max_tokens.unwrap_or(77),
+            (None, None) => default_max_tokens(),
+        }
+    }
 }
 
 fn yes() -> bool {
@@ -619,6 +681,11 @@ impl TrainConfig {
             d.crop_ratio.get_or_insert(DEFAULT_CROP_RATIO);
         }
         d.flip.get_or_insert(d.image_transform.flips_by_default());
+        if let Some(c) = &mut self.model.clip {
+            if c.max_tokens.is_none() {
+                c.max_tokens = c.open_clip().ok().map(|o| o.text.context_length);
+            }
+        }
         self
     }
 
@@ -729,22 +796,40 @@ impl TrainConfig {
             let size = self.model.image_size_px;
             bad("model.image_size_px", format!("{size} is below 8"), "the papers' images are 224 px");
         }
-        let text_dir = &self.model.text.dir;
-        for file in ["config.json", "tokenizer.json"] {
-            if !text_dir.join(file).is_file() {
+        match (&self.model.text, &self.model.clip) {
+            (None, None) => bad(
+                "model",
+                "has no text tower".into(),
+                "add `[model.text]` with `dir = \"MODEL_FOLDER\"` (a BERT-family model) or `[model.clip]`",
+            ),
+            (Some(_), Some(_)) => bad(
+                "model.clip",
+                "brings its own text tower: `[model.text]` is set too".into(),
+                "keep one of `[model.text]` and `[model.clip]`",
+            ),
+            _ => {}
+        }
+        if let Some(text) = &self.model.text {
+            let text_dir = &text.dir;
+            for file in ["config.json", "tokenizer.json"] {
+                if !text_dir.join(file).is_file() {
+                    bad(
+                        "model.text.dir",
+                        format!("`{}` has no `{file}`", text_dir.display()),
+                        "a Hugging Face model folder",
+                    );
+                }
+            }
+            if text.pretrained && !text_dir.join("model.safetensors").is_file() {
                 bad(
-                    "model.text.dir",
-                    format!("`{}` has no `{file}`", text_dir.display()),
-                    "a Hugging Face model folder",
+                    "model.text.pretrained",
+                    format!("`{}` has no `model.safetensors`", text_dir.display()),
+                    "download the checkpoint, or set `pretrained = false` to train from scratch",
                 );
             }
         }
-        if self.model.text.pretrained && !text_dir.join("model.safetensors").is_file() {
-            bad(
-                "model.text.pretrained",
-                format!("`{}` has no `model.safetensors`", text_dir.display()),
-                "download the checkpoint, or set `pretrained = false` to train from scratch",
-            );
+        if let Some(clip) = &self.model.clip {
+            self.check_clip(clip, &mut bad);
         }
         if let Some(ck) = &self.model.image.checkpoint {
             if !ck.is_file() {
@@ -988,23 +1073,70 @@ impl TrainConfig {
         if m.image.width == Some(0) || m.image.layers.is_some_and(|l| l.contains(&0)) {
             bad("model.image", "a ResNet needs a width and blocks in every stage".into(), "all at least 1");
         }
+        let Some(text) = &m.text else { return };
         // Longer token sequences than the text model has positions for cannot be embedded.
-        let positions = std::fs::read_to_string(m.text.dir.join("config.json"))
+        let positions = std::fs::read_to_string(text.dir.join("config.json"))
             .ok()
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
             .and_then(|c| c["max_position_embeddings"].as_u64());
         // The start and end tokens take 2: at 2, every caption would be `[CLS] [SEP]`.
-        if let Some(p) = m.text.dropout.filter(|p| !(0.0..1.0).contains(p)) {
+        if let Some(p) = text.dropout.filter(|p| !(0.0..1.0).contains(p)) {
             bad("model.text.dropout", format!("{p} is not a dropout rate"), "a rate in [0, 1), e.g. 0.1; 0 for none");
         }
-        if m.text.max_tokens < 3 || positions.is_some_and(|p| m.text.max_tokens as u64 > p) {
+        if text.max_tokens < 3 || positions.is_some_and(|p| text.max_tokens as u64 > p) {
             bad(
                 "model.text.max_tokens",
-                format!("{} tokens do not fit the text model", m.text.max_tokens),
+                format!("{} tokens do not fit the text model", text.max_tokens),
                 &format!(
                     "at least 3 (the start and end tokens, and one of text){}",
                     positions.map(|p| format!(", at most its {p} positions")).unwrap_or_default()
                 ),
+            );
+        }
+    }
+
+    /// `[model.clip]`: the folder's files and sizes, and the keys that do not go with it.
+    fn check_clip(&self, clip: &ClipModelConfig, bad: &mut impl FnMut(&str, String, &str)) {
+        use crate::models::clip_text::OpenClipConfig;
+        let dir = &clip.dir;
+        let hint = "an open_clip model folder: open_clip_config.json, tokenizer.json, open_clip_model.safetensors";
+        for file in [OpenClipConfig::FILE, "tokenizer.json"] {
+            if !dir.join(file).is_file() {
+                bad("model.clip.dir", format!("`{}` has no `{file}`", dir.display()), hint);
+            }
+        }
+        if clip.pretrained && !dir.join("open_clip_model.safetensors").is_file() {
+            bad(
+                "model.clip.pretrained",
+                format!("`{}` has no `open_clip_model.safetensors`", dir.display()),
+                "convert the checkpoint to safetensors (`safetensors.torch.save_file(state_dict, ...)`), or set \
+                 `pretrained = false` to train from scratch",
+            );
+        }
+        if self.model.image != ImageModelConfig::default() {
+            bad("model.image", "is a ResNet's, and `[model.clip]` brings CLIP's ViT".into(), "remove `[model.image]`");
+        }
+        let Ok(oc) = clip.open_clip() else {
+            if dir.join(OpenClipConfig::FILE).is_file() {
+                let e = clip.open_clip().err().map(|e| e.to_string()).unwrap_or_default();
+                bad("model.clip.dir", e, "an open_clip model config (`model_cfg` with `vision_cfg` and `text_cfg`)");
+            }
+            return;
+        };
+        let size = oc.vision.image_size;
+        if self.model.image_size_px != size {
+            bad(
+                "model.image_size_px",
+                format!("is {}, and the CLIP ViT's positions are for {size} px", self.model.image_size_px),
+                &format!("set `image_size_px = {size}`"),
+            );
+        }
+        let context = oc.text.context_length;
+        if let Some(n) = clip.max_tokens.filter(|&n| n < 3 || n > context) {
+            bad(
+                "model.clip.max_tokens",
+                format!("{n} tokens do not fit the text tower"),
+                &format!("at least 3 (start and end of text, and one of text), at most its {context} positions"),
             );
         }
     }

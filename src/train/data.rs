@@ -476,10 +476,22 @@ pub fn load_tokenizer(dir: &Path, max_tokens: usize) -> Result<Tokenizer> {
         ..Default::default()
     }));
     // Every id must index the text tower's embedding table, as `encode_text` checks: a stray
-    // one would stop the run at the batch that meets it.
-    if let Some(rows) = config.as_ref().and_then(|v| v["vocab_size"].as_u64()) {
+    // one would stop the run at the batch that meets it. (An open_clip folder has no
+    // config.json: its pad id is 0, as open_clip pads, and its vocabulary is in
+    // open_clip_config.json.)
+    let open_clip_path = dir.join(crate::models::clip_text::OpenClipConfig::FILE);
+    let (rows, rows_from) = match config.as_ref().and_then(|v| v["vocab_size"].as_u64()) {
+        Some(rows) => (Some(rows), &config_path),
+        None => {
+            let open_clip: Option<serde_json::Value> =
+                std::fs::read_to_string(&open_clip_path).ok().and_then(|t| serde_json::from_str(&t).ok());
+            let rows = open_clip.and_then(|v| v["model_cfg"]["text_cfg"]["vocab_size"].as_u64());
+            (rows, &open_clip_path)
+        }
+    };
+    if let Some(rows) = rows {
         let rows = usize::try_from(rows).unwrap_or(usize::MAX);
-        crate::models::text_encoder::check_ids_fit(&tok, &path, rows, (pad_id, &config_path), &config_path)?;
+        crate::models::text_encoder::check_ids_fit(&tok, &path, rows, (pad_id, &config_path), rows_from)?;
     }
     Ok(tok)
 }
@@ -778,14 +790,14 @@ pub struct BatchMaker {
 
 impl BatchMaker {
     pub fn new(set: Arc<TrainSet>, c: &TrainConfig) -> Result<BatchMaker> {
-        let tokenizer = load_tokenizer(&c.model.text.dir, c.model.text.max_tokens)?;
+        let tokenizer = load_tokenizer(c.model.tokenizer_dir(), c.model.max_tokens())?;
         let caption_augment = match c.data.caption_augment {
             false => None,
             true => {
                 let (mask_id, vocab) = augment_vocabulary(&tokenizer).ok_or_else(|| Error::Model {
                     message: format!(
                         "`data.caption_augment` masks words with `[MASK]`, and the tokenizer of `{}` has none",
-                        c.model.text.dir.display()
+                        c.model.tokenizer_dir().display()
                     ),
                     hint: Some("caption augmentation is PCME++'s for BERT-family tokenizers; leave it off".into()),
                 })?;
@@ -793,7 +805,7 @@ impl BatchMaker {
                 whole
                     .with_truncation(None)
                     .map_err(|e| Error::Model { message: format!("tokenizer truncation: {e}"), hint: None })?;
-                Some(CaptionAugment { mask_id, vocab, tokenizer: whole, max_tokens: c.model.text.max_tokens })
+                Some(CaptionAugment { mask_id, vocab, tokenizer: whole, max_tokens: c.model.max_tokens() })
             }
         };
         Ok(BatchMaker {

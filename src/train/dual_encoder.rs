@@ -8,8 +8,17 @@
 //! every token (grid cell, text token) and pooled by GPO ([`crate::models::gpo`]), as PCME++'s
 //! heads; otherwise the pooled features are projected.
 //!
+//! With `[model.clip]` the towers are CLIP's instead (the CUSA and PCME++ students, spec
+//! `cusa-and-pcmepp.md` §2.1, §3.1): the ViT, whose pooled feature is `encode_image` (class
+//! token → `ln_post` → `proj`) and whose GPO tokens are the last block's states (no `ln_post`,
+//! no projection), and the text transformer, pooled at its end-of-text token
+//! (`encode_text`), its GPO tokens the states after `ln_final`. The heads sit on them as on the
+//! ResNet and BERT towers.
+//!
 //! Towers come from published checkpoints ([`Weights::from_safetensors`]) or from
 //! [`Weights::random`] (training from scratch); the new heads are always random, seeded.
+//! Exactly one tower of each kind is there: `image` or `image_vit`, `text` or `text_clip`
+//! (optional fields leave the checkpoint paths of the ResNet + BERT runs as they were).
 
 use burn::module::Module;
 use burn::nn::{LayerNorm, Linear};
@@ -18,9 +27,11 @@ use burn::tensor::{Device, Int, Tensor};
 use super::config::{HeadStyle, ImagePreset, ModelConfig};
 use crate::error::Result;
 use crate::models::bert::{Bert, BertConfig};
+use crate::models::clip_text::ClipText;
 use crate::models::gpo::{Gpo, TokenDrop};
 use crate::models::pooling::{pool, Pooling};
 use crate::models::resnet::{ResNet, ResNetConfig};
+use crate::models::vit::Vit;
 use crate::models::weights::{LinearInit, Weights};
 
 /// Which extra heads the loss needs.
@@ -34,9 +45,15 @@ pub struct Heads {
 
 #[derive(Module, Debug)]
 pub struct DualEncoder {
-    pub image: ResNet,
+    /// The ResNet image tower (absent with `[model.clip]`).
+    pub image: Option<ResNet>,
+    /// CLIP's ViT (`[model.clip]`).
+    pub image_vit: Option<Vit>,
     pub image_proj: Linear,
-    pub text: Bert,
+    /// The BERT-family text tower (absent with `[model.clip]`).
+    pub text: Option<Bert>,
+    /// CLIP's text transformer (`[model.clip]`).
+    pub text_clip: Option<ClipText>,
     pub text_proj: Option<Linear>,
     pub image_uni: Option<Linear>,
     pub text_uni: Option<Linear>,
@@ -122,28 +139,102 @@ fn log_var_bias(mut head: Linear, c: &ModelConfig, device: &Device) -> Linear {
     head
 }
 
-impl DualEncoder {
-    /// Builds the towers (checkpoints or random from `seed`) and the new heads (random).
-    pub fn init(c: &ModelConfig, heads: Heads, seed: u64, device: &Device) -> Result<DualEncoder> {
+/// The towers of a config and their widths.
+struct Towers {
+    image: Option<ResNet>,
+    image_vit: Option<Vit>,
+    text: Option<Bert>,
+    text_clip: Option<ClipText>,
+    /// Pooled image features, and the image tokens GPO pools.
+    image_dims: (usize, usize),
+    /// Pooled text features, and the text tokens GPO pools.
+    text_dims: (usize, usize),
+    projection: Option<bool>,
+    pooling: Pooling,
+}
+
+impl Towers {
+    fn resnet_bert(
+        c: &ModelConfig,
+        text: &super::config::TextModelConfig,
+        seed: u64,
+        device: &Device,
+    ) -> Result<Towers> {
         let rc = resnet_config(&c.image);
         let image = match &c.image.checkpoint {
             Some(path) => ResNet::load(path, &rc, device)?,
             None => ResNet::from_weights(&rc, &Weights::random(seed), device),
         };
-        let bc = BertConfig::from_file(&c.text.dir.join("config.json"))?;
-        let text = if c.text.pretrained {
-            Bert::load(&c.text.dir, device)?.0
+        let bc = BertConfig::from_file(&text.dir.join("config.json"))?;
+        let bert = if text.pretrained {
+            Bert::load(&text.dir, device)?.0
         } else {
-            let w = Weights::random(seed);
-            Bert::from_weights(&bc, &w, device)
+            Bert::from_weights(&bc, &Weights::random(seed), device)
         };
-        let text = match c.text.dropout {
-            Some(p) => text.with_dropout(p, p),
-            None => text,
+        let bert = match text.dropout {
+            Some(p) => bert.with_dropout(p, p),
+            None => bert,
         };
-        let (fi, ft, d) = (rc.feature_dim(), bc.hidden_size, c.embed_dim);
+        let (fi, ft) = (rc.feature_dim(), bc.hidden_size);
+        Ok(Towers {
+            image: Some(image),
+            image_vit: None,
+            text: Some(bert),
+            text_clip: None,
+            image_dims: (fi, fi),
+            text_dims: (ft, ft),
+            projection: text.projection,
+            pooling: text.pooling,
+        })
+    }
+
+    fn clip(clip: &super::config::ClipModelConfig, seed: u64, device: &Device) -> Result<Towers> {
+        let oc = clip.open_clip()?;
+        let (vit, text) = if clip.pretrained {
+            let w = Weights::from_safetensors(&clip.dir.join("open_clip_model.safetensors"))?;
+            let vit = Vit::from_weights(&oc.vision, &w, device);
+            let text = ClipText::from_weights(&oc.text, &w, device);
+            // Each tower takes its own tensors; the rest is CLIP's logit scale.
+            w.finish(&["logit_scale"])?;
+            (vit, text)
+        } else {
+            // Apart streams: the towers share tensor names (`transformer.resblocks.N.*`).
+            let vit = Vit::from_weights(&oc.vision, &Weights::random(seed), device);
+            (vit, ClipText::from_weights(&oc.text, &Weights::random(seed ^ 0x7465_7874), device))
+        };
+        Ok(Towers {
+            image_dims: (vit.output_dim(), oc.vision.width),
+            text_dims: (text.output_dim(), text.width()),
+            image: None,
+            image_vit: Some(vit),
+            text: None,
+            text_clip: Some(text),
+            // CLIP's embeddings are the towers' own; the heads project them as any tower's.
+            projection: None,
+            pooling: Pooling::Mean,
+        })
+    }
+}
+
+impl DualEncoder {
+    /// Builds the towers (checkpoints or random from `seed`) and the new heads (random).
+    pub fn init(c: &ModelConfig, heads: Heads, seed: u64, device: &Device) -> Result<DualEncoder> {
+        let towers = match (&c.text, &c.clip) {
+            (Some(text), _) => Towers::resnet_bert(c, text, seed, device)?,
+            (None, Some(clip)) => Towers::clip(clip, seed, device)?,
+            (None, None) => {
+                return Err(crate::Error::Model {
+                    message: "the model has no text tower".into(),
+                    hint: Some("add `[model.text]` or `[model.clip]`".into()),
+                })
+            }
+        };
+        // The heads' inputs: with GPO the cross-modal and log-variance heads project tokens,
+        // else the pooled features; CUSA's uni-modal heads always the pooled features.
+        let pick = |(pooled, tokens): (usize, usize)| (if c.gpo { tokens } else { pooled }, pooled);
+        let ((fi, fi_pooled), (ft, ft_pooled), d) = (pick(towers.image_dims), pick(towers.text_dims), c.embed_dim);
         let style = c.head_style;
-        let project_text = c.text.projection.unwrap_or(ft != d || style != HeadStyle::Linear);
+        let project_text = towers.projection.unwrap_or(ft != d || style != HeadStyle::Linear);
         if !project_text && ft != d {
             return Err(crate::Error::Model {
                 message: format!("the text tower is {ft}-d but `model.embed_dim` is {d}"),
@@ -159,18 +250,22 @@ impl DualEncoder {
         };
         let image_head = |name: &str| w.linear_init(name, fi, d, image_init, device);
         let text_head = |name: &str| w.linear_init(name, ft, d, text_init, device);
+        let image_uni = |name: &str| w.linear_init(name, fi_pooled, d, image_init, device);
+        let text_uni = |name: &str| w.linear_init(name, ft_pooled, d, text_init, device);
         // PyTorch's LayerNorm defaults (ε 1e-5), as the CUSA reference's.
         let norm = |name: &str, width: usize| {
             (style == HeadStyle::Cusa).then(|| w.layer_norm(&format!("{name}_norm"), width, 1e-5, device))
         };
         let log_var = heads.log_variance;
         Ok(DualEncoder {
-            image,
+            image: towers.image,
+            image_vit: towers.image_vit,
             image_proj: image_head("image_proj"),
-            text,
+            text: towers.text,
+            text_clip: towers.text_clip,
             text_proj: project_text.then(|| text_head("text_proj")),
-            image_uni: heads.uni.then(|| image_head("image_uni")),
-            text_uni: heads.uni.then(|| text_head("text_uni")),
+            image_uni: heads.uni.then(|| image_uni("image_uni")),
+            text_uni: heads.uni.then(|| text_uni("text_uni")),
             image_log_var: log_var.then(|| log_var_bias(image_head("image_log_var"), c, device)),
             text_log_var: log_var.then(|| log_var_bias(text_head("text_log_var"), c, device)),
             image_gpo: c.gpo.then(|| Gpo::from_weights(&w, "image_gpo", device)),
@@ -180,10 +275,22 @@ impl DualEncoder {
             text_log_var_gpo: (c.gpo && heads.log_variance).then(|| Gpo::from_weights(&w, "text_log_var_gpo", device)),
             image_proj_norm: norm("image_proj", fi),
             text_proj_norm: if project_text { norm("text_proj", ft) } else { None },
-            image_uni_norm: if heads.uni { norm("image_uni", fi) } else { None },
-            text_uni_norm: if heads.uni { norm("text_uni", ft) } else { None },
-            pooling: c.text.pooling,
+            image_uni_norm: if heads.uni { norm("image_uni", fi_pooled) } else { None },
+            text_uni_norm: if heads.uni { norm("text_uni", ft_pooled) } else { None },
+            pooling: towers.pooling,
         })
+    }
+
+    /// The parameters of the image tower (not its heads).
+    pub fn image_tower_ids(&self) -> Vec<burn::module::ParamId> {
+        let mut ids = super::optim::param_ids(&self.image);
+        ids.extend(super::optim::param_ids(&self.image_vit));
+        ids
+    }
+
+    /// The text tower's dropout rates in training (hidden, attention); CLIP's has none.
+    pub fn text_dropout(&self) -> (f64, f64) {
+        self.text.as_ref().map_or((0.0, 0.0), Bert::dropout)
     }
 
     /// The learning-rate multiples of the towers' parameters (spec `cusa-and-pcmepp.md` §3.10):
@@ -193,14 +300,18 @@ impl DualEncoder {
     /// (the whole rate). Later groups take precedence, so the blocks come after the tower.
     pub fn lr_groups(&self, c: &super::config::OptimConfig) -> Vec<(Vec<burn::module::ParamId>, f64)> {
         use super::optim::param_ids;
-        let mut groups = vec![
-            (param_ids(&self.image), c.image_backbone_lr_scale),
-            (param_ids(&self.text), c.text_backbone_lr_scale),
-        ];
-        let blocks = self.text.layers();
-        for (k, block) in blocks.iter().enumerate() {
-            let decay = c.layer_decay.powi((blocks.len() - k) as i32);
-            groups.push((param_ids(block), c.text_backbone_lr_scale * decay));
+        let mut text = param_ids(&self.text);
+        text.extend(param_ids(&self.text_clip));
+        let mut groups = vec![(self.image_tower_ids(), c.image_backbone_lr_scale), (text, c.text_backbone_lr_scale)];
+        let blocks: Vec<Vec<burn::module::ParamId>> = match (&self.text, &self.text_clip) {
+            (Some(bert), _) => bert.layers().iter().map(param_ids).collect(),
+            (None, Some(clip)) => clip.blocks().iter().map(param_ids).collect(),
+            (None, None) => Vec::new(),
+        };
+        let n = blocks.len();
+        for (k, block) in blocks.into_iter().enumerate() {
+            let decay = c.layer_decay.powi((n - k) as i32);
+            groups.push((block, c.text_backbone_lr_scale * decay));
         }
         groups
     }
@@ -210,7 +321,11 @@ impl DualEncoder {
     /// # Shapes
     /// - `images`: `[B, 3, H, W]` → `[B, feature_dim]`
     pub fn image_features(&self, images: Tensor<4>) -> Tensor<2> {
-        self.image.forward(images)
+        match (&self.image, &self.image_vit) {
+            (Some(resnet), _) => resnet.forward(images),
+            (None, Some(vit)) => vit.forward(images),
+            (None, None) => unreachable!("a dual encoder has an image tower"),
+        }
     }
 
     /// Pooled text features before any head.
@@ -218,7 +333,7 @@ impl DualEncoder {
     /// # Shapes
     /// - `ids`, `mask`: `[B, S]` → `[B, hidden]`
     pub fn text_features(&self, ids: Tensor<2, Int>, mask: Tensor<2, Int>) -> Tensor<2> {
-        pool(self.text.forward(ids, mask.clone()), mask, self.pooling)
+        self.text_out_with(ids, mask, false).pooled
     }
 
     /// The image tower's output: with GPO, its grid cells as `[B, h·w, C]` tokens too (their
@@ -229,13 +344,26 @@ impl DualEncoder {
         if self.image_gpo.is_none() {
             return TowerOut { pooled: self.image_features(images), tokens: None };
         }
-        let grid = self.image.forward_grid(images);
-        let [b, c, h, w] = grid.dims();
-        let tokens = grid.reshape([b, c, h * w]).swap_dims(1, 2);
-        let pooled = tokens.clone().mean_dim(1).reshape([b, c]);
+        let (tokens, pooled) = match (&self.image, &self.image_vit) {
+            (Some(resnet), _) => {
+                let grid = resnet.forward_grid(images);
+                let [b, c, h, w] = grid.dims();
+                let tokens = grid.reshape([b, c, h * w]).swap_dims(1, 2);
+                let pooled = tokens.clone().mean_dim(1).reshape([b, c]);
+                (tokens, pooled)
+            }
+            // The class token and the patches, before `ln_post` (PCME++'s GPO input); the
+            // pooled feature is CLIP's embedding of the same states.
+            (None, Some(vit)) => {
+                let tokens = vit.forward_tokens(images);
+                (tokens.clone(), vit.pool(tokens))
+            }
+            (None, None) => unreachable!("a dual encoder has an image tower"),
+        };
+        let [b, n, _] = tokens.dims();
         let tokens = match drop {
             Some(d) => d.apply(tokens),
-            None => (tokens, vec![h * w; b]),
+            None => (tokens, vec![n; b]),
         };
         TowerOut { pooled, tokens: Some(tokens) }
     }
@@ -243,13 +371,30 @@ impl DualEncoder {
     /// The text tower's output: with GPO, its token states too, with the count of each row's
     /// tokens (the mask's ones, which come first).
     fn text_out(&self, ids: Tensor<2, Int>, mask: Tensor<2, Int>) -> TowerOut {
-        let states = self.text.forward(ids, mask.clone());
-        let pooled = pool(states.clone(), mask.clone(), self.pooling);
-        let tokens = self.text_gpo.as_ref().map(|_| {
-            let lengths = mask.sum_dim(1).into_data().convert::<i64>().try_to_vec::<i64>().expect("token counts");
-            (states, lengths.into_iter().map(|n| (n as usize).max(1)).collect())
-        });
-        TowerOut { pooled, tokens }
+        self.text_out_with(ids, mask, self.text_gpo.is_some())
+    }
+
+    /// [`DualEncoder::text_out`], with the token states only when `tokens`.
+    fn text_out_with(&self, ids: Tensor<2, Int>, mask: Tensor<2, Int>, tokens: bool) -> TowerOut {
+        let lengths = |mask: Tensor<2, Int>| -> Vec<usize> {
+            let n = mask.sum_dim(1).into_data().convert::<i64>().try_to_vec::<i64>().expect("token counts");
+            n.into_iter().map(|n| (n as usize).max(1)).collect()
+        };
+        match (&self.text, &self.text_clip) {
+            (Some(bert), _) => {
+                let states = bert.forward(ids, mask.clone());
+                let pooled = pool(states.clone(), mask.clone(), self.pooling);
+                TowerOut { pooled, tokens: tokens.then(|| (states, lengths(mask))) }
+            }
+            // Causal attention: padding needs no mask; each row ends at its end-of-text token.
+            (None, Some(clip)) => {
+                let n = lengths(mask);
+                let states = clip.forward_tokens(ids);
+                let pooled = clip.pool(states.clone(), &n);
+                TowerOut { pooled, tokens: tokens.then_some((states, n)) }
+            }
+            (None, None) => unreachable!("a dual encoder has a text tower"),
+        }
     }
 
     /// The cross-modal image embedding (what zero-shot and retrieval use).

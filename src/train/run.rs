@@ -887,7 +887,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let mut undecodable = std::collections::HashSet::new();
     let mut trace = StepTrace::new(opts.trace_steps);
     let ctrl_c = super::interrupt::Listener::new(opts.stop_on_ctrl_c);
-    let dropout = run.trainee.encoder.text.dropout() != (0.0, 0.0);
+    let dropout = run.trainee.encoder.text_dropout() != (0.0, 0.0);
     let mut interrupted_at = None;
     for batch in loader {
         let mut batch = batch?;
@@ -971,6 +971,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         if frozen {
             // Taken out of `grads` and dropped: the image tower gets no update.
             let _ = GradientsParams::from_module(&mut grads, &run.trainee.encoder.image);
+            let _ = GradientsParams::from_module(&mut grads, &run.trainee.encoder.image_vit);
         }
         let mut g_enc = GradientsParams::from_module(&mut grads, &run.trainee.encoder);
         let mut g_loss = GradientsParams::from_module(&mut grads, &run.trainee.loss);

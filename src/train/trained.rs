@@ -94,7 +94,7 @@ impl TrainedRun {
                     hint: Some(hint.into()),
                 }
             })?;
-        let tokenizer = load_tokenizer(&config.model.text.dir, config.model.text.max_tokens)?;
+        let tokenizer = load_tokenizer(config.model.tokenizer_dir(), config.model.max_tokens())?;
         Ok(TrainedRun { dir: dir.to_owned(), config, model, tokenizer, device: device.clone() })
     }
 
@@ -103,7 +103,8 @@ impl TrainedRun {
     /// lies outside the run folder. For a pipeline's checkpoint stamps.
     pub fn files(&self) -> Vec<std::path::PathBuf> {
         let mut files = crate::io::model_files(&self.dir, &["config.json", "model.bpk"]);
-        files.extend(crate::io::model_files(&self.config.model.text.dir, &["tokenizer.json", "config.json"]));
+        let dir = self.config.model.tokenizer_dir();
+        files.extend(crate::io::model_files(dir, &["tokenizer.json", "config.json", "open_clip_config.json"]));
         files
     }
 
