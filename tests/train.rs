@@ -2258,3 +2258,162 @@ fn text_dropout_trains_reproducibly_and_a_resumed_run_draws_the_same_masks() {
     let e = TrainConfig::load(&dir.path().join("train.toml"), &[out, "model.text.dropout=1.0".into()]).unwrap_err();
     assert!(e.to_string().contains("`model.text.dropout`: 1 is not a dropout rate"), "{e}");
 }
+
+/// A training file on the bundled sample with CLIP's towers from the tiny open_clip folder
+/// (`tests/fixtures/models/tiny_open_clip`, made by `make_open_clip_fixtures.py`).
+const CLIP_BASE: &str = r#"
+seed = 3
+steps = 6
+batch_size = 8
+log_every = 1
+checkpoint_every = 3
+
+[model]
+embed_dim = 16
+image_size_px = 32
+
+[model.clip]
+dir = "tests/fixtures/models/tiny_open_clip"
+
+[data]
+tables = ["data/train_sample/train.parquet"]
+image_transform = "clip"
+
+[loss]
+type = "infonce"
+
+[optim]
+optimizer = "adamw"
+lr = 1e-3
+"#;
+
+fn clip_config(dir: &Path, sets: &[&str]) -> TrainConfig {
+    let file = dir.join("clip.toml");
+    std::fs::write(&file, CLIP_BASE).unwrap();
+    let mut overrides = vec![format!("output_dir={}", dir.join("out").display())];
+    overrides.extend(sets.iter().map(|s| s.to_string()));
+    TrainConfig::load(&file, &overrides).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn clip_towers_load_as_open_clip_and_train_and_resume() {
+    // The towers' pooled features are open_clip's `encode_image` / `encode_text` of the
+    // fixture's inputs (so the checkpoint went where it belongs), with the tokenizer's mask.
+    let e: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("tests/fixtures/models/tiny_open_clip_expected.json").unwrap())
+            .unwrap();
+    let flat = |v: &serde_json::Value| -> Vec<f32> {
+        fn walk(v: &serde_json::Value, out: &mut Vec<f32>) {
+            match v {
+                serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+                x => out.push(x.as_f64().unwrap() as f32),
+            }
+        }
+        let mut out = Vec::new();
+        walk(v, &mut out);
+        out
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let c = clip_config(dir.path(), &[]);
+    assert_eq!(c.model.max_tokens(), 16, "the context length, resolved");
+    let device = Device::flex();
+    let model = DualEncoder::init(&c.model, Heads::default(), c.seed, &device).unwrap();
+    let images = Tensor::<4>::from_data(TensorData::new(flat(&e["image_input"]), [2, 3, 32, 32]), &device);
+    let got = model.image_features(images).into_data().try_to_vec::<f32>().unwrap();
+    for (a, b) in got.iter().zip(flat(&e["image_quick_gelu"])) {
+        assert!((a - b).abs() < 1e-4 * (1.0 + b.abs()), "image {a} vs {b}");
+    }
+    let ids: Vec<i64> = flat(&e["ids"]).iter().map(|&x| x as i64).collect();
+    let lengths: Vec<usize> = e["lengths"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+    let mask: Vec<i64> = lengths.iter().flat_map(|&n| (0..16).map(move |k| i64::from(k < n))).collect();
+    let (b, s) = (lengths.len(), 16);
+    let got = model
+        .text_features(
+            Tensor::<2, Int>::from_data(TensorData::new(ids, [b, s]), &device),
+            Tensor::<2, Int>::from_data(TensorData::new(mask, [b, s]), &device),
+        )
+        .into_data()
+        .try_to_vec::<f32>()
+        .unwrap();
+    for (a, b) in got.iter().zip(flat(&e["text_quick_gelu"])) {
+        assert!((a - b).abs() < 1e-4 * (1.0 + b.abs()), "text {a} vs {b}");
+    }
+
+    // Training: whole, and stopped and resumed, alike; the finished run embeds.
+    let (whole, want, got) = whole_and_resumed(|d| clip_config(d, &[]), 4);
+    assert_eq!(want.len(), 6);
+    assert!(want.iter().all(|(_, l)| l.is_finite()), "{want:?}");
+    assert_eq!(got, want);
+    let run = curate::train::trained::TrainedRun::load(&whole.path().join("out"), &device).unwrap();
+    let texts = run.embed_texts(&["a red circle", "two blue squares"]).unwrap();
+    assert_eq!(texts.len(), 2 * 16);
+    let s = run.image_size();
+    let pixels: Vec<f32> = (0..3 * s * s).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
+    assert_eq!(run.embed_images(pixels, 1).unwrap().len(), 16);
+}
+
+#[test]
+fn clip_towers_take_gpo_and_the_papers_heads() {
+    // PCME++ (GPO over the ViT's last-block tokens and the text states, log-variance heads,
+    // image token dropping) and CUSA (cross and uni-modal heads with LayerNorm on the pooled
+    // CLIP embeddings, teacher features): a few steps each, finite losses.
+    for sets in [
+        &["loss.type=pcmepp", "model.gpo=true", "model.head_style=pcmepp", "model.image_token_drop=0.2"][..],
+        &[
+            "loss.type=cusa",
+            "model.head_style=cusa",
+            "data.teacher_image=[\"data/train_sample/teacher_image.parquet\"]",
+            "data.teacher_text=[\"data/train_sample/teacher_text.parquet\"]",
+        ][..],
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let c = clip_config(dir.path(), &[&["steps=3"], sets].concat());
+        train(&c, &TrainOptions::default()).unwrap_or_else(|e| panic!("{sets:?}: {e}"));
+        let l = losses(&dir.path().join("out"));
+        assert!(l.len() == 3 && l.iter().all(|(_, v)| v.is_finite()), "{sets:?}: {l:?}");
+    }
+}
+
+#[test]
+fn clip_config_errors_name_their_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("clip.toml");
+    std::fs::write(&file, CLIP_BASE).unwrap();
+    let load = |sets: &[&str]| {
+        let mut o = vec![format!("output_dir={}", dir.path().join("out").display())];
+        o.extend(sets.iter().map(|s| s.to_string()));
+        TrainConfig::load(&file, &o).unwrap_err().to_string()
+    };
+    let e = load(&["model.image_size_px=64", "model.image.preset=resnet50", "model.clip.max_tokens=17"]);
+    assert!(e.contains("`model.image_size_px`: is 64, and the CLIP ViT's positions are for 32 px"), "{e}");
+    assert!(e.contains("`model.image`: is a ResNet's, and `[model.clip]` brings CLIP's ViT"), "{e}");
+    assert!(e.contains("`model.clip.max_tokens`: 17 tokens do not fit the text tower"), "{e}");
+    let e = load(&["model.text.dir=data/train_sample/text_model"]);
+    assert!(e.contains("`model.clip`: brings its own text tower: `[model.text]` is set too"), "{e}");
+    let e = load(&["model.clip.dir=data/train_sample"]);
+    assert!(e.contains("`model.clip.dir`: `data/train_sample` has no `open_clip_config.json`"), "{e}");
+    // Neither tower.
+    std::fs::write(&file, CLIP_BASE.replace("[model.clip]\ndir = \"tests/fixtures/models/tiny_open_clip\"\n", ""))
+        .unwrap();
+    let e = load(&[]);
+    assert!(e.contains("`model`: has no text tower"), "{e}");
+}
+
+#[test]
+fn the_cusa_clip_preset_is_a_valid_training_file() {
+    // `pipelines/train_cusa_clip.toml` with the tiny CLIP folder and the bundled sample in place
+    // of the checkpoints and COCO it names: every other key as the preset sets it.
+    let sets: Vec<String> = [
+        "model.clip.dir=tests/fixtures/models/tiny_open_clip",
+        "model.image_size_px=32",
+        r#"data.tables=["data/train_sample/train.parquet"]"#,
+        r#"data.teacher_image=["data/train_sample/teacher_image.parquet"]"#,
+        r#"data.teacher_text=["data/train_sample/teacher_text.parquet"]"#,
+    ]
+    .map(String::from)
+    .to_vec();
+    let c = TrainConfig::load(Path::new("pipelines/train_cusa_clip.toml"), &sets).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.loss.loss_type(), LossType::Cusa);
+    assert_eq!((c.batch_size, c.epochs, c.seed), (128, Some(30), 23));
+    assert!(c.model.clip.is_some() && c.model.text.is_none() && c.data.pre_caption && c.optim.no_weight_decay_1d);
+}
