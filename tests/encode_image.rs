@@ -381,3 +381,41 @@ fn a_resumed_run_counts_the_images_the_killed_run_encoded() {
     assert!(ok && !stderr.contains("resuming"), "{stderr}");
     assert!(stderr.contains("the stages' model and table files changed since (their contents)"), "{stderr}");
 }
+
+#[test]
+fn rows_that_share_an_image_get_its_one_embedding_and_its_one_failure() {
+    // COCO-style: an image per several captions. Rows a, c, e share one PNG, b and d another
+    // file, f and g a missing one: every row keeps its place, shared rows get the same
+    // embedding (equal to the image's encoded alone), and each row of the missing image is a
+    // reject of its own.
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t.tsv");
+    let (one, two) = (repo("tests/fixtures/images/rgb_37x23.png"), repo("tests/fixtures/images/gray_64x48.png"));
+    let gone = dir.path().join("gone.jpg");
+    let rows = [("a", &one), ("b", &two), ("c", &one), ("d", &two), ("e", &one), ("f", &gone), ("g", &gone)];
+    let mut text = "id\tpath\n".to_owned();
+    for (id, p) in rows {
+        text += &format!("{id}\t{}\n", p.display());
+    }
+    std::fs::write(&table, text).unwrap();
+    let toml = format!(
+        "output_dir = \"{{out}}\"\n[[stage]]\ntype = \"read_table\"\npath = {:?}\nheader = true\ncheck_files = false\n\
+         columns = {{ sample_id = \"id\", path = \"path\" }}\n\
+         [[stage]]\ntype = \"encode_image\"\nmodel = {:?}\narch = \"tiny_resnet\"\nbatch_size = 1\n\
+         [[stage]]\ntype = \"write_parquet\"\n",
+        table.to_string_lossy(),
+        model().to_string_lossy()
+    );
+    let (_out, data, rej) = common::run_pipeline(&toml);
+    assert_eq!(common::strs(&data, "sample_id"), ["a", "b", "c", "d", "e"]);
+    let got = embeddings(&data);
+    let want = direct(&[one.clone(), two.clone()]);
+    assert_same(&got, &[want[0].clone(), want[1].clone(), want[0].clone(), want[1].clone(), want[0].clone()]);
+    assert_eq!((&got[0], &got[2], &got[1]), (&got[4], &got[4], &got[3]), "shared rows are bit-identical");
+    let r = rejects(&rej);
+    assert_eq!(
+        r.iter().map(|r| (r.0.as_str(), r.1.as_str())).collect::<Vec<_>>(),
+        [("missing_image", "f"), ("missing_image", "g")]
+    );
+    assert!(r[1].2.contains("gone.jpg"), "{}", r[1].2);
+}

@@ -149,14 +149,14 @@ impl Transform for EncodeImage {
                 .collect()
         };
 
-        let all: Vec<usize> = (0..batch.num_rows()).collect();
-        let parts: Vec<&[usize]> = all.chunks(self.config.batch_size).collect();
+        // An image that rows of the chunk share (COCO's five captions) is read and encoded once.
+        let earlier = refs.earlier_same();
+        let unique: Vec<usize> = (0..batch.num_rows()).filter(|&r| earlier[r].is_none()).collect();
+        let parts: Vec<&[usize]> = unique.chunks(self.config.batch_size).collect();
         let dim = self.encoder.dim;
-        let mut keep_ids = StringBuilder::new();
-        let mut keep_refs: Vec<StringBuilder> = self.references.iter().map(|_| StringBuilder::new()).collect();
-        let mut emb =
-            FixedSizeListBuilder::with_capacity(Float32Builder::with_capacity(all.len() * dim), dim as i32, all.len())
-                .with_field(Arc::new(Field::new("item", DataType::Float32, false)));
+        // Per row of `unique`: where its embedding starts in `features`, or why it has none.
+        let mut outcome: Vec<Option<std::result::Result<usize, Failure>>> = vec![None; batch.num_rows()];
+        let mut features = Vec::with_capacity(unique.len() * dim);
         // Batch `i + 1` is read and preprocessed while batch `i` runs through the model.
         let mut next = parts.first().map(|rows| load(rows));
         for (i, rows) in parts.iter().enumerate() {
@@ -169,30 +169,44 @@ impl Transform for EncodeImage {
                         pixels.extend_from_slice(&t);
                         good.push(r);
                     }
-                    Err((reason, detail)) => rejects.push(Reject {
-                        stage: TYPE,
-                        source_file: String::new(),
-                        row: first_row + r as u64,
-                        sample_id: Some(ids.value(r).to_owned()),
-                        reason,
-                        detail: detail.into(),
-                        raw: schema::caption_bytes(&batch, r),
-                    }),
+                    Err(failure) => outcome[r] = Some(Err(failure)),
                 }
             }
-            let (features, ahead) =
+            let (encoded_part, ahead) =
                 rayon::join(|| self.encoder.encode(pixels), || parts.get(i + 1).map(|rows| load(rows)));
             next = ahead;
-            let features = features?;
-            for (&r, row) in good.iter().zip(features.chunks(dim)) {
-                keep_ids.append_value(ids.value(r));
-                for (b, c) in keep_refs.iter_mut().zip(&refs.columns) {
-                    b.append_option(c.is_valid(r).then(|| c.value(r)));
-                }
-                emb.values().append_slice(row);
-                emb.append(true);
+            for (&r, row) in good.iter().zip(encoded_part?.chunks(dim)) {
+                outcome[r] = Some(Ok(features.len()));
+                features.extend_from_slice(row);
             }
-            encoded += good.len() as u64;
+        }
+        let mut keep_ids = StringBuilder::new();
+        let mut keep_refs: Vec<StringBuilder> = self.references.iter().map(|_| StringBuilder::new()).collect();
+        let n = batch.num_rows();
+        let mut emb = FixedSizeListBuilder::with_capacity(Float32Builder::with_capacity(n * dim), dim as i32, n)
+            .with_field(Arc::new(Field::new("item", DataType::Float32, false)));
+        // Every row in order, with its image's embedding or its failure.
+        for r in 0..n {
+            match outcome[earlier[r].unwrap_or(r)].as_ref().expect("every image was tried") {
+                Ok(at) => {
+                    keep_ids.append_value(ids.value(r));
+                    for (b, c) in keep_refs.iter_mut().zip(&refs.columns) {
+                        b.append_option(c.is_valid(r).then(|| c.value(r)));
+                    }
+                    emb.values().append_slice(&features[*at..*at + dim]);
+                    emb.append(true);
+                    encoded += 1;
+                }
+                Err((reason, detail)) => rejects.push(Reject {
+                    stage: TYPE,
+                    source_file: String::new(),
+                    row: first_row + r as u64,
+                    sample_id: Some(ids.value(r).to_owned()),
+                    reason,
+                    detail: detail.clone().into(),
+                    raw: schema::caption_bytes(&batch, r),
+                }),
+            }
         }
         let mut out: Vec<ArrayRef> = vec![Arc::new(keep_ids.finish())];
         out.extend(keep_refs.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));

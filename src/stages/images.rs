@@ -125,6 +125,31 @@ impl<'a> ImageRows<'a> {
         }
     }
 
+    /// Per row, the first earlier row of the chunk with the same image reference (the same
+    /// path, or the same shard and key), if any: COCO-style tables repeat an image for each of
+    /// its captions, and it needs reading and encoding once.
+    pub fn earlier_same(&self) -> Vec<Option<usize>> {
+        let mut first: HashMap<(&str, &str), usize> = HashMap::new();
+        self.sources
+            .iter()
+            .enumerate()
+            .map(|(r, s)| {
+                let key = match s {
+                    Source::File(p) => ("", *p),
+                    Source::Tar { shard, key } => (*shard, *key),
+                    Source::Nowhere => return None,
+                };
+                match first.entry(key) {
+                    std::collections::hash_map::Entry::Occupied(e) => Some(*e.get()),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(r);
+                        None
+                    }
+                }
+            })
+            .collect()
+    }
+
     /// Row `r`'s image for messages: `` `path` `` or `` `shard.tar` member `key` ``.
     pub fn describe(&self, r: usize) -> String {
         match &self.sources[r] {
