@@ -2375,6 +2375,72 @@ fn clip_towers_take_gpo_and_the_papers_heads() {
 }
 
 #[test]
+fn pcmepp_log_variance_branches_run_a_new_block_on_the_states_before_the_last() {
+    // `model.log_variance_block`: v = GPO_v(Linear_v(block_v(states before the last block))),
+    // by hand against the model's own; the run trains and resumes bit for bit.
+    let sets = ["loss.type=pcmepp", "model.gpo=true", "model.head_style=pcmepp", "model.log_variance_block=true"];
+    let dir = tempfile::tempdir().unwrap();
+    let c = clip_config(dir.path(), &sets);
+    let device = Device::flex();
+    let heads = Heads { uni: false, log_variance: true };
+    let model = DualEncoder::init(&c.model, heads, c.seed, &device).unwrap();
+    let (vit, block) = (model.image_vit.as_ref().unwrap(), model.image_log_var_block.as_ref().unwrap());
+    assert!(model.text_log_var_block.is_some());
+    let pixels: Vec<f32> = (0..2 * 3 * 32 * 32).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
+    let images = || Tensor::<4>::from_data(TensorData::new(pixels.clone(), [2, 3, 32, 32]), &device);
+    let (_, v) = model.encode_image_with_log_var(images());
+    let (mu_tokens, before) = vit.forward_tokens_split(images());
+    let tokens = vit.run_block(block, before.clone());
+    let n = tokens.dims()[1];
+    let gpo = model.image_log_var_gpo.as_ref().unwrap();
+    let want = gpo.forward(model.image_log_var.as_ref().unwrap().forward(tokens), &[n, n]);
+    let (got, want) =
+        (v.unwrap().into_data().try_to_vec::<f32>().unwrap(), want.into_data().try_to_vec::<f32>().unwrap());
+    assert_eq!(got, want);
+    // Not μ's tokens: the branch differs from the last block's output.
+    let shared = gpo.forward(model.image_log_var.as_ref().unwrap().forward(mu_tokens), &[n, n]);
+    assert_ne!(got, shared.into_data().try_to_vec::<f32>().unwrap());
+    // PCME++'s rates (§3.10): ViT block k of 2 at 0.01 · 0.7^(2 − k), the text tower's at
+    // 0.1 · 0.7^(2 − k), each new block as its tower's last; embeddings at the scale, heads whole.
+    let oc = curate::train::config::OptimConfig {
+        layer_decay: 0.7,
+        image_backbone_lr_scale: 0.01,
+        text_backbone_lr_scale: 0.1,
+        ..Default::default()
+    };
+    let policy = curate::train::optim::LrGroups::new(model.lr_groups(&oc)).policy(1.0);
+    let rates = |m: &dyn Fn(&mut Vec<burn::module::ParamId>)| {
+        let mut ids = Vec::new();
+        m(&mut ids);
+        let r: std::collections::BTreeSet<String> =
+            ids.into_iter().map(|id| format!("{:.6}", policy.lr_from_param(id, None))).collect();
+        r.into_iter().collect::<Vec<_>>()
+    };
+    use curate::train::optim::param_ids;
+    let text = model.text_clip.as_ref().unwrap();
+    let near = |x: f64| format!("{x:.6}");
+    for k in 0..2 {
+        let decay = 0.7f64.powi(2 - k as i32);
+        assert_eq!(rates(&|ids| ids.extend(param_ids(&vit.blocks()[k]))), [near(0.01 * decay)], "ViT block {k}");
+        assert_eq!(rates(&|ids| ids.extend(param_ids(&text.blocks()[k]))), [near(0.1 * decay)], "text block {k}");
+    }
+    assert_eq!(rates(&|ids| ids.extend(param_ids(block))), [near(0.007)]);
+    assert_eq!(rates(&|ids| ids.extend(param_ids(model.text_log_var_block.as_ref().unwrap()))), [near(0.07)]);
+    assert_eq!(rates(&|ids| ids.extend(param_ids(&model.image_log_var))), [near(1.0)]);
+
+    let (_whole, want, got) = whole_and_resumed(|d| clip_config(d, &sets), 4);
+    assert!(want.len() == 6 && want.iter().all(|(_, l)| l.is_finite()), "{want:?}");
+    assert_eq!(got, want);
+    // Without CLIP's towers it is refused.
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), &[]);
+    let out = format!("output_dir={}", dir.path().join("out").display());
+    let e =
+        TrainConfig::load(&dir.path().join("train.toml"), &[out, "model.log_variance_block=true".into()]).unwrap_err();
+    assert!(e.to_string().contains("`model.log_variance_block`: is PCME++'s branch on CLIP's towers"), "{e}");
+}
+
+#[test]
 fn clip_config_errors_name_their_keys() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("clip.toml");
@@ -2400,7 +2466,7 @@ fn clip_config_errors_name_their_keys() {
 }
 
 #[test]
-fn the_cusa_clip_preset_is_a_valid_training_file() {
+fn the_cusa_and_pcmepp_clip_presets_are_valid_training_files() {
     // `pipelines/train_cusa_clip.toml` with the tiny CLIP folder and the bundled sample in place
     // of the checkpoints and COCO it names: every other key as the preset sets it.
     let sets: Vec<String> = [
@@ -2416,4 +2482,18 @@ fn the_cusa_clip_preset_is_a_valid_training_file() {
     assert_eq!(c.loss.loss_type(), LossType::Cusa);
     assert_eq!((c.batch_size, c.epochs, c.seed), (128, Some(30), 23));
     assert!(c.model.clip.is_some() && c.model.text.is_none() && c.data.pre_caption && c.optim.no_weight_decay_1d);
+
+    // `pipelines/train_pcmepp_clip.toml` likewise, and it trains: three epochs of 9 batches, the
+    // image tower frozen in the first two, SWA from the second.
+    let dir = tempfile::tempdir().unwrap();
+    let mut sets = sets[..3].to_vec();
+    let out = format!("output_dir={}", dir.path().join("out").display());
+    sets.extend([out, "epochs=3".into(), "batch_size=64".into(), "optim.swa_start_epoch=1".into()]);
+    let c = TrainConfig::load(Path::new("pipelines/train_pcmepp_clip.toml"), &sets).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.loss.loss_type(), LossType::Pcmepp);
+    assert!(c.model.gpo && c.model.log_variance_block && c.data.msda.is_some() && c.model.embed_dim == 1024);
+    let s = train(&c, &TrainOptions::default()).unwrap();
+    assert_eq!(s.steps, 27);
+    assert!(dir.path().join("out/model_swa.bpk").is_file());
+    assert!(s.last_loss.is_finite(), "{}", s.last_loss);
 }

@@ -232,6 +232,12 @@ pub struct ClipText {
     whole_clip: bool,
 }
 
+/// Causal attention: position i attends to positions ≤ i (`-inf` above the diagonal).
+fn causal_mask(n: usize, device: &Device) -> Tensor<2> {
+    let causal: Vec<f32> = (0..n * n).map(|k| if k % n > k / n { f32::NEG_INFINITY } else { 0.0 }).collect();
+    Tensor::<2>::from_data(TensorData::new(causal, [n, n]), device)
+}
+
 /// Tensors of a whole CLIP state dict outside the text tower.
 const CLIP_IMAGE_TOWER: [&str; 2] = ["visual.", "logit_scale"];
 
@@ -295,18 +301,41 @@ impl ClipText {
     /// # Shapes
     /// - `ids`: `[batch, tokens]` (tokens ≤ `context_length`) → `[batch, tokens, width]`
     pub fn forward_tokens(&self, ids: Tensor<2, Int>) -> Tensor<3> {
+        self.forward_tokens_split(ids).0
+    }
+
+    /// [`ClipText::forward_tokens`], and the states before the last block (the input of
+    /// PCME++'s log-variance branch: a block of its own in the last one's place, no `ln_final`).
+    ///
+    /// # Shapes
+    /// - `ids`: `[batch, tokens]` → 2 × `[batch, tokens, width]`
+    pub fn forward_tokens_split(&self, ids: Tensor<2, Int>) -> (Tensor<3>, Tensor<3>) {
         let [b, n] = ids.dims();
         let d = self.width();
-        let device = ids.device();
         let x = self.token_embedding.val().select(0, ids.reshape([b * n])).reshape([b, n, d]);
         let mut x = x + self.positional_embedding.val().narrow(0, 0, n).unsqueeze_dim::<3>(0);
-        // Causal: position i attends to positions ≤ i.
-        let causal: Vec<f32> = (0..n * n).map(|k| if k % n > k / n { f32::NEG_INFINITY } else { 0.0 }).collect();
-        let mask = Tensor::<2>::from_data(TensorData::new(causal, [n, n]), &device);
-        for block in &self.blocks {
+        let mask = causal_mask(n, &x.device());
+        let last = self.blocks.len().saturating_sub(1);
+        for block in &self.blocks[..last] {
             x = block.forward(x, self.heads, self.activation, Some(&mask));
         }
-        self.ln_final.forward(x)
+        let before = x.clone();
+        for block in &self.blocks[last..] {
+            x = block.forward(x, self.heads, self.activation, Some(&mask));
+        }
+        (self.ln_final.forward(x), before)
+    }
+
+    /// `block` (a [`VitBlock::fresh`] of this width) on token states, with this tower's heads,
+    /// activation and causal mask.
+    pub fn run_block(&self, block: &VitBlock, x: Tensor<3>) -> Tensor<3> {
+        let mask = causal_mask(x.dims()[1], &x.device());
+        block.forward(x, self.heads, self.activation, Some(&mask))
+    }
+
+    /// Its number of transformer blocks.
+    pub fn layers(&self) -> usize {
+        self.blocks.len()
     }
 
     /// The end-of-text token's state (row `r`'s token `lengths[r] − 1`) `@ text_projection`.

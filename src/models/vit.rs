@@ -158,7 +158,66 @@ pub struct VitBlock {
     fc2: Linear,
 }
 
+/// How [`VitBlock::fresh`] draws a new block (PCME++'s log-variance branch, spec
+/// `cusa-and-pcmepp.md` §3.1).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FreshInit {
+    /// PyTorch's defaults for a `ResidualAttentionBlock`: `in_proj` Xavier-uniform with bias 0,
+    /// `out_proj` its Linear default with bias 0, the MLP's Linears their defaults (the image
+    /// branch).
+    PyTorch,
+    /// CLIP's text-transformer init for a tower of `layers` blocks: `in_proj` N(0, w^−½),
+    /// `out_proj` and `c_proj` N(0, w^−½ (2·layers)^−½), `c_fc` N(0, (2w)^−½); attention biases
+    /// 0, the MLP's PyTorch's (the text branch).
+    ClipText { layers: usize },
+}
+
 impl VitBlock {
+    /// A new block of width `d` drawn from `w` (a [`Weights::random`]) under `prefix`.
+    pub(crate) fn fresh(
+        w: &Weights,
+        prefix: &str,
+        d: usize,
+        mlp_dim: usize,
+        init: FreshInit,
+        device: &Device,
+    ) -> VitBlock {
+        use super::weights::LinearInit;
+        let t = |part: &str| format!("{prefix}{part}");
+        let zero_bias = |mut l: Linear, n: usize| {
+            l.bias = Some(Param::from_tensor(Tensor::zeros([n], device)));
+            l
+        };
+        let (qkv, out, fc1, fc2) = match init {
+            FreshInit::PyTorch => (
+                w.linear_init(&t("attn.in_proj"), d, 3 * d, LinearInit::XavierUniform, device),
+                zero_bias(w.linear_init(&t("attn.out_proj"), d, d, LinearInit::PyTorch, device), d),
+                w.linear_init(&t("mlp.c_fc"), d, mlp_dim, LinearInit::PyTorch, device),
+                w.linear_init(&t("mlp.c_proj"), mlp_dim, d, LinearInit::PyTorch, device),
+            ),
+            FreshInit::ClipText { layers } => {
+                let width = d as f64;
+                let attn = width.powf(-0.5);
+                let proj = attn * (2.0 * layers.max(1) as f64).powf(-0.5);
+                let fc = (2.0 * width).powf(-0.5);
+                (
+                    zero_bias(w.linear_init(&t("attn.in_proj"), d, 3 * d, LinearInit::Normal(attn), device), 3 * d),
+                    zero_bias(w.linear_init(&t("attn.out_proj"), d, d, LinearInit::Normal(proj), device), d),
+                    w.linear_init(&t("mlp.c_fc"), d, mlp_dim, LinearInit::Normal(fc), device),
+                    w.linear_init(&t("mlp.c_proj"), mlp_dim, d, LinearInit::Normal(proj), device),
+                )
+            }
+        };
+        VitBlock {
+            norm1: w.layer_norm(&t("ln_1"), d, LN_EPS, device),
+            qkv,
+            out,
+            norm2: w.layer_norm(&t("ln_2"), d, LN_EPS, device),
+            fc1,
+            fc2,
+        }
+    }
+
     /// CLIP's block `{prefix}{ln_1, attn.in_proj_*, attn.out_proj, ln_2, mlp.c_fc, mlp.c_proj}`.
     pub(crate) fn clip(w: &Weights, prefix: &str, d: usize, mlp_dim: usize, device: &Device) -> VitBlock {
         let t = |part: &str| format!("{prefix}{part}");
@@ -356,6 +415,15 @@ impl Vit {
     /// # Shapes
     /// - `images`: `[batch, 3, image_size, image_size]` → `[batch, tokens, width]`
     pub fn forward_tokens(&self, images: Tensor<4>) -> Tensor<3> {
+        self.forward_tokens_split(images).0
+    }
+
+    /// [`Vit::forward_tokens`], and the tokens before the last block (the input of PCME++'s
+    /// log-variance branch, which runs a block of its own in the last one's place).
+    ///
+    /// # Shapes
+    /// - `images`: `[batch, 3, image_size, image_size]` → 2 × `[batch, tokens, width]`
+    pub fn forward_tokens_split(&self, images: Tensor<4>) -> (Tensor<3>, Tensor<3>) {
         let x = self.patch_embed.forward(images);
         let [b, d, gh, gw] = x.dims();
         // Patches in row-major grid order, as `flatten(2).transpose(1, 2)` in PyTorch.
@@ -368,10 +436,36 @@ impl Vit {
         if let Some(ln) = &self.ln_pre {
             x = ln.forward(x);
         }
-        for block in &self.blocks {
+        let last = self.blocks.len().saturating_sub(1);
+        for block in &self.blocks[..last] {
             x = block.forward(x, self.heads, self.activation, None);
         }
-        x
+        let before = x.clone();
+        for block in &self.blocks[last..] {
+            x = block.forward(x, self.heads, self.activation, None);
+        }
+        (x, before)
+    }
+
+    /// `block` (a [`VitBlock::fresh`] of this width) on tokens, with this tower's heads and
+    /// activation.
+    pub fn run_block(&self, block: &VitBlock, x: Tensor<3>) -> Tensor<3> {
+        block.forward(x, self.heads, self.activation, None)
+    }
+
+    /// The transformer blocks, first to last (for per-block learning rates).
+    pub fn blocks(&self) -> &[VitBlock] {
+        &self.blocks
+    }
+
+    /// Width of the token states.
+    pub fn width(&self) -> usize {
+        self.positional_embedding.dims()[1]
+    }
+
+    /// Hidden width of the blocks' MLPs.
+    pub fn mlp_dim(&self) -> usize {
+        self.blocks.first().map_or(4 * self.width(), |b| b.fc1.weight.dims()[1])
     }
 
     /// The head on [`Vit::forward_tokens`]'s output: CLIP's class token → `ln_post` → `@ proj`,
@@ -393,5 +487,56 @@ impl Vit {
             }
             (None, None) => unreachable!("every layout has a head"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(l: &Linear) -> (Vec<f32>, Vec<f32>) {
+        let w = l.weight.val().into_data().try_to_vec::<f32>().unwrap();
+        let b = l.bias.as_ref().unwrap().val().into_data().try_to_vec::<f32>().unwrap();
+        (w, b)
+    }
+
+    fn std(v: &[f32]) -> f64 {
+        let n = v.len() as f64;
+        let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
+        (v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt()
+    }
+
+    /// PCME++'s new blocks draw as §3.1 says: the image branch with PyTorch's defaults
+    /// (in_proj Xavier-uniform, attention biases 0), the text branch with CLIP's normal init for
+    /// a 12-block tower (width 64: in_proj std 1/8, out_proj and c_proj 1/8 · 24^−½, c_fc 128^−½).
+    #[test]
+    fn fresh_blocks_draw_with_their_branchs_init() {
+        let device = Device::flex();
+        let w = Weights::random(7);
+        let d = 64;
+        let image = VitBlock::fresh(&w, "i.", d, 4 * d, FreshInit::PyTorch, &device);
+        let (qkv, qkv_bias) = values(&image.qkv);
+        let bound = (6.0f64 / (d + 3 * d) as f64).sqrt();
+        assert!(qkv.iter().all(|&x| (x as f64).abs() <= bound) && std(&qkv) > 0.9 * bound / 3f64.sqrt());
+        assert!(qkv_bias.iter().all(|&x| x == 0.0) && values(&image.out).1.iter().all(|&x| x == 0.0));
+        let (fc1, fc1_bias) = values(&image.fc1);
+        let default = 1.0 / (d as f64).sqrt();
+        assert!(
+            fc1.iter().chain(&fc1_bias).all(|&x| (x as f64).abs() <= default) && fc1_bias.iter().any(|&x| x != 0.0)
+        );
+        let text = VitBlock::fresh(&w, "t.", d, 4 * d, FreshInit::ClipText { layers: 12 }, &device);
+        let proj = (d as f64).powf(-0.5) / 24f64.sqrt();
+        for (got, want) in [
+            (std(&values(&text.qkv).0), (d as f64).powf(-0.5)),
+            (std(&values(&text.out).0), proj),
+            (std(&values(&text.fc1).0), (2.0 * d as f64).powf(-0.5)),
+            (std(&values(&text.fc2).0), proj),
+        ] {
+            assert!((got / want - 1.0).abs() < 0.05, "std {got} against {want}");
+        }
+        assert!(values(&text.qkv).1.iter().all(|&x| x == 0.0) && values(&text.out).1.iter().all(|&x| x == 0.0));
+        // LayerNorms at (1, 0).
+        let gamma = text.norm1.gamma.val().into_data().try_to_vec::<f32>().unwrap();
+        assert!(gamma.iter().all(|&x| x == 1.0));
     }
 }

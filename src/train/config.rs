@@ -123,6 +123,13 @@ pub struct ModelConfig {
     /// off.
     #[serde(default)]
     pub image_token_drop: f64,
+    /// PCME++'s log-variance branches (spec `cusa-and-pcmepp.md` §3.1, `n_unc_layers = 1`),
+    /// with `[model.clip]`, `gpo` and PCME++'s loss: each tower's last block is shared no
+    /// more; the log-variance tokens come from a new block of the same width on the states
+    /// before it (the image branch with PyTorch's init, the text branch with CLIP's and no
+    /// `ln_final`). Off (the default): the log-variance heads take μ's tokens.
+    #[serde(default)]
+    pub log_variance_block: bool,
 }
 
 /// See [`ModelConfig::head_style`].
@@ -429,10 +436,12 @@ pub struct OptimConfig {
     #[serde(default = "default_clip_scope")]
     pub grad_clip_scope: ClipScope,
     /// Layer-wise learning-rate decay (spec `cusa-and-pcmepp.md` §3.10, 0.7 there): block `k`
-    /// of a text tower of `L` transformer blocks gets `text_backbone_lr_scale · layer_decay^(L −
-    /// k)` of the rate; the tower's other weights (embeddings, their norm) get the scale alone,
-    /// as in the reference. A ResNet tower has no transformer blocks and gets its scale alone
-    /// (the reference's block pattern does not match a ResNet either). 1 (the default): off.
+    /// of a tower of `L` transformer blocks (the text tower, CLIP's ViT) gets its
+    /// `*_backbone_lr_scale · layer_decay^(L − k)` of the rate, PCME++'s new log-variance
+    /// blocks that of the last block; the tower's other weights (embeddings, their norms) get
+    /// the scale alone, as in the reference. A ResNet tower has no transformer blocks and gets
+    /// its scale alone (the reference's block pattern does not match a ResNet either). 1 (the
+    /// default): off.
     #[serde(default = "one")]
     pub layer_decay: f64,
     /// The image tower's share of the rate (its projection and heads get the whole rate):
@@ -830,6 +839,18 @@ impl TrainConfig {
         }
         if let Some(clip) = &self.model.clip {
             self.check_clip(clip, &mut bad);
+        }
+        if self.model.log_variance_block {
+            let pcmepp = matches!(self.loss, crate::losses::LossConfig::Pcmepp(_));
+            if self.model.clip.is_none() || !self.model.gpo || !pcmepp {
+                bad(
+                    "model.log_variance_block",
+                    "is PCME++'s branch on CLIP's towers: it needs `[model.clip]`, `model.gpo = true` and \
+                     `loss.type = \"pcmepp\"`"
+                        .into(),
+                    "set those, or leave it out",
+                );
+            }
         }
         if let Some(ck) = &self.model.image.checkpoint {
             if !ck.is_file() {

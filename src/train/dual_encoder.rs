@@ -31,7 +31,7 @@ use crate::models::clip_text::ClipText;
 use crate::models::gpo::{Gpo, TokenDrop};
 use crate::models::pooling::{pool, Pooling};
 use crate::models::resnet::{ResNet, ResNetConfig};
-use crate::models::vit::Vit;
+use crate::models::vit::{FreshInit, Vit, VitBlock};
 use crate::models::weights::{LinearInit, Weights};
 
 /// Which extra heads the loss needs.
@@ -64,6 +64,10 @@ pub struct DualEncoder {
     pub text_gpo: Option<Gpo>,
     pub image_log_var_gpo: Option<Gpo>,
     pub text_log_var_gpo: Option<Gpo>,
+    /// `model.log_variance_block` (CLIP towers): PCME++'s log-variance branches, a new block
+    /// each in place of the tower's last, on the states before it.
+    pub image_log_var_block: Option<VitBlock>,
+    pub text_log_var_block: Option<VitBlock>,
     /// `model.head_style = "cusa"`: the LayerNorms before the cross-modal and uni-modal heads.
     pub image_proj_norm: Option<LayerNorm>,
     pub text_proj_norm: Option<LayerNorm>,
@@ -73,13 +77,24 @@ pub struct DualEncoder {
     pub pooling: Pooling,
 }
 
-/// A tower's output: its pooled features, and with GPO its tokens and their counts.
+/// A tower's output: its pooled features, and with GPO its tokens and their counts (and, with
+/// PCME++'s log-variance blocks, the log-variance branch's tokens, counted alike).
 struct TowerOut {
     pooled: Tensor<2>,
     tokens: Option<(Tensor<3>, Vec<usize>)>,
+    log_var_tokens: Option<Tensor<3>>,
 }
 
 impl TowerOut {
+    /// A log-variance head: on the log-variance branch's tokens where there are some, else as
+    /// [`TowerOut::head`] without a norm.
+    fn log_var_head(&self, linear: &Linear, gpo: Option<&Gpo>) -> Tensor<2> {
+        match (gpo, &self.log_var_tokens, &self.tokens) {
+            (Some(g), Some(v), Some((_, lengths))) => g.forward(linear.forward(v.clone()), lengths),
+            _ => self.head(None, Some(linear), gpo),
+        }
+    }
+
     /// A head (`None`: the identity), after `norm` where there is one, on the pooled features,
     /// or on every token then pooled by `gpo`.
     fn head(&self, norm: Option<&LayerNorm>, linear: Option<&Linear>, gpo: Option<&Gpo>) -> Tensor<2> {
@@ -257,6 +272,15 @@ impl DualEncoder {
             (style == HeadStyle::Cusa).then(|| w.layer_norm(&format!("{name}_norm"), width, 1e-5, device))
         };
         let log_var = heads.log_variance;
+        // PCME++'s log-variance branches need CLIP's towers and GPO (checked with the config).
+        let branches = c.log_variance_block && log_var && c.gpo;
+        let image_log_var_block = towers.image_vit.as_ref().filter(|_| branches).map(|vit| {
+            VitBlock::fresh(&w, "image_log_var_block.", vit.width(), vit.mlp_dim(), FreshInit::PyTorch, device)
+        });
+        let text_log_var_block = towers.text_clip.as_ref().filter(|_| branches).map(|clip| {
+            let init = FreshInit::ClipText { layers: clip.layers() };
+            VitBlock::fresh(&w, "text_log_var_block.", clip.width(), 4 * clip.width(), init, device)
+        });
         Ok(DualEncoder {
             image: towers.image,
             image_vit: towers.image_vit,
@@ -273,6 +297,8 @@ impl DualEncoder {
             image_log_var_gpo: (c.gpo && heads.log_variance)
                 .then(|| Gpo::from_weights(&w, "image_log_var_gpo", device)),
             text_log_var_gpo: (c.gpo && heads.log_variance).then(|| Gpo::from_weights(&w, "text_log_var_gpo", device)),
+            image_log_var_block,
+            text_log_var_block,
             image_proj_norm: norm("image_proj", fi),
             text_proj_norm: if project_text { norm("text_proj", ft) } else { None },
             image_uni_norm: if heads.uni { norm("image_uni", fi_pooled) } else { None },
@@ -294,24 +320,34 @@ impl DualEncoder {
     }
 
     /// The learning-rate multiples of the towers' parameters (spec `cusa-and-pcmepp.md` §3.10):
-    /// the image tower at `image_backbone_lr_scale` (a ResNet has no transformer blocks to decay);
-    /// the text tower's embeddings and their norm at `text_backbone_lr_scale`, and its block `k`
-    /// of `L` at that times `layer_decay^(L − k)`. The projections and heads are in no group
-    /// (the whole rate). Later groups take precedence, so the blocks come after the tower.
+    /// each tower at its `*_backbone_lr_scale`, and block `k` of a transformer tower of `L`
+    /// blocks (the text tower, CLIP's ViT) at that times `layer_decay^(L − k)`; PCME++'s new
+    /// log-variance blocks as their tower's last block. A ResNet has no blocks and gets its
+    /// scale alone. The projections and heads are in no group (the whole rate). Later groups
+    /// take precedence, so the blocks come after the tower.
     pub fn lr_groups(&self, c: &super::config::OptimConfig) -> Vec<(Vec<burn::module::ParamId>, f64)> {
         use super::optim::param_ids;
         let mut text = param_ids(&self.text);
         text.extend(param_ids(&self.text_clip));
         let mut groups = vec![(self.image_tower_ids(), c.image_backbone_lr_scale), (text, c.text_backbone_lr_scale)];
-        let blocks: Vec<Vec<burn::module::ParamId>> = match (&self.text, &self.text_clip) {
+        let text_blocks: Vec<Vec<burn::module::ParamId>> = match (&self.text, &self.text_clip) {
             (Some(bert), _) => bert.layers().iter().map(param_ids).collect(),
             (None, Some(clip)) => clip.blocks().iter().map(param_ids).collect(),
             (None, None) => Vec::new(),
         };
-        let n = blocks.len();
-        for (k, block) in blocks.into_iter().enumerate() {
-            let decay = c.layer_decay.powi((n - k) as i32);
-            groups.push((block, c.text_backbone_lr_scale * decay));
+        let image_blocks: Vec<Vec<burn::module::ParamId>> =
+            self.image_vit.iter().flat_map(|vit| vit.blocks().iter().map(param_ids)).collect();
+        for (blocks, scale, branch) in [
+            (image_blocks, c.image_backbone_lr_scale, &self.image_log_var_block),
+            (text_blocks, c.text_backbone_lr_scale, &self.text_log_var_block),
+        ] {
+            let n = blocks.len();
+            for (k, block) in blocks.into_iter().enumerate() {
+                groups.push((block, scale * c.layer_decay.powi((n - k) as i32)));
+            }
+            if let Some(b) = branch {
+                groups.push((param_ids(b), scale * c.layer_decay));
+            }
         }
         groups
     }
@@ -342,30 +378,36 @@ impl DualEncoder {
     /// pooled features, which CUSA's uni-modal heads see, keep every cell).
     fn image_out(&self, images: Tensor<4>, drop: Option<&TokenDrop>) -> TowerOut {
         if self.image_gpo.is_none() {
-            return TowerOut { pooled: self.image_features(images), tokens: None };
+            return TowerOut { pooled: self.image_features(images), tokens: None, log_var_tokens: None };
         }
-        let (tokens, pooled) = match (&self.image, &self.image_vit) {
+        let (tokens, pooled, log_var) = match (&self.image, &self.image_vit) {
             (Some(resnet), _) => {
                 let grid = resnet.forward_grid(images);
                 let [b, c, h, w] = grid.dims();
                 let tokens = grid.reshape([b, c, h * w]).swap_dims(1, 2);
                 let pooled = tokens.clone().mean_dim(1).reshape([b, c]);
-                (tokens, pooled)
+                (tokens, pooled, None)
             }
             // The class token and the patches, before `ln_post` (PCME++'s GPO input); the
             // pooled feature is CLIP's embedding of the same states.
             (None, Some(vit)) => {
-                let tokens = vit.forward_tokens(images);
-                (tokens.clone(), vit.pool(tokens))
+                let (tokens, before) = vit.forward_tokens_split(images);
+                let log_var = self.image_log_var_block.as_ref().map(|block| vit.run_block(block, before));
+                (tokens.clone(), vit.pool(tokens), log_var)
             }
             (None, None) => unreachable!("a dual encoder has an image tower"),
         };
         let [b, n, _] = tokens.dims();
+        // Both branches keep the same tokens (the drops are drawn per row, not per tensor).
+        let log_var_tokens = log_var.map(|v| match drop {
+            Some(d) => d.apply(v).0,
+            None => v,
+        });
         let tokens = match drop {
             Some(d) => d.apply(tokens),
             None => (tokens, vec![n; b]),
         };
-        TowerOut { pooled, tokens: Some(tokens) }
+        TowerOut { pooled, tokens: Some(tokens), log_var_tokens }
     }
 
     /// The text tower's output: with GPO, its token states too, with the count of each row's
@@ -384,14 +426,16 @@ impl DualEncoder {
             (Some(bert), _) => {
                 let states = bert.forward(ids, mask.clone());
                 let pooled = pool(states.clone(), mask.clone(), self.pooling);
-                TowerOut { pooled, tokens: tokens.then(|| (states, lengths(mask))) }
+                TowerOut { pooled, tokens: tokens.then(|| (states, lengths(mask))), log_var_tokens: None }
             }
             // Causal attention: padding needs no mask; each row ends at its end-of-text token.
             (None, Some(clip)) => {
                 let n = lengths(mask);
-                let states = clip.forward_tokens(ids);
+                let (states, before) = clip.forward_tokens_split(ids);
                 let pooled = clip.pool(states.clone(), &n);
-                TowerOut { pooled, tokens: tokens.then_some((states, n)) }
+                let log_var_tokens =
+                    self.text_log_var_block.as_ref().filter(|_| tokens).map(|block| clip.run_block(block, before));
+                TowerOut { pooled, tokens: tokens.then_some((states, n)), log_var_tokens }
             }
             (None, None) => unreachable!("a dual encoder has a text tower"),
         }
@@ -415,7 +459,7 @@ impl DualEncoder {
     /// - `images`: `[B, 3, H, W]` → (`[B, embed_dim]`, `[B, embed_dim]`)
     pub fn encode_image_with_log_var(&self, images: Tensor<4>) -> (Tensor<2>, Option<Tensor<2>>) {
         let o = self.image_out(images, None);
-        let v = self.image_log_var.as_ref().map(|h| o.head(None, Some(h), self.image_log_var_gpo.as_ref()));
+        let v = self.image_log_var.as_ref().map(|h| o.log_var_head(h, self.image_log_var_gpo.as_ref()));
         (o.head(self.image_proj_norm.as_ref(), Some(&self.image_proj), self.image_gpo.as_ref()), v)
     }
 
@@ -429,7 +473,7 @@ impl DualEncoder {
         mask: Tensor<2, Int>,
     ) -> (Tensor<2>, Option<Tensor<2>>) {
         let o = self.text_out(ids, mask);
-        let v = self.text_log_var.as_ref().map(|h| o.head(None, Some(h), self.text_log_var_gpo.as_ref()));
+        let v = self.text_log_var.as_ref().map(|h| o.log_var_head(h, self.text_log_var_gpo.as_ref()));
         (o.head(self.text_proj_norm.as_ref(), self.text_proj.as_ref(), self.text_gpo.as_ref()), v)
     }
 
@@ -468,8 +512,8 @@ impl DualEncoder {
             text: t.head(self.text_proj_norm.as_ref(), self.text_proj.as_ref(), self.text_gpo.as_ref()),
             image_uni: uni(&self.image_uni_norm, &self.image_uni, &i),
             text_uni: uni(&self.text_uni_norm, &self.text_uni, &t),
-            image_log_var: self.image_log_var.as_ref().map(|h| i.head(None, Some(h), self.image_log_var_gpo.as_ref())),
-            text_log_var: self.text_log_var.as_ref().map(|h| t.head(None, Some(h), self.text_log_var_gpo.as_ref())),
+            image_log_var: self.image_log_var.as_ref().map(|h| i.log_var_head(h, self.image_log_var_gpo.as_ref())),
+            text_log_var: self.text_log_var.as_ref().map(|h| t.log_var_head(h, self.text_log_var_gpo.as_ref())),
         }
     }
 }
