@@ -2492,6 +2492,7 @@ fn the_cusa_and_pcmepp_clip_presets_are_valid_training_files() {
     let c = TrainConfig::load(Path::new("pipelines/train_pcmepp_clip.toml"), &sets).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.loss.loss_type(), LossType::Pcmepp);
     assert!(c.model.gpo && c.model.log_variance_block && c.data.msda.is_some() && c.model.embed_dim == 1024);
+    assert!(c.data.caption_augment, "PCME++'s caption augmentation, CLIP's BPE branch");
     let s = train(&c, &TrainOptions::default()).unwrap();
     assert_eq!(s.steps, 27);
     assert!(dir.path().join("out/model_swa.bpk").is_file());

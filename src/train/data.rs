@@ -511,14 +511,14 @@ pub fn tokenize(tok: &Tokenizer, texts: &[&str]) -> Result<(Vec<i64>, Vec<i64>, 
     Ok((ids, mask, s))
 }
 
-/// PCME++'s caption augmentation for a BERT-family tokenizer (its loader's `process_caption`,
-/// the text side of spec `cusa-and-pcmepp.md` §3.9 [ref]): each word (the tokenizer's
-/// pre-tokenized words; special tokens are never touched) is picked with probability 0.2, and a
-/// picked word has all its word pieces made `mask_id` (half of them), each piece made a
-/// uniformly random vocabulary entry (a tenth; `vocab` lists the vocabulary's ids), or the word
-/// deleted (the rest). `word_ids` gives each token's word (`None` for special tokens), as
-/// `Encoding::get_word_ids` does. (§3.9's own text describes the CLIP-BPE branch of the same
-/// loader, `process_caption_vit`; curate's text towers are BERT-family, hence this one.)
+/// PCME++'s caption augmentation (its loader's `process_caption` for BERT-family tokenizers and
+/// `process_caption_vit` for CLIP's BPE, spec `cusa-and-pcmepp.md` §3.9 [ref]): each unit — a
+/// word (BERT: the tokenizer's pre-tokenized words) or a token (CLIP) — is picked with
+/// probability 0.2, and a picked unit has all its tokens made `mask_id` (half of them: BERT's
+/// `[MASK]`, the BPE id of `M` for CLIP), each token made a uniformly random vocabulary entry
+/// (a tenth; `vocab` lists the vocabulary's ids), or the unit deleted (the rest). Special tokens
+/// are never touched. `word_ids` gives each token's unit (`None` for special tokens), as
+/// `Encoding::get_word_ids` does for words ([`AugmentUnit`]).
 pub fn augment_caption(
     ids: &[u32],
     word_ids: &[Option<u32>],
@@ -552,13 +552,26 @@ pub fn augment_caption(
     out
 }
 
-/// What [`augment_caption`] needs from a tokenizer: its `[MASK]` id and its vocabulary's ids
-/// (sorted), or `None` without a `[MASK]` token.
-pub fn augment_vocabulary(tok: &Tokenizer) -> Option<(u32, Vec<u32>)> {
-    let mask_id = tok.token_to_id("[MASK]")?;
+/// What [`augment_caption`] picks and masks: words (BERT-family tokenizers, `[MASK]`) or tokens
+/// (CLIP's BPE, the id of `M`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AugmentUnit {
+    Word,
+    Token,
+}
+
+/// What [`augment_caption`] needs from a tokenizer: the mask id, its vocabulary's ids (sorted)
+/// and the unit — `[MASK]` and words for a BERT-family tokenizer, the BPE symbol `M` and tokens
+/// for CLIP's (one with `<|endoftext|>`); `None` for others.
+pub fn augment_vocabulary(tok: &Tokenizer) -> Option<(u32, Vec<u32>, AugmentUnit)> {
+    let (mask_id, unit) = match tok.token_to_id("[MASK]") {
+        Some(id) => (id, AugmentUnit::Word),
+        None if tok.token_to_id("<|endoftext|>").is_some() => (tok.token_to_id("M")?, AugmentUnit::Token),
+        None => return None,
+    };
     let mut ids: Vec<u32> = tok.get_vocab(true).into_values().collect();
     ids.sort_unstable();
-    Some((mask_id, ids))
+    Some((mask_id, ids, unit))
 }
 
 /// PCME++'s caption augmentation of a batch maker: what [`augment_caption`] needs from the
@@ -566,6 +579,7 @@ pub fn augment_vocabulary(tok: &Tokenizer) -> Option<(u32, Vec<u32>)> {
 pub struct CaptionAugment {
     pub mask_id: u32,
     pub vocab: Vec<u32>,
+    pub unit: AugmentUnit,
     /// The text tower's tokenizer, truncating nothing: a caption is augmented whole, then capped
     /// (spec §3.9: the reference truncates nothing; curate caps, keeping the last token), so that
     /// the room its deleted words free is filled by the words that follow.
@@ -586,7 +600,16 @@ impl CaptionAugment {
                 .encode(*text, true)
                 .map_err(|e| Error::Model { message: format!("tokenizer failed: {e}"), hint: None })?;
             // Single texts are not padded (BatchLongest pads a batch of one to itself).
-            let mut row = augment_caption(enc.get_ids(), enc.get_word_ids(), self.mask_id, &self.vocab, rng);
+            let tokens: Vec<Option<u32>>;
+            let units = match self.unit {
+                AugmentUnit::Word => enc.get_word_ids(),
+                AugmentUnit::Token => {
+                    let special = enc.get_special_tokens_mask();
+                    tokens = (0..special.len()).map(|i| (special[i] == 0).then_some(i as u32)).collect();
+                    &tokens
+                }
+            };
+            let mut row = augment_caption(enc.get_ids(), units, self.mask_id, &self.vocab, rng);
             if row.len() > self.max_tokens && self.max_tokens > 0 {
                 let last = row[row.len() - 1];
                 row.truncate(self.max_tokens - 1);
@@ -794,18 +817,21 @@ impl BatchMaker {
         let caption_augment = match c.data.caption_augment {
             false => None,
             true => {
-                let (mask_id, vocab) = augment_vocabulary(&tokenizer).ok_or_else(|| Error::Model {
+                let (mask_id, vocab, unit) = augment_vocabulary(&tokenizer).ok_or_else(|| Error::Model {
                     message: format!(
-                        "`data.caption_augment` masks words with `[MASK]`, and the tokenizer of `{}` has none",
+                        "`data.caption_augment` masks words with `[MASK]` (or CLIP's BPE tokens with `M`), and the \
+                         tokenizer of `{}` has neither",
                         c.model.tokenizer_dir().display()
                     ),
-                    hint: Some("caption augmentation is PCME++'s for BERT-family tokenizers; leave it off".into()),
+                    hint: Some(
+                        "caption augmentation is PCME++'s for BERT-family and CLIP tokenizers; leave it off".into(),
+                    ),
                 })?;
                 let mut whole = tokenizer.clone();
                 whole
                     .with_truncation(None)
                     .map_err(|e| Error::Model { message: format!("tokenizer truncation: {e}"), hint: None })?;
-                Some(CaptionAugment { mask_id, vocab, tokenizer: whole, max_tokens: c.model.max_tokens() })
+                Some(CaptionAugment { mask_id, vocab, unit, tokenizer: whole, max_tokens: c.model.max_tokens() })
             }
         };
         Ok(BatchMaker {
@@ -1181,6 +1207,39 @@ mod tests {
         let white = (1.0 - IMAGENET_MEAN[0]) / IMAGENET_STD[0];
         assert!((a[0] - black).abs() < 1e-6 && (a[1] - white).abs() < 1e-6);
         assert!((b[0] - white).abs() < 1e-6 && (b[1] - black).abs() < 1e-6);
+    }
+
+    #[test]
+    fn clip_caption_augmentation_picks_tokens_and_masks_with_m() {
+        // CLIP's BPE (the tiny open_clip folder's tokenizer): the unit is a token, the mask the
+        // BPE symbol `M`; SOT and EOT stay, and a token is kept with probability 0.8, masked 0.1,
+        // deleted 0.08 (a random id, 0.02, is counted with the kept ones it may equal).
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/models/tiny_open_clip");
+        let tok = load_tokenizer(Path::new(dir), 77).unwrap();
+        let (mask_id, vocab, unit) = augment_vocabulary(&tok).unwrap();
+        assert_eq!((unit, Some(mask_id)), (AugmentUnit::Token, tok.token_to_id("M")));
+        let mut whole = tok.clone();
+        whole.with_truncation(None).unwrap();
+        let aug = CaptionAugment { mask_id, vocab, unit, tokenizer: whole, max_tokens: 77 };
+        let text = "a dog runs on the beach";
+        let plain = tok.encode(text, true).unwrap().get_ids().to_vec();
+        let (sot, eot, body) = (plain[0], plain[plain.len() - 1], plain.len() - 2);
+        assert!(body >= 6, "{plain:?}");
+        let (mut masked, mut total, mut lengths) = (0usize, 0usize, 0usize);
+        let n = 2000;
+        let mut rngs: Vec<RowRng> = (0..n).map(|k| RowRng::new(0, "caption", &k.to_string())).collect();
+        let (ids, mask, s) = aug.tokenize(&vec![text; n], &mut rngs).unwrap();
+        for r in 0..n {
+            let len = mask[r * s..(r + 1) * s].iter().sum::<i64>() as usize;
+            let row = &ids[r * s..r * s + len];
+            assert_eq!((row[0], row[len - 1]), (sot as i64, eot as i64), "SOT and EOT stay");
+            masked += row[1..len - 1].iter().filter(|&&t| t == mask_id as i64).count();
+            lengths += len - 2;
+            total += body;
+        }
+        let (masked, kept) = (masked as f64 / total as f64, lengths as f64 / total as f64);
+        assert!((masked - 0.1).abs() < 0.01, "masked {masked}");
+        assert!((kept - 0.92).abs() < 0.01, "tokens left {kept} (deleted 0.08)");
     }
 
     #[test]
