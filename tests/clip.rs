@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use curate::models::clip_text::{ClipText, ClipTextConfig, OpenClipConfig};
 use curate::models::vit::{MlpActivation, Vit};
-use curate::models::weights::Weights;
 
 fn folder() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/tiny_open_clip")
@@ -143,17 +142,7 @@ fn vit_b32_text_tower_has_the_published_layout() {
         .unwrap(),
     )
     .unwrap();
-    let parts: Vec<(String, Vec<usize>, Vec<f32>)> = layout["clip"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| {
-            let shape: Vec<usize> = v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
-            let n = shape.iter().product();
-            (k.clone(), shape, vec![0.0; n])
-        })
-        .collect();
-    let w = Weights::from_parts(parts);
+    let w = common::zeros_of_layout(layout["clip"].as_object().unwrap());
     let model = ClipText::from_weights(&ClipTextConfig::vit_b32(), &w, &Device::flex());
     w.finish(model.ignored()).unwrap();
     assert_eq!((model.width(), model.output_dim(), model.context_length()), (512, 512, 77));

@@ -319,19 +319,9 @@ fn resnet50_has_torchvisions_exact_layout() {
     // missing, mis-shaped or unexpected (`fc` is the classifier the feature extractor drops;
     // `num_batches_tracked` are integer buffers, never read).
     use curate::models::resnet::{ResNet, ResNetConfig};
-    use curate::models::weights::Weights;
     let layout: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(fixtures().join("resnet50_layout.json")).unwrap()).unwrap();
-    let parts: Vec<(String, Vec<usize>, Vec<f32>)> = layout
-        .iter()
-        .filter(|(k, _)| !k.ends_with("num_batches_tracked"))
-        .map(|(k, v)| {
-            let shape: Vec<usize> = v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
-            let n = shape.iter().product();
-            (k.clone(), shape, vec![0.0; n])
-        })
-        .collect();
-    let w = Weights::from_parts(parts);
+    let w = common::zeros_of_layout(&layout);
     let model = ResNet::from_weights(&ResNetConfig::resnet50(), &w, &Device::flex());
     w.finish(&ResNet::IGNORED).unwrap();
     assert_eq!(model.feature_dim(), 2048);

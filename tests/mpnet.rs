@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use curate::models::mpnet::{relative_position_bucket, MpNet, MpNetConfig};
 use curate::models::text_encoder::TextEncoder;
-use curate::models::weights::Weights;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models")
@@ -135,15 +134,7 @@ fn mpnet_base_has_all_mpnet_base_v2s_exact_layout() {
     // is left out on purpose).
     let layout: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(fixtures().join("mpnet_base_layout.json")).unwrap()).unwrap();
-    let parts: Vec<(String, Vec<usize>, Vec<f32>)> = layout
-        .iter()
-        .map(|(k, v)| {
-            let shape: Vec<usize> = v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
-            let n = shape.iter().product();
-            (k.clone(), shape, vec![0.0; n])
-        })
-        .collect();
-    let w = Weights::from_parts(parts);
+    let w = common::zeros_of_layout(&layout);
     let model = MpNet::from_weights(&MpNetConfig::base(), &w, &Device::flex());
     w.finish(&MpNet::IGNORED).unwrap();
     assert_eq!(model.max_tokens(), 512);

@@ -166,18 +166,7 @@ fn vit_b32_presets_have_the_published_layouts() {
     // mis-shaped or unexpected (`num_batches_tracked` are integer buffers, never read).
     let layout = json("vit_b32_layout.json");
     for (key, config) in [("clip", VitConfig::vit_b32_clip()), ("unicom", VitConfig::vit_b32_unicom())] {
-        let parts: Vec<(String, Vec<usize>, Vec<f32>)> = layout[key]
-            .as_object()
-            .unwrap()
-            .iter()
-            .filter(|(k, _)| !k.ends_with("num_batches_tracked"))
-            .map(|(k, v)| {
-                let shape: Vec<usize> = v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
-                let n = shape.iter().product();
-                (k.clone(), shape, vec![0.0; n])
-            })
-            .collect();
-        let w = Weights::from_parts(parts);
+        let w = common::zeros_of_layout(layout[key].as_object().unwrap());
         let model = Vit::from_weights(&config, &w, &Device::flex());
         w.finish(model.ignored()).unwrap_or_else(|e| panic!("{key}: {e}"));
         assert_eq!((model.output_dim(), config.patches()), (512, 49), "{key}");

@@ -34,6 +34,22 @@ pub fn tolerance(device: &str, cpu: f32) -> f32 {
     }
 }
 
+/// A checkpoint of zeros with every tensor of `layout` (name → shape, as the `*_layout.json`
+/// fixtures list a published model's state dict), BatchNorm's integer `num_batches_tracked`
+/// buffers left out: a model built from it must take exactly these names and shapes.
+pub fn zeros_of_layout(layout: &serde_json::Map<String, serde_json::Value>) -> curate::models::weights::Weights {
+    let parts: Vec<(String, Vec<usize>, Vec<f32>)> = layout
+        .iter()
+        .filter(|(k, _)| !k.ends_with("num_batches_tracked"))
+        .map(|(k, v)| {
+            let shape: Vec<usize> = v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+            let n = shape.iter().product();
+            (k.clone(), shape, vec![0.0; n])
+        })
+        .collect();
+    curate::models::weights::Weights::from_parts(parts)
+}
+
 pub fn fixture(rel: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(rel).to_string_lossy().into_owned()
 }
