@@ -2339,6 +2339,15 @@ fn clip_towers_load_as_open_clip_and_train_and_resume() {
         assert!((a - b).abs() < 1e-4 * (1.0 + b.abs()), "text {a} vs {b}");
     }
 
+    // `quick_gelu = false` over the folder's `true`: exact GELU, as open_clip's `quick_gelu=False`.
+    let gelu = clip_config(dir.path(), &["model.clip.quick_gelu=false"]);
+    let model = DualEncoder::init(&gelu.model, Heads::default(), gelu.seed, &device).unwrap();
+    let images = Tensor::<4>::from_data(TensorData::new(flat(&e["image_input"]), [2, 3, 32, 32]), &device);
+    let got = model.image_features(images).into_data().try_to_vec::<f32>().unwrap();
+    for (a, b) in got.iter().zip(flat(&e["image_gelu"])) {
+        assert!((a - b).abs() < 1e-4 * (1.0 + b.abs()), "image (GELU) {a} vs {b}");
+    }
+
     // Training: whole, and stopped and resumed, alike; the finished run embeds.
     let (whole, want, got) = whole_and_resumed(|d| clip_config(d, &[]), 4);
     assert_eq!(want.len(), 6);
@@ -2441,6 +2450,41 @@ fn pcmepp_log_variance_branches_run_a_new_block_on_the_states_before_the_last() 
 }
 
 #[test]
+fn a_clip_folder_that_does_not_say_quick_gelu_gets_a_note() {
+    // OpenAI's weights need QuickGELU, and open_clip folders saved from the plain model config
+    // leave the key out: the run says which activation it took.
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("clip");
+    std::fs::create_dir(&folder).unwrap();
+    for f in ["open_clip_model.safetensors", "tokenizer.json"] {
+        std::fs::copy(Path::new("tests/fixtures/models/tiny_open_clip").join(f), folder.join(f)).unwrap();
+    }
+    let config = std::fs::read_to_string("tests/fixtures/models/tiny_open_clip/open_clip_config.json").unwrap();
+    assert!(config.contains("\"quick_gelu\": true"));
+    std::fs::write(folder.join("open_clip_config.json"), config.replace("\"quick_gelu\": true,", "")).unwrap();
+    std::fs::write(dir.path().join("clip.toml"), CLIP_BASE).unwrap();
+    let run = |out: &str, extra: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_curate"));
+        cmd.arg("train").arg(dir.path().join("clip.toml")).args(["--progress", "never"]);
+        for s in
+            [format!("output_dir={}", dir.path().join(out).display()), format!("model.clip.dir={}", folder.display())]
+                .iter()
+                .map(String::as_str)
+                .chain(["steps=1"])
+                .chain(extra.iter().copied())
+        {
+            cmd.args(["--set", s]);
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let said = run("a", &[]);
+    assert!(said.contains("does not say `quick_gelu`: the towers use exact GELU"), "{said}");
+    assert!(!run("b", &["model.clip.quick_gelu=true"]).contains("quick_gelu"));
+}
+
+#[test]
 fn clip_config_errors_name_their_keys() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("clip.toml");
@@ -2482,6 +2526,7 @@ fn the_cusa_and_pcmepp_clip_presets_are_valid_training_files() {
     assert_eq!(c.loss.loss_type(), LossType::Cusa);
     assert_eq!((c.batch_size, c.epochs, c.seed), (128, Some(30), 23));
     assert!(c.model.clip.is_some() && c.model.text.is_none() && c.data.pre_caption && c.optim.no_weight_decay_1d);
+    assert_eq!(c.model.clip.as_ref().unwrap().quick_gelu, Some(true), "OpenAI's ViT-B/32");
 
     // `pipelines/train_pcmepp_clip.toml` likewise, and it trains: three epochs of 9 batches, the
     // image tower frozen in the first two, SWA from the second.

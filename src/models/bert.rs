@@ -10,7 +10,8 @@
 //! (with or without the `bert.` prefix of task heads; `pooler.*` and `cls.*` are ignored).
 //! In training (on an autodiff device) the config's dropout applies where transformers applies
 //! it: after the embeddings' LayerNorm, on the attention probabilities, and on each sub-layer's
-//! output before its residual sum.
+//! output before its residual sum (DistilBERT: the feed-forward's only, its attention output
+//! has none).
 
 use std::path::Path;
 
@@ -150,6 +151,10 @@ pub struct Bert {
     /// (training: the trainee and the EMA teacher, which the reference runs in train mode).
     #[module(skip)]
     dropout: (f64, f64),
+    /// Whether the attention's output projection is followed by dropout: BERT's is
+    /// (`BertSelfOutput`), DistilBERT's `out_lin` is not.
+    #[module(skip)]
+    attention_output_dropout: bool,
 }
 
 /// Inverted dropout at rate `p` on an autodiff device (training); the identity elsewhere or at
@@ -246,6 +251,7 @@ impl Bert {
             heads: c.num_attention_heads,
             max_positions: c.max_position_embeddings,
             dropout: (c.hidden_dropout_prob, c.attention_probs_dropout_prob),
+            attention_output_dropout: c.model_type != "distilbert",
         }
     }
 
@@ -303,10 +309,42 @@ impl Bert {
             let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale) + pad.clone();
             let probs = dropout(softmax(scores, 3), p_attention);
             let context = probs.matmul(v).swap_dims(1, 2).reshape([b, s, hidden]);
-            x = layer.attention_norm.forward(dropout(layer.attention_out.forward(context), p_hidden) + x);
+            let attended = layer.attention_out.forward(context);
+            let attended = if self.attention_output_dropout { dropout(attended, p_hidden) } else { attended };
+            x = layer.attention_norm.forward(attended + x);
             let h = gelu(layer.intermediate.forward(x.clone()));
             x = layer.output_norm.forward(dropout(layer.output.forward(h), p_hidden) + x);
         }
         x
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// transformers' dropout places: BERT's attention output (`BertSelfOutput`) drops, and
+    /// DistilBERT's `out_lin` does not; both read their rates under their own key names.
+    #[test]
+    fn dropout_follows_each_familys_config_and_places() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models");
+        for (folder, drops_attention_output) in [("tiny_bert", true), ("tiny_distilbert", false)] {
+            let mut text: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(dir.join(folder).join("config.json")).unwrap()).unwrap();
+            let (hidden, attention) = if folder == "tiny_bert" {
+                ("hidden_dropout_prob", "attention_probs_dropout_prob")
+            } else {
+                ("dropout", "attention_dropout")
+            };
+            text[hidden] = 0.25.into();
+            text[attention] = 0.5.into();
+            let tmp = tempfile::tempdir().unwrap();
+            let path = tmp.path().join("config.json");
+            std::fs::write(&path, text.to_string()).unwrap();
+            let c = BertConfig::from_file(&path).unwrap();
+            let model = Bert::from_weights(&c, &Weights::random(0), &Device::flex());
+            assert_eq!(model.dropout(), (0.25, 0.5), "{folder}");
+            assert_eq!(model.attention_output_dropout, drops_attention_output, "{folder}");
+        }
     }
 }

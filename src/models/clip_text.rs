@@ -136,6 +136,16 @@ impl OpenClipConfig {
     /// The file's name in an open_clip model folder.
     pub const FILE: &'static str = "open_clip_config.json";
 
+    /// Whether the file says `quick_gelu` at all (open_clip takes QuickGELU for OpenAI's weights
+    /// from its pretrained tags, not from the model config: a folder saved from the plain
+    /// `ViT-B-32` config leaves the key out, and the default, exact GELU, is wrong for them).
+    pub fn names_quick_gelu(path: &Path) -> bool {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|v| v["model_cfg"].get("quick_gelu").is_some())
+    }
+
     /// Reads an open_clip model config. Only the plain CLIP ViT family is supported (no timm or
     /// Hugging Face towers, no attention pooling): other keys in `vision_cfg` / `text_cfg` are
     /// refused by name rather than ignored.

@@ -780,6 +780,16 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             set.missing_images
         );
     }
+    if let Some(clip) = &config.model.clip {
+        use crate::models::clip_text::OpenClipConfig;
+        if clip.quick_gelu.is_none() && !OpenClipConfig::names_quick_gelu(&clip.dir.join(OpenClipConfig::FILE)) {
+            say!(
+                "note: `{}` does not say `quick_gelu`: the towers use exact GELU, open_clip's default; OpenAI's CLIP \
+                 weights need `model.clip.quick_gelu = true`",
+                clip.dir.join(OpenClipConfig::FILE).display()
+            );
+        }
+    }
     let shared = set.shared_captions();
     if shared > 0 {
         say!(
