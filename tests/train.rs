@@ -1349,6 +1349,32 @@ fn a_run_checkpointed_by_an_earlier_curate_resumes_when_only_new_keys_at_their_d
     let per_tensor = config_without_teachers(dir.path(), &["optim.grad_clip_norm=1", "optim.grad_clip_scope=tensor"]);
     let s = train(&per_tensor, &TrainOptions { resume: true, ..Default::default() }).unwrap();
     assert_eq!((s.resumed_at, s.steps), (3, 6));
+
+    // A run from before `model.text.dropout` trained without dropout, whatever its folder said:
+    // with a folder that names none (transformers' 0.1), it resumes only without dropout.
+    let folder = dir.path().join("text_model");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::copy("data/train_sample/text_model/tokenizer.json", folder.join("tokenizer.json")).unwrap();
+    let mut model: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("data/train_sample/text_model/config.json").unwrap()).unwrap();
+    let m = model.as_object_mut().unwrap();
+    assert!(m.remove("hidden_dropout_prob").is_some() && m.remove("attention_probs_dropout_prob").is_some());
+    std::fs::write(folder.join("config.json"), model.to_string()).unwrap();
+    let dir_set = format!("model.text.dir={}", folder.display());
+    let default_dropout = config_without_teachers(dir.path(), &["model.text.pretrained=false", &dir_set]);
+    assert_eq!(default_dropout.model.text.as_ref().unwrap().dropout, Some(0.1), "resolved from the folder");
+    std::fs::remove_dir_all(out.join("checkpoints")).unwrap();
+    train(&default_dropout, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert!(v["model"].as_object_mut().unwrap().remove("log_variance_block").is_some());
+    assert!(v["model"]["text"].as_object_mut().unwrap().remove("dropout").is_some());
+    std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
+    let e = train(&default_dropout, &TrainOptions { resume: true, ..Default::default() }).unwrap_err();
+    assert!(format!("{e:?}").contains("`model.text.dropout`: 0.0 then, 0.1 now"), "{e:?}");
+    let without =
+        config_without_teachers(dir.path(), &["model.text.pretrained=false", &dir_set, "model.text.dropout=0"]);
+    let s = train(&without, &TrainOptions { resume: true, ..Default::default() }).unwrap();
+    assert_eq!((s.resumed_at, s.steps), (3, 6));
 }
 
 #[test]

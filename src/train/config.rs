@@ -695,6 +695,16 @@ impl TrainConfig {
                 c.max_tokens = c.open_clip().ok().map(|o| o.text.context_length);
             }
         }
+        // The text tower's dropout as its folder says (one rate for both places, as the key
+        // holds): config.json records what trained, and a resumed run keeps it.
+        if let Some(t) = &mut self.model.text {
+            if t.dropout.is_none() {
+                let folder = crate::models::bert::BertConfig::from_file(&t.dir.join("config.json")).ok();
+                t.dropout = folder
+                    .filter(|b| b.hidden_dropout_prob == b.attention_probs_dropout_prob)
+                    .map(|b| b.hidden_dropout_prob);
+            }
+        }
         self
     }
 

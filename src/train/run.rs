@@ -683,13 +683,21 @@ fn config_differences(then: &serde_json::Value, now: &serde_json::Value) -> Vec<
 }
 
 /// The config an earlier run recorded in its `config.json`, read as that build meant it: one
-/// written before `optim.grad_clip_scope` existed clipped each tensor on its own.
+/// written before `optim.grad_clip_scope` existed clipped each tensor on its own, one written
+/// before `model.text.dropout` trained without dropout.
 fn earlier_config(text: &str) -> Option<TrainConfig> {
     let mut v: serde_json::Value = serde_json::from_str(text).ok()?;
     if let Some(o) = v.get_mut("optim").and_then(|o| o.as_object_mut()) {
         if o.get("grad_clip_norm").is_some_and(|n| !n.is_null()) && !o.contains_key("grad_clip_scope") {
             o.insert("grad_clip_scope".into(), json!("tensor"));
         }
+    }
+    // Before `model.text.dropout`, the text tower trained without dropout whatever its folder
+    // said: such a run (its `model` has no `log_variance_block` either, which every later
+    // config.json has) goes on without (`--set model.text.dropout=0` resumes it).
+    let before_dropout = v.pointer("/model/log_variance_block").is_none();
+    if let Some(t) = v.pointer_mut("/model/text").and_then(|t| t.as_object_mut()).filter(|_| before_dropout) {
+        t.entry("dropout").or_insert(json!(0.0));
     }
     serde_json::from_value(v).ok()
 }
