@@ -369,3 +369,64 @@ impl ClipText {
         self.pool(self.forward_tokens(ids), lengths)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::vit::Vit;
+
+    fn flat(v: &serde_json::Value) -> Vec<f32> {
+        match v {
+            serde_json::Value::Array(a) => a.iter().flat_map(flat).collect(),
+            x => vec![x.as_f64().unwrap() as f32],
+        }
+    }
+
+    /// PCME++'s log-variance branches (`n_unc_layers = 1`) against open_clip's
+    /// `ResidualAttentionBlock` on the tiny CLIP (`make_pcmepp_branch_fixture.py`): each tower's
+    /// states before its last block, through the new block (the text one under the causal
+    /// mask), with no final norm.
+    #[test]
+    fn log_variance_branches_match_the_reference_composition() {
+        let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models");
+        let folder = models.join("tiny_open_clip");
+        let e: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(models.join("tiny_open_clip_expected.json")).unwrap())
+                .unwrap();
+        let want: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(models.join("tiny_pcmepp_branches_expected.json")).unwrap())
+                .unwrap();
+        let device = Device::flex();
+        let c = OpenClipConfig::from_file(&folder.join(OpenClipConfig::FILE)).unwrap();
+        let weights = folder.join("open_clip_model.safetensors");
+        let (vit, text) =
+            (Vit::load(&weights, &c.vision, &device).unwrap(), ClipText::load(&weights, &c.text, &device).unwrap());
+        let w = Weights::from_safetensors(&models.join("tiny_pcmepp_branches.safetensors")).unwrap();
+        let image_block = VitBlock::clip(&w, "image_log_var_block.", vit.width(), vit.mlp_dim(), &device);
+        let text_block = VitBlock::clip(&w, "text_log_var_block.", text.width(), 4 * text.width(), &device);
+        w.finish(&[]).unwrap();
+
+        let shape: Vec<usize> =
+            e["image_input_shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+        let images = Tensor::<4>::from_data(
+            TensorData::new(flat(&e["image_input"]), [shape[0], shape[1], shape[2], shape[3]]),
+            &device,
+        );
+        let (_, before) = vit.forward_tokens_split(images);
+        let ids: Vec<i64> = flat(&e["ids"]).iter().map(|&x| x as i64).collect();
+        let rows = e["lengths"].as_array().unwrap().len();
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [rows, ids.len() / rows]), &device);
+        let (_, text_before) = text.forward_tokens_split(ids);
+        for (got, key) in [
+            (vit.run_block(&image_block, before), "image_tokens"),
+            (text.run_block(&text_block, text_before), "text_tokens"),
+        ] {
+            let got = got.into_data().try_to_vec::<f32>().unwrap();
+            let want = flat(&want[key]);
+            assert_eq!(got.len(), want.len(), "{key}");
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{key} [{i}]: {a} vs {b}");
+            }
+        }
+    }
+}
