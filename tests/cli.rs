@@ -300,6 +300,36 @@ fn overrides_by_position_and_broken_values() {
 }
 
 #[test]
+fn a_stage_given_a_table_takes_each_key() {
+    // `--set 'bow={...}'` sets each key of the stage as one `--set` each would: the run's
+    // resolved config has them, and a wrong one is named at the argument as given.
+    let dir = tempfile::tempdir().unwrap();
+    let out = format!("output_dir={}", dir.path().join("out").display());
+    let table = "bow={mode = \"only\", limit_to_base_vocab = false, rm_top_freq = 0, keep_words = 2}";
+    let (code, _, stderr) =
+        curate(&["run", "pipelines/bow.toml", "--set", &out, "--set", table, "--progress", "never"]);
+    assert_eq!(code, 0, "{stderr}");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("out/config.json")).unwrap()).unwrap();
+    let bow = &config["stage"][1];
+    assert_eq!(
+        (&bow["mode"], &bow["keep_words"], &bow["rm_top_freq"]),
+        (&"only".into(), &2.into(), &0.into()),
+        "{bow}"
+    );
+    let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", "stage[1]={keep_words = \"x\"}"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("`bow.keep_words`: wrong type") && stderr.contains("--> --set stage[1]={keep_words = \"x\"}"),
+        "{stderr}"
+    );
+    // A name no stage has is still an unknown top-level key.
+    let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", "bwo={keep_words = 2}"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("unknown top-level key `bwo`"), "{stderr}");
+}
+
+#[test]
 fn overrides_fix_a_file() {
     // The ablation "only BoW + RmStopNalpha + Keep(4)" (F-T4) from one command line.
     let out = validate(

@@ -271,7 +271,35 @@ impl ConfigDoc {
     }
 
     fn apply_override(&mut self, arg: &str) -> Result<(), Diagnostic> {
-        let bad = |msg: String| Diagnostic::new(msg).at(Some(Location::Override { arg: arg.to_owned() }));
+        // `--set 'bow={rm_top_freq = 500, keep_words = 3}'`: a stage (by name or `stage[i]`)
+        // given a table takes each of its keys, as one `--set` each would set them.
+        if let Some((stage, table)) = self.stage_table_override(arg) {
+            for (key, value) in table {
+                self.apply_override_as(&format!("{stage}.{key}={value}"), arg)?;
+            }
+            return Ok(());
+        }
+        self.apply_override_as(arg, arg)
+    }
+
+    /// The stage and table of an override that gives a whole stage a table (a name that is no
+    /// top-level key, in a file with stages), if `arg` is one.
+    fn stage_table_override(&self, arg: &str) -> Option<(String, Table)> {
+        let (key, raw) = arg.split_once('=')?;
+        let key = key.trim();
+        if key.contains('.') || self.root.contains_key(key) || !self.root.contains_key("stage") {
+            return None;
+        }
+        let Value::Table(table) = parse_override_value(raw.trim()) else { return None };
+        let by_position = key.strip_prefix("stage[").and_then(|p| p.strip_suffix(']')).is_some();
+        let by_name = self.indexed_stages().iter().any(|(_, t)| Self::stage_name(t) == Some(key));
+        (by_position || by_name).then(|| (key.to_owned(), table))
+    }
+
+    /// [`ConfigDoc::apply_override`] of `arg`, its messages and origins naming `shown` (the
+    /// argument as given, where `arg` is one key of a stage's table).
+    fn apply_override_as(&mut self, arg: &str, shown: &str) -> Result<(), Diagnostic> {
+        let bad = |msg: String| Diagnostic::new(msg).at(Some(Location::Override { arg: shown.to_owned() }));
         let (key, raw) = arg
             .split_once('=')
             .ok_or_else(|| bad(format!("override `{arg}` has no `=`")).hint("write `--set key.path=value`"))?;
@@ -371,7 +399,7 @@ impl ConfigDoc {
             }
             if !table.contains_key(*part) {
                 // A table made by this override: its problems are the override's.
-                self.origins.insert(prefix.clone(), Origin::Override(arg.to_owned()));
+                self.origins.insert(prefix.clone(), Origin::Override(shown.to_owned()));
             }
             let entry = table.entry((*part).to_owned()).or_insert_with(|| Value::Table(Table::new()));
             table = entry.as_table_mut().ok_or_else(|| bad(format!("`--set {key}`: `{part}` is not a table")))?;
@@ -379,7 +407,7 @@ impl ConfigDoc {
         // A table set whole replaces what the file had under it: its keys come from `--set` too.
         let under = [format!("{prefix}."), format!("{prefix}[")];
         self.origins.retain(|k, _| !under.iter().any(|u| k.starts_with(u.as_str())));
-        self.origins.insert(prefix, Origin::Override(arg.to_owned()));
+        self.origins.insert(prefix, Origin::Override(shown.to_owned()));
         Ok(())
     }
 
