@@ -532,6 +532,65 @@ captions = "data/train_sample/retrieval_captions.parquet"
     }
 
     #[test]
+    fn select_best_keeps_the_model_of_the_best_validation_rsum() {
+        // `eval.select_best`: RSUM at steps 2 and 4 in metrics.jsonl, the best kept as
+        // `model_best.bpk` (`best.json` its step); `curate eval --best` scores that model to the
+        // same RSUM; a run stopped after step 3 and resumed selects the same.
+        let toml = format!("{}{ZEROSHOT_AND_RETRIEVAL}", crate::common::TINY_RUN)
+            .replace("every_steps = 100", "every_steps = 2")
+            .replace("checkpoint_every = 0", "checkpoint_every = 1")
+            .replace("[eval.retrieval]", "select_best = true\n\n[eval.retrieval]");
+        let dir = tempfile::tempdir().unwrap();
+        let run_dir = crate::common::train_run(dir.path(), &toml);
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .filter(|v: &serde_json::Value| v.get("val_rsum").is_some())
+            .collect();
+        let steps: Vec<u64> = lines.iter().map(|v| v["step"].as_u64().unwrap()).collect();
+        assert_eq!(steps, [2, 4]);
+        let rsums: Vec<f64> = lines.iter().map(|v| v["val_rsum"].as_f64().unwrap()).collect();
+        let sum = |v: &serde_json::Value| -> f64 {
+            ["r1", "r5", "r10"]
+                .iter()
+                .map(|k| v[format!("val_{k}_i2t")].as_f64().unwrap() + v[format!("val_{k}_t2i")].as_f64().unwrap())
+                .sum()
+        };
+        assert!((sum(&lines[0]) - rsums[0]).abs() < 1e-9, "{}", lines[0]);
+        let best = json(&run_dir.join("best.json"));
+        let want = if rsums[1] > rsums[0] { (4, rsums[1]) } else { (2, rsums[0]) };
+        assert_eq!((best["step"].as_u64().unwrap(), best["rsum"].as_f64().unwrap()), want);
+        assert!(run_dir.join("model_best.bpk").is_file());
+
+        let ev = run_trained(&RunEval { run: run_dir.clone(), best: true, ..Default::default() }, &Device::flex())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!((curate::eval::trained::rsum(&ev) - want.1).abs() < 1e-9, "{ev:?}");
+        assert!(run_dir.join("eval_best/metrics.json").is_file());
+
+        // Resumed: the same selection and lines.
+        let parts = tempfile::tempdir().unwrap();
+        let file = parts.path().join("train.toml");
+        std::fs::write(&file, &toml).unwrap();
+        let out = parts.path().join("run");
+        let c = curate::train::TrainConfig::load(&file, &[format!("output_dir={}", out.display())]).unwrap();
+        let stop = curate::train::TrainOptions { stop_after: Some(3), ..Default::default() };
+        curate::train::train(&c, &stop).unwrap();
+        let resume = curate::train::TrainOptions { resume: true, ..Default::default() };
+        let s = curate::train::train(&c, &resume).unwrap();
+        assert_eq!((s.resumed_at, s.best), (3, Some(want)));
+        assert_eq!(json(&out.join("best.json")), best);
+
+        // Without `[eval.retrieval]` it is refused with the config.
+        let no_set = toml.split("[eval.retrieval]").next().unwrap().to_owned();
+        std::fs::write(&file, no_set).unwrap();
+        let e = curate::train::TrainConfig::load(&file, &[format!("output_dir={}", out.display())])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`eval.select_best`: selects on the retrieval set"), "{e}");
+    }
+
+    #[test]
     fn a_run_directory_is_scored_like_the_embeddings_of_its_model() {
         let dir = tempfile::tempdir().unwrap();
         // Seed 2: seed 1's model has two zero-shot classes within 1e-6 of each other for an

@@ -78,6 +78,10 @@ pub struct EvalArgs {
     /// instead of its final model; default output `RUN_DIR/eval_swa`.
     #[arg(long, requires = "run")]
     pub swa: bool,
+    /// With RUN_DIR: score the model the run selected on its validation set (`model_best.bpk`,
+    /// `eval.select_best`) instead of its final model; default output `RUN_DIR/eval_best`.
+    #[arg(long, requires = "run", conflicts_with = "swa")]
+    pub best: bool,
     /// Float type of the scores: `f32` (eccv-caption's; the default) or `f64` (PCME++'s
     /// evaluation; always for `csd`). Exact ranks either way.
     #[arg(long, value_enum)]
@@ -364,6 +368,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     similarity: args.similarity,
                     precision: args.precision,
                     swa: args.swa,
+                    best: args.best,
                     progress: true,
                 };
                 let ev = crate::eval::trained::run_trained(&run, &device(&args.device)?)?;
@@ -456,6 +461,13 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 say!(
                     "{} training image(s) could not be decoded and were left out (named in the notes above)",
                     s.undecodable_images
+                );
+            }
+            if let Some((step, rsum)) = s.best {
+                say!(
+                    "selected on the validation set: step {step} (RSUM {rsum:.2}), `model_best.bpk`; `curate eval {} \
+                     --best` scores it",
+                    s.output_dir.display()
                 );
             }
             say!("output: `{}` (config.json, metrics.jsonl, checkpoints/, model.bpk)", s.output_dir.display());

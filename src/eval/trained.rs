@@ -55,6 +55,8 @@ pub struct RunEval {
     pub precision: Option<Precision>,
     /// Score the run's SWA average (`model_swa.bpk`) instead of its final model.
     pub swa: bool,
+    /// Score the model the run selected on its validation set (`model_best.bpk`).
+    pub best: bool,
     /// Say on stderr what is being embedded (counts, then progress lines).
     pub progress: bool,
 }
@@ -62,7 +64,12 @@ pub struct RunEval {
 impl RunEval {
     /// The output folder: `out`, or `RUN_DIR/eval` (`RUN_DIR/eval_swa` for the SWA average).
     pub fn out_dir(&self) -> PathBuf {
-        self.out.clone().unwrap_or_else(|| self.run.join(if self.swa { "eval_swa" } else { "eval" }))
+        let name = match (self.swa, self.best) {
+            (true, _) => "eval_swa",
+            (_, true) => "eval_best",
+            _ => "eval",
+        };
+        self.out.clone().unwrap_or_else(|| self.run.join(name))
     }
 }
 
@@ -84,6 +91,9 @@ pub struct Resolved {
     pub precision: Precision,
     /// Whether the SWA average (`model_swa.bpk`) was scored.
     pub swa: bool,
+    /// Whether the selected model (`model_best.bpk`) was scored.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub best: bool,
 }
 
 /// The retrieval set: the flags, else the run config's `eval.retrieval`.
@@ -144,6 +154,7 @@ fn resolve(args: &RunEval, config: &TrainConfig, has_uncertainty: bool) -> Resul
         similarity,
         precision,
         swa: args.swa,
+        best: args.best,
     })
 }
 
@@ -172,102 +183,24 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
         }
     };
     let t0 = Instant::now();
-    let run = TrainedRun::load_weights(&args.run, device, args.swa)?;
+    let run = if args.best {
+        TrainedRun::load_best(&args.run, device)?
+    } else {
+        TrainedRun::load_weights(&args.run, device, args.swa)?
+    };
     let r = resolve(args, &run.config, run.has_uncertainty())?;
     let t_load = t0.elapsed().as_secs_f64();
 
     let t1 = Instant::now();
-    let images = embeddings::read_image_list(&r.images)?;
-    let captions = embeddings::read_caption_list(&r.captions)?;
-    embeddings::check_ids(&images.ids, &captions.ids, &captions.image_ids, &r.images, &r.captions)?;
+    let set = RetrievalSet::read(&r.images, &r.captions, r.image_root.as_deref(), run.config.data.pre_caption)?;
     let annotations = r.eccv_annotations.as_deref().map(Annotations::read_dir).transpose()?;
     let zeroshot =
         r.zeroshot.as_ref().map(|z| ZeroShot::load(z, &run.transform(), run.config.data.pre_caption)).transpose()?;
-    // A run trained on `pre_caption`ed captions sees its retrieval captions the same way (CUSA's
-    // evaluation data applies it too).
-    let texts: Vec<String> = if run.config.data.pre_caption {
-        captions
-            .texts
-            .iter()
-            .zip(&captions.ids)
-            .map(|(t, id)| {
-                crate::text::pre_caption(t, crate::text::PRE_CAPTION_WORDS).ok_or_else(|| {
-                    Error::data(format!(
-                        "caption {id} of `{}` has nothing left after `pre_caption` (the run's `data.pre_caption`)",
-                        r.captions.display()
-                    ))
-                })
-            })
-            .collect::<Result<_>>()?
-    } else {
-        captions.texts.clone()
-    };
     let t_read = t1.elapsed().as_secs_f64();
     report::check_out(&r.out)?;
 
-    let size = run.image_size();
-    let transform = run.transform();
-    note(format!(
-        "embedding {} images (`{}`, {size}×{size} px) and {} captions (`{}`) with `{}`",
-        images.ids.len(),
-        r.images.display(),
-        captions.ids.len(),
-        r.captions.display(),
-        run.dir.display()
-    ));
-    let t2 = Instant::now();
-    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
-    let csd = r.similarity == Similarity::Csd;
-    let mut caption_rows = Vec::with_capacity(texts.len() * run.dim());
-    let (mut caption_uncertainty, mut image_uncertainty) = (Vec::new(), Vec::new());
-    for chunk in texts.chunks(TEXT_CHUNK) {
-        if csd {
-            let (e, u) = run.embed_texts_uncertain(chunk)?;
-            caption_rows.extend(e);
-            caption_uncertainty.extend(u);
-        } else {
-            caption_rows.extend(run.embed_texts(chunk)?);
-        }
-        if texts.len() > TEXT_CHUNK {
-            note(format!("  captions {}/{}", caption_rows.len() / run.dim(), texts.len()));
-        }
-    }
-    let t_captions = t2.elapsed().as_secs_f64();
-
-    let t3 = Instant::now();
-    let root = r.image_root.as_deref();
-    let batches = images.paths.len().div_ceil(IMAGE_BATCH);
-    let every = (batches / 10).max(1);
-    let mut image_rows = Vec::with_capacity(images.ids.len() * run.dim());
-    for (b, chunk) in images.paths.chunks(IMAGE_BATCH).enumerate() {
-        let pixels = chunk
-            .par_iter()
-            .map(|p| preprocess(&root.map_or_else(|| PathBuf::from(p), |d| d.join(p)), &transform))
-            .collect::<Result<Vec<Vec<f32>>>>()?;
-        if csd {
-            let (e, u) = run.embed_images_uncertain(pixels.concat(), chunk.len())?;
-            image_rows.extend(e);
-            image_uncertainty.extend(u);
-        } else {
-            image_rows.extend(run.embed_images(pixels.concat(), chunk.len())?);
-        }
-        if batches > 1 && ((b + 1) % every == 0 || b + 1 == batches) {
-            note(format!("  images {}/{}", image_rows.len() / run.dim(), images.ids.len()));
-        }
-    }
-    let t_images = t3.elapsed().as_secs_f64();
-    note(format!("embedded captions in {t_captions:.1} s, images in {t_images:.1} s"));
-
-    let image_gallery = Images::from_rows(images.ids, run.dim(), image_rows);
-    let caption_gallery = Captions::from_rows(captions.ids, captions.image_ids, run.dim(), caption_rows);
-    let scoring = Scoring {
-        similarity: r.similarity,
-        precision: r.precision,
-        uncertainty: csd.then_some((&image_uncertainty[..], &caption_uncertainty[..])),
-    };
-    let mut ev = evaluate_scored(&image_gallery, &caption_gallery, annotations.as_ref(), &scoring)?;
-    let steps = [("load", t_load), ("read", t_read), ("embed_captions", t_captions), ("embed_images", t_images)];
-    for (i, (k, v)) in steps.into_iter().enumerate() {
+    let mut ev = set.evaluate(&run, r.similarity, r.precision, annotations.as_ref(), &note)?;
+    for (i, (k, v)) in [("load", t_load), ("read", t_read)].into_iter().enumerate() {
         ev.timings_s.insert(i, (k.to_owned(), v));
     }
     if let Some(z) = zeroshot {
@@ -284,6 +217,141 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     report::write_config(&r.out, &r)?;
     report::write(&r.out, &ev)?;
     Ok(ev)
+}
+
+/// A retrieval set in the COCO layout, read once and embedded by a model as often as asked:
+/// `curate eval RUN_DIR`, and the trainer's model selection (`eval.select_best`).
+pub struct RetrievalSet {
+    images: embeddings::ImageList,
+    captions: embeddings::CaptionList,
+    /// The captions as the text tower sees them (after `pre_caption` for a run trained so).
+    texts: Vec<String>,
+    image_root: Option<PathBuf>,
+    images_path: PathBuf,
+    captions_path: PathBuf,
+}
+
+impl RetrievalSet {
+    /// Reads the image and caption lists (checked against each other); `pre_caption`: the
+    /// run's `data.pre_caption` (CUSA's evaluation data applies it too).
+    pub fn read(images: &Path, captions: &Path, image_root: Option<&Path>, pre_caption: bool) -> Result<RetrievalSet> {
+        let image_list = embeddings::read_image_list(images)?;
+        let caption_list = embeddings::read_caption_list(captions)?;
+        embeddings::check_ids(&image_list.ids, &caption_list.ids, &caption_list.image_ids, images, captions)?;
+        let texts: Vec<String> = if pre_caption {
+            caption_list
+                .texts
+                .iter()
+                .zip(&caption_list.ids)
+                .map(|(t, id)| {
+                    crate::text::pre_caption(t, crate::text::PRE_CAPTION_WORDS).ok_or_else(|| {
+                        Error::data(format!(
+                            "caption {id} of `{}` has nothing left after `pre_caption` (the run's `data.pre_caption`)",
+                            captions.display()
+                        ))
+                    })
+                })
+                .collect::<Result<_>>()?
+        } else {
+            caption_list.texts.clone()
+        };
+        Ok(RetrievalSet {
+            images: image_list,
+            captions: caption_list,
+            texts,
+            image_root: image_root.map(Path::to_owned),
+            images_path: images.to_owned(),
+            captions_path: captions.to_owned(),
+        })
+    }
+
+    /// Embeds the set with `run`'s model (images through the evaluation view of its transform)
+    /// and scores it; `note` hears the progress.
+    pub fn evaluate(
+        &self,
+        run: &TrainedRun,
+        similarity: Similarity,
+        precision: Precision,
+        annotations: Option<&Annotations>,
+        note: &dyn Fn(String),
+    ) -> Result<Evaluation> {
+        let (images, captions) = (&self.images, &self.captions);
+        let size = run.image_size();
+        let transform = run.transform();
+        note(format!(
+            "embedding {} images (`{}`, {size}×{size} px) and {} captions (`{}`) with `{}`",
+            images.ids.len(),
+            self.images_path.display(),
+            captions.ids.len(),
+            self.captions_path.display(),
+            run.dir.display()
+        ));
+        let t2 = Instant::now();
+        let texts: Vec<&str> = self.texts.iter().map(String::as_str).collect();
+        let csd = similarity == Similarity::Csd;
+        let mut caption_rows = Vec::with_capacity(texts.len() * run.dim());
+        let (mut caption_uncertainty, mut image_uncertainty) = (Vec::new(), Vec::new());
+        for chunk in texts.chunks(TEXT_CHUNK) {
+            if csd {
+                let (e, u) = run.embed_texts_uncertain(chunk)?;
+                caption_rows.extend(e);
+                caption_uncertainty.extend(u);
+            } else {
+                caption_rows.extend(run.embed_texts(chunk)?);
+            }
+            if texts.len() > TEXT_CHUNK {
+                note(format!("  captions {}/{}", caption_rows.len() / run.dim(), texts.len()));
+            }
+        }
+        let t_captions = t2.elapsed().as_secs_f64();
+
+        let t3 = Instant::now();
+        let root = self.image_root.as_deref();
+        let batches = images.paths.len().div_ceil(IMAGE_BATCH);
+        let every = (batches / 10).max(1);
+        let mut image_rows = Vec::with_capacity(images.ids.len() * run.dim());
+        for (b, chunk) in images.paths.chunks(IMAGE_BATCH).enumerate() {
+            let pixels = chunk
+                .par_iter()
+                .map(|p| preprocess(&root.map_or_else(|| PathBuf::from(p), |d| d.join(p)), &transform))
+                .collect::<Result<Vec<Vec<f32>>>>()?;
+            if csd {
+                let (e, u) = run.embed_images_uncertain(pixels.concat(), chunk.len())?;
+                image_rows.extend(e);
+                image_uncertainty.extend(u);
+            } else {
+                image_rows.extend(run.embed_images(pixels.concat(), chunk.len())?);
+            }
+            if batches > 1 && ((b + 1) % every == 0 || b + 1 == batches) {
+                note(format!("  images {}/{}", image_rows.len() / run.dim(), images.ids.len()));
+            }
+        }
+        let t_images = t3.elapsed().as_secs_f64();
+        note(format!("embedded captions in {t_captions:.1} s, images in {t_images:.1} s"));
+
+        let image_gallery = Images::from_rows(images.ids.clone(), run.dim(), image_rows);
+        let caption_gallery =
+            Captions::from_rows(captions.ids.clone(), captions.image_ids.clone(), run.dim(), caption_rows);
+        let scoring = Scoring {
+            similarity,
+            precision,
+            uncertainty: csd.then_some((&image_uncertainty[..], &caption_uncertainty[..])),
+        };
+        let mut ev = evaluate_scored(&image_gallery, &caption_gallery, annotations, &scoring)?;
+        ev.timings_s.insert(0, ("embed_captions".to_owned(), t_captions));
+        ev.timings_s.insert(1, ("embed_images".to_owned(), t_images));
+        Ok(ev)
+    }
+}
+
+/// The sum of R@1, R@5 and R@10 in both directions over the whole gallery (the `coco_5k_*`
+/// metrics: PCME++'s and CUSA's model selection on a validation set, "RSUM").
+pub fn rsum(ev: &Evaluation) -> f64 {
+    ev.metrics
+        .iter()
+        .filter(|(name, _)| matches!(name.as_str(), "coco_5k_r1" | "coco_5k_r5" | "coco_5k_r10"))
+        .map(|(_, p)| p.i2t.unwrap_or(0.0) + p.t2i.unwrap_or(0.0))
+        .sum()
 }
 
 /// One image as the image tower takes it: decoded, then the evaluation view of the run's

@@ -600,11 +600,19 @@ pub struct ZeroShotConfig {
     #[serde(default = "default_eval_every")]
     pub every_steps: u64,
     /// The image-text retrieval set `curate eval RUN_DIR` embeds with the trained model when no
-    /// `--images`/`--captions` are given (spec `cusa-and-pcmepp.md` §4); not used while
-    /// training. Absent: `curate eval RUN_DIR` needs the flags. Left out of `config.json` when
-    /// absent, so runs trained before it existed resume unchanged.
+    /// `--images`/`--captions` are given (spec `cusa-and-pcmepp.md` §4), and, with
+    /// `select_best`, the validation set of the training. Absent: `curate eval RUN_DIR` needs
+    /// the flags. Left out of `config.json` when absent, so runs trained before it existed
+    /// resume unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retrieval: Option<RetrievalConfig>,
+    /// Model selection as PCME++ and CUSA do it (spec §2.6, §3.10): at each evaluation the
+    /// model's RSUM (R@1 + R@5 + R@10, both directions, over the whole `[eval.retrieval]` set,
+    /// by the run's own similarity) is logged, and the best so far kept as `model_best.bpk`
+    /// (`best.json` says its step). The papers pick on their test split; this picks on the set
+    /// given here, which should be a validation split.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub select_best: bool,
 }
 
 /// A retrieval gallery in the COCO layout (`[eval.retrieval]`): the COCO 5K test split for the
@@ -928,6 +936,13 @@ impl TrainConfig {
             }
             if e.every_steps == 0 {
                 bad("eval.every_steps", "must be at least 1".into(), "e.g. `every_steps = 100`");
+            }
+            if e.select_best && e.retrieval.is_none() {
+                bad(
+                    "eval.select_best",
+                    "selects on the retrieval set, and `[eval.retrieval]` is not given".into(),
+                    "add `[eval.retrieval]` with `images` and `captions` (a validation split, COCO's layout)",
+                );
             }
             // Checked here although only `curate eval` reads them: a typo should not surface
             // after the training.

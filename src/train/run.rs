@@ -155,6 +155,8 @@ pub struct TrainSummary {
     pub undecodable_images: usize,
     /// Stopped by Ctrl-C at `steps`, with a checkpoint there (no final model).
     pub interrupted: bool,
+    /// `eval.select_best`: the selected model's step and validation RSUM (`model_best.bpk`).
+    pub best: Option<(u64, f64)>,
 }
 
 /// The loss's learnable scalars.
@@ -316,13 +318,22 @@ fn earlier_run_note(output: &Path, checkpoints: usize) -> String {
     )
 }
 
+/// `eval.select_best`: the selected model's step and RSUM, beside `model_best.bpk`.
+const BEST_FILE: &str = "best.json";
+
+/// The model selection so far (`best.json`), if the run has one.
+fn read_best(output: &Path) -> Option<(u64, f64)> {
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(output.join(BEST_FILE)).ok()?).ok()?;
+    Some((v["step"].as_u64()?, v["rsum"].as_f64()?))
+}
+
 /// Removes what an earlier run left in `output` that this one, starting at step 0, would
 /// otherwise keep beside its own: checkpoints (a later `--resume` would go on from another
 /// run's), the final model (`curate eval` would score it under this run's config) and the
 /// `eval/` folder `curate eval RUN_DIR` wrote (the scores of the model being replaced, which
 /// would otherwise sit beside the new one as if they were its own). `metrics.jsonl` and
-/// `config.json` are written anew; other files stay. (`model_swa.bpk`, the SWA average, goes
-/// with the final model.)
+/// `config.json` are written anew; other files stay. (`model_swa.bpk`, the SWA average, and
+/// `model_best.bpk` + `best.json`, the selected model, go with the final model.)
 fn clear_earlier_run(output: &Path) -> Result<()> {
     let dir = output.join("checkpoints");
     let steps: Vec<PathBuf> = match std::fs::read_dir(&dir) {
@@ -334,9 +345,10 @@ fn clear_earlier_run(output: &Path) -> Result<()> {
         Err(_) => Vec::new(),
     };
     let model = output.join("model.bpk");
-    let evals = [output.join("eval"), output.join("eval_swa")];
+    let evals = [output.join("eval"), output.join("eval_swa"), output.join("eval_best")];
     let swa = output.join("model_swa.bpk");
-    if !steps.is_empty() || model.exists() || swa.exists() || evals.iter().any(|e| e.is_dir()) {
+    let best = [output.join("model_best.bpk"), output.join(BEST_FILE)];
+    if !steps.is_empty() || model.exists() || swa.exists() || best[0].exists() || evals.iter().any(|e| e.is_dir()) {
         say!("{}", earlier_run_note(output, steps.len()));
     }
     for p in steps {
@@ -345,10 +357,12 @@ fn clear_earlier_run(output: &Path) -> Result<()> {
     for eval in evals.iter().filter(|e| e.is_dir()) {
         std::fs::remove_dir_all(eval).map_err(|e| Error::io("cannot remove", eval, e))?;
     }
-    // An earlier run's SWA average goes with its final model.
-    match std::fs::remove_file(&swa) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io("cannot remove", &swa, e)),
-        _ => {}
+    // An earlier run's SWA average and selected model go with its final model.
+    for p in std::iter::once(&swa).chain(&best) {
+        match std::fs::remove_file(p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io("cannot remove", p, e)),
+            _ => {}
+        }
     }
     match std::fs::remove_file(&model) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io("cannot remove", &model, e)),
@@ -815,6 +829,16 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let maker = Arc::new(BatchMaker::new(set.clone(), config)?);
     let transform = super::transform::ImageTransform::new(&config.data, config.model.image_size_px);
     let zeroshot = config.eval.as_ref().map(|e| ZeroShot::load(e, &transform, config.data.pre_caption)).transpose()?;
+    // `eval.select_best`: the validation set, read (and checked) before the first step.
+    let validation = match config.eval.as_ref().filter(|e| e.select_best).and_then(|e| e.retrieval.as_ref()) {
+        Some(r) => Some(crate::eval::trained::RetrievalSet::read(
+            &r.images,
+            &r.captions,
+            r.image_root.as_deref(),
+            config.data.pre_caption,
+        )?),
+        None => None,
+    };
     if let Some(z) = zeroshot.as_ref().filter(|z| z.skipped > 0) {
         say!("note: {} zero-shot row(s) left out: their image path or label is null", z.skipped);
     }
@@ -864,7 +888,41 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let mut first_zeroshot = None;
     let mut first_zeroshot_step = 0;
     let mut last_zeroshot = None;
+    // Model selection (`eval.select_best`): the best step and RSUM so far, from `best.json` when
+    // resuming (a run from step 0 removed an earlier one's).
+    let mut best = if resume_from.is_some() { read_best(&out) } else { None };
+    let similarity =
+        if heads(&config.loss).log_variance { crate::eval::Similarity::Csd } else { crate::eval::Similarity::Cosine };
+    let precision = crate::eval::trained::resolve_precision(similarity, None)?;
     let mut evaluate = |run: &Run, step: u64, metrics: &mut Metrics| -> Result<()> {
+        if let (Some(v), true) = (&validation, step > 0) {
+            let model = crate::train::trained::TrainedRun::from_model(
+                &out,
+                config,
+                run.trainee.encoder.valid(),
+                maker.tokenizer.clone(),
+                &opts.device,
+            );
+            let ev = v.evaluate(&model, similarity, precision, None, &|_| {})?;
+            let rsum = crate::eval::trained::rsum(&ev);
+            let mut line = json!({"step": step, "val_rsum": rsum});
+            for (name, pair) in ev.metrics.iter().filter(|(n, _)| n.starts_with("coco_5k_r")) {
+                let k = name.trim_start_matches("coco_5k_");
+                line[format!("val_{k}_i2t")] = json!(pair.i2t);
+                line[format!("val_{k}_t2i")] = json!(pair.t2i);
+            }
+            metrics.line(line)?;
+            if best.is_none_or(|(_, b)| rsum > b) {
+                let p = out.join("model_best.bpk");
+                let tmp = crate::io::tmp_path(&p);
+                fold_pending_running_stats(&run.trainee.encoder);
+                run.trainee.encoder.clone().save_file(&tmp).map_err(|e| record_err("write", &tmp, e))?;
+                std::fs::rename(&tmp, &p).map_err(|e| Error::io("cannot rename into place", &p, e))?;
+                let b = out.join(BEST_FILE);
+                crate::io::write_atomic(&b, json!({"step": step, "rsum": rsum}).to_string().as_bytes())?;
+                best = Some((step, rsum));
+            }
+        }
         if let Some(z) = &zeroshot {
             let s = z.evaluate(&run.trainee.encoder.valid(), &maker.tokenizer)?;
             metrics.line(zeroshot_line(step, &s))?;
@@ -1111,6 +1169,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         rows,
         undecodable_images: undecodable.len(),
         interrupted: interrupted_at.is_some(),
+        best: validation.is_some().then(|| read_best(&config.output_dir)).flatten(),
     })
 }
 

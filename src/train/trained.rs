@@ -27,6 +27,20 @@ pub struct TrainedRun {
     device: Device,
 }
 
+impl TrainedRun {
+    /// A run's model as it stands mid-training (the trainer's validation for
+    /// `eval.select_best`): `model` an inference copy on `device`.
+    pub fn from_model(
+        dir: &Path,
+        config: &TrainConfig,
+        model: DualEncoder,
+        tokenizer: Tokenizer,
+        device: &Device,
+    ) -> TrainedRun {
+        TrainedRun { dir: dir.to_owned(), config: config.clone(), model, tokenizer, device: device.clone() }
+    }
+}
+
 fn to_vec(t: Tensor<2>) -> Result<Vec<f32>> {
     t.into_data().try_to_vec::<f32>().map_err(|e| Error::data(format!("{e:?}")))
 }
@@ -40,8 +54,28 @@ impl TrainedRun {
     /// [`TrainedRun::load`] with the SWA average (`model_swa.bpk`, `optim.swa_start_epoch`)
     /// instead of the final model when `swa`.
     pub fn load_weights(dir: &Path, device: &Device, swa: bool) -> Result<TrainedRun> {
+        TrainedRun::load_file(dir, device, if swa { "model_swa.bpk" } else { "model.bpk" })
+    }
+
+    /// [`TrainedRun::load`] with the model the run selected on its validation set
+    /// (`model_best.bpk`, `eval.select_best`).
+    pub fn load_best(dir: &Path, device: &Device) -> Result<TrainedRun> {
+        if dir.join("config.json").is_file() && !dir.join("model_best.bpk").is_file() {
+            return Err(Error::Data {
+                message: format!("`{}` has no selected model (model_best.bpk)", dir.display()),
+                hint: Some(
+                    "train with `eval.select_best = true` (and `[eval.retrieval]`), or leave out `--best`".into(),
+                ),
+            });
+        }
+        TrainedRun::load_file(dir, device, "model_best.bpk")
+    }
+
+    /// A run whose finished model is `dir/file`.
+    fn load_file(dir: &Path, device: &Device, file: &str) -> Result<TrainedRun> {
+        let swa = file == "model_swa.bpk";
         let config_path = dir.join("config.json");
-        let model_path = dir.join(if swa { "model_swa.bpk" } else { "model.bpk" });
+        let model_path = dir.join(file);
         let hint = || Some(format!("train it first (`curate train FILE --set output_dir={}`)", dir.display()));
         if !config_path.is_file() {
             return Err(Error::Data {
