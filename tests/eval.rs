@@ -581,6 +581,27 @@ captions = "data/train_sample/retrieval_captions.parquet"
         assert_eq!((s.resumed_at, s.best), (3, Some(want)));
         assert_eq!(json(&out.join("best.json")), best);
 
+        // Without a zero-shot set (COCO's case): the retrieval set alone selects.
+        let retrieval_only = toml
+            .replace("images = \"data/train_sample/zeroshot.parquet\"\n", "")
+            .replace("classes = \"data/train_sample/classes.txt\"\n", "")
+            .replace("templates = [\"a photo of a {}.\"]\n", "");
+        assert_ne!(retrieval_only, toml);
+        let only = tempfile::tempdir().unwrap();
+        let run = crate::common::train_run(only.path(), &retrieval_only);
+        let log = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+        assert!(!log.contains("zeroshot") && log.contains("val_rsum"), "{log}");
+        assert_eq!(json(&run.join("best.json")), best, "the same model, the same set");
+        // Half a zero-shot set, or an `[eval]` with nothing to do, is refused.
+        let half = retrieval_only.replace("[eval]\n", "[eval]\nclasses = \"data/train_sample/classes.txt\"\n");
+        std::fs::write(&file, half).unwrap();
+        let e = curate::train::TrainConfig::load(&file, &[format!("output_dir={}", out.display())]).unwrap_err();
+        assert!(e.to_string().contains("`eval.classes`: zero-shot needs both `images` and `classes`"), "{e}");
+        let empty = retrieval_only.split("select_best").next().unwrap().to_owned();
+        std::fs::write(&file, empty).unwrap();
+        let e = curate::train::TrainConfig::load(&file, &[format!("output_dir={}", out.display())]).unwrap_err();
+        assert!(e.to_string().contains("`eval`: has neither a zero-shot set"), "{e}");
+
         // Without `[eval.retrieval]` it is refused with the config.
         let no_set = toml.split("[eval.retrieval]").next().unwrap().to_owned();
         std::fs::write(&file, no_set).unwrap();
@@ -687,7 +708,7 @@ captions = "data/train_sample/retrieval_captions.parquet"
         // (equal scores by class order), and it is a top-k hit when fewer than k classes come
         // before its label.
         let zc = run.config.eval.as_ref().unwrap();
-        let classes = parse_classes(&std::fs::read_to_string(&zc.classes).unwrap());
+        let classes = parse_classes(&std::fs::read_to_string(zc.classes.as_ref().unwrap()).unwrap());
         assert!(zc.templates.len() == 1 && classes.len() == 24, "the sample's set");
         let mut class_rows = vec![0f32; classes.len() * d];
         for (c, names) in classes.iter().enumerate() {
@@ -700,7 +721,7 @@ captions = "data/train_sample/retrieval_captions.parquet"
             let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt();
             row.iter_mut().for_each(|x| *x /= norm);
         }
-        let zs_file = zc.images.expand().unwrap().remove(0);
+        let zs_file = zc.images.as_ref().unwrap().expand().unwrap().remove(0);
         let zs_file = zs_file.to_str().unwrap();
         let (zs_paths, zs_labels) = (strings(zs_file, &zc.image_column), strings(zs_file, &zc.label_column));
         let (mut top1, mut top5, mut least_gap) = (0, 0, f32::INFINITY);

@@ -938,7 +938,7 @@ fn set_makes_an_optional_table_the_file_leaves_out() {
         &["eval.images=data/train_sample/zeroshot.parquet", "eval.classes=data/train_sample/classes.txt"],
     );
     let eval = c.eval.expect("an [eval] table from --set");
-    assert_eq!(eval.classes, PathBuf::from("data/train_sample/classes.txt"));
+    assert_eq!(eval.classes, Some(PathBuf::from("data/train_sample/classes.txt")));
     // The BoW paper's template by default (spec §6.1, A10).
     assert_eq!(eval.templates, ["a photo of a {}"]);
     // The zero-shot table's columns are checked with the config (from its footer), named by
@@ -2543,6 +2543,8 @@ fn the_cusa_and_pcmepp_clip_presets_are_valid_training_files() {
         "model.clip.dir=tests/fixtures/models/tiny_open_clip",
         "model.image_size_px=32",
         r#"data.tables=["data/train_sample/train.parquet"]"#,
+        "eval.retrieval.images=data/train_sample/retrieval_images.parquet",
+        "eval.retrieval.captions=data/train_sample/retrieval_captions.parquet",
         r#"data.teacher_image=["data/train_sample/teacher_image.parquet"]"#,
         r#"data.teacher_text=["data/train_sample/teacher_text.parquet"]"#,
     ]
@@ -2553,13 +2555,15 @@ fn the_cusa_and_pcmepp_clip_presets_are_valid_training_files() {
     assert_eq!((c.batch_size, c.epochs, c.seed), (128, Some(30), 23));
     assert!(c.model.clip.is_some() && c.model.text.is_none() && c.data.pre_caption && c.optim.no_weight_decay_1d);
     assert_eq!(c.model.clip.as_ref().unwrap().quick_gelu, Some(true), "OpenAI's ViT-B/32");
+    assert!(c.eval.as_ref().is_some_and(|e| e.select_best && e.images.is_none()), "selection on COCO dev");
 
     // `pipelines/train_pcmepp_clip.toml` likewise, and it trains: three epochs of 9 batches, the
-    // image tower frozen in the first two, SWA from the second.
+    // image tower frozen in the first two, SWA from the second, a model selected at each epoch's end.
     let dir = tempfile::tempdir().unwrap();
-    let mut sets = sets[..3].to_vec();
+    let mut sets = sets[..5].to_vec();
     let out = format!("output_dir={}", dir.path().join("out").display());
     sets.extend([out, "epochs=3".into(), "batch_size=64".into(), "optim.swa_start_epoch=1".into()]);
+    sets.push("eval.every_steps=9".into());
     let c = TrainConfig::load(Path::new("pipelines/train_pcmepp_clip.toml"), &sets).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.loss.loss_type(), LossType::Pcmepp);
     assert!(c.model.gpo && c.model.log_variance_block && c.data.msda.is_some() && c.model.embed_dim == 1024);
@@ -2567,5 +2571,7 @@ fn the_cusa_and_pcmepp_clip_presets_are_valid_training_files() {
     let s = train(&c, &TrainOptions::default()).unwrap();
     assert_eq!(s.steps, 27);
     assert!(dir.path().join("out/model_swa.bpk").is_file());
+    assert!(s.best.is_some_and(|(step, _)| [9, 18, 27].contains(&step)), "{:?}", s.best);
+    assert!(dir.path().join("out/model_best.bpk").is_file());
     assert!(s.last_loss.is_finite(), "{}", s.last_loss);
 }

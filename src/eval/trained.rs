@@ -137,7 +137,7 @@ fn resolve(args: &RunEval, config: &TrainConfig, has_uncertainty: bool) -> Resul
         },
         _ => return Err(Error::data("`--images` and `--captions` go together")),
     };
-    let zeroshot = config.eval.clone().map(|mut z| {
+    let zeroshot = config.eval.clone().filter(|z| z.images.is_some()).map(|mut z| {
         z.retrieval = None;
         z
     });
@@ -196,6 +196,7 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     let annotations = r.eccv_annotations.as_deref().map(Annotations::read_dir).transpose()?;
     let zeroshot =
         r.zeroshot.as_ref().map(|z| ZeroShot::load(z, &run.transform(), run.config.data.pre_caption)).transpose()?;
+
     let t_read = t1.elapsed().as_secs_f64();
     report::check_out(&r.out)?;
 

@@ -575,15 +575,18 @@ fn default_schedule() -> Schedule {
 }
 
 /// The `[eval]` table: zero-shot classification during training (spec `bow-and-otter.md`
-/// §6.1–6.2) and, in `[eval.retrieval]`, the retrieval set of `curate eval RUN_DIR`.
+/// §6.1–6.2: `images` and `classes`) and, in `[eval.retrieval]`, the retrieval set of `curate
+/// eval RUN_DIR` and of `select_best`. Either may be left out, not both.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ZeroShotConfig {
-    /// Parquet with an image path column and a label column.
-    pub images: PathPatterns,
+    /// Parquet with an image path column and a label column (with `classes`: zero-shot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images: Option<PathPatterns>,
     /// Class names, one class per line; synonyms of one class separated by `|` are joined into
     /// one prompt with `,or ` (OTTER's reference).
-    pub classes: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub classes: Option<PathBuf>,
     #[serde(default = "default_path")]
     pub image_column: String,
     /// The true class name(s) of an image; several (multi-label, flat hit@k) separated by `|`.
@@ -745,7 +748,7 @@ impl TrainConfig {
         let mut tables = vec![("data.tables", Some(&self.data.tables))];
         tables.push(("data.teacher_image", self.data.teacher_image.as_ref()));
         tables.push(("data.teacher_text", self.data.teacher_text.as_ref()));
-        tables.push(("eval.images", self.eval.as_ref().map(|e| &e.images)));
+        tables.push(("eval.images", self.eval.as_ref().and_then(|e| e.images.as_ref())));
         for (key, patterns) in tables {
             let Some(files) = patterns.map(PathPatterns::expand) else { continue };
             let files = match files {
@@ -921,10 +924,23 @@ impl TrainConfig {
             }
         }
         if let Some(e) = &self.eval {
-            if !e.classes.is_file() {
+            match (&e.images, &e.classes) {
+                (Some(_), None) | (None, Some(_)) => bad(
+                    if e.images.is_some() { "eval.images" } else { "eval.classes" },
+                    "zero-shot needs both `images` and `classes`".into(),
+                    "give both, or neither (the retrieval set alone)",
+                ),
+                (None, None) if e.retrieval.is_none() => bad(
+                    "eval",
+                    "has neither a zero-shot set (`images`, `classes`) nor `[eval.retrieval]`".into(),
+                    "give one of them, or leave out `[eval]`",
+                ),
+                _ => {}
+            }
+            if let Some(classes) = e.classes.as_ref().filter(|c| !c.is_file()) {
                 bad(
                     "eval.classes",
-                    format!("`{}` {}", e.classes.display(), crate::io::not_a(&e.classes, "file")),
+                    format!("`{}` {}", classes.display(), crate::io::not_a(classes, "file")),
                     "one class name per line",
                 );
             }

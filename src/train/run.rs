@@ -828,7 +828,12 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     }
     let maker = Arc::new(BatchMaker::new(set.clone(), config)?);
     let transform = super::transform::ImageTransform::new(&config.data, config.model.image_size_px);
-    let zeroshot = config.eval.as_ref().map(|e| ZeroShot::load(e, &transform, config.data.pre_caption)).transpose()?;
+    let zeroshot = config
+        .eval
+        .as_ref()
+        .filter(|e| e.images.is_some())
+        .map(|e| ZeroShot::load(e, &transform, config.data.pre_caption))
+        .transpose()?;
     // `eval.select_best`: the validation set, read (and checked) before the first step.
     let validation = match config.eval.as_ref().filter(|e| e.select_best).and_then(|e| e.retrieval.as_ref()) {
         Some(r) => Some(crate::eval::trained::RetrievalSet::read(

@@ -87,13 +87,16 @@ impl ZeroShot {
     /// CUSA's `pre_caption` when the run trained on such captions (`data.pre_caption`).
     pub fn load(c: &ZeroShotConfig, transform: &ImageTransform, pre_caption: bool) -> Result<ZeroShot> {
         let size = transform.size;
-        let text = std::fs::read_to_string(&c.classes).map_err(|e| Error::io("cannot read classes", &c.classes, e))?;
+        let (Some(image_tables), Some(classes)) = (&c.images, &c.classes) else {
+            return Err(Error::data("`[eval]` has no zero-shot set (`images` and `classes`)"));
+        };
+        let text = std::fs::read_to_string(classes).map_err(|e| Error::io("cannot read classes", classes, e))?;
         let class_names = parse_classes(&text);
         let index = |name: &str| class_names.iter().position(|c| c.iter().any(|n| n == name));
         let mut images = Vec::new();
         let mut labels = Vec::new();
         let mut skipped = 0;
-        let files = c.images.expand().map_err(Error::data)?;
+        let files = image_tables.expand().map_err(Error::data)?;
         for file in &files {
             let file = file.as_path();
             for batch in crate::io::parquet::read_file(file)? {
@@ -111,7 +114,7 @@ impl ZeroShot {
                                 message: format!(
                                     "`{}`: label `{l}` is not a class of `{}`",
                                     file.display(),
-                                    c.classes.display()
+                                    classes.display()
                                 ),
                                 hint: Some("labels name a class (any of its synonyms)".into()),
                             })
