@@ -323,6 +323,9 @@ fn a_stage_given_a_table_takes_each_key() {
         stderr.contains("`bow.keep_words`: wrong type") && stderr.contains("--> --set stage[1]={keep_words = \"x\"}"),
         "{stderr}"
     );
+    // A `name` among the keys renames the stage; the keys after it still reach it.
+    let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", "bow={name = \"b2\", keep_words = 3}"]);
+    assert_eq!(code, 0, "{stderr}");
     // A name no stage has is still an unknown top-level key.
     let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", "bwo={keep_words = 2}"]);
     assert_eq!(code, 2, "{stderr}");

@@ -557,7 +557,9 @@ captions = "data/train_sample/retrieval_captions.parquet"
                 .map(|k| v[format!("val_{k}_i2t")].as_f64().unwrap() + v[format!("val_{k}_t2i")].as_f64().unwrap())
                 .sum()
         };
-        assert!((sum(&lines[0]) - rsums[0]).abs() < 1e-9, "{}", lines[0]);
+        // RSUM in percent, the recalls as fractions.
+        assert!((100.0 * sum(&lines[0]) - rsums[0]).abs() < 1e-9, "{}", lines[0]);
+        assert!(rsums.iter().all(|r| (0.0..=600.0).contains(r)) && rsums[1] > 1.0, "{rsums:?}");
         let best = json(&run_dir.join("best.json"));
         let want = if rsums[1] > rsums[0] { (4, rsums[1]) } else { (2, rsums[0]) };
         assert_eq!((best["step"].as_u64().unwrap(), best["rsum"].as_f64().unwrap()), want);
@@ -568,18 +570,51 @@ captions = "data/train_sample/retrieval_captions.parquet"
         assert!((curate::eval::trained::rsum(&ev) - want.1).abs() < 1e-9, "{ev:?}");
         assert!(run_dir.join("eval_best/metrics.json").is_file());
 
-        // Resumed: the same selection and lines.
-        let parts = tempfile::tempdir().unwrap();
-        let file = parts.path().join("train.toml");
-        std::fs::write(&file, &toml).unwrap();
-        let out = parts.path().join("run");
-        let c = curate::train::TrainConfig::load(&file, &[format!("output_dir={}", out.display())]).unwrap();
-        let stop = curate::train::TrainOptions { stop_after: Some(3), ..Default::default() };
-        curate::train::train(&c, &stop).unwrap();
-        let resume = curate::train::TrainOptions { resume: true, ..Default::default() };
-        let s = curate::train::train(&c, &resume).unwrap();
-        assert_eq!((s.resumed_at, s.best), (3, Some(want)));
-        assert_eq!(json(&out.join("best.json")), best);
+        // Resumed: the same selection and the same lines. Evaluations at every step, checkpoints
+        // every second: stopped after step 3 (checkpoint 2, best.json possibly step 3's), or
+        // after step 2 (checkpoint and validation line of step 2 both written).
+        let every =
+            toml.replace("every_steps = 2", "every_steps = 1").replace("checkpoint_every = 1", "checkpoint_every = 2");
+        let val_lines = |run: &Path| -> Vec<serde_json::Value> {
+            std::fs::read_to_string(run.join("metrics.jsonl"))
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                .filter(|v| v.get("val_rsum").is_some() || v.get("zeroshot_top1").is_some())
+                .collect()
+        };
+        // With and without a zero-shot set (whose line alone said whether step 2 was evaluated).
+        let every_without_zeroshot = every
+            .replace("images = \"data/train_sample/zeroshot.parquet\"\n", "")
+            .replace("classes = \"data/train_sample/classes.txt\"\n", "");
+        for (toml, stop) in [(&every, 3), (&every, 2), (&every_without_zeroshot, 2)] {
+            let whole = tempfile::tempdir().unwrap();
+            let whole_run = crate::common::train_run(whole.path(), toml);
+            let want_lines = val_lines(&whole_run);
+            assert_eq!(want_lines.iter().filter(|v| v.get("val_rsum").is_some()).count(), 4);
+            let want_best = json(&whole_run.join("best.json"));
+            let parts = tempfile::tempdir().unwrap();
+            let file = parts.path().join("train.toml");
+            std::fs::write(&file, toml).unwrap();
+            let out = parts.path().join("run");
+            let c = curate::train::TrainConfig::load(&file, &[format!("output_dir={}", out.display())]).unwrap();
+            let _ = std::fs::remove_dir_all(&out);
+            let stopped = curate::train::TrainOptions { stop_after: Some(stop), ..Default::default() };
+            curate::train::train(&c, &stopped).unwrap();
+            if stop == 3 {
+                // A selection past the checkpoint (here made up) belongs to steps the resumed run
+                // takes again: the checkpoint's own is put back.
+                std::fs::write(out.join("best.json"), r#"{"step": 3, "rsum": 600.0}"#).unwrap();
+            }
+            let resume = curate::train::TrainOptions { resume: true, ..Default::default() };
+            let s = curate::train::train(&c, &resume).unwrap();
+            assert_eq!(s.resumed_at, 2, "stopped after {stop}");
+            assert_eq!(json(&out.join("best.json")), want_best, "stopped after {stop}");
+            assert_eq!(val_lines(&out), want_lines, "stopped after {stop}: no line twice, none missing");
+        }
+
+        let scratch = tempfile::tempdir().unwrap();
+        let (file, out) = (scratch.path().join("train.toml"), scratch.path().join("run"));
 
         // Without a zero-shot set (COCO's case): the retrieval set alone selects.
         let retrieval_only = toml

@@ -451,12 +451,14 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 s.seconds,
                 s.last_loss
             );
-            say!(
-                "zero-shot at step {}: {}; at the end: {}",
-                s.first_zeroshot_step,
-                zs(s.first_zeroshot),
-                zs(s.last_zeroshot)
-            );
+            if config.eval.as_ref().is_some_and(|e| e.images.is_some()) {
+                say!(
+                    "zero-shot at step {}: {}; at the end: {}",
+                    s.first_zeroshot_step,
+                    zs(s.first_zeroshot),
+                    zs(s.last_zeroshot)
+                );
+            }
             if s.undecodable_images > 0 {
                 say!(
                     "{} training image(s) could not be decoded and were left out (named in the notes above)",
@@ -465,7 +467,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             }
             if let Some((step, rsum)) = s.best {
                 say!(
-                    "selected on the validation set: step {step} (RSUM {rsum:.2}), `model_best.bpk`; `curate eval {} \
+                    "selected on the validation set: step {step} (RSUM {rsum:.1}), `model_best.bpk`; `curate eval {} \
                      --best` scores it",
                     s.output_dir.display()
                 );

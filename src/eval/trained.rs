@@ -346,13 +346,15 @@ impl RetrievalSet {
 }
 
 /// The sum of R@1, R@5 and R@10 in both directions over the whole gallery (the `coco_5k_*`
-/// metrics: PCME++'s and CUSA's model selection on a validation set, "RSUM").
+/// metrics), in percent as the papers write it (0 to 600): PCME++'s and CUSA's model
+/// selection, "RSUM".
 pub fn rsum(ev: &Evaluation) -> f64 {
-    ev.metrics
-        .iter()
-        .filter(|(name, _)| matches!(name.as_str(), "coco_5k_r1" | "coco_5k_r5" | "coco_5k_r10"))
-        .map(|(_, p)| p.i2t.unwrap_or(0.0) + p.t2i.unwrap_or(0.0))
-        .sum()
+    100.0
+        * ev.metrics
+            .iter()
+            .filter(|(name, _)| matches!(name.as_str(), "coco_5k_r1" | "coco_5k_r5" | "coco_5k_r10"))
+            .map(|(_, p)| p.i2t.unwrap_or(0.0) + p.t2i.unwrap_or(0.0))
+            .sum::<f64>()
 }
 
 /// One image as the image tower takes it: decoded, then the evaluation view of the run's

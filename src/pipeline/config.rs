@@ -291,9 +291,12 @@ impl ConfigDoc {
             return None;
         }
         let Value::Table(table) = parse_override_value(raw.trim()) else { return None };
-        let by_position = key.strip_prefix("stage[").and_then(|p| p.strip_suffix(']')).is_some();
-        let by_name = self.indexed_stages().iter().any(|(_, t)| Self::stage_name(t) == Some(key));
-        (by_position || by_name).then(|| (key.to_owned(), table))
+        if key.strip_prefix("stage[").and_then(|p| p.strip_suffix(']')).is_some() {
+            return Some((key.to_owned(), table));
+        }
+        // By position from here: a `name` among the keys renames the stage for the keys after it.
+        let (i, _) = self.indexed_stages().into_iter().find(|(_, t)| Self::stage_name(t) == Some(key))?;
+        Some((format!("stage[{i}]"), table))
     }
 
     /// [`ConfigDoc::apply_override`] of `arg`, its messages and origins naming `shown` (the

@@ -602,6 +602,10 @@ pub struct ZeroShotConfig {
     /// Evaluate every this many steps (and always at step 0 and at the end).
     #[serde(default = "default_eval_every")]
     pub every_steps: u64,
+    /// Evaluate at the end of every this many epochs instead of every `every_steps` steps (the
+    /// papers select their model per epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every_epochs: Option<u64>,
     /// The image-text retrieval set `curate eval RUN_DIR` embeds with the trained model when no
     /// `--images`/`--captions` are given (spec `cusa-and-pcmepp.md` §4), and, with
     /// `select_best`, the validation set of the training. Absent: `curate eval RUN_DIR` needs
@@ -612,8 +616,8 @@ pub struct ZeroShotConfig {
     /// Model selection as PCME++ and CUSA do it (spec §2.6, §3.10): at each evaluation the
     /// model's RSUM (R@1 + R@5 + R@10, both directions, over the whole `[eval.retrieval]` set,
     /// by the run's own similarity) is logged, and the best so far kept as `model_best.bpk`
-    /// (`best.json` says its step). The papers pick on their test split; this picks on the set
-    /// given here, which should be a validation split.
+    /// (`best.json` says its step). PCME++ picks on COCO dev, CUSA's reference on its test
+    /// split; this picks on the set given here, which should be a validation split.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub select_best: bool,
 }
@@ -631,6 +635,17 @@ pub struct RetrievalConfig {
     /// Image paths are relative to this folder (default: as stored, i.e. the working directory).
     #[serde(default)]
     pub image_root: Option<PathBuf>,
+}
+
+impl ZeroShotConfig {
+    /// Whether step `step` (completed steps) is an evaluation point, with `per_epoch` steps an
+    /// epoch (the end of training always is, step 0 too: the trainer sees to those).
+    pub fn due(&self, step: u64, per_epoch: u64) -> bool {
+        match self.every_epochs {
+            Some(n) => step.is_multiple_of(per_epoch.max(1).saturating_mul(n)),
+            None => step.is_multiple_of(self.every_steps),
+        }
+    }
 }
 
 fn default_label() -> String {
@@ -944,14 +959,17 @@ impl TrainConfig {
                     "one class name per line",
                 );
             }
-            if e.templates.is_empty() {
+            if e.images.is_some() && e.templates.is_empty() {
                 bad("eval.templates", "no template".into(), "e.g. `templates = [\"a photo of a {}.\"]`");
             }
-            if e.templates.iter().any(|t| !t.contains("{}")) {
+            if e.images.is_some() && e.templates.iter().any(|t| !t.contains("{}")) {
                 bad("eval.templates", "a template has no `{}`".into(), "e.g. `a photo of a {}.`");
             }
             if e.every_steps == 0 {
                 bad("eval.every_steps", "must be at least 1".into(), "e.g. `every_steps = 100`");
+            }
+            if e.every_epochs == Some(0) {
+                bad("eval.every_epochs", "must be at least 1".into(), "e.g. `every_epochs = 1`");
             }
             if e.select_best && e.retrieval.is_none() {
                 bad(

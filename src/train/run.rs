@@ -228,6 +228,10 @@ struct State {
     /// Epoch ends averaged into the SWA weights so far (`swa.bpk`).
     #[serde(default)]
     swa_snapshots: u64,
+    /// `eval.select_best`: the selected step and RSUM so far (the checkpoint keeps its
+    /// `model_best.bpk`), so that a resumed run selects from the checkpoint's past only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    best: Option<(u64, f64)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -321,6 +325,31 @@ fn earlier_run_note(output: &Path, checkpoints: usize) -> String {
 /// `eval.select_best`: the selected model's step and RSUM, beside `model_best.bpk`.
 const BEST_FILE: &str = "best.json";
 
+/// On resume, the selection as the checkpoint `checkpoint` knew it: its `model_best.bpk` and
+/// `best.json` put back in `output`, or none (a selection after the checkpoint's step belongs
+/// to steps the run takes again).
+fn restore_best(output: &Path, checkpoint: &Path, best: Option<(u64, f64)>) -> Result<Option<(u64, f64)>> {
+    let (model, file) = (output.join("model_best.bpk"), output.join(BEST_FILE));
+    match best {
+        Some((step, rsum)) => {
+            let kept = checkpoint.join("model_best.bpk");
+            let tmp = crate::io::tmp_path(&model);
+            std::fs::copy(&kept, &tmp).map_err(|e| Error::io("cannot copy", &kept, e))?;
+            std::fs::rename(&tmp, &model).map_err(|e| Error::io("cannot rename into place", &model, e))?;
+            crate::io::write_atomic(&file, json!({"step": step, "rsum": rsum}).to_string().as_bytes())?;
+        }
+        None => {
+            for p in [&model, &file] {
+                match std::fs::remove_file(p) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io("cannot remove", p, e)),
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(best)
+}
+
 /// The model selection so far (`best.json`), if the run has one.
 fn read_best(output: &Path) -> Option<(u64, f64)> {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(output.join(BEST_FILE)).ok()?).ok()?;
@@ -396,7 +425,7 @@ fn fold_pending_running_stats(model: &DualEncoder) {
 }
 
 impl Run {
-    fn save(&self, output: &Path, step: u64, loss: f32, keep: usize) -> Result<()> {
+    fn save(&self, output: &Path, step: u64, loss: f32, keep: usize, best: Option<(u64, f64)>) -> Result<()> {
         let final_dir = checkpoint_dir(output, step);
         let tmp = final_dir.with_extension("tmp");
         let _ = std::fs::remove_dir_all(&tmp);
@@ -431,7 +460,14 @@ impl Run {
             }
             None => None,
         };
-        let state = State { step, loss, ema_updates: self.ema_updates, bank, swa_snapshots: self.swa_snapshots };
+        // The selected model as it is now (a link: a better one later is a new file).
+        if best.is_some() {
+            let (from, to) = (output.join("model_best.bpk"), tmp.join("model_best.bpk"));
+            if std::fs::hard_link(&from, &to).is_err() {
+                std::fs::copy(&from, &to).map_err(|e| Error::io("cannot copy", &from, e))?;
+            }
+        }
+        let state = State { step, loss, ema_updates: self.ema_updates, bank, swa_snapshots: self.swa_snapshots, best };
         let p = tmp.join("state.json");
         std::fs::write(&p, serde_json::to_vec_pretty(&state).expect("serialisable"))
             .map_err(|e| Error::io("cannot write", &p, e))?;
@@ -588,9 +624,10 @@ struct Metrics(std::fs::File);
 
 impl Metrics {
     /// Opens the log; on resume, drops the lines of steps after `keep_through`, and says
-    /// whether a zero-shot line of step `keep_through` is among those kept.
-    fn open(path: &Path, keep_through: Option<u64>) -> Result<(Metrics, bool)> {
-        let mut zeroshot_kept = false;
+    /// whether a zero-shot line and a validation line of step `keep_through` are among those
+    /// kept.
+    fn open(path: &Path, keep_through: Option<u64>) -> Result<(Metrics, [bool; 2])> {
+        let mut kept_lines = [false; 2];
         if let Some(step) = keep_through {
             let text = std::fs::read_to_string(path).unwrap_or_default();
             let kept: String = text
@@ -603,16 +640,20 @@ impl Metrics {
                 })
                 .map(|l| format!("{l}\n"))
                 .collect();
-            zeroshot_kept = kept
+            let at_step: Vec<serde_json::Value> = kept
                 .lines()
                 .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .any(|v| v["step"].as_u64() == Some(step) && v.get("zeroshot_top1").is_some());
+                .filter(|v| v["step"].as_u64() == Some(step))
+                .collect();
+            for (k, key) in ["zeroshot_top1", "val_rsum"].into_iter().enumerate() {
+                kept_lines[k] = at_step.iter().any(|v| v.get(key).is_some());
+            }
             crate::io::write_atomic(path, kept.as_bytes())?;
         } else {
             std::fs::write(path, b"").map_err(|e| Error::io("cannot write", path, e))?;
         }
         let f = std::fs::OpenOptions::new().append(true).open(path).map_err(|e| Error::io("cannot open", path, e))?;
-        Ok((Metrics(f), zeroshot_kept))
+        Ok((Metrics(f), kept_lines))
     }
 
     fn line(&mut self, v: serde_json::Value) -> Result<()> {
@@ -879,15 +920,17 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         swa_snapshots: 0,
     };
     let mut start = 0;
+    let mut resumed_best = None;
     if let Some((step, dir)) = &resume_from {
         let (r, state) = run.load(dir, &config.optim, &device)?;
         run = r;
         start = state.step;
         debug_assert_eq!(start, *step);
+        resumed_best = restore_best(&out, dir, state.best)?;
     }
     // PCME++'s per-tower rates and layer-wise decay (none by default).
     let lr_groups = LrGroups::new(run.trainee.encoder.lr_groups(&config.optim));
-    let (mut metrics, zeroshot_logged) =
+    let (mut metrics, [zeroshot_logged, validation_logged]) =
         Metrics::open(&out.join("metrics.jsonl"), resume_from.as_ref().map(|(s, _)| *s))?;
 
     let mut first_zeroshot = None;
@@ -895,55 +938,57 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let mut last_zeroshot = None;
     // Model selection (`eval.select_best`): the best step and RSUM so far, from `best.json` when
     // resuming (a run from step 0 removed an earlier one's).
-    let mut best = if resume_from.is_some() { read_best(&out) } else { None };
+    let best = std::cell::Cell::new(resumed_best);
     let similarity =
         if heads(&config.loss).log_variance { crate::eval::Similarity::Csd } else { crate::eval::Similarity::Cosine };
     let precision = crate::eval::trained::resolve_precision(similarity, None)?;
-    let mut evaluate = |run: &Run, step: u64, metrics: &mut Metrics| -> Result<()> {
-        if let (Some(v), true) = (&validation, step > 0) {
-            let model = crate::train::trained::TrainedRun::from_model(
-                &out,
-                config,
-                run.trainee.encoder.valid(),
-                maker.tokenizer.clone(),
-                &opts.device,
-            );
-            let ev = v.evaluate(&model, similarity, precision, None, &|_| {})?;
-            let rsum = crate::eval::trained::rsum(&ev);
-            let mut line = json!({"step": step, "val_rsum": rsum});
-            for (name, pair) in ev.metrics.iter().filter(|(n, _)| n.starts_with("coco_5k_r")) {
-                let k = name.trim_start_matches("coco_5k_");
-                line[format!("val_{k}_i2t")] = json!(pair.i2t);
-                line[format!("val_{k}_t2i")] = json!(pair.t2i);
+    // Either part of an evaluation may be skipped: a resumed run's checkpoint step that logged it.
+    let mut evaluate =
+        |run: &Run, step: u64, metrics: &mut Metrics, [zeroshot_done, validation_done]: [bool; 2]| -> Result<()> {
+            if let (Some(v), true, false) = (&validation, step > 0, validation_done) {
+                let model = crate::train::trained::TrainedRun::from_model(
+                    &out,
+                    config,
+                    run.trainee.encoder.valid(),
+                    maker.tokenizer.clone(),
+                    &opts.device,
+                );
+                let ev = v.evaluate(&model, similarity, precision, None, &|_| {})?;
+                let rsum = crate::eval::trained::rsum(&ev);
+                let mut line = json!({"step": step, "val_rsum": rsum});
+                for (name, pair) in ev.metrics.iter().filter(|(n, _)| n.starts_with("coco_5k_r")) {
+                    let k = name.trim_start_matches("coco_5k_");
+                    line[format!("val_{k}_i2t")] = json!(pair.i2t);
+                    line[format!("val_{k}_t2i")] = json!(pair.t2i);
+                }
+                metrics.line(line)?;
+                if best.get().is_none_or(|(_, b)| rsum > b) {
+                    let p = out.join("model_best.bpk");
+                    let tmp = crate::io::tmp_path(&p);
+                    fold_pending_running_stats(&run.trainee.encoder);
+                    run.trainee.encoder.clone().save_file(&tmp).map_err(|e| record_err("write", &tmp, e))?;
+                    std::fs::rename(&tmp, &p).map_err(|e| Error::io("cannot rename into place", &p, e))?;
+                    let b = out.join(BEST_FILE);
+                    crate::io::write_atomic(&b, json!({"step": step, "rsum": rsum}).to_string().as_bytes())?;
+                    best.set(Some((step, rsum)));
+                }
             }
-            metrics.line(line)?;
-            if best.is_none_or(|(_, b)| rsum > b) {
-                let p = out.join("model_best.bpk");
-                let tmp = crate::io::tmp_path(&p);
-                fold_pending_running_stats(&run.trainee.encoder);
-                run.trainee.encoder.clone().save_file(&tmp).map_err(|e| record_err("write", &tmp, e))?;
-                std::fs::rename(&tmp, &p).map_err(|e| Error::io("cannot rename into place", &p, e))?;
-                let b = out.join(BEST_FILE);
-                crate::io::write_atomic(&b, json!({"step": step, "rsum": rsum}).to_string().as_bytes())?;
-                best = Some((step, rsum));
+            if let (Some(z), false) = (&zeroshot, zeroshot_done) {
+                let s = z.evaluate(&run.trainee.encoder.valid(), &maker.tokenizer)?;
+                metrics.line(zeroshot_line(step, &s))?;
+                if first_zeroshot.is_none() {
+                    (first_zeroshot, first_zeroshot_step) = (Some(s), step);
+                }
+                last_zeroshot = Some(s);
             }
-        }
-        if let Some(z) = &zeroshot {
-            let s = z.evaluate(&run.trainee.encoder.valid(), &maker.tokenizer)?;
-            metrics.line(zeroshot_line(step, &s))?;
-            if first_zeroshot.is_none() {
-                (first_zeroshot, first_zeroshot_step) = (Some(s), step);
-            }
-            last_zeroshot = Some(s);
-        }
-        Ok(())
-    };
+            Ok(())
+        };
     // A checkpoint is written before its step's zero-shot evaluation, so a run killed between
     // the two resumes without that line: evaluate the checkpoint's step again (the model is
     // the same, so is the line), and the log matches an uninterrupted run's.
-    let due = |step: u64| config.eval.as_ref().is_some_and(|e| step.is_multiple_of(e.every_steps) && step < total);
-    if start == 0 || (due(start) && !zeroshot_logged) {
-        evaluate(&run, start, &mut metrics)?;
+    let due = |step: u64| config.eval.as_ref().is_some_and(|e| e.due(step, per_epoch) && step < total);
+    if start == 0 || (due(start) && !(zeroshot_logged && validation_logged)) {
+        evaluate(&run, start, &mut metrics, [zeroshot_logged, validation_logged])?;
     }
 
     // Where stderr is no terminal (a log file, a scheduler's output), `--progress always` is a
@@ -1105,11 +1150,11 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         }
         let checkpointed = config.checkpoint_every > 0 && step % config.checkpoint_every == 0 && step < total;
         if checkpointed {
-            run.save(&out, step, value, config.keep_checkpoints)?;
+            run.save(&out, step, value, config.keep_checkpoints, best.get())?;
         }
         if let Some(e) = &config.eval {
-            if step % e.every_steps == 0 && step < total {
-                evaluate(&run, step, &mut metrics)?;
+            if e.due(step, per_epoch) && step < total {
+                evaluate(&run, step, &mut metrics, [false; 2])?;
             }
         }
         ctrl_c.step_ended(step);
@@ -1117,7 +1162,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             // Ctrl-C: this step's checkpoint (unless it has one already), then stop; the last
             // step finishes the run instead.
             if !checkpointed {
-                run.save(&out, step, value, config.keep_checkpoints)?;
+                run.save(&out, step, value, config.keep_checkpoints, best.get())?;
             }
             interrupted_at = Some(step);
             break;
@@ -1137,7 +1182,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     let end = interrupted_at.unwrap_or(end);
     let done = end == total;
     if done {
-        evaluate(&run, total, &mut metrics)?;
+        evaluate(&run, total, &mut metrics, [false; 2])?;
         let p = out.join("model.bpk");
         let tmp = crate::io::tmp_path(&p);
         fold_pending_running_stats(&run.trainee.encoder);
