@@ -20,24 +20,6 @@ fn expected() -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
-fn flat_f32(v: &serde_json::Value) -> Vec<f32> {
-    match v {
-        serde_json::Value::Array(a) => a.iter().flat_map(flat_f32).collect(),
-        x => vec![x.as_f64().unwrap() as f32],
-    }
-}
-
-/// Every element within `tol·(1 + |want|)`; returns the largest |error|.
-fn close(got: &[f32], want: &[f32], tol: f32, what: &str) -> f32 {
-    assert_eq!(got.len(), want.len(), "{what}: size");
-    let mut worst = 0f32;
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}: element {i}: {g} vs {w}");
-        worst = worst.max((g - w).abs());
-    }
-    worst
-}
-
 fn config(activation: MlpActivation) -> OpenClipConfig {
     let mut c = OpenClipConfig::from_file(&folder().join("open_clip_config.json")).unwrap();
     assert_eq!(c.text.activation, MlpActivation::QuickGelu, "the folder says quick_gelu");
@@ -49,7 +31,7 @@ fn config(activation: MlpActivation) -> OpenClipConfig {
 #[test]
 fn the_text_tower_matches_open_clip_with_quick_gelu_and_gelu() {
     let e = expected();
-    let ids: Vec<i64> = flat_f32(&e["ids"]).iter().map(|&x| x as i64).collect();
+    let ids: Vec<i64> = common::flat_f32(&e["ids"]).iter().map(|&x| x as i64).collect();
     let lengths: Vec<usize> = e["lengths"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
     let (b, n) = (lengths.len(), ids.len() / lengths.len());
     let weights = folder().join("open_clip_model.safetensors");
@@ -61,11 +43,16 @@ fn the_text_tower_matches_open_clip_with_quick_gelu_and_gelu() {
             let input = || Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [b, n]), &device);
             let got = model.forward(input(), &lengths).into_data().try_to_vec::<f32>().unwrap();
             let tol = common::tolerance(name, 1e-4);
-            let worst = close(&got, &flat_f32(&e[key]), tol, &format!("{name} {key}"));
+            let worst = common::assert_close(&got, &common::flat_f32(&e[key]), tol, &format!("{name} {key}"));
             eprintln!("{name} {key}: max |error| {worst:e}");
             if activation == MlpActivation::QuickGelu {
                 let states = model.forward_tokens(input()).into_data().try_to_vec::<f32>().unwrap();
-                close(&states, &flat_f32(&e["text_tokens_quick_gelu"]), tol, &format!("{name} text tokens"));
+                common::assert_close(
+                    &states,
+                    &common::flat_f32(&e["text_tokens_quick_gelu"]),
+                    tol,
+                    &format!("{name} text tokens"),
+                );
                 // Padding is cut off: the rows' first tokens alone give the same embeddings
                 // (the causal mask keeps later positions out of earlier ones).
                 let short = lengths.iter().copied().max().unwrap();
@@ -75,7 +62,7 @@ fn the_text_tower_matches_open_clip_with_quick_gelu_and_gelu() {
                     .into_data()
                     .try_to_vec::<f32>()
                     .unwrap();
-                close(&again, &got, 1e-5, &format!("{name} without padding"));
+                common::assert_close(&again, &got, 1e-5, &format!("{name} without padding"));
             }
         }
     }
@@ -90,7 +77,7 @@ fn the_image_tower_from_the_folder_matches_open_clip() {
     for (name, device) in common::test_devices() {
         let x = || {
             Tensor::<4>::from_data(
-                TensorData::new(flat_f32(&e["image_input"]), [shape[0], shape[1], shape[2], shape[3]]),
+                TensorData::new(common::flat_f32(&e["image_input"]), [shape[0], shape[1], shape[2], shape[3]]),
                 &device,
             )
         };
@@ -99,11 +86,21 @@ fn the_image_tower_from_the_folder_matches_open_clip() {
             assert_eq!((c.vision.image_size, c.vision.patch_size, c.vision.heads, c.vision.output_dim), (32, 8, 4, 8));
             let model = Vit::load(&weights, &c.vision, &device).unwrap();
             let got = model.forward(x()).into_data().try_to_vec::<f32>().unwrap();
-            let worst = close(&got, &flat_f32(&e[key]), common::tolerance(name, 1e-4), &format!("{name} {key}"));
+            let worst = common::assert_close(
+                &got,
+                &common::flat_f32(&e[key]),
+                common::tolerance(name, 1e-4),
+                &format!("{name} {key}"),
+            );
             eprintln!("{name} {key}: max |error| {worst:e}");
             if activation == MlpActivation::QuickGelu {
                 let tokens = model.forward_tokens(x()).into_data().try_to_vec::<f32>().unwrap();
-                close(&tokens, &flat_f32(&e["image_tokens_quick_gelu"]), 1e-4, &format!("{name} image tokens"));
+                common::assert_close(
+                    &tokens,
+                    &common::flat_f32(&e["image_tokens_quick_gelu"]),
+                    1e-4,
+                    &format!("{name} image tokens"),
+                );
             }
         }
     }
@@ -117,7 +114,7 @@ fn the_folders_tokenizer_gives_open_clips_ids() {
     let tok = curate::train::data::load_tokenizer(&folder(), 16).unwrap();
     let captions: Vec<&str> = e["captions"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
     let (ids, mask, s) = curate::train::data::tokenize(&tok, &captions).unwrap();
-    let want: Vec<i64> = flat_f32(&e["ids"]).iter().map(|&x| x as i64).collect();
+    let want: Vec<i64> = common::flat_f32(&e["ids"]).iter().map(|&x| x as i64).collect();
     let lengths = e["lengths"].as_array().unwrap();
     assert_eq!(s, 16, "the longest caption fills the context");
     for (r, len) in lengths.iter().enumerate() {

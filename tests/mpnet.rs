@@ -19,29 +19,11 @@ fn expected() -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(fixtures().join("tiny_mpnet_expected.json")).unwrap()).unwrap()
 }
 
-fn flat_f32(v: &serde_json::Value) -> Vec<f32> {
-    match v {
-        serde_json::Value::Array(a) => a.iter().flat_map(flat_f32).collect(),
-        x => vec![x.as_f64().unwrap() as f32],
-    }
-}
-
 fn flat_i64(v: &serde_json::Value) -> Vec<i64> {
     match v {
         serde_json::Value::Array(a) => a.iter().flat_map(flat_i64).collect(),
         x => vec![x.as_i64().unwrap()],
     }
-}
-
-/// Largest |got − want|, after asserting every element within `tol·(1 + |want|)`.
-fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) -> f32 {
-    assert_eq!(got.len(), want.len(), "{what}: size");
-    let mut worst = 0f32;
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}: element {i}: {g} vs {w}");
-        worst = worst.max((g - w).abs());
-    }
-    worst
 }
 
 #[test]
@@ -71,7 +53,8 @@ fn tiny_mpnet_matches_transformers_token_states() {
         let got = model.forward(ids, mask).into_data().try_to_vec::<f32>().unwrap();
         // Padded positions too: transformers computes them like any other query.
         let tol = common::tolerance(name, 1e-4);
-        let worst = assert_close(&got, &flat_f32(&e["states"]), tol, &format!("{name} last_hidden_state"));
+        let worst =
+            common::assert_close(&got, &common::flat_f32(&e["states"]), tol, &format!("{name} last_hidden_state"));
         eprintln!("{name}: tiny MPNet token states: max |error| {worst:e}");
     }
 }
@@ -91,12 +74,12 @@ fn tiny_mpnet_folder_matches_sentence_transformers() {
         assert_eq!(mask, flat_i64(&e["mask"]));
         let got = enc.encode(&captions).unwrap();
         let tol = common::tolerance(name, 1e-4);
-        let worst = assert_close(&got, &flat_f32(&e["embeddings"]), tol, &format!("{name} embeddings"));
+        let worst = common::assert_close(&got, &common::flat_f32(&e["embeddings"]), tol, &format!("{name} embeddings"));
         eprintln!("{name}: tiny MPNet sentence embeddings: max |error| {worst:e}");
         // One caption at a time (no padding) gives the same embedding as in the padded batch.
         for (i, c) in captions.iter().enumerate() {
             let one = enc.encode(&[c]).unwrap();
-            assert_close(
+            common::assert_close(
                 &one,
                 &got[i * enc.dim..(i + 1) * enc.dim],
                 common::tolerance(name, 1e-5),

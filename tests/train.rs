@@ -2328,17 +2328,7 @@ fn clip_towers_load_as_open_clip_and_train_and_resume() {
     let e: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string("tests/fixtures/models/tiny_open_clip_expected.json").unwrap())
             .unwrap();
-    let flat = |v: &serde_json::Value| -> Vec<f32> {
-        fn walk(v: &serde_json::Value, out: &mut Vec<f32>) {
-            match v {
-                serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
-                x => out.push(x.as_f64().unwrap() as f32),
-            }
-        }
-        let mut out = Vec::new();
-        walk(v, &mut out);
-        out
-    };
+    let flat = common::flat_f32;
     let dir = tempfile::tempdir().unwrap();
     let c = clip_config(dir.path(), &[]);
     assert_eq!(c.model.max_tokens(), 16, "the context length, resolved");

@@ -20,24 +20,17 @@ fn json(name: &str) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(fixtures().join(name)).unwrap()).unwrap()
 }
 
-fn flat_f32(v: &serde_json::Value) -> Vec<f32> {
-    match v {
-        serde_json::Value::Array(a) => a.iter().flat_map(flat_f32).collect(),
-        x => vec![x.as_f64().unwrap() as f32],
-    }
-}
-
 /// Runs the fixture input through `model`; asserts every output within `tol·(1 + |want|)` and
 /// returns the largest |error|.
 fn check(model: &Vit, device: &Device, key: &str, tol: f32, what: &str) -> f32 {
     let e = json("tiny_vit_expected.json");
     let shape: Vec<usize> = e["input_shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
     let x = Tensor::<4>::from_data(
-        TensorData::new(flat_f32(&e["input"]), [shape[0], shape[1], shape[2], shape[3]]),
+        TensorData::new(common::flat_f32(&e["input"]), [shape[0], shape[1], shape[2], shape[3]]),
         device,
     );
     let got = model.forward(x).into_data().try_to_vec::<f32>().unwrap();
-    let want = flat_f32(&e[key]);
+    let want = common::flat_f32(&e[key]);
     assert_eq!(got.len(), want.len(), "{what}: size");
     let mut worst = 0f32;
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {

@@ -50,6 +50,25 @@ pub fn zeros_of_layout(layout: &serde_json::Map<String, serde_json::Value>) -> c
     curate::models::weights::Weights::from_parts(parts)
 }
 
+/// Every number of a (nested) JSON array, in order, as f32.
+pub fn flat_f32(v: &serde_json::Value) -> Vec<f32> {
+    match v {
+        serde_json::Value::Array(a) => a.iter().flat_map(flat_f32).collect(),
+        x => vec![x.as_f64().unwrap() as f32],
+    }
+}
+
+/// Largest |got − want|, after asserting every element within `tol·(1 + |want|)`.
+pub fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: size");
+    let mut worst = 0f32;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}: element {i}: {g} vs {w}");
+        worst = worst.max((g - w).abs());
+    }
+    worst
+}
+
 pub fn fixture(rel: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(rel).to_string_lossy().into_owned()
 }
