@@ -587,7 +587,10 @@ captions = "data/train_sample/retrieval_captions.parquet"
         let every_without_zeroshot = every
             .replace("images = \"data/train_sample/zeroshot.parquet\"\n", "")
             .replace("classes = \"data/train_sample/classes.txt\"\n", "");
-        for (toml, stop) in [(&every, 3), (&every, 2), (&every_without_zeroshot, 2)] {
+        // Checkpoints at every step: stopped after step 3, the best (checkpoint 3 written before
+        // step 3's evaluation, whose line was logged).
+        let every_checkpoint = every.replace("checkpoint_every = 2", "checkpoint_every = 1");
+        for (toml, stop) in [(&every, 3), (&every, 2), (&every_without_zeroshot, 2), (&every_checkpoint, 3)] {
             let whole = tempfile::tempdir().unwrap();
             let whole_run = crate::common::train_run(whole.path(), toml);
             let want_lines = val_lines(&whole_run);
@@ -608,7 +611,7 @@ captions = "data/train_sample/retrieval_captions.parquet"
             }
             let resume = curate::train::TrainOptions { resume: true, ..Default::default() };
             let s = curate::train::train(&c, &resume).unwrap();
-            assert_eq!(s.resumed_at, 2, "stopped after {stop}");
+            assert_eq!(s.resumed_at, if toml == &every_checkpoint { 3 } else { 2 }, "stopped after {stop}");
             assert_eq!(json(&out.join("best.json")), want_best, "stopped after {stop}");
             assert_eq!(val_lines(&out), want_lines, "stopped after {stop}: no line twice, none missing");
         }

@@ -945,7 +945,10 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     // Either part of an evaluation may be skipped: a resumed run's checkpoint step that logged it.
     let mut evaluate =
         |run: &Run, step: u64, metrics: &mut Metrics, [zeroshot_done, validation_done]: [bool; 2]| -> Result<()> {
-            if let (Some(v), true, false) = (&validation, step > 0, validation_done) {
+            // A resumed run's checkpoint step that logged its line is scored again (the same
+            // model, the same RSUM) without a second line: the checkpoint was written before the
+            // step's evaluation, so its selection may not have seen that step yet.
+            if let (Some(v), true) = (&validation, step > 0) {
                 let model = crate::train::trained::TrainedRun::from_model(
                     &out,
                     config,
@@ -961,7 +964,9 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
                     line[format!("val_{k}_i2t")] = json!(pair.i2t);
                     line[format!("val_{k}_t2i")] = json!(pair.t2i);
                 }
-                metrics.line(line)?;
+                if !validation_done {
+                    metrics.line(line)?;
+                }
                 if best.get().is_none_or(|(_, b)| rsum > b) {
                     let p = out.join("model_best.bpk");
                     let tmp = crate::io::tmp_path(&p);
@@ -987,7 +992,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     // the two resumes without that line: evaluate the checkpoint's step again (the model is
     // the same, so is the line), and the log matches an uninterrupted run's.
     let due = |step: u64| config.eval.as_ref().is_some_and(|e| e.due(step, per_epoch) && step < total);
-    if start == 0 || (due(start) && !(zeroshot_logged && validation_logged)) {
+    if start == 0 || (due(start) && !(zeroshot_logged && validation.is_none())) {
         evaluate(&run, start, &mut metrics, [zeroshot_logged, validation_logged])?;
     }
 
