@@ -326,6 +326,10 @@ fn a_stage_given_a_table_takes_each_key() {
     // A `name` among the keys renames the stage; the keys after it still reach it.
     let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", "bow={name = \"b2\", keep_words = 3}"]);
     assert_eq!(code, 0, "{stderr}");
+    // A stage past the end is an error, even given an empty table.
+    let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", "stage[9]={}"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("`stage` has 3 element(s), numbered from 0"), "{stderr}");
     // A name no stage has is still an unknown top-level key.
     let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", "bwo={keep_words = 2}"]);
     assert_eq!(code, 2, "{stderr}");

@@ -630,6 +630,16 @@ captions = "data/train_sample/retrieval_captions.parquet"
         let log = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
         assert!(!log.contains("zeroshot") && log.contains("val_rsum"), "{log}");
         assert_eq!(json(&run.join("best.json")), best, "the same model, the same set");
+        // The retrieval set alone without `select_best` evaluates nothing while training: said.
+        let idle = only.path().join("idle.toml");
+        std::fs::write(&idle, retrieval_only.replace("select_best = true\n", "")).unwrap();
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_curate"))
+            .args(["train", idle.to_str().unwrap(), "--progress", "never", "--set"])
+            .arg(format!("output_dir={}", only.path().join("idle").display()))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success() && stderr.contains("nothing is evaluated while training"), "{stderr}");
         // Half a zero-shot set, or an `[eval]` with nothing to do, is refused.
         let half = retrieval_only.replace("[eval]\n", "[eval]\nclasses = \"data/train_sample/classes.txt\"\n");
         std::fs::write(&file, half).unwrap();

@@ -291,8 +291,10 @@ impl ConfigDoc {
             return None;
         }
         let Value::Table(table) = parse_override_value(raw.trim()) else { return None };
-        if key.strip_prefix("stage[").and_then(|p| p.strip_suffix(']')).is_some() {
-            return Some((key.to_owned(), table));
+        if let Some(i) = key.strip_prefix("stage[").and_then(|p| p.strip_suffix(']')) {
+            // An empty table sets nothing, but a stage that is not there is still an error.
+            let there = i.parse::<usize>().is_ok_and(|i| self.indexed_stages().iter().any(|(j, _)| *j == i));
+            return (there || !table.is_empty()).then(|| (key.to_owned(), table));
         }
         // By position from here: a `name` among the keys renames the stage for the keys after it.
         let (i, _) = self.indexed_stages().into_iter().find(|(_, t)| Self::stage_name(t) == Some(key))?;

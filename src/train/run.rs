@@ -843,6 +843,12 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             set.missing_images
         );
     }
+    if config.eval.as_ref().is_some_and(|e| e.images.is_none() && !e.select_best) {
+        say!(
+            "note: `[eval]` has no zero-shot set and `eval.select_best` is off: nothing is evaluated while \
+             training (`curate eval RUN_DIR` scores `[eval.retrieval]` afterwards)"
+        );
+    }
     if let Some(clip) = &config.model.clip {
         use crate::models::clip_text::OpenClipConfig;
         if clip.quick_gelu.is_none() && !OpenClipConfig::names_quick_gelu(&clip.dir.join(OpenClipConfig::FILE)) {
