@@ -2553,7 +2553,8 @@ fn the_cusa_and_pcmepp_clip_presets_are_valid_training_files() {
     let mut sets = sets[..5].to_vec();
     let out = format!("output_dir={}", dir.path().join("out").display());
     sets.extend([out, "epochs=3".into(), "batch_size=64".into(), "optim.swa_start_epoch=1".into()]);
-    sets.push("eval.every_steps=9".into());
+    // (`every_steps = 2` would evaluate every second step: the preset's `every_epochs = 1` wins.)
+    sets.push("eval.every_steps=2".into());
     let c = TrainConfig::load(Path::new("pipelines/train_pcmepp_clip.toml"), &sets).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.loss.loss_type(), LossType::Pcmepp);
     assert!(c.model.gpo && c.model.log_variance_block && c.data.msda.is_some() && c.model.embed_dim == 1024);
@@ -2562,6 +2563,14 @@ fn the_cusa_and_pcmepp_clip_presets_are_valid_training_files() {
     assert_eq!(s.steps, 27);
     assert!(dir.path().join("out/model_swa.bpk").is_file());
     assert!(s.best.is_some_and(|(step, _)| [9, 18, 27].contains(&step)), "{:?}", s.best);
+    let validated: Vec<u64> = std::fs::read_to_string(dir.path().join("out/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("val_rsum").is_some())
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(validated, [9, 18, 27], "at each epoch's end");
     assert!(dir.path().join("out/model_best.bpk").is_file());
     assert!(s.last_loss.is_finite(), "{}", s.last_loss);
 }
