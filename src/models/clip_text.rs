@@ -282,10 +282,7 @@ impl ClipText {
 
     /// Loads the tower from a safetensors state dict (a whole CLIP or the text tower alone).
     pub fn load(path: &Path, c: &ClipTextConfig, device: &Device) -> Result<ClipText> {
-        let w = Weights::from_safetensors(path)?;
-        let model = ClipText::from_weights(c, &w, device);
-        w.finish(model.ignored())?;
-        Ok(model)
+        Weights::load_model(path, |w| ClipText::from_weights(c, w, device), ClipText::ignored)
     }
 
     /// The transformer blocks, first to last (for per-block learning rates).

@@ -345,10 +345,7 @@ impl ResNet {
 
     /// Loads a torchvision-layout safetensors state dict.
     pub fn load(path: &Path, c: &ResNetConfig, device: &Device) -> Result<ResNet> {
-        let w = Weights::from_safetensors(path)?;
-        let model = ResNet::from_weights(c, &w, device);
-        w.finish(&Self::IGNORED)?;
-        Ok(model)
+        Weights::load_model(path, |w| ResNet::from_weights(c, w, device), |_| &Self::IGNORED)
     }
 
     pub fn feature_dim(&self) -> usize {

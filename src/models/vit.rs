@@ -390,10 +390,7 @@ impl Vit {
 
     /// Loads a safetensors state dict in the layout of `c`.
     pub fn load(path: &Path, c: &VitConfig, device: &Device) -> Result<Vit> {
-        let w = Weights::from_safetensors(path)?;
-        let model = Vit::from_weights(c, &w, device);
-        w.finish(model.ignored())?;
-        Ok(model)
+        Weights::load_model(path, |w| Vit::from_weights(c, w, device), Vit::ignored)
     }
 
     pub fn output_dim(&self) -> usize {

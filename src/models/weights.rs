@@ -381,6 +381,19 @@ impl Weights {
         bn
     }
 
+    /// A model built by `build` from the safetensors file `path`, checked by [`Weights::finish`]
+    /// with the names `ignored` gives for it.
+    pub fn load_model<M>(
+        path: &Path,
+        build: impl FnOnce(&Weights) -> M,
+        ignored: impl FnOnce(&M) -> &'static [&'static str],
+    ) -> Result<M> {
+        let w = Weights::from_safetensors(path)?;
+        let model = build(&w);
+        w.finish(ignored(&model))?;
+        Ok(model)
+    }
+
     /// Refuses the checkpoint if a tensor was missing or mis-shaped, or if a tensor was not
     /// used, unless its name starts with one of `ignored` (parts of the checkpoint this model
     /// deliberately leaves out, such as BERT's pooler).
