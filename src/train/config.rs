@@ -335,11 +335,11 @@ pub struct DataConfig {
     /// `seed`), so about that share of pairs no longer match. 0 (the default): off.
     #[serde(default)]
     pub noise_ratio: f64,
-    /// PCME++'s caption augmentation, as its loader's `process_caption` does it for BERT-family
-    /// tokenizers (spec `cusa-and-pcmepp.md` §3.9 describes the same loader's CLIP-BPE branch;
-    /// curate's text towers are BERT-family): each word with probability 0.2 is masked (half of
-    /// those), replaced by random tokens (a tenth) or deleted (the rest). Off by default; needs a
-    /// tokenizer with `[MASK]`.
+    /// PCME++'s caption augmentation, as its loader does it (spec `cusa-and-pcmepp.md` §3.9):
+    /// each unit with probability 0.2 is masked (half of those), replaced by random tokens (a
+    /// tenth) or deleted (the rest); the unit is a word masked with `[MASK]` for a BERT-family
+    /// tokenizer (`process_caption`), a token masked with the BPE symbol `M` for CLIP's
+    /// (`process_caption_vit`). Off by default.
     #[serde(default)]
     pub caption_augment: bool,
     /// PCME++'s mixed sample data augmentation (Mixup / CutMix on images, soft labels; spec
@@ -623,7 +623,8 @@ pub struct ZeroShotConfig {
 }
 
 /// A retrieval gallery in the COCO layout (`[eval.retrieval]`): the COCO 5K test split for the
-/// papers, `data/train_sample/retrieval_*.parquet` for the bundled sample. Row order matters:
+/// papers' evaluation (a dev split for `select_best`), `data/train_sample/retrieval_*.parquet`
+/// for the bundled sample. Row order matters:
 /// the image rows in five consecutive fifths are the COCO 1K folds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

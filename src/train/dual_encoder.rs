@@ -3,8 +3,9 @@
 //! (the paper: ResNet-50, 2048 → 768), and a BERT-family text tower with mean pooling over the
 //! attention mask and an optional projection (none in the paper: DistilBERT is 768-d). Loss
 //! specific heads sit beside the projections: CUSA's uni-modal heads (`cusa-and-pcmepp.md`
-//! §2.1) and PCME++'s log-variance heads (§3.1; one linear layer, not the reference's extra
-//! transformer block). With `model.gpo`, the embeddings and log-variances are projected from
+//! §2.1) and PCME++'s log-variance heads (§3.1; one linear layer on μ's tokens, or, with
+//! `[model.clip]` and `model.log_variance_block`, on a new block's, as the reference's). With
+//! `model.gpo`, the embeddings and log-variances are projected from
 //! every token (grid cell, text token) and pooled by GPO ([`crate::models::gpo`]), as PCME++'s
 //! heads; otherwise the pooled features are projected.
 //!
