@@ -505,6 +505,17 @@ captions = "data/train_sample/retrieval_captions.parquet"
     const IMAGES: &str = "data/train_sample/retrieval_images.parquet";
     const CAPTIONS: &str = "data/train_sample/retrieval_captions.parquet";
 
+    /// `curate eval RUN_DIR` on the bundled retrieval set given by flags, into `out`.
+    fn with_flags(run: &Path, out: &Path) -> RunEval {
+        RunEval {
+            run: run.to_owned(),
+            images: Some(IMAGES.into()),
+            captions: Some(CAPTIONS.into()),
+            out: Some(out.to_owned()),
+            ..Default::default()
+        }
+    }
+
     fn json(path: &Path) -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
     }
@@ -811,13 +822,7 @@ captions = "data/train_sample/retrieval_captions.parquet"
 
         // The flags name the same set: the same metrics.
         let flags_out = dir.path().join("flags");
-        let args = RunEval {
-            run: run_dir.clone(),
-            images: Some(IMAGES.into()),
-            captions: Some(CAPTIONS.into()),
-            out: Some(flags_out.clone()),
-            ..Default::default()
-        };
+        let args = with_flags(&run_dir, &flags_out);
         run_trained(&args, &device).unwrap();
         assert_eq!(json(&flags_out.join("metrics.json")), got);
         assert_eq!(json(&flags_out.join("config.json"))["retrieval_from"], "flags");
@@ -1024,13 +1029,7 @@ captions = "data/train_sample/retrieval_captions.parquet"
 
         // With the flags it evaluates; without zero-shot settings metrics.json has no zero-shot.
         let out = dir.path().join("eval");
-        let args = RunEval {
-            run: run_dir.clone(),
-            images: Some(IMAGES.into()),
-            captions: Some(CAPTIONS.into()),
-            out: Some(out.clone()),
-            ..Default::default()
-        };
+        let args = with_flags(&run_dir, &out);
         let ev = run_trained(&args, &device).unwrap();
         assert!(ev.zeroshot.is_none());
         let got = json(&out.join("metrics.json"));
@@ -1072,13 +1071,7 @@ captions = "data/train_sample/retrieval_captions.parquet"
         let run_dir = crate::common::train_run(dir.path(), crate::common::TINY_RUN);
         let device = Device::flex();
         let out = dir.path().join("eval");
-        let args = RunEval {
-            run: run_dir.clone(),
-            images: Some(IMAGES.into()),
-            captions: Some(CAPTIONS.into()),
-            out: Some(out.clone()),
-            ..Default::default()
-        };
+        let args = with_flags(&run_dir, &out);
         run_trained(&args, &device).unwrap();
         let earlier: Vec<Vec<u8>> =
             ["config.json", "metrics.json", "metrics.md"].iter().map(|f| std::fs::read(out.join(f)).unwrap()).collect();
