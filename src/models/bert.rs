@@ -347,4 +347,38 @@ mod tests {
             assert_eq!(model.attention_output_dropout, drops_attention_output, "{folder}");
         }
     }
+
+    /// Where the masks fall, by their effect: with the embeddings' LayerNorm at (0, 0) and the
+    /// feed-forward's output Linear at 0, the only non-zero value that can meet hidden dropout is
+    /// the attention output. DistilBERT's forward pass then does not depend on the random
+    /// stream, BERT's does (the same weights under `model_type = "bert"`).
+    #[test]
+    fn only_berts_attention_output_meets_hidden_dropout() {
+        use burn::module::Param;
+        let device = Device::default().autodiff();
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/tiny_distilbert");
+        let mut c = BertConfig::from_file(&dir.join("config.json")).unwrap();
+        (c.hidden_dropout_prob, c.attention_probs_dropout_prob) = (0.5, 0.0);
+        let outputs = |model_type: &str| {
+            let c = BertConfig { model_type: model_type.into(), ..c.clone() };
+            let mut m = Bert::from_weights(&c, &Weights::random(3), &device);
+            let h = c.hidden_size;
+            m.embeddings_norm.gamma = Param::from_tensor(Tensor::zeros([h], &device));
+            m.embeddings_norm.beta = Some(Param::from_tensor(Tensor::zeros([h], &device)));
+            for layer in &mut m.layers {
+                layer.output.weight = Param::from_tensor(Tensor::zeros([c.intermediate_size, h], &device));
+                layer.output.bias = Some(Param::from_tensor(Tensor::zeros([h], &device)));
+            }
+            let ids = Tensor::<2, Int>::from_data(burn::tensor::TensorData::new(vec![1i64, 2, 3, 4], [1, 4]), &device);
+            let mask = Tensor::<2, Int>::ones([1, 4], &device);
+            [1u64, 2].map(|seed| {
+                device.seed(seed);
+                m.forward(ids.clone(), mask.clone()).into_data().try_to_vec::<f32>().unwrap()
+            })
+        };
+        let [a, b] = outputs("distilbert");
+        assert_eq!(a, b, "DistilBERT: no mask reaches a non-zero value");
+        let [a, b] = outputs("bert");
+        assert_ne!(a, b, "BERT: its attention output is dropped");
+    }
 }
