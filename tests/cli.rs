@@ -74,6 +74,14 @@ fn toml_syntax_error() {
     insta::assert_snapshot!(validate("syntax_error.toml", &[]));
 }
 
+/// Every syntax error of a file at once: an unclosed string, a header that does not parse (its
+/// table's duplicate `seed` is not reported: the parser never saw that table), a duplicate key
+/// and a bare word where a value goes, each once.
+#[test]
+fn every_toml_syntax_error_at_once() {
+    insta::assert_snapshot!(validate("syntax_errors.toml", &[]));
+}
+
 #[test]
 fn stage_order_and_unknown_top_level_key() {
     insta::assert_snapshot!(validate("stage_order.toml", &[]));

@@ -98,24 +98,7 @@ impl ConfigDoc {
     pub fn parse(path: &Path, source: String, overrides: &[String]) -> Result<ConfigDoc, Vec<Diagnostic>> {
         let parsed = match DeTable::parse(&source) {
             Ok(t) => t,
-            Err(e) => {
-                let loc = e.span().map(|s| location_in(path, &source, s.start));
-                let mut first = e.message().lines().next().unwrap_or("invalid TOML").to_owned();
-                // The parser names no key: it is the text of the line before its `=`.
-                if first == "duplicate key" {
-                    let key = e.span().and_then(|s| source.get(s.start..)).and_then(|rest| {
-                        let line = rest.lines().next()?;
-                        let key = line.split('=').next()?.trim().trim_matches(['[', ']']).trim();
-                        (!key.is_empty()).then(|| key.to_owned())
-                    });
-                    if let Some(key) = key {
-                        first = format!("duplicate key `{key}` (each key is set once per table)");
-                    }
-                }
-                return Err(vec![Diagnostic::new(format!("invalid TOML: {first}"))
-                    .at(loc)
-                    .hint("see https://toml.io for the syntax")]);
-            }
+            Err(e) => return Err(syntax_errors(path, &source, e)),
         };
         let mut origins = HashMap::new();
         record_spans(&mut origins, "", parsed.get_ref());
@@ -587,6 +570,84 @@ fn is_json_path(path: &Path) -> bool {
 
 /// Line, column and text of byte `offset` in `source`, the file at `path`. A byte-order mark
 /// at the start is not a column (editors do not show it).
+/// The most syntax errors one run reports: past a few dozen, the next ones are more likely the
+/// first ones' echoes than news.
+const MAX_SYNTAX_ERRORS: usize = 20;
+
+/// Every syntax error of a TOML file, not only the first. The parser's own recovery reports
+/// errors out of file order and echoes some (an unclosed array gives one per line after it), so
+/// only its first error in the file is taken; that line is blanked out (spaces, so later places
+/// keep their offsets) and the file parsed again, until it parses or the next error is no further
+/// on. A table header that
+/// does not parse blanks its whole table, up to the next header: its keys would otherwise land
+/// in the table before it and be reported as duplicates there. A file with syntax errors gets no
+/// other checks: its keys are not known for sure until it parses.
+fn syntax_errors(path: &Path, source: &str, first: toml::de::Error) -> Vec<Diagnostic> {
+    let mut text = source.as_bytes().to_vec();
+    let mut diags = Vec::new();
+    let mut error = first_in_file(source).unwrap_or(first);
+    let mut blanked_to = 0;
+    loop {
+        diags.push(syntax_diagnostic(path, source, &error));
+        let Some(at) = error.span().map(|s| s.start.min(text.len())) else { break };
+        let line_start = text[..at].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        if line_start < blanked_to {
+            // An error inside what was blanked: the echo of an earlier one (an unclosed string
+            // or array that runs on); it is not news.
+            diags.pop();
+            break;
+        }
+        let line_end = |from: usize| text[from..].iter().position(|&b| b == b'\n').map_or(text.len(), |i| from + i);
+        let is_header = |start: usize| text[start..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
+        let mut end = line_end(line_start);
+        if is_header(line_start) {
+            while end < text.len() && !is_header(end + 1) {
+                end = line_end(end + 1);
+            }
+        }
+        for b in &mut text[line_start..end] {
+            if *b != b'\n' {
+                *b = b' ';
+            }
+        }
+        blanked_to = end.max(line_start + 1);
+        if diags.len() == MAX_SYNTAX_ERRORS {
+            break;
+        }
+        // Whole lines of bytes became spaces, so the text is still UTF-8.
+        let Ok(rest) = std::str::from_utf8(&text) else { break };
+        match first_in_file(rest) {
+            None => break,
+            Some(e) => error = e,
+        }
+    }
+    diags
+}
+
+/// The syntax error of `text` that comes first in the file (the parser reports some out of order).
+fn first_in_file(text: &str) -> Option<toml::de::Error> {
+    let (_, errors) = DeTable::parse_recoverable(text);
+    errors.into_iter().min_by_key(|e| e.span().map_or(usize::MAX, |s| s.start))
+}
+
+/// One TOML syntax error as a diagnostic, at its place in `source`.
+fn syntax_diagnostic(path: &Path, source: &str, e: &toml::de::Error) -> Diagnostic {
+    let loc = e.span().map(|s| location_in(path, source, s.start));
+    let mut first = e.message().lines().next().unwrap_or("invalid TOML").to_owned();
+    // The parser names no key: it is the text of the line before its `=`.
+    if first == "duplicate key" {
+        let key = e.span().and_then(|s| source.get(s.start..)).and_then(|rest| {
+            let line = rest.lines().next()?;
+            let key = line.split('=').next()?.trim().trim_matches(['[', ']']).trim();
+            (!key.is_empty()).then(|| key.to_owned())
+        });
+        if let Some(key) = key {
+            first = format!("duplicate key `{key}` (each key is set once per table)");
+        }
+    }
+    Diagnostic::new(format!("invalid TOML: {first}")).at(loc).hint("see https://toml.io for the syntax")
+}
+
 fn location_in(path: &Path, source: &str, offset: usize) -> Location {
     let bom = if source.starts_with('\u{feff}') { '\u{feff}'.len_utf8() } else { 0 };
     let (source, offset) = (&source[bom..], offset.saturating_sub(bom));
