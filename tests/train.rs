@@ -821,7 +821,7 @@ fn rows_without_id_caption_or_image_reference_are_counted_and_a_table_without_re
 }
 
 #[test]
-fn teacher_tables_of_other_widths_or_with_a_nan_are_refused_at_load() {
+fn teacher_tables_of_other_widths_with_a_nan_or_short_of_rows_are_refused_at_load() {
     // Two tables of 64 and 32 values: in one order a data worker read past the narrow rows and
     // panicked, in the other the run trained on misaligned features. Both orders are refused
     // before training, naming both files and widths.
@@ -839,6 +839,15 @@ fn teacher_tables_of_other_widths_or_with_a_nan_are_refused_at_load() {
             format!("feature widths differ: `{}` has {wa}-d embeddings, `{}` has {wb}-d", a.display(), b.display());
         assert!(e.contains(&want), "wanted `{want}` in:\n{e}");
     }
+    // A table that covers part of the training rows: the run says how many have none, with
+    // examples, not only the first it meets.
+    let c = config(dir.path(), &["loss.type=cusa", &format!("data.teacher_image=\"{}\"", wide.display())]);
+    let e = TrainSet::load(&c).unwrap_err().to_string();
+    assert!(
+        e.contains("276 of 576 training rows have no teacher image features (for example `")
+            && e.contains("the teacher tables hold 300 ids"),
+        "{e}"
+    );
     // A NaN, an inf, a null value or a null row 7 of a table: named by file, column and row,
     // not "the loss is NaN" (or zeros read as features).
     for bad in [Poison::Value(f32::NAN), Poison::Value(f32::INFINITY), Poison::NullValue, Poison::NullRow] {

@@ -411,13 +411,31 @@ impl TrainSet {
                 });
             }
             let (table, dim) = read_features(&expand(p)?)?;
+            // Every training row without features is counted, so that one run says how far the
+            // tables are apart (a wrong file, or ids made another way), with a few of the ids.
+            let missing: Vec<&str> =
+                samples.iter().map(|s| s.sample_id.as_str()).filter(|id| !table.contains_key(*id)).collect();
+            if !missing.is_empty() {
+                let shown: Vec<String> = missing.iter().take(3).map(|id| format!("`{id}`")).collect();
+                return Err(Error::Data {
+                    message: format!(
+                        "{} of {} training rows have no teacher {what} features (for example {}); the teacher \
+                         tables hold {} ids",
+                        missing.len(),
+                        samples.len(),
+                        shown.join(", "),
+                        table.len()
+                    ),
+                    hint: Some(
+                        "teacher tables must cover every training row (join by `sample_id`): extract them from \
+                         the same tables as `data.tables`"
+                            .into(),
+                    ),
+                });
+            }
             let mut out = Vec::with_capacity(samples.len() * dim);
             for s in &samples {
-                let row = table.get(&s.sample_id).ok_or_else(|| Error::Data {
-                    message: format!("no teacher {what} features for sample `{}`", s.sample_id),
-                    hint: Some("teacher tables must cover every training row (join by `sample_id`)".into()),
-                })?;
-                out.extend_from_slice(row);
+                out.extend_from_slice(&table[&s.sample_id]);
             }
             Ok(Some((out, dim)))
         };
