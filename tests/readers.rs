@@ -2267,3 +2267,68 @@ fn a_tsv_header_names_columns_byte_for_byte_quotes_included() {
     )));
     assert_eq!((strs(&data, "sample_id"), strs(&data, "caption")), (vec!["1".to_string()], vec!["hello".to_string()]));
 }
+
+#[test]
+fn a_column_named_twice_in_a_header_is_refused_and_can_be_named_by_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("t.csv");
+    std::fs::write(&input, "id,caption,caption\n1,first,second\n").unwrap();
+    let stage = |caption: &str| {
+        read_only(&format!(
+            "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"id\", caption = {caption} }}",
+            input.display()
+        ))
+    };
+    let err = config_errors(stage("\"caption\""));
+    assert!(err.contains("column `caption` is named twice in the header of `t.csv` (columns #1 and #2)"), "{err}");
+    assert!(err.contains("name it by position: `caption = 1`"), "{err}");
+    // By position, either one is read; a name given once is not concerned.
+    let (_d, data, _) = run_pipeline(&stage("2"));
+    assert_eq!(strs(&data, "caption"), ["second"]);
+}
+
+#[test]
+fn a_blank_url_is_a_null_url_in_tables_and_img2dataset_shards() {
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("t.csv");
+    std::fs::write(&input, "id,caption,url\n1,a dog,  \n2,a cat,http://u/2\n").unwrap();
+    let (_d, data, _) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"id\", caption = \"caption\", url = \"url\" }}",
+        input.display()
+    )));
+    assert_eq!(col(&data, "url"), [None, Some("http://u/2".into())]);
+    let s = |v: Vec<&str>| -> ArrayRef { std::sync::Arc::new(StringArray::from(v)) };
+    let batch = RecordBatch::try_from_iter([
+        ("key", s(vec!["k0", "k1"])),
+        ("caption", s(vec!["a dog", "a cat"])),
+        ("url", s(vec![" \t", "http://u/1"])),
+        ("status", s(vec!["success"; 2])),
+    ])
+    .unwrap();
+    let path = dir.path().join("00000.parquet");
+    common::write_parquet(&path, &batch);
+    let (_d, data, _) =
+        run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", path.display())));
+    assert_eq!(col(&data, "url"), [None, Some("http://u/1".into())]);
+}
+
+#[test]
+fn an_imagenet_file_without_an_extension_is_said_to_have_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let synset = dir.path().join("n01440764");
+    std::fs::create_dir(&synset).unwrap();
+    std::fs::copy(
+        format!("{}/n01440764/n01440764_10026.JPEG", fixture("readers/imagenet21k/train")),
+        synset.join("a.JPEG"),
+    )
+    .unwrap();
+    std::fs::write(synset.join("README"), "x").unwrap();
+    std::fs::write(synset.join("b.txt"), "x").unwrap();
+    let (_d, data, rejects) =
+        run_pipeline(&read_only(&format!("type = \"read_imagenet21k\"\nroot = \"{}\"", dir.path().display())));
+    assert_eq!(strs(&data, "sample_id"), ["n01440764/a.JPEG"]);
+    let details = strs(&rejects, "detail");
+    assert!(details[0].starts_with("the name has no extension, not one of"), "{details:?}");
+    assert!(details[1].starts_with("`.txt` is not one of"), "{details:?}");
+}

@@ -75,8 +75,23 @@ fn expand_one(pat: &str) -> std::result::Result<Vec<PathBuf>, String> {
         let p = PathBuf::from(pat);
         return if p.exists() { Ok(vec![p]) } else { Err(format!("`{pat}` does not exist")) };
     }
-    let mut matches: Vec<PathBuf> =
-        glob::glob(pat).map_err(|e| format!("bad pattern `{pat}`: {e}"))?.filter_map(std::result::Result::ok).collect();
+    let mut matches = Vec::new();
+    let mut hidden = false;
+    for entry in glob::glob(pat).map_err(|e| format!("bad pattern `{pat}`: {e}"))? {
+        // A folder the pattern goes through that cannot be read (no permission) would leave its
+        // files out without a word.
+        let path = entry.map_err(|e| {
+            format!("`{pat}`: cannot read `{}` ({}), so its files would be left out", e.path().display(), e.error())
+        })?;
+        // As a shell's `*`: a hidden name (`.x.tsv`, macOS's `._00001.tar` beside each file
+        // copied from a Mac) is matched only by a part of the pattern that starts with `.`.
+        // (glob's own `require_literal_leading_dot` panics on a name that is not UTF-8.)
+        if is_hidden_match(pat, &path) {
+            hidden = true;
+        } else {
+            matches.push(path);
+        }
+    }
     // A file named with `[` (`shard[1].tsv`) is itself, not a pattern matching nothing.
     if matches.is_empty() && Path::new(pat).exists() {
         matches.push(PathBuf::from(pat));
@@ -88,10 +103,31 @@ fn expand_one(pat: &str) -> std::result::Result<Vec<PathBuf>, String> {
         ));
     }
     if matches.is_empty() {
-        return Err(format!("`{pat}` matches no file"));
+        return Err(if hidden {
+            format!(
+                "`{pat}` matches only hidden files (names that start with `.`); name them with a `.` in the pattern"
+            )
+        } else {
+            format!("`{pat}` matches no file")
+        });
     }
     matches.sort();
     Ok(matches)
+}
+
+/// Whether `path`, a match of `pat`, goes through a hidden name (one that starts with `.`) that
+/// no part of the pattern starting with `.` matches: a wildcard matched it, where a shell's would
+/// not.
+fn is_hidden_match(pat: &str, path: &Path) -> bool {
+    let dotted: Vec<glob::Pattern> = pat
+        .split('/')
+        .filter(|part| part.starts_with('.') && !matches!(*part, "." | ".."))
+        .filter_map(|part| glob::Pattern::new(part).ok())
+        .collect();
+    path.components().any(|c| {
+        let name = c.as_os_str().to_string_lossy();
+        name.starts_with('.') && !matches!(&*name, "." | "..") && !dotted.iter().any(|p| p.matches(&name))
+    })
 }
 
 /// A file of the pattern's folder whose name is not UTF-8 but, made text, matches the
@@ -377,6 +413,41 @@ mod tests {
         assert!(err.contains("the file name `caf\u{FFFD}.tsv` is not UTF-8"), "{err}");
         // A pattern it does not match is not concerned.
         assert!(PathPatterns(vec![format!("{}/s*.tsv", dir.path().display())]).expand().is_ok());
+    }
+
+    #[test]
+    fn patterns_skip_hidden_names_as_a_shell_does_and_refuse_folders_they_cannot_read() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display();
+        for n in ["a.tar", "._a.tar", ".b.tar"] {
+            std::fs::write(dir.path().join(n), "x").unwrap();
+        }
+        let names =
+            |pat: String| PathPatterns(vec![pat]).expand().map(|v| v.iter().map(|p| file_name(p)).collect::<Vec<_>>());
+        assert_eq!(names(format!("{d}/*.tar")).unwrap(), ["a.tar"]);
+        assert_eq!(names(format!("{d}/.*.tar")).unwrap(), ["._a.tar", ".b.tar"]);
+        // (The temporary folder's own name starts with `.`: a literal part of the pattern.)
+        let err = names(format!("{d}/?b.tar")).unwrap_err();
+        assert!(err.contains("matches only hidden files (names that start with `.`)"), "{err}");
+        // A folder the pattern walks through but cannot read: refused, not left out. (Root
+        // reads it anyway; there the part below cannot be checked.)
+        for sub in ["x", "y"] {
+            std::fs::create_dir(dir.path().join(sub)).unwrap();
+            std::fs::write(dir.path().join(sub).join("p.tsv"), "x").unwrap();
+        }
+        let locked = dir.path().join("y");
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+        let readable = std::fs::read_dir(&locked).is_ok();
+        let got = names(format!("{d}/*/p.tsv"));
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+        if readable {
+            assert_eq!(got.unwrap(), ["p.tsv", "p.tsv"]);
+        } else {
+            let err = got.unwrap_err();
+            assert!(err.contains(&format!("cannot read `{}`", locked.display())), "{err}");
+            assert!(err.contains("so its files would be left out"), "{err}");
+        }
     }
 
     #[test]

@@ -135,11 +135,17 @@ impl RunSummary {
         } else if self.rows_written == 0 {
             let top = self.rejects.iter().chain(&self.skipped).max_by_key(|(_, n)| **n);
             let top = top.map(|(reason, n)| format!("; most often `{reason}` ({n})")).unwrap_or_default();
-            out.push(format!(
-                "no row was written: the {} row(s) read were all rejected or skipped{top}; `rejects/` holds the rows \
-                 and their reasons",
-                self.rows_read
-            ));
+            // Skipped rows (videos, photos outside a subset) are only counted: `rejects/` holds
+            // rows only where some were rejected.
+            let (what, kept) = match (self.rejected() > 0, self.skipped.values().sum::<u64>() > 0) {
+                (true, false) => ("rejected", "; `rejects/` holds the rows and their reasons"),
+                (true, true) => (
+                    "rejected or skipped",
+                    "; `rejects/` holds the rejected rows and their reasons, the report counts the skipped ones",
+                ),
+                _ => ("skipped", "; the report counts them by reason"),
+            };
+            out.push(format!("no row was written: the {} row(s) read were all {what}{top}{kept}", self.rows_read));
         }
         out
     }
@@ -1178,6 +1184,31 @@ fn transform_stream<'s>(
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    #[test]
+    fn a_run_that_wrote_nothing_points_at_rejects_only_where_rows_were_rejected() {
+        let summary = |rejects: &[(&str, u64)], skipped: &[(&str, u64)]| super::RunSummary {
+            rows_read: rejects.iter().chain(skipped).map(|r| r.1).sum(),
+            rows_written: 0,
+            rejects: rejects.iter().map(|&(k, n)| (k.to_owned(), n)).collect(),
+            skipped: skipped.iter().map(|&(k, n)| (k.to_owned(), n)).collect(),
+            data_shards: Vec::new(),
+            timings_s: Default::default(),
+        };
+        let w = summary(&[], &[("read_imagenet21k/outside_synset_folders", 2)]).warnings();
+        assert_eq!(
+            w,
+            ["no row was written: the 2 row(s) read were all skipped; most often \
+              `read_imagenet21k/outside_synset_folders` (2); the report counts them by reason"]
+        );
+        let w = summary(&[("read_cc_tsv/wrong_field_count", 3)], &[]).warnings();
+        assert!(w[0].ends_with("all rejected; most often `read_cc_tsv/wrong_field_count` (3); `rejects/` holds the rows and their reasons"), "{w:?}");
+        let w = summary(&[("read_yfcc/bad_id", 1)], &[("read_yfcc/video", 4)]).warnings();
+        assert!(
+            w[0].contains("all rejected or skipped; most often `read_yfcc/video` (4); `rejects/` holds the rejected"),
+            "{w:?}"
+        );
+    }
 
     #[test]
     fn a_chunk_that_fills_little_of_its_buffers_is_cached_in_buffers_of_its_size() {

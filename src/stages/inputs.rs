@@ -30,7 +30,12 @@ pub fn expand_inputs(
     let files = match patterns.expand() {
         Ok(files) => files,
         Err(e) => {
-            problems.push(key, format!("input {e}"), Some("paths are relative to the directory curate runs in".into()));
+            let hint = if e.contains("so its files would be left out") {
+                "give curate's user the right to list that folder, or name the files it may read"
+            } else {
+                "paths are relative to the directory curate runs in"
+            };
+            problems.push(key, format!("input {e}"), Some(hint.into()));
             return Vec::new();
         }
     };

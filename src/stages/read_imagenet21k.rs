@@ -380,7 +380,10 @@ impl Reader for ReadImagenet21k {
                     let detail = "a macOS resource fork (`._` file), not an image".to_owned();
                     rejects.push(reject(Some(id.clone()), "resource_fork", detail, id.into_bytes()));
                 } else if !self.extensions.contains(&ext) {
-                    let detail = format!("`.{ext}` is not one of {:?}", self.extensions);
+                    let detail = match file.rsplit_once('.') {
+                        Some(_) => format!("`.{ext}` is not one of {:?}", self.extensions),
+                        None => format!("the name has no extension, not one of {:?}", self.extensions),
+                    };
                     rejects.push(reject(Some(id.clone()), "unsupported_extension", detail, id.into_bytes()));
                 } else {
                     let path = self.folder.root.join(&synset).join(&file).to_string_lossy().into_owned();

@@ -224,8 +224,8 @@ fn read_metadata(path: &Path, source: &str, seen: &mut UniqueIds) -> Result<Chun
                 Some(c) => out.push(PairRow {
                     sample_id: key,
                     caption: Some(c),
-                    // An empty url is a null url, as in every reader.
-                    url: urls[i].filter(|u| !u.is_empty()),
+                    // An empty or blank url is a null url, as in every reader.
+                    url: urls[i].filter(|u| !u.trim().is_empty()),
                     shard: Some(&shard),
                     key: Some(key),
                     ..Default::default()
@@ -352,8 +352,8 @@ fn judge(s: &tar_shards::Sample, seen: &mut UniqueIds) -> Verdict {
     let caption = s.member("txt").and_then(|m| m.data.clone());
     let json = s.member("json").and_then(|m| m.data.clone());
     let url = match json.as_deref().map(json_url) {
-        // An empty url is a null url, as in every reader.
-        Some(Ok(url)) => url.filter(|u| !u.is_empty()),
+        // An empty or blank url is a null url, as in every reader.
+        Some(Ok(url)) => url.filter(|u| !u.trim().is_empty()),
         Some(Err(())) => return Err(("bad_json", "KEY.json is not valid JSON", json.unwrap_or_default())),
         None => None,
     };

@@ -301,7 +301,25 @@ impl ReadTableConfig {
             let found = match col {
                 ColumnRef::Index(i) if *i < names.len() => Some(*i),
                 ColumnRef::Index(_) => None,
-                ColumnRef::Name(n) if named => names.iter().position(|h| h == n),
+                ColumnRef::Name(n) if named => {
+                    // A header that names two columns alike: either could be meant.
+                    let at: Vec<usize> = names.iter().enumerate().filter(|(_, h)| *h == n).map(|(i, _)| i).collect();
+                    if let [first, second, ..] = at[..] {
+                        problems.push(
+                            format!("columns.{key}"),
+                            format!(
+                                "column {col} is named twice in the header of `{}` (columns #{first} and #{second})",
+                                file_name(file)
+                            ),
+                            Some(format!(
+                                "name it by position: `{key} = {first}` (0-based), or rename one of them in the file"
+                            )),
+                        );
+                        ok = false;
+                        continue;
+                    }
+                    at.first().copied()
+                }
                 ColumnRef::Name(_) => {
                     problems.push(
                         format!("columns.{key}"),
@@ -671,8 +689,8 @@ impl RowMaker<'_> {
             }
             None => None,
         };
-        // Likewise an empty URL cell is no URL (null), as in the other readers.
-        let url = url.filter(|u| !u.is_empty());
+        // Likewise an empty or blank URL cell is no URL (null), as in the other readers.
+        let url = url.filter(|u| !u.trim().is_empty());
         if self.t.id_mapped && unique.is_some_and(|u| u.seen(&self.id)) {
             return Err(("duplicate_id", DUPLICATE_ID.into()));
         }
