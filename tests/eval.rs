@@ -580,6 +580,22 @@ captions = "data/train_sample/retrieval_captions.parquet"
             .unwrap_or_else(|e| panic!("{e}"));
         assert!((curate::eval::trained::rsum(&ev) - want.1).abs() < 1e-9, "{ev:?}");
         assert!(run_dir.join("eval_best/metrics.json").is_file());
+        // Scored on the set it was selected on, by the run config or by flags naming the same
+        // files: said so, as these are validation figures. Another set is not concerned.
+        assert!(ev.counts.selection_set);
+        let md = std::fs::read_to_string(run_dir.join("eval_best/metrics.md")).unwrap();
+        assert!(md.contains("- warning: this is the set the run selected its model on"), "{md}");
+        let flagged = run_trained(&with_flags(&run_dir, &dir.path().join("flagged")), &Device::flex()).unwrap();
+        assert!(flagged.counts.selection_set);
+        let (images, captions) = (dir.path().join("images.parquet"), dir.path().join("captions.parquet"));
+        std::fs::copy(IMAGES, &images).unwrap();
+        std::fs::copy(CAPTIONS, &captions).unwrap();
+        let other = RunEval {
+            images: Some(images),
+            captions: Some(captions),
+            ..with_flags(&run_dir, &dir.path().join("other"))
+        };
+        assert!(!run_trained(&other, &Device::flex()).unwrap().counts.selection_set);
 
         // Resumed: the same selection and the same lines. Evaluations at every step, checkpoints
         // every second: stopped after step 3 (checkpoint 2, best.json possibly step 3's), or
@@ -761,7 +777,9 @@ captions = "data/train_sample/retrieval_captions.parquet"
         let direct = z.evaluate(&run.model, &run.tokenizer).unwrap();
         // (serde_json reads floats back to within an ulp, hence the tolerance.)
         let near = |v: &serde_json::Value, x: f64| v.as_f64().is_some_and(|v| (v - x).abs() < 1e-12);
-        assert!(near(&zs["top1"], direct.top1) && near(&zs["top5"], direct.top5), "{zs} vs {direct:?}");
+        for (k, v) in [("top1", direct.top1), ("top2", direct.top2), ("top5", direct.top5), ("top10", direct.top10)] {
+            assert!(near(&zs[k], v), "{k}: {zs} vs {direct:?}");
+        }
         // And by brute force, outside `ZeroShot`: a class is the mean of its templates'
         // normalised embeddings, renormalised; an image's classes are ranked by dot product
         // (equal scores by class order), and it is a top-k hit when fewer than k classes come
@@ -783,7 +801,7 @@ captions = "data/train_sample/retrieval_captions.parquet"
         let zs_file = zc.images.as_ref().unwrap().expand().unwrap().remove(0);
         let zs_file = zs_file.to_str().unwrap();
         let (zs_paths, zs_labels) = (strings(zs_file, &zc.image_column), strings(zs_file, &zc.label_column));
-        let (mut top1, mut top5, mut least_gap) = (0, 0, f32::INFINITY);
+        let (mut hits, mut least_gap) = ([0usize; 4], f32::INFINITY);
         for (p, label) in zs_paths.iter().zip(&zs_labels) {
             let img = read_image(&ImageSource::File(p.into())).unwrap();
             let mut pixels = Vec::new();
@@ -794,8 +812,9 @@ captions = "data/train_sample/retrieval_captions.parquet"
             let before = (0..classes.len())
                 .filter(|&c| scores[c] > scores[want] || (scores[c] == scores[want] && c < want))
                 .count();
-            top1 += usize::from(before < 1);
-            top5 += usize::from(before < 5);
+            for (h, k) in hits.iter_mut().zip([1, 2, 5, 10]) {
+                *h += usize::from(before < k);
+            }
             least_gap = (0..classes.len())
                 .filter(|&c| c != want)
                 .map(|c| (scores[c] - scores[want]).abs())
@@ -806,7 +825,9 @@ captions = "data/train_sample/retrieval_captions.parquet"
         // Rounding (another batch, another summation order) moves scores by ~1e-7; a margin this
         // wide cannot flip a rank between the two computations.
         assert!(least_gap > 1e-6, "a near tie ({least_gap}) makes the comparison fragile");
-        assert_eq!((direct.top1, direct.top5), (top1 as f64 / n, top5 as f64 / n), "ZeroShot vs brute force");
+        let by_hand = hits.map(|h| h as f64 / n);
+        assert_eq!([direct.top1, direct.top2, direct.top5, direct.top10], by_hand, "ZeroShot vs brute force");
+        assert!(by_hand[1] > by_hand[0] && by_hand[3] > by_hand[2], "the four differ here: {by_hand:?}");
         let last = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
             .unwrap()
             .lines()
@@ -816,7 +837,9 @@ captions = "data/train_sample/retrieval_captions.parquet"
             .unwrap();
         assert_eq!(last["step"], 4);
         assert!(near(&zs["top1"], last["zeroshot_top1"].as_f64().unwrap()), "{zs} vs {last}");
-        assert!(near(&zs["top5"], last["zeroshot_top5"].as_f64().unwrap()), "{zs} vs {last}");
+        for k in ["top2", "top5", "top10"] {
+            assert!(near(&zs[k], last[&format!("zeroshot_{k}")].as_f64().unwrap()), "{zs} vs {last}");
+        }
         let md = std::fs::read_to_string(out.join("metrics.md")).unwrap();
         assert!(md.contains("| coco_5k_r10 |") && md.contains("| zeroshot_top1 (24 classes) |"), "{md}");
 

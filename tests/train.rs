@@ -2583,3 +2583,38 @@ fn the_cusa_and_pcmepp_clip_presets_are_valid_training_files() {
     assert!(dir.path().join("out/model_best.bpk").is_file());
     assert!(s.last_loss.is_finite(), "{}", s.last_loss);
 }
+
+#[test]
+fn zero_shot_labels_name_one_class_by_a_synonym_or_by_number() {
+    // A name two classes list (OTTER's GOI list repeats names) would have sent every such label
+    // to the first class unsaid; it is refused, and `#N` names a class by its number.
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    use curate::train::zeroshot::ZeroShot;
+    let dir = tempfile::tempdir().unwrap();
+    let classes = dir.path().join("classes.txt");
+    std::fs::write(&classes, "# three classes\nred circle|disc\nblue square\ndisc|blue circle\n").unwrap();
+    let table = |labels: &[&str]| {
+        let path = "data/train_sample/images/eval_red_circle_00.png";
+        let batch = RecordBatch::try_from_iter([
+            ("path", Arc::new(StringArray::from(vec![path; labels.len()])) as ArrayRef),
+            ("label", Arc::new(StringArray::from(labels.to_vec())) as ArrayRef),
+        ])
+        .unwrap();
+        let file = dir.path().join("zs.parquet");
+        common::write_parquet(&file, &batch);
+        let c = config(
+            dir.path(),
+            &[&format!("eval.images=\"{}\"", file.display()), &format!("eval.classes=\"{}\"", classes.display())],
+        );
+        ZeroShot::load(&c.eval.unwrap(), &ImageTransform::of_kind(ImageTransformKind::RandomResizedCrop, 16), false)
+    };
+    let e = table(&["red circle", "disc"]).err().expect("an ambiguous label").to_string();
+    assert!(e.contains("label `disc` names 2 classes of `") && e.contains("(#0, #2)"), "{e}");
+    assert!(e.contains("give the class by its number: `#N`"), "{e}");
+    let z = table(&["red circle", "#2", "blue square|#0"]).unwrap();
+    assert_eq!(z.shared_names, ["disc"]);
+    let note = curate::train::zeroshot::shared_names_note(&z.shared_names).unwrap();
+    assert!(note.starts_with("1 zero-shot class name(s) are listed by more than one class (`disc`)"), "{note}");
+    let e = table(&["#3"]).err().expect("past the last class").to_string();
+    assert!(e.contains("label `#3` is not a class of") && e.contains("has 3 classes, numbered from #0"), "{e}");
+}

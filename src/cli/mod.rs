@@ -437,8 +437,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 return Ok(130);
             }
             let zs = |z: Option<crate::train::zeroshot::ZeroShotScores>| {
-                z.map(|z| format!("top-1 {:.3}, top-5 {:.3} ({} classes)", z.top1, z.top5, z.classes))
-                    .unwrap_or_else(|| "not configured".into())
+                z.map(|z| {
+                    format!("top-1 {:.3}, top-5 {:.3}, top-10 {:.3} ({} classes)", z.top1, z.top5, z.top10, z.classes)
+                })
+                .unwrap_or_else(|| "not configured".into())
             };
             let resumed = match s.resumed_at {
                 0 => String::new(),

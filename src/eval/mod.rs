@@ -290,18 +290,20 @@ pub struct Evaluation {
     pub zeroshot: Option<ZeroShotMetrics>,
 }
 
-/// Zero-shot top-1/top-5 (flat hit@k over the class prompts, spec `bow-and-otter.md` §6.2), as
+/// Zero-shot top-1/2/5/10 (flat hit@k over the class prompts, spec `bow-and-otter.md` §6.2), as
 /// the trainer computes them ([`crate::train::zeroshot`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct ZeroShotMetrics {
     pub top1: f64,
+    pub top2: f64,
     pub top5: f64,
+    pub top10: f64,
     pub classes: usize,
 }
 
 impl From<crate::train::zeroshot::ZeroShotScores> for ZeroShotMetrics {
     fn from(s: crate::train::zeroshot::ZeroShotScores) -> Self {
-        ZeroShotMetrics { top1: s.top1, top5: s.top5, classes: s.classes }
+        ZeroShotMetrics { top1: s.top1, top2: s.top2, top5: s.top5, top10: s.top10, classes: s.classes }
     }
 }
 
@@ -329,6 +331,10 @@ pub struct Counts {
     /// Image and caption rows whose embedding is all zeros where scores normalise them (cosine,
     /// CSD): they have no direction, so every cosine with them is 0.
     pub zero_rows: [usize; 2],
+    /// The set scored is the one the run selected its model on (`eval.select_best`): its figures
+    /// are validation figures, optimistic as test figures.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub selection_set: bool,
 }
 
 /// Scores both directions once (float32) and computes every metric: [`evaluate_scored`] with

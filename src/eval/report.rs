@@ -5,7 +5,7 @@
 //! `recall_at_k.svg` (COCO 5K and CxC recall@K curves, drawn with [`crate::report::plot`]).
 //!
 //! A trained run's zero-shot scores (`curate eval RUN_DIR`) are one more top-level key,
-//! `"zeroshot": {"top1": x, "top5": y, "classes": n}`, after the retrieval metrics, so every
+//! `"zeroshot": {"top1": x, "top2": .., "top5": y, "top10": .., "classes": n}`, after the retrieval metrics, so every
 //! other key keeps the `{"i2t", "t2i"}` shape; in the table they are rows `zeroshot_top1` /
 //! `zeroshot_top5` with the value in the i2t column (an image ranks the class prompts).
 
@@ -55,7 +55,12 @@ pub fn markdown_table(ev: &Evaluation) -> String {
         let _ = writeln!(s, "| {name} | {} | {} | {} |", pct(p.i2t), pct(p.t2i), pct(mean));
     }
     if let Some(z) = &ev.zeroshot {
-        for (name, v) in [("zeroshot_top1", z.top1), ("zeroshot_top5", z.top5)] {
+        for (name, v) in [
+            ("zeroshot_top1", z.top1),
+            ("zeroshot_top2", z.top2),
+            ("zeroshot_top5", z.top5),
+            ("zeroshot_top10", z.top10),
+        ] {
             let _ = writeln!(s, "| {name} ({} classes) | {} | — | — |", z.classes, pct(Some(v)));
         }
     }
@@ -72,6 +77,13 @@ pub fn warnings(ev: &Evaluation) -> Vec<String> {
             "all-zero embeddings (no direction: every cosine with them is 0): {} image(s), {} caption(s)",
             c.zero_rows[0], c.zero_rows[1]
         ));
+    }
+    if c.selection_set {
+        out.push(
+            "this is the set the run selected its model on (`eval.select_best`): these are validation figures, \
+             not test figures; give `--images`/`--captions` for the test split"
+                .to_owned(),
+        );
     }
     if c.coco_1k_fold_disagreements > 0 {
         out.push(format!(

@@ -201,6 +201,15 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     report::check_out(&r.out)?;
 
     let mut ev = set.evaluate(&run, r.similarity, r.precision, annotations.as_ref(), &note)?;
+    // The validation set of `select_best`, whether named by the run config or by the flags.
+    let same = |a: &Path, b: &Path| a == b || a.canonicalize().ok().is_some_and(|a| b.canonicalize().ok() == Some(a));
+    ev.counts.selection_set = run
+        .config
+        .eval
+        .as_ref()
+        .filter(|e| e.select_best)
+        .and_then(|e| e.retrieval.as_ref())
+        .is_some_and(|v| same(&v.images, &r.images) && same(&v.captions, &r.captions));
     for (i, (k, v)) in [("load", t_load), ("read", t_read)].into_iter().enumerate() {
         ev.timings_s.insert(i, (k.to_owned(), v));
     }
@@ -208,6 +217,9 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
         note(format!("zero-shot classification over {} classes", z.classes));
         if z.skipped > 0 {
             note(format!("{} zero-shot row(s) left out: their image path or label is null", z.skipped));
+        }
+        if let Some(note_text) = crate::train::zeroshot::shared_names_note(&z.shared_names) {
+            note(note_text);
         }
         let t4 = Instant::now();
         ev.zeroshot = Some(z.evaluate(&run.model, &run.tokenizer)?.into());

@@ -2,7 +2,7 @@
 //! scalars, writes the resolved config to `output_dir/config.json` before anything else, then
 //! steps through batches from [`super::data::Loader`], logging `metrics.jsonl` (one JSON object
 //! per line: training lines with `step`, `loss`, `lr`, `samples_per_s`; evaluation lines with
-//! `step`, `zeroshot_top1`, `zeroshot_top5`, `zeroshot_classes`), writing checkpoints
+//! `step`, `zeroshot_top1`, `_top2`, `_top5`, `_top10`, `zeroshot_classes`), writing checkpoints
 //! atomically (a `step-N.tmp` folder renamed into place) and the final model.
 //!
 //! A checkpoint holds everything the next step depends on — model and loss parameters (with
@@ -662,7 +662,14 @@ impl Metrics {
 }
 
 fn zeroshot_line(step: u64, s: &ZeroShotScores) -> serde_json::Value {
-    json!({"step": step, "zeroshot_top1": s.top1, "zeroshot_top5": s.top5, "zeroshot_classes": s.classes})
+    json!({
+        "step": step,
+        "zeroshot_top1": s.top1,
+        "zeroshot_top2": s.top2,
+        "zeroshot_top5": s.top5,
+        "zeroshot_top10": s.top10,
+        "zeroshot_classes": s.classes
+    })
 }
 
 /// The encoders' optimiser (with the config's weight decay) and the loss parameters' (none),
@@ -893,6 +900,9 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
     };
     if let Some(z) = zeroshot.as_ref().filter(|z| z.skipped > 0) {
         say!("note: {} zero-shot row(s) left out: their image path or label is null", z.skipped);
+    }
+    if let Some(text) = zeroshot.as_ref().and_then(|z| super::zeroshot::shared_names_note(&z.shared_names)) {
+        say!("note: {text}");
     }
 
     // The towers too (a pretrained checkpoint that does not load leaves the earlier run be).

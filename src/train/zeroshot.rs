@@ -2,8 +2,11 @@
 //! becomes a prompt (`a photo of a {}` by default; the synonyms of a class joined with `,or `
 //! as OTTER's reference does), embedded by the text tower and L2-normalised — several templates
 //! are averaged and renormalised (CLIP's ensemble); each image is classified by cosine
-//! similarity. Top-1/top-5 are flat hit@k (§6.2): an image counts as a hit when any of its
-//! labels is among the k best classes, which for one label per image is top-k accuracy.
+//! similarity. Top-1/2/5/10 are flat hit@k (§6.2: K ∈ {1, 5, 10} for GOI and IN10K, {1, 2, 5, 10}
+//! for IN21K+1K): an image counts as a hit when any of its labels is among the k best classes,
+//! which for one label per image is top-k accuracy. A label names a class by any of its synonyms
+//! or by its number (`#12`, counted from 0 over the file's classes); a name that several classes
+//! list (OTTER's GOI list repeats names, which then tie as predictions) is refused as a label.
 
 use std::path::Path;
 
@@ -25,6 +28,21 @@ pub fn parse_classes(text: &str) -> Vec<Vec<String>> {
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .map(|l| l.split('|').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect())
         .collect()
+}
+
+/// The note for class names that several classes list, if any: those classes get the same prompt
+/// and tie as predictions (ties go to the first), and no label can name them by that name.
+pub fn shared_names_note(shared: &[String]) -> Option<String> {
+    let (first, rest) = shared.split_first()?;
+    let more = match rest.len() {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    Some(format!(
+        "{} zero-shot class name(s) are listed by more than one class (`{first}`{more}): a label names those \
+         classes by number (`#N`), and classes with the same names get one prompt and tie (the first wins)",
+        shared.len()
+    ))
 }
 
 /// The prompt of a class for one template: synonyms joined with `,or ` (OTTER).
@@ -67,13 +85,18 @@ pub struct ZeroShot {
     /// Rows of the image tables left out because their path or label is null (said on stderr
     /// by the caller: a silent drop would change the score's denominator unseen).
     pub skipped: usize,
+    /// Class names that more than one class lists (said on stderr by the caller: those classes
+    /// tie as predictions, and a label cannot name them by that name).
+    pub shared_names: Vec<String>,
 }
 
-/// Zero-shot results.
+/// Zero-shot results: flat hit@1, 2, 5 and 10.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ZeroShotScores {
     pub top1: f64,
+    pub top2: f64,
     pub top5: f64,
+    pub top10: f64,
     pub classes: usize,
 }
 
@@ -92,7 +115,47 @@ impl ZeroShot {
         };
         let text = std::fs::read_to_string(classes).map_err(|e| Error::io("cannot read classes", classes, e))?;
         let class_names = parse_classes(&text);
-        let index = |name: &str| class_names.iter().position(|c| c.iter().any(|n| n == name));
+        let mut by_name: std::collections::HashMap<&str, Vec<usize>> = std::collections::HashMap::new();
+        for (i, names) in class_names.iter().enumerate() {
+            for n in names {
+                let at = by_name.entry(n.as_str()).or_default();
+                if at.last() != Some(&i) {
+                    at.push(i);
+                }
+            }
+        }
+        let mut shared_names: Vec<String> =
+            by_name.iter().filter(|(_, at)| at.len() > 1).map(|(n, _)| (*n).to_owned()).collect();
+        shared_names.sort();
+        // A label's class: by name where one class lists it, or by number (`#12`).
+        let index = |file: &Path, name: &str| -> Result<usize> {
+            let numbered = name.strip_prefix('#').and_then(|i| i.parse::<usize>().ok());
+            if let Some(i) = numbered.filter(|&i| i < class_names.len()) {
+                return Ok(i);
+            }
+            match by_name.get(name).map(Vec::as_slice) {
+                Some([i]) => Ok(*i),
+                Some(several) => Err(Error::Data {
+                    message: format!(
+                        "`{}`: label `{name}` names {} classes of `{}` (#{})",
+                        file.display(),
+                        several.len(),
+                        classes.display(),
+                        several.iter().map(usize::to_string).collect::<Vec<_>>().join(", #")
+                    ),
+                    hint: Some("give the class by its number: `#N`, counted from 0 over the classes".into()),
+                }),
+                None => Err(Error::Data {
+                    message: format!("`{}`: label `{name}` is not a class of `{}`", file.display(), classes.display()),
+                    hint: Some(match numbered {
+                        Some(_) => {
+                            format!("`{}` has {} classes, numbered from #0", classes.display(), class_names.len())
+                        }
+                        None => "labels name a class (any of its synonyms, or `#N`)".into(),
+                    }),
+                }),
+            }
+        };
         let mut images = Vec::new();
         let mut labels = Vec::new();
         let mut skipped = 0;
@@ -107,19 +170,7 @@ impl ZeroShot {
                         skipped += 1;
                         continue;
                     };
-                    let set: Vec<usize> = label
-                        .split('|')
-                        .map(|l| {
-                            index(l.trim()).ok_or_else(|| Error::Data {
-                                message: format!(
-                                    "`{}`: label `{l}` is not a class of `{}`",
-                                    file.display(),
-                                    classes.display()
-                                ),
-                                hint: Some("labels name a class (any of its synonyms)".into()),
-                            })
-                        })
-                        .collect::<Result<_>>()?;
+                    let set: Vec<usize> = label.split('|').map(|l| index(file, l.trim())).collect::<Result<_>>()?;
                     let full = match &c.image_root {
                         Some(root) => root.join(&path),
                         None => Path::new(&path).to_owned(),
@@ -171,10 +222,11 @@ impl ZeroShot {
             templates: c.templates.len(),
             classes: class_names.len(),
             skipped,
+            shared_names,
         })
     }
 
-    /// Top-1 and top-5 flat hit rates of `model` (an inference copy: [`burn::module::Module::valid`]).
+    /// Flat hit@1, 2, 5 and 10 of `model` (an inference copy: [`burn::module::Module::valid`]).
     pub fn evaluate(&self, model: &DualEncoder, tokenizer: &Tokenizer) -> Result<ZeroShotScores> {
         let device: Device = model.image_proj.weight.val().device();
         let d = self.classes;
@@ -204,7 +256,9 @@ impl ZeroShot {
         }
         Ok(ZeroShotScores {
             top1: hit_at_k(&scores, d, &self.labels, 1),
+            top2: hit_at_k(&scores, d, &self.labels, 2),
             top5: hit_at_k(&scores, d, &self.labels, 5),
+            top10: hit_at_k(&scores, d, &self.labels, 10),
             classes: d,
         })
     }
