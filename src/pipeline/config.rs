@@ -568,8 +568,6 @@ fn is_json_path(path: &Path) -> bool {
     path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"))
 }
 
-/// Line, column and text of byte `offset` in `source`, the file at `path`. A byte-order mark
-/// at the start is not a column (editors do not show it).
 /// The most syntax errors one run reports: past a few dozen, the next ones are more likely the
 /// first ones' echoes than news.
 const MAX_SYNTAX_ERRORS: usize = 20;
@@ -578,10 +576,9 @@ const MAX_SYNTAX_ERRORS: usize = 20;
 /// errors out of file order and echoes some (an unclosed array gives one per line after it), so
 /// only its first error in the file is taken; that line is blanked out (spaces, so later places
 /// keep their offsets) and the file parsed again, until it parses or the next error is no further
-/// on. A table header that
-/// does not parse blanks its whole table, up to the next header: its keys would otherwise land
-/// in the table before it and be reported as duplicates there. A file with syntax errors gets no
-/// other checks: its keys are not known for sure until it parses.
+/// on. A table header that does not parse blanks its whole table, up to the next header: its keys
+/// would otherwise land in the table before it and be reported as duplicates there. A file with
+/// syntax errors gets no other checks: its keys are not known for sure until it parses.
 fn syntax_errors(path: &Path, source: &str, first: toml::de::Error) -> Vec<Diagnostic> {
     let mut text = source.as_bytes().to_vec();
     let mut diags = Vec::new();
@@ -648,6 +645,8 @@ fn syntax_diagnostic(path: &Path, source: &str, e: &toml::de::Error) -> Diagnost
     Diagnostic::new(format!("invalid TOML: {first}")).at(loc).hint("see https://toml.io for the syntax")
 }
 
+/// Line, column and text of byte `offset` in `source`, the file at `path`. A byte-order mark
+/// at the start is not a column (editors do not show it).
 fn location_in(path: &Path, source: &str, offset: usize) -> Location {
     let bom = if source.starts_with('\u{feff}') { '\u{feff}'.len_utf8() } else { 0 };
     let (source, offset) = (&source[bom..], offset.saturating_sub(bom));
