@@ -477,6 +477,133 @@ fn all_zero_embeddings_are_warned_about_where_scores_normalise() {
 // `curate eval RUN_DIR`: a 4-step run on the bundled sample (`data/gen_train_sample.py`), its
 // model embedding `data/train_sample/retrieval_*.parquet` (120 images, 5 captions each).
 
+/// `cols` written to `dir/name`, every column nullable (the uni-modal tables count their nulls).
+fn write_nullable(dir: &Path, name: &str, cols: Vec<(&str, ArrayRef)>) -> PathBuf {
+    let fields: Vec<Field> = cols.iter().map(|(n, a)| Field::new(*n, a.data_type().clone(), true)).collect();
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(schema.clone(), cols.into_iter().map(|c| c.1).collect()).unwrap();
+    let path = dir.join(name);
+    curate::io::parquet::write_file(&path, schema, &[batch], &[]).unwrap();
+    path
+}
+
+#[test]
+fn sts_spearman_equals_scipy_with_ties() {
+    // `scipy.stats.spearmanr(system, gold)` (what SentEval reports) and `rankdata` on seeded
+    // cases full of ties, from `tests/fixtures/eval/make_spearman_fixture.py`.
+    use curate::eval::unimodal::{average_ranks, spearman};
+    let v = read_json(&fixture("spearman.json"));
+    let floats =
+        |v: &serde_json::Value| -> Vec<f64> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect() };
+    let cases = v["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 6);
+    let mut tied = 0;
+    for (i, c) in cases.iter().enumerate() {
+        let (system, gold) = (floats(&c["system"]), floats(&c["gold"]));
+        assert_eq!(average_ranks(&system), floats(&c["system_ranks"]), "case {i}: system ranks");
+        assert_eq!(average_ranks(&gold), floats(&c["gold_ranks"]), "case {i}: gold ranks");
+        tied += floats(&c["system_ranks"]).iter().chain(&floats(&c["gold_ranks"])).filter(|r| r.fract() != 0.0).count();
+        let (got, want) = (spearman(&system, &gold).unwrap(), c["spearman"].as_f64().unwrap());
+        assert!((got - want).abs() < 1e-12, "case {i}: {got} vs scipy {want}");
+    }
+    assert!(tied > 100, "the fixture exercises ties ({tied} averaged ranks)");
+}
+
+#[test]
+fn uni_modal_tables_are_checked_and_their_nulls_counted() {
+    use arrow_array::{Float64Array, StringArray};
+    use curate::eval::unimodal::{Side, StsPairs, UniImages};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text = |v: &[Option<&str>]| -> ArrayRef { Arc::new(StringArray::from(v.to_vec())) };
+    let nums = |v: &[Option<f64>]| -> ArrayRef { Arc::new(Float64Array::from(v.to_vec())) };
+
+    // Every missing column at once, with a "did you mean".
+    let p = write_nullable(d, "typo.parquet", vec![("paths", text(&[Some("a.png")]))]);
+    let e = UniImages::read(&p).unwrap_err().to_string();
+    assert!(e.contains("typo.parquet` has no column `path`, `label`") && e.contains("`paths`"), "{e}");
+    assert!(e.contains("hint:") && e.contains("path"), "{e}");
+    // Labels: strings or integers; a null path or label leaves the row out, counted; classes are
+    // numbered as first met.
+    let p = write_nullable(
+        d,
+        "labels.parquet",
+        vec![
+            ("path", text(&[Some("a"), Some("b"), None, Some("c"), Some("d")])),
+            ("label", Arc::new(Int32Array::from(vec![Some(7), Some(3), Some(7), None, Some(7)]))),
+        ],
+    );
+    let t = UniImages::read(&p).unwrap();
+    assert_eq!(
+        (t.paths.clone(), t.labels.clone(), t.skipped, t.split.clone()),
+        (vec!["a".into(), "b".into(), "d".into()], vec![0, 1, 0], 2, None)
+    );
+    assert_eq!(t.protocol(), "single_set");
+    let p = write_nullable(d, "floats.parquet", vec![("path", text(&[Some("a")])), ("label", nums(&[Some(1.0)]))]);
+    let e = UniImages::read(&p).unwrap_err().to_string();
+    assert!(e.contains("column `label`") && e.contains("not a string or an integer"), "{e}");
+    // Fewer than two images once the nulls are left out.
+    let p = write_nullable(
+        d,
+        "one.parquet",
+        vec![("path", text(&[Some("a"), None])), ("label", text(&[Some("x"), Some("x")]))],
+    );
+    let e = UniImages::read(&p).unwrap_err().to_string();
+    assert!(e.contains("has 1 image(s) (1 row(s) left out") && e.contains("at least 2"), "{e}");
+    // `split`: query/gallery; another value is refused by row; queries need a gallery.
+    let split = |name: &str, v: &[Option<&str>]| {
+        let n = v.len();
+        let paths: Vec<Option<&str>> = vec![Some("p"); n];
+        let labels: Vec<Option<&str>> = vec![Some("x"); n];
+        write_nullable(d, name, vec![("path", text(&paths)), ("label", text(&labels)), ("split", text(v))])
+    };
+    let t = UniImages::read(&split("ok.parquet", &[Some("gallery"), Some("query"), None])).unwrap();
+    assert_eq!((t.protocol(), t.split, t.skipped), ("query_gallery", Some(vec![Side::Gallery, Side::Query]), 1));
+    let e = UniImages::read(&split("test.parquet", &[Some("query"), Some("test")])).unwrap_err().to_string();
+    assert!(e.contains("row 1 has `split` = `test`") && e.contains("`query` or `gallery`"), "{e}");
+    let e = UniImages::read(&split("q.parquet", &[Some("query"), Some("query")])).unwrap_err().to_string();
+    assert!(e.contains("has 2 query and 0 gallery image(s)"), "{e}");
+    let e = UniImages::read(&split("g.parquet", &[Some("gallery")])).unwrap_err().to_string();
+    assert!(e.contains("has 0 query and 1 gallery image(s)"), "{e}");
+
+    // STS: nulls counted, a non-finite or non-numeric score and constant gold scores refused,
+    // `pre_caption` applied (and a sentence it empties named).
+    let sts = |name: &str, a: &[Option<&str>], score: ArrayRef| {
+        let b: Vec<Option<&str>> = a.iter().map(|_| Some("Two dogs.")).collect();
+        write_nullable(d, name, vec![("sentence1", text(a)), ("sentence2", text(&b)), ("score", score)])
+    };
+    let p = sts(
+        "sts.parquet",
+        &[Some("A Dog, running!"), None, Some("a cat"), Some("x")],
+        nums(&[Some(4.0), Some(1.0), Some(2.5), None]),
+    );
+    let t = StsPairs::read(&p, false).unwrap();
+    assert_eq!(
+        (t.sentence1.clone(), t.scores.clone(), t.skipped),
+        (vec!["A Dog, running!".into(), "a cat".into()], vec![4.0, 2.5], 2)
+    );
+    let t = StsPairs::read(&p, true).unwrap();
+    assert_eq!((t.sentence1, t.sentence2[0].as_str()), (vec!["a dog running".into(), "a cat".into()], "two dogs"));
+    let p = sts("empty.parquet", &[Some("a"), Some("...")], nums(&[Some(1.0), Some(2.0)]));
+    let e = StsPairs::read(&p, true).unwrap_err().to_string();
+    assert!(e.contains("`sentence1` of row 1") && e.contains("nothing left after `pre_caption`"), "{e}");
+    let p = sts("nan.parquet", &[Some("a"), Some("b")], nums(&[Some(1.0), Some(f64::NAN)]));
+    let e = StsPairs::read(&p, false).unwrap_err().to_string();
+    assert!(e.contains("`score` of row 1") && e.contains("NaN"), "{e}");
+    let p = sts("flat.parquet", &[Some("a"), Some("b")], nums(&[Some(3.0), Some(3.0)]));
+    let e = StsPairs::read(&p, false).unwrap_err().to_string();
+    assert!(e.contains("every gold `score`") && e.contains("undefined"), "{e}");
+    let p = sts("few.parquet", &[Some("a"), Some("b")], nums(&[Some(3.0), None]));
+    let e = StsPairs::read(&p, false).unwrap_err().to_string();
+    assert!(e.contains("1 sentence pair(s) with a score (1 left out for a null)"), "{e}");
+    let p = sts("text.parquet", &[Some("a"), Some("b")], text(&[Some("1"), Some("2")]));
+    let e = StsPairs::read(&p, false).unwrap_err().to_string();
+    assert!(e.contains("column `score`") && e.contains("not a number"), "{e}");
+    let p = write_nullable(d, "nosts.parquet", vec![("sentence_1", text(&[Some("a")]))]);
+    let e = StsPairs::read(&p, false).unwrap_err().to_string();
+    assert!(e.contains("no column `sentence1`, `sentence2`, `score`"), "{e}");
+}
+
 mod run_dir {
     use std::path::Path;
 
@@ -1083,6 +1210,321 @@ captions = "data/train_sample/retrieval_captions.parquet"
         assert_eq!(bin.status.code(), Some(2), "{stderr}");
         assert!(stderr.contains("error: ") && stderr.contains("model.bpk") && stderr.contains("hint:"), "{stderr}");
         assert!(bin.stdout.is_empty());
+    }
+
+    /// CUSA's uni-modal evaluation, `--uni-images` and `--sts` (spec `cusa-and-pcmepp.md` §2.7):
+    /// on a tiny CUSA run, R@1 (single set and query/gallery) and Spearman's ρ equal a brute-force
+    /// computation from the uni-modal heads of the model's own `forward`, with no retrieval set
+    /// needed; through the binary the same; a run without uni-modal heads is scored with its
+    /// cross-modal embeddings and says so, beside its retrieval metrics.
+    #[test]
+    fn uni_modal_evaluation_scores_the_uni_heads_or_says_it_used_the_cross_ones() {
+        use arrow_array::{ArrayRef, Float64Array, RecordBatch, StringArray};
+        use burn::tensor::{Int, Tensor, TensorData};
+        use std::sync::Arc;
+
+        const ZS: &str = "data/train_sample/zeroshot.parquet";
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let toml = crate::common::TINY_RUN
+            .replace("type = \"infonce\"", "type = \"cusa\"")
+            .replace("[model.image]", "head_style = \"cusa\"\n\n[model.image]")
+            .replace(
+                "crop_scale = [0.5, 1.0]\n",
+                "crop_scale = [0.5, 1.0]\nteacher_image = \"data/train_sample/teacher_image.parquet\"\n\
+                 teacher_text = \"data/train_sample/teacher_text.parquet\"\n",
+            );
+        assert!(
+            toml.contains("\"cusa\"\n\n[model.image]")
+                && toml.contains("type = \"cusa\"")
+                && toml.contains("teacher_text")
+        );
+        std::fs::create_dir(d.join("cusa")).unwrap();
+        let run_dir = crate::common::train_run(&d.join("cusa"), &toml);
+        let device = Device::flex();
+
+        // The tables: the bundled zero-shot images (240, 24 classes) as a single set, the same
+        // with even rows as queries and odd rows as the gallery, and 24 caption pairs with made-up
+        // gold scores (ties included) plus one pair without a score.
+        let (paths, labels) = (strings(ZS, "path"), strings(ZS, "label"));
+        let n = paths.len();
+        assert_eq!(n, 240);
+        let table = |name: &str, cols: Vec<(&str, ArrayRef)>| -> std::path::PathBuf {
+            let fields: Vec<arrow_schema::Field> =
+                cols.iter().map(|(n, a)| arrow_schema::Field::new(*n, a.data_type().clone(), true)).collect();
+            let schema = Arc::new(arrow_schema::Schema::new(fields));
+            let batch = RecordBatch::try_new(schema, cols.into_iter().map(|c| c.1).collect()).unwrap();
+            let path = d.join(name);
+            crate::common::write_parquet(&path, &batch);
+            path
+        };
+        let split: Vec<&str> = (0..n).map(|i| if i % 2 == 0 { "query" } else { "gallery" }).collect();
+        // Paths relative to `--image-root`, as the retrieval set's may be.
+        let relative: Vec<&str> = paths.iter().map(|p| p.strip_prefix("data/train_sample/").unwrap()).collect();
+        let in_shop = table(
+            "in_shop.parquet",
+            vec![
+                ("path", Arc::new(StringArray::from(relative))),
+                ("label", Arc::new(StringArray::from(labels.clone()))),
+                ("split", Arc::new(StringArray::from(split))),
+            ],
+        );
+        let caps = strings(CAPTIONS, "caption");
+        let (mut s1, mut s2, mut gold) = (Vec::new(), Vec::new(), Vec::new());
+        for k in 0..24 {
+            // Even k: two captions of one image; odd: captions of two images.
+            s1.push(Some(caps[5 * k].clone()));
+            s2.push(Some(caps[if k % 2 == 0 { 5 * k + 1 } else { 5 * k + 12 }].clone()));
+            gold.push(Some(if k % 2 == 0 { 4.0 + (k % 4) as f64 / 4.0 } else { (k % 5) as f64 }));
+        }
+        s1.push(Some("a pair without a score".to_owned()));
+        s2.push(Some("is left out and counted".to_owned()));
+        gold.push(None);
+        let sts = table(
+            "sts.parquet",
+            vec![
+                ("sentence1", Arc::new(StringArray::from(s1.clone()))),
+                ("sentence2", Arc::new(StringArray::from(s2.clone()))),
+                ("score", Arc::new(Float64Array::from(gold.clone()))),
+            ],
+        );
+
+        // Uni-modal tables alone: no retrieval set (the run config has none), no recall plot.
+        let out = d.join("uni");
+        let args = RunEval {
+            run: run_dir.clone(),
+            uni_images: Some(ZS.into()),
+            sts: Some(sts.clone()),
+            out: Some(out.clone()),
+            ..Default::default()
+        };
+        let ev = run_trained(&args, &device).unwrap_or_else(|e| panic!("{e}"));
+        assert!(ev.metrics.is_empty() && ev.zeroshot.is_none());
+        let got = json(&out.join("metrics.json"));
+        let keys: Vec<&String> = got.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["unimodal"], "{got}");
+        let u = &got["unimodal"];
+        assert_eq!(u["heads"], "uni");
+        assert_eq!(
+            (u["image_protocol"].as_str(), u["image_queries"].as_u64(), u["image_gallery"].as_u64()),
+            (Some("single_set"), Some(240), Some(240))
+        );
+        assert_eq!(
+            (u["image_rows_skipped"].as_u64(), u["image_queries_without_positive"].as_u64()),
+            (Some(0), Some(0))
+        );
+        assert_eq!((u["sts_pairs"].as_u64(), u["sts_pairs_skipped"].as_u64()), (Some(24), Some(1)));
+        assert!(!out.join("recall_at_k.svg").exists());
+        let config = json(&out.join("config.json"));
+        assert_eq!(config["retrieval_from"], "none");
+        assert!(config.get("images").is_none() && config["uni_images"] == ZS, "{config}");
+        let md = std::fs::read_to_string(out.join("metrics.md")).unwrap();
+        assert!(md.contains("| uni-modal (uni heads) |") && md.contains("| image_r1 (single_set) |"), "{md}");
+        assert!(md.contains("| sts_spearman |") && !md.contains("| metric |") && !md.contains("recall_at_k"), "{md}");
+        assert!(md.contains("STS: 1 pair(s) left out"), "{md}");
+        // ECCV Caption annotations without a retrieval set to annotate: refused.
+        let eccv = RunEval { eccv_annotations: Some(d.to_owned()), out: Some(d.join("never")), ..args.clone() };
+        let e = run_trained(&eccv, &device).unwrap_err().to_string();
+        assert!(e.contains("`--eccv-annotations` annotate a retrieval set"), "{e}");
+        assert!(!d.join("never").exists());
+
+        // By brute force from `forward`'s uni-modal heads: every image and every sentence in one
+        // batch each (the evaluation's own batches differ, so scores agree to rounding).
+        let run = TrainedRun::load(&run_dir, &device).unwrap();
+        let m = &run.model;
+        assert!(m.image_uni.is_some() && m.image_uni_norm.is_some() && m.text_uni.is_some());
+        let mut pixels = Vec::new();
+        for p in &paths {
+            run.transform().test(&read_image(&ImageSource::File(p.into())).unwrap(), &mut pixels);
+        }
+        let s = run.image_size();
+        let x = Tensor::<4>::from_data(TensorData::new(pixels, [n, 3, s, s]), &device);
+        let texts: Vec<&str> = s1[..24].iter().chain(&s2[..24]).map(|t| t.as_deref().unwrap()).collect();
+        let (ids, mask, seq) = curate::train::data::tokenize(&run.tokenizer, &texts).unwrap();
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [48, seq]), &device);
+        let mask = Tensor::<2, Int>::from_data(TensorData::new(mask, [48, seq]), &device);
+        let e = m.forward(x, ids, mask);
+        let flat = |t: Option<Tensor<2>>| t.unwrap().into_data().try_to_vec::<f32>().unwrap();
+        let (image_uni, text_uni) = (flat(e.image_uni), flat(e.text_uni));
+        let dim = run.dim();
+        // The evaluation's own embedding functions give these heads' outputs (R@1 alone is too
+        // coarse to tell a head from another: a missing LayerNorm left it unchanged here).
+        let mut pixels = Vec::new();
+        for p in &paths[..8] {
+            run.transform().test(&read_image(&ImageSource::File(p.into())).unwrap(), &mut pixels);
+        }
+        let own = curate::eval::unimodal::embed_images(&run, pixels, 8).unwrap();
+        crate::common::assert_close(&own, &image_uni[..8 * dim], 1e-5, "uni-modal image embeddings");
+        let own =
+            curate::eval::unimodal::embed_texts(&run, &texts[..5].iter().map(|t| t.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        crate::common::assert_close(&own, &text_uni[..5 * dim], 1e-5, "uni-modal text embeddings");
+        let unit = |v: &[f32]| -> Vec<f64> {
+            let norm = v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt();
+            v.iter().map(|&x| x as f64 / norm).collect()
+        };
+        let cos = |a: &[f64], b: &[f64]| -> f64 { a.iter().zip(b).map(|(x, y)| x * y).sum() };
+        let rows: Vec<Vec<f64>> = image_uni.chunks(dim).map(unit).collect();
+        // R@1: the most similar image other than the query (equal scores: the lower row), a hit
+        // when it has the query's label. The margin between the best image of the query's label
+        // and the best of another label must exceed the rounding, or the comparison is fragile.
+        let r1 = |queries: &[usize], pool: &[usize]| -> (f64, f64) {
+            let (mut hits, mut least_gap) = (0, f64::INFINITY);
+            for &q in queries {
+                let others = || pool.iter().copied().filter(|&j| j != q);
+                let best = others()
+                    .max_by(|&a, &b| cos(&rows[q], &rows[a]).total_cmp(&cos(&rows[q], &rows[b])).then(b.cmp(&a)))
+                    .unwrap();
+                hits += usize::from(labels[best] == labels[q]);
+                let top = |same: bool| {
+                    others()
+                        .filter(|&j| (labels[j] == labels[q]) == same)
+                        .map(|j| cos(&rows[q], &rows[j]))
+                        .fold(f64::NEG_INFINITY, f64::max)
+                };
+                least_gap = least_gap.min((top(true) - top(false)).abs());
+            }
+            (hits as f64 / queries.len() as f64, least_gap)
+        };
+        let all: Vec<usize> = (0..n).collect();
+        let (want, gap) = r1(&all, &all);
+        assert!(gap > 1e-6, "a near tie ({gap}) makes the comparison fragile");
+        let r = u["image_r1"].as_f64().unwrap();
+        assert!((r - want).abs() < 1e-12, "image_r1 {r}, by brute force {want}");
+        assert!(want > 0.0 && want < 1.0, "{want}");
+        // Spearman: average ranks (values below, plus half the equal ones and itself), then Pearson.
+        let a: Vec<Vec<f64>> = text_uni[..24 * dim].chunks(dim).map(unit).collect();
+        let b: Vec<Vec<f64>> = text_uni[24 * dim..].chunks(dim).map(unit).collect();
+        let cosines: Vec<f64> = a.iter().zip(&b).map(|(a, b)| cos(a, b)).collect();
+        let gold: Vec<f64> = gold[..24].iter().map(|g| g.unwrap()).collect();
+        let rho = |x: &[f64], y: &[f64]| -> f64 {
+            let ranks = |v: &[f64]| -> Vec<f64> {
+                v.iter()
+                    .map(|a| {
+                        let below = v.iter().filter(|b| *b < a).count() as f64;
+                        let equal = v.iter().filter(|b| *b == a).count() as f64;
+                        below + (equal + 1.0) / 2.0
+                    })
+                    .collect()
+            };
+            let (rx, ry) = (ranks(x), ranks(y));
+            let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+            let (mx, my) = (mean(&rx), mean(&ry));
+            let sxy: f64 = rx.iter().zip(&ry).map(|(a, b)| (a - mx) * (b - my)).sum();
+            let sxx: f64 = rx.iter().map(|a| (a - mx) * (a - mx)).sum();
+            let syy: f64 = ry.iter().map(|b| (b - my) * (b - my)).sum();
+            sxy / (sxx * syy).sqrt()
+        };
+        let least = cosines
+            .iter()
+            .enumerate()
+            .flat_map(|(i, x)| cosines[i + 1..].iter().map(move |y| (x - y).abs()))
+            .fold(f64::INFINITY, f64::min);
+        assert!(least > 1e-6, "two cosines within {least}: the ranks could swap with rounding");
+        let want = rho(&cosines, &gold);
+        let got_rho = u["sts_spearman"].as_f64().unwrap();
+        assert!((got_rho - want).abs() < 1e-12, "sts_spearman {got_rho}, by brute force {want}");
+        // The cross-modal heads give another ρ, so the uni-modal ones were used.
+        let texts_owned: Vec<String> = texts.iter().map(|t| t.to_string()).collect();
+        let cross = run.embed_texts(&texts).unwrap();
+        let cross_cos: Vec<f64> = (0..24)
+            .map(|i| cos(&unit(&cross[i * dim..(i + 1) * dim]), &unit(&cross[(24 + i) * dim..(25 + i) * dim])))
+            .collect();
+        assert!(
+            (rho(&cross_cos, &gold) - want).abs() > 1e-3,
+            "uni and cross heads agree: the test cannot tell them apart"
+        );
+
+        // In-Shop's protocol: even rows query the odd ones.
+        let out_q = d.join("in_shop");
+        let args_q = RunEval {
+            uni_images: Some(in_shop),
+            image_root: Some("data/train_sample".into()),
+            sts: None,
+            out: Some(out_q.clone()),
+            ..args.clone()
+        };
+        run_trained(&args_q, &device).unwrap();
+        let uq = json(&out_q.join("metrics.json"))["unimodal"].clone();
+        let (queries, gallery): (Vec<usize>, Vec<usize>) = (0..n).partition(|i| i % 2 == 0);
+        let (want, gap) = r1(&queries, &gallery);
+        assert!(gap > 1e-6, "a near tie ({gap}) makes the comparison fragile");
+        assert_eq!(
+            (uq["image_protocol"].as_str(), uq["image_queries"].as_u64(), uq["image_gallery"].as_u64()),
+            (Some("query_gallery"), Some(120), Some(120))
+        );
+        assert!((uq["image_r1"].as_f64().unwrap() - want).abs() < 1e-12, "{uq} vs {want}");
+        assert!(uq.get("sts_spearman").is_none(), "{uq}");
+
+        // Through the binary: the same metrics, the uni-modal table on stdout.
+        let out_bin = d.join("bin");
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_curate"))
+            .arg("eval")
+            .arg(&run_dir)
+            .args(["--uni-images", ZS, "--sts"])
+            .arg(&sts)
+            .arg("--out")
+            .arg(&out_bin)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "{stderr}");
+        assert!(stdout.contains("| image_r1 (single_set) |") && stdout.contains("240 queries"), "{stdout}");
+        assert!(stderr.contains("STS: 1 pair(s) left out"), "{stderr}");
+        assert_eq!(json(&out_bin.join("metrics.json")), got);
+
+        // A run without uni-modal heads: its cross-modal embeddings, said so, beside its
+        // retrieval metrics when it has a retrieval set too.
+        std::fs::create_dir(d.join("plain")).unwrap();
+        let plain = crate::common::train_run(&d.join("plain"), crate::common::TINY_RUN);
+        let out_p = d.join("plain_eval");
+        let args_p = RunEval { sts: Some(sts.clone()), ..with_flags(&plain, &out_p) };
+        run_trained(&args_p, &device).unwrap();
+        let gp = json(&out_p.join("metrics.json"));
+        assert!(gp["coco_5k_r1"]["i2t"].is_f64(), "{gp}");
+        assert_eq!(gp["unimodal"]["heads"], "cross");
+        assert!(gp["unimodal"].get("image_r1").is_none(), "{gp}");
+        let plain_run = TrainedRun::load(&plain, &device).unwrap();
+        assert!(plain_run.model.text_uni.is_none());
+        let e = plain_run.embed_texts(&texts).unwrap();
+        let c: Vec<f64> = (0..24)
+            .map(|i| cos(&unit(&e[i * dim..(i + 1) * dim]), &unit(&e[(24 + i) * dim..(25 + i) * dim])))
+            .collect();
+        let got_rho = gp["unimodal"]["sts_spearman"].as_f64().unwrap();
+        assert!((got_rho - rho(&c, &gold)).abs() < 1e-12, "{got_rho} vs {}", rho(&c, &gold));
+        let md = std::fs::read_to_string(out_p.join("metrics.md")).unwrap();
+        assert!(md.contains("| uni-modal (cross heads) |") && md.contains("| coco_5k_r1 |"), "{md}");
+        assert!(md.contains("the cross-modal embeddings (the run has no uni-modal heads)"), "{md}");
+        // Neither a retrieval set nor a uni-modal table: refused as before.
+        let e = run_trained(&RunEval { run: plain, ..Default::default() }, &device).unwrap_err().to_string();
+        assert!(e.contains("no retrieval set") && e.contains("--uni-images"), "{e}");
+
+        // A run trained on `pre_caption`ed captions sees the STS sentences so, as its retrieval
+        // captions.
+        std::fs::create_dir(d.join("pre")).unwrap();
+        let pre_toml = crate::common::TINY_RUN.replace("[data]\n", "[data]\npre_caption = true\n");
+        assert!(pre_toml.contains("pre_caption = true"));
+        let pre = crate::common::train_run(&d.join("pre"), &pre_toml);
+        let out_pre = d.join("pre_eval");
+        run_trained(
+            &RunEval { run: pre.clone(), sts: Some(sts.clone()), out: Some(out_pre.clone()), ..Default::default() },
+            &device,
+        )
+        .unwrap();
+        let pre_run = TrainedRun::load(&pre, &device).unwrap();
+        let rho_of = |texts: &[String]| -> f64 {
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let e = pre_run.embed_texts(&refs).unwrap();
+            let c: Vec<f64> = (0..24)
+                .map(|i| cos(&unit(&e[i * dim..(i + 1) * dim]), &unit(&e[(24 + i) * dim..(25 + i) * dim])))
+                .collect();
+            rho(&c, &gold)
+        };
+        let normalised: Vec<String> = texts.iter().map(|t| curate::text::pre_caption(t, 64).unwrap()).collect();
+        let (want, raw) = (rho_of(&normalised), rho_of(&texts_owned));
+        assert!((want - raw).abs() > 1e-6, "pre_caption does not change ρ here: the check cannot fail");
+        let got_rho = json(&out_pre.join("metrics.json"))["unimodal"]["sts_spearman"].as_f64().unwrap();
+        assert!((got_rho - want).abs() < 1e-12, "{got_rho} vs {want} (without pre_caption {raw})");
     }
 
     /// An evaluation writes only once it is done: one that fails on an image leaves an earlier

@@ -32,7 +32,8 @@ pub enum Command {
 }
 
 /// `curate eval RUN_DIR [--images IMAGES.parquet --captions CAPTIONS.parquet] [--out OUT_DIR]`
-/// embeds a retrieval set with a trained run's model (plus the run's zero-shot classification);
+/// embeds a retrieval set with a trained run's model (plus the run's zero-shot classification,
+/// and CUSA's uni-modal image retrieval and STS with `--uni-images`/`--sts`);
 /// `curate eval --image-embeddings ... --caption-embeddings ... --out OUT_DIR` scores
 /// precomputed embeddings. Both write the same files.
 #[derive(Debug, Args)]
@@ -50,10 +51,23 @@ pub struct EvalArgs {
     /// With RUN_DIR: Parquet with `coco_caption_id`, `coco_image_id` (int64) and `caption`.
     #[arg(long, value_name = "CAPTIONS.parquet", requires_all = ["run", "images"])]
     pub captions: Option<PathBuf>,
-    /// With RUN_DIR: the folder image paths are relative to (default: the run config's
-    /// `eval.retrieval.image_root` for its set, else as stored).
+    /// With RUN_DIR: the folder image paths are relative to, for the retrieval set and
+    /// `--uni-images` (default: the run config's `eval.retrieval.image_root` for its set, else as
+    /// stored).
     #[arg(long, value_name = "DIR", requires = "run")]
     pub image_root: Option<PathBuf>,
+    /// With RUN_DIR: CUSA's uni-modal image retrieval R@1 (CUB, SOP, In-Shop, iNaturalist) with
+    /// the run's uni-modal image head (a run without one: its cross-modal embeddings). Parquet
+    /// with `path` and `label` (string or integer); an optional `split` column (`query` /
+    /// `gallery`) selects In-Shop's protocol, else every image is ranked against all the others.
+    /// With it (or `--sts`) the retrieval set is optional.
+    #[arg(long, value_name = "TABLE.parquet", requires = "run")]
+    pub uni_images: Option<PathBuf>,
+    /// With RUN_DIR: STS Spearman's ρ of the cosine of the run's uni-modal text head (a run
+    /// without one: its cross-modal embeddings) against gold scores. Parquet with `sentence1`,
+    /// `sentence2` (strings) and `score` (a number).
+    #[arg(long, value_name = "TABLE.parquet", requires = "run")]
+    pub sts: Option<PathBuf>,
     /// Parquet with `coco_image_id` (int64) and `embedding`; its row order defines the COCO 1K
     /// folds.
     #[arg(long, value_name = "IMAGES.parquet", requires_all = ["caption_embeddings", "out"])]
@@ -370,6 +384,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     swa: args.swa,
                     best: args.best,
                     progress: true,
+                    uni_images: args.uni_images,
+                    sts: args.sts,
                 };
                 let ev = crate::eval::trained::run_trained(&run, &device(&args.device)?)?;
                 out!("{}", crate::eval::report::markdown_table(&ev));

@@ -14,7 +14,8 @@
 //! anywhere: `curate eval --image-embeddings ...` reads them from Parquet ([`run_embeddings`]);
 //! `curate eval RUN_DIR` embeds a retrieval set (the COCO 5K test split, or the bundled sample)
 //! with a trained run's model ([`trained`]; a PCME++ run with its uncertainties) and calls the
-//! same function, adding the run's zero-shot classification scores ([`ZeroShotMetrics`]).
+//! same function, adding the run's zero-shot classification scores ([`ZeroShotMetrics`]) and,
+//! given their tables, CUSA's uni-modal image retrieval and STS scores ([`unimodal`]).
 
 pub mod coco;
 pub mod cxc;
@@ -27,6 +28,7 @@ pub mod ranking;
 pub mod report;
 pub mod screen;
 pub mod trained;
+pub mod unimodal;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -288,6 +290,9 @@ pub struct Evaluation {
     /// Zero-shot classification of a trained run (`curate eval RUN_DIR` when the run config has
     /// zero-shot settings); `None` from embeddings.
     pub zeroshot: Option<ZeroShotMetrics>,
+    /// CUSA's uni-modal evaluation of a trained run (`curate eval RUN_DIR --uni-images/--sts`);
+    /// `None` otherwise.
+    pub unimodal: Option<unimodal::UniModalMetrics>,
 }
 
 /// Zero-shot top-1/2/5/10 (flat hit@k over the class prompts, spec `bow-and-otter.md` §6.2), as
@@ -452,7 +457,7 @@ pub fn evaluate_scored(
         ("score_and_rank".to_owned(), t_rank),
         ("metrics".to_owned(), t3.elapsed().as_secs_f64()),
     ];
-    Ok(Evaluation { metrics, best_ranks, counts, timings_s, zeroshot: None })
+    Ok(Evaluation { metrics, best_ranks, counts, timings_s, zeroshot: None, unimodal: None })
 }
 
 /// One annotation query resolved to gallery rows.

@@ -8,6 +8,12 @@
 //! `"zeroshot": {"top1": x, "top2": .., "top5": y, "top10": .., "classes": n}`, after the retrieval metrics, so every
 //! other key keeps the `{"i2t", "t2i"}` shape; in the table they are rows `zeroshot_top1` /
 //! `zeroshot_top5` with the value in the i2t column (an image ranks the class prompts).
+//!
+//! CUSA's uni-modal scores (`--uni-images`, `--sts`) are the last top-level key, `"unimodal":
+//! {"heads": "uni" | "cross", "image_r1": x, "image_protocol": .., "image_queries": n, ..,
+//! "sts_spearman": ρ, "sts_pairs": n, ..}` ([`super::unimodal::UniModalMetrics`]), and a table of
+//! their own in `metrics.md` (and on stdout). An evaluation of uni-modal tables alone has no
+//! retrieval metrics: no retrieval table and no `recall_at_k.svg`.
 
 use std::fmt::Write;
 use std::path::Path;
@@ -15,21 +21,27 @@ use std::path::Path;
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
+use super::unimodal::UniModalMetrics;
 use super::{Evaluation, Pair, ZeroShotMetrics};
 use crate::error::{Error, Result};
 use crate::io::write_atomic;
 
-/// The metrics in report order as one JSON object, then the zero-shot scores if any.
-struct Ordered<'a>(&'a [(String, Pair)], Option<&'a ZeroShotMetrics>);
+/// The metrics in report order as one JSON object, then the zero-shot and the uni-modal scores
+/// if any.
+struct Ordered<'a>(&'a [(String, Pair)], Option<&'a ZeroShotMetrics>, Option<&'a UniModalMetrics>);
 
 impl Serialize for Ordered<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(self.0.len() + usize::from(self.1.is_some())))?;
+        let mut m =
+            s.serialize_map(Some(self.0.len() + usize::from(self.1.is_some()) + usize::from(self.2.is_some())))?;
         for (k, v) in self.0 {
             m.serialize_entry(k, v)?;
         }
         if let Some(z) = self.1 {
             m.serialize_entry("zeroshot", z)?;
+        }
+        if let Some(u) = self.2 {
+            m.serialize_entry("unimodal", u)?;
         }
         m.end()
     }
@@ -37,7 +49,8 @@ impl Serialize for Ordered<'_> {
 
 /// `metrics.json` text.
 pub fn metrics_json(ev: &Evaluation) -> String {
-    let mut s = serde_json::to_string_pretty(&Ordered(&ev.metrics, ev.zeroshot.as_ref())).expect("metrics serialise");
+    let ordered = Ordered(&ev.metrics, ev.zeroshot.as_ref(), ev.unimodal.as_ref());
+    let mut s = serde_json::to_string_pretty(&ordered).expect("metrics serialise");
     s.push('\n');
     s
 }
@@ -47,8 +60,40 @@ fn pct(x: Option<f64>) -> String {
 }
 
 /// The metrics table (values x100; `mean` is the mean of the two directions, as PCME++ Table 1
-/// reports them).
+/// reports them), then the uni-modal one if any.
 pub fn markdown_table(ev: &Evaluation) -> String {
+    let mut s = String::new();
+    if !ev.metrics.is_empty() || ev.zeroshot.is_some() {
+        s.push_str(&retrieval_table(ev));
+    }
+    if let Some(u) = &ev.unimodal {
+        if !s.is_empty() {
+            s.push('\n');
+        }
+        s.push_str(&unimodal_table(u));
+    }
+    s
+}
+
+/// CUSA's uni-modal scores x100 (R@1 in percent, Spearman's ρ x100 as SentEval tables give it).
+fn unimodal_table(u: &UniModalMetrics) -> String {
+    let mut s = format!("| uni-modal ({} heads) | value | of |\n| --- | ---: | ---: |\n", u.heads.name());
+    if let Some(i) = &u.image {
+        let _ = writeln!(
+            s,
+            "| image_r1 ({}) | {} | {} queries |",
+            i.image_protocol,
+            pct(Some(i.image_r1)),
+            i.image_queries
+        );
+    }
+    if let Some(t) = &u.sts {
+        let _ = writeln!(s, "| sts_spearman | {} | {} pairs |", pct(t.sts_spearman), t.sts_pairs);
+    }
+    s
+}
+
+fn retrieval_table(ev: &Evaluation) -> String {
     let mut s = String::from("| metric | i2t | t2i | mean |\n| --- | ---: | ---: | ---: |\n");
     for (name, p) in &ev.metrics {
         let mean = p.i2t.zip(p.t2i).map(|(a, b)| (a + b) / 2.0);
@@ -85,6 +130,24 @@ pub fn warnings(ev: &Evaluation) -> Vec<String> {
                 .to_owned(),
         );
     }
+    if let Some(u) = &ev.unimodal {
+        let (image, sts) = (u.image.as_ref(), u.sts.as_ref());
+        if let Some(n) = image.map(|i| i.image_queries_without_positive).filter(|&n| n > 0) {
+            out.push(format!(
+                "uni-modal image retrieval: {n} query image(s) share their label with no image searched (never a hit, \
+                 still counted in image_r1)"
+            ));
+        }
+        if let Some(n) = image.map(|i| i.image_rows_skipped).filter(|&n| n > 0) {
+            out.push(format!("uni-modal image retrieval: {n} row(s) left out for a null `path`, `label` or `split`"));
+        }
+        if let Some(n) = sts.map(|t| t.sts_pairs_skipped).filter(|&n| n > 0) {
+            out.push(format!("STS: {n} pair(s) left out for a null sentence or score"));
+        }
+        if sts.is_some_and(|t| t.sts_spearman.is_none()) {
+            out.push("STS: every pair has the same cosine, so Spearman's ρ is undefined (null)".to_owned());
+        }
+    }
     if c.coco_1k_fold_disagreements > 0 {
         out.push(format!(
             "COCO 1K: {} of {} caption(s) fall in another fold by the caption table's order than by the image table's; \
@@ -101,15 +164,21 @@ pub fn markdown(ev: &Evaluation) -> String {
     let c = &ev.counts;
     let mut s = String::from("# curate eval\n\nValues x100 (metrics.json holds the fractions).\n\n");
     s.push_str(&markdown_table(ev));
-    let _ = writeln!(s, "\n- galleries: {} images, {} captions, width {}", c.images, c.captions, c.dim);
+    s.push('\n');
+    let retrieval = !ev.metrics.is_empty();
+    if retrieval {
+        let _ = writeln!(s, "- galleries: {} images, {} captions, width {}", c.images, c.captions, c.dim);
+    }
     if ev.zeroshot.is_some() {
         let _ = writeln!(s, "- zero-shot: each image ranks the class prompts (flat hit@k), hence the i2t column");
     }
-    let _ = writeln!(
-        s,
-        "- COCO 1K: {} fold(s) of consecutive image rows; {} image(s) outside the folds; {} image(s) without captions (distractors only)",
-        c.coco_1k_folds, c.images_outside_folds, c.images_without_captions
-    );
+    if retrieval {
+        let _ = writeln!(
+            s,
+            "- COCO 1K: {} fold(s) of consecutive image rows; {} image(s) outside the folds; {} image(s) without captions (distractors only)",
+            c.coco_1k_folds, c.images_outside_folds, c.images_without_captions
+        );
+    }
     if c.cxc_queries != [0, 0] || c.eccv_queries != [0, 0] {
         let _ = writeln!(
             s,
@@ -117,17 +186,44 @@ pub fn markdown(ev: &Evaluation) -> String {
             c.cxc_queries[0], c.cxc_queries[1], c.eccv_queries[0], c.eccv_queries[1], c.positives_absent[0], c.positives_absent[1]
         );
     }
-    let _ = writeln!(
-        s,
-        "- exact score ties of a positive with another gallery item, among the ranks computed exactly (broken by gallery row): i2t {}, t2i {}",
-        c.tied_pairs[0], c.tied_pairs[1]
-    );
+    if retrieval {
+        let _ = writeln!(
+            s,
+            "- exact score ties of a positive with another gallery item, among the ranks computed exactly (broken by gallery row): i2t {}, t2i {}",
+            c.tied_pairs[0], c.tied_pairs[1]
+        );
+    }
+    if let Some(u) = &ev.unimodal {
+        let heads = match u.heads {
+            super::unimodal::Heads::Uni => "CUSA's uni-modal heads",
+            super::unimodal::Heads::Cross => "the cross-modal embeddings (the run has no uni-modal heads)",
+        };
+        let _ = writeln!(s, "- uni-modal: scored with {heads}, L2-normalised");
+        if let Some(i) = &u.image {
+            let _ = writeln!(
+                s,
+                "- uni-modal image retrieval ({}): {} queries, {} images searched, nearest neighbour by cosine \
+                 (each query without itself); queries whose nearest image tied exactly with another (the lower \
+                 row taken): {}",
+                i.image_protocol, i.image_queries, i.image_gallery, i.image_ties
+            );
+        }
+        if let Some(t) = &u.sts {
+            let _ = writeln!(
+                s,
+                "- STS: Spearman's ρ of the cosine against the gold scores (ties ranked by their average), {} pairs",
+                t.sts_pairs
+            );
+        }
+    }
     for w in warnings(ev) {
         let _ = writeln!(s, "- warning: {w}");
     }
     let t: Vec<String> = ev.timings_s.iter().map(|(k, v)| format!("{k} {v:.2} s")).collect();
     let _ = writeln!(s, "- timings: {}", t.join(", "));
-    s.push_str("\n![recall@K](recall_at_k.svg)\n");
+    if retrieval {
+        s.push_str("\n![recall@K](recall_at_k.svg)\n");
+    }
     s
 }
 
@@ -217,11 +313,15 @@ pub fn write_config<T: Serialize>(out: &Path, run: &T) -> Result<()> {
     write_atomic(&out.join("config.json"), format!("{text}\n").as_bytes())
 }
 
-/// Writes `metrics.json`, `metrics.md` and `recall_at_k.svg` into `out`.
+/// Writes `metrics.json`, `metrics.md` and, with retrieval metrics, `recall_at_k.svg` into `out`.
 pub fn write(out: &Path, ev: &Evaluation) -> Result<()> {
     std::fs::create_dir_all(out).map_err(|e| Error::io("cannot create folder", out, e))?;
     write_atomic(&out.join("metrics.json"), metrics_json(ev).as_bytes())?;
     write_atomic(&out.join("metrics.md"), markdown(ev).as_bytes())?;
+    // Uni-modal tables alone: no recall curve to draw ([`write_config`] removed an earlier one).
+    if ev.metrics.is_empty() {
+        return Ok(());
+    }
     write_atomic(&out.join("recall_at_k.svg"), plot(ev).as_bytes())
 }
 

@@ -7,7 +7,9 @@
 //! then go through the same [`super::evaluate`] and [`super::report`] as precomputed
 //! embeddings, so both forms of `curate eval` write the same files. When the run config has
 //! zero-shot settings (`[eval]`), the trainer's zero-shot top-1/top-5
-//! ([`crate::train::zeroshot`]) are added.
+//! ([`crate::train::zeroshot`]) are added, and given `--uni-images`/`--sts`, CUSA's uni-modal
+//! image retrieval and STS scores ([`super::unimodal`]). With a uni-modal table the retrieval
+//! set is optional: the evaluation then scores what it has inputs for.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -17,6 +19,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::embeddings::{self, Captions, Images};
+use super::unimodal::{self, StsPairs, UniImages};
 use super::{evaluate_scored, report, Annotations, Evaluation, Precision, Scoring, Similarity};
 use crate::error::{Error, Result};
 use crate::train::config::{TrainConfig, ZeroShotConfig};
@@ -59,6 +62,11 @@ pub struct RunEval {
     pub best: bool,
     /// Say on stderr what is being embedded (counts, then progress lines).
     pub progress: bool,
+    /// CUSA's uni-modal image retrieval set ([`super::unimodal::UniImages`]: `path`, `label`,
+    /// optional `split`); relative paths resolve against `image_root` when given.
+    pub uni_images: Option<PathBuf>,
+    /// STS sentence pairs ([`super::unimodal::StsPairs`]: `sentence1`, `sentence2`, `score`).
+    pub sts: Option<PathBuf>,
 }
 
 impl RunEval {
@@ -77,11 +85,20 @@ impl RunEval {
 #[derive(Debug, Clone, Serialize)]
 pub struct Resolved {
     pub run: PathBuf,
-    /// Where the retrieval set came from: `flags` or `run config` (`eval.retrieval`).
+    /// Where the retrieval set came from: `flags`, `run config` (`eval.retrieval`), or `none`
+    /// (only uni-modal tables were given).
     pub retrieval_from: &'static str,
-    pub images: PathBuf,
-    pub captions: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub images: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub captions: Option<PathBuf>,
     pub image_root: Option<PathBuf>,
+    /// `--uni-images` (its relative paths resolve against `--image-root`, else as stored).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uni_images: Option<PathBuf>,
+    /// `--sts`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sts: Option<PathBuf>,
     pub eccv_annotations: Option<PathBuf>,
     /// The run's zero-shot settings (without `retrieval`), when it has them.
     pub zeroshot: Option<ZeroShotConfig>,
@@ -96,7 +113,8 @@ pub struct Resolved {
     pub best: bool,
 }
 
-/// The retrieval set: the flags, else the run config's `eval.retrieval`.
+/// The retrieval set: the flags, else the run config's `eval.retrieval`, else none when a
+/// uni-modal table is given (an error without one: there would be nothing to evaluate).
 fn resolve(args: &RunEval, config: &TrainConfig, has_uncertainty: bool) -> Result<Resolved> {
     let similarity = args.similarity.unwrap_or(if has_uncertainty { Similarity::Csd } else { Similarity::Cosine });
     if similarity == Similarity::Csd && !has_uncertainty {
@@ -111,19 +129,20 @@ fn resolve(args: &RunEval, config: &TrainConfig, has_uncertainty: bool) -> Resul
     }
     let precision = resolve_precision(similarity, args.precision)?;
     let (retrieval_from, images, captions, image_root) = match (&args.images, &args.captions) {
-        (Some(i), Some(c)) => ("flags", i.clone(), c.clone(), args.image_root.clone()),
+        (Some(i), Some(c)) => ("flags", Some(i.clone()), Some(c.clone()), args.image_root.clone()),
         (None, None) => match config.eval.as_ref().and_then(|e| e.retrieval.as_ref()) {
             Some(r) => (
                 "run config",
-                r.images.clone(),
-                r.captions.clone(),
+                Some(r.images.clone()),
+                Some(r.captions.clone()),
                 args.image_root.clone().or_else(|| r.image_root.clone()),
             ),
+            None if args.uni_images.is_some() || args.sts.is_some() => ("none", None, None, args.image_root.clone()),
             None => {
                 return Err(Error::Data {
                     message: format!(
                         "no retrieval set to evaluate `{}` on: neither `--images`/`--captions` nor \
-                         `eval.retrieval` in its config.json",
+                         `eval.retrieval` in its config.json (nor a uni-modal `--uni-images`/`--sts` table)",
                         args.run.display()
                     ),
                     hint: Some(
@@ -137,6 +156,14 @@ fn resolve(args: &RunEval, config: &TrainConfig, has_uncertainty: bool) -> Resul
         },
         _ => return Err(Error::data("`--images` and `--captions` go together")),
     };
+    if images.is_none() && args.eccv_annotations.is_some() {
+        return Err(Error::Data {
+            message: "`--eccv-annotations` annotate a retrieval set, and there is none to evaluate".into(),
+            hint: Some(
+                "add `--images`/`--captions` (the COCO 5K test split), or leave out `--eccv-annotations`".into(),
+            ),
+        });
+    }
     let zeroshot = config.eval.clone().filter(|z| z.images.is_some()).map(|mut z| {
         z.retrieval = None;
         z
@@ -147,6 +174,8 @@ fn resolve(args: &RunEval, config: &TrainConfig, has_uncertainty: bool) -> Resul
         images,
         captions,
         image_root,
+        uni_images: args.uni_images.clone(),
+        sts: args.sts.clone(),
         eccv_annotations: args.eccv_annotations.clone(),
         zeroshot,
         image_size_px: config.model.image_size_px,
@@ -192,7 +221,14 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     let t_load = t0.elapsed().as_secs_f64();
 
     let t1 = Instant::now();
-    let set = RetrievalSet::read(&r.images, &r.captions, r.image_root.as_deref(), run.config.data.pre_caption)?;
+    let set = match (&r.images, &r.captions) {
+        (Some(images), Some(captions)) => {
+            Some(RetrievalSet::read(images, captions, r.image_root.as_deref(), run.config.data.pre_caption)?)
+        }
+        _ => None,
+    };
+    let uni_images = r.uni_images.as_deref().map(UniImages::read).transpose()?;
+    let sts = r.sts.as_deref().map(|f| StsPairs::read(f, run.config.data.pre_caption)).transpose()?;
     let annotations = r.eccv_annotations.as_deref().map(Annotations::read_dir).transpose()?;
     let zeroshot =
         r.zeroshot.as_ref().map(|z| ZeroShot::load(z, &run.transform(), run.config.data.pre_caption)).transpose()?;
@@ -200,16 +236,30 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     let t_read = t1.elapsed().as_secs_f64();
     report::check_out(&r.out)?;
 
-    let mut ev = set.evaluate(&run, r.similarity, r.precision, annotations.as_ref(), &note)?;
+    let mut ev = match &set {
+        Some(set) => set.evaluate(&run, r.similarity, r.precision, annotations.as_ref(), &note)?,
+        // Only uni-modal tables: no retrieval metrics.
+        None => Evaluation {
+            metrics: Vec::new(),
+            best_ranks: Vec::new(),
+            counts: Default::default(),
+            timings_s: Vec::new(),
+            zeroshot: None,
+            unimodal: None,
+        },
+    };
     // The validation set of `select_best`, whether named by the run config or by the flags.
     let same = |a: &Path, b: &Path| a == b || a.canonicalize().ok().is_some_and(|a| b.canonicalize().ok() == Some(a));
-    ev.counts.selection_set = run
-        .config
-        .eval
-        .as_ref()
-        .filter(|e| e.select_best)
-        .and_then(|e| e.retrieval.as_ref())
-        .is_some_and(|v| same(&v.images, &r.images) && same(&v.captions, &r.captions));
+    ev.counts.selection_set = match (&r.images, &r.captions) {
+        (Some(images), Some(captions)) => run
+            .config
+            .eval
+            .as_ref()
+            .filter(|e| e.select_best)
+            .and_then(|e| e.retrieval.as_ref())
+            .is_some_and(|v| same(&v.images, images) && same(&v.captions, captions)),
+        _ => false,
+    };
     for (i, (k, v)) in [("load", t_load), ("read", t_read)].into_iter().enumerate() {
         ev.timings_s.insert(i, (k.to_owned(), v));
     }
@@ -224,6 +274,13 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
         let t4 = Instant::now();
         ev.zeroshot = Some(z.evaluate(&run.model, &run.tokenizer)?.into());
         ev.timings_s.push(("zeroshot".to_owned(), t4.elapsed().as_secs_f64()));
+    }
+    if uni_images.is_some() || sts.is_some() {
+        let t5 = Instant::now();
+        // `--image-root`, never the run config's `eval.retrieval.image_root` (another set's folder).
+        let images = uni_images.as_ref().map(|t| (t, args.image_root.as_deref()));
+        ev.unimodal = Some(unimodal::evaluate(&run, images, sts.as_ref(), &note)?);
+        ev.timings_s.push(("unimodal".to_owned(), t5.elapsed().as_secs_f64()));
     }
     // Only now, with everything read, embedded and scored: an evaluation that fails (a missing or
     // undecodable image) leaves an earlier one in `out` as it was.

@@ -365,6 +365,28 @@ impl DualEncoder {
         }
     }
 
+    /// CUSA's uni-modal image embeddings (`forward`'s `image_uni`: the head on the pooled
+    /// features), for the uni-modal evaluation (`cusa-and-pcmepp.md` §2.7); `None` without the
+    /// head.
+    ///
+    /// # Shapes
+    /// - `images`: `[B, 3, H, W]` → `[B, embed_dim]`
+    pub fn encode_image_uni(&self, images: Tensor<4>) -> Option<Tensor<2>> {
+        let head = self.image_uni.as_ref()?;
+        let pooled = TowerOut { pooled: self.image_features(images), tokens: None, log_var_tokens: None };
+        Some(pooled.head(self.image_uni_norm.as_ref(), Some(head), None))
+    }
+
+    /// CUSA's uni-modal text embeddings (`forward`'s `text_uni`), as [`Self::encode_image_uni`].
+    ///
+    /// # Shapes
+    /// - `ids`, `mask`: `[B, S]` → `[B, embed_dim]`
+    pub fn encode_text_uni(&self, ids: Tensor<2, Int>, mask: Tensor<2, Int>) -> Option<Tensor<2>> {
+        let head = self.text_uni.as_ref()?;
+        let pooled = TowerOut { pooled: self.text_features(ids, mask), tokens: None, log_var_tokens: None };
+        Some(pooled.head(self.text_uni_norm.as_ref(), Some(head), None))
+    }
+
     /// Pooled text features before any head.
     ///
     /// # Shapes
