@@ -969,6 +969,22 @@ captions = "data/train_sample/retrieval_captions.parquet"
         }
         let md = std::fs::read_to_string(out.join("metrics.md")).unwrap();
         assert!(md.contains("| coco_5k_r10 |") && md.contains("| zeroshot_top1 (24 classes) |"), "{md}");
+        // RSUM of each protocol, in percent, from metrics.json's recalls.
+        let rsum = |prefix: &str| -> f64 {
+            ["r1", "r5", "r10"]
+                .iter()
+                .map(|k| {
+                    let p = &got[format!("{prefix}_{k}")];
+                    100.0 * (p["i2t"].as_f64().unwrap() + p["t2i"].as_f64().unwrap())
+                })
+                .sum()
+        };
+        let line = format!(
+            "- RSUM (R@1 + R@5 + R@10, both directions, in %): COCO 5K {:.2}, COCO 1K {:.2}",
+            rsum("coco_5k"),
+            rsum("coco_1k")
+        );
+        assert!(md.contains(&line) && rsum("coco_5k") != rsum("coco_1k"), "{line}\n{md}");
 
         // The flags name the same set: the same metrics.
         let flags_out = dir.path().join("flags");

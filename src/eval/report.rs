@@ -55,6 +55,18 @@ pub fn metrics_json(ev: &Evaluation) -> String {
     s
 }
 
+/// R@1 + R@5 + R@10 of both directions of the metrics `{prefix}_r1`, `_r5`, `_r10`, in percent
+/// (0 to 600), as the papers write RSUM.
+pub fn rsum_of(ev: &Evaluation, prefix: &str) -> f64 {
+    let names = ["r1", "r5", "r10"].map(|k| format!("{prefix}_{k}"));
+    100.0
+        * ev.metrics
+            .iter()
+            .filter(|(name, _)| names.contains(name))
+            .map(|(_, p)| p.i2t.unwrap_or(0.0) + p.t2i.unwrap_or(0.0))
+            .sum::<f64>()
+}
+
 fn pct(x: Option<f64>) -> String {
     x.map_or("—".to_owned(), |v| format!("{:.2}", 100.0 * v))
 }
@@ -168,6 +180,13 @@ pub fn markdown(ev: &Evaluation) -> String {
     let retrieval = !ev.metrics.is_empty();
     if retrieval {
         let _ = writeln!(s, "- galleries: {} images, {} captions, width {}", c.images, c.captions, c.dim);
+        let _ = writeln!(
+            s,
+            "- RSUM (R@1 + R@5 + R@10, both directions, in %): COCO 5K {:.2}, COCO 1K {:.2} (PCME++ Table 1's \
+             \"RSUM (1K)\": the fold means)",
+            rsum_of(ev, "coco_5k"),
+            rsum_of(ev, "coco_1k")
+        );
     }
     if ev.zeroshot.is_some() {
         let _ = writeln!(s, "- zero-shot: each image ranks the class prompts (flat hit@k), hence the i2t column");

@@ -418,12 +418,7 @@ impl RetrievalSet {
 /// metrics), in percent as the papers write it (0 to 600): PCME++'s and CUSA's model
 /// selection, "RSUM".
 pub fn rsum(ev: &Evaluation) -> f64 {
-    100.0
-        * ev.metrics
-            .iter()
-            .filter(|(name, _)| matches!(name.as_str(), "coco_5k_r1" | "coco_5k_r5" | "coco_5k_r10"))
-            .map(|(_, p)| p.i2t.unwrap_or(0.0) + p.t2i.unwrap_or(0.0))
-            .sum::<f64>()
+    super::report::rsum_of(ev, "coco_5k")
 }
 
 /// One image as the image tower takes it: decoded, then the evaluation view of the run's
