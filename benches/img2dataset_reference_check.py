@@ -44,7 +44,7 @@ Rules the reference encodes (docs + the reader's specification):
     leading UTF-8 BOM (a second BOM, or a BOM after whitespace, is `bad_json`); bytes that are
     not UTF-8 (UTF-8-encoded surrogates included) are `bad_json`; `url` = the top-level object's
     last `url` member when it is a string (null otherwise; a string holding a lone surrogate
-    cannot be stored as UTF-8: null);
+    cannot be stored as UTF-8: null; an empty or blank one is a null url);
   * a UTF-8 BOM at the start of `KEY.txt` is not part of the caption; `raw` is the `.txt` bytes
     as stored;
   * Parquet: `invalid_utf8` (a `key`, `caption`, `url` or `status` value that is not UTF-8;
@@ -382,6 +382,8 @@ class Ref:
 
     def emit(self, sid, caption, url, shard):
         self.kept.add(sid)
+        # An empty or blank url is a null url (schemas/pairs.md).
+        url = url if url is not None and url.strip() else None
         self.data.append(dict(sample_id=sid, source=self.source, caption=caption, url=url, path=None,
                               shard=shard, key=sid, label=None, label_text=None))
 
@@ -648,7 +650,7 @@ def rand_json(rng, key, tags):
                            "status": "success", "width": 8}, indent=4).encode()
     if r < 0.70:
         tags.add("bad_json")
-        return rng.choice([b"{bad", b"", b"  \n", b'{"url": "a"} x', b'{"url": nan}', b'{"url": -NaN}',
+        return rng.choice([b"{bad", b"", b"  \n", b'{"url": " \\t"}', b'{"url": ""}', b'{"url": "a"} x', b'{"url": nan}', b'{"url": -NaN}',
                            b'{"url": "\xff"}', b'\xef\xbb\xbf\xef\xbb\xbf{"url": "a"}', b'{"url": "a\tb"}', b'{"url": 01}',
                            b'{"url": "a",}', b'{"url": "a"}\x00', b'{"url": "\\x41"}', b'{"url": "\xed\xa0\x80"}',
                            b'{"url": "a", "k": [1, 2,]}', b'{"url": 1.}', b"{'url': 'a'}", b'{"url": +Infinity}',

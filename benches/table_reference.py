@@ -26,7 +26,7 @@ Rules encoded here:
     that is not mapped is not checked;
   * an empty `path` cell (or one empty after `path_cut_at`) is a null path; with `check_files`
     a path that is not a regular file (missing, or a folder) is `missing_file`; an empty `url`
-    cell is a null url;
+    cell, or one of whitespace only, is a null url;
   * a TSV file whose lines end in a lone CR (no LF) is a config error; CSV reads them as lines;
   * without `format`, each file's format comes from its extension, case-insensitively
     (`.parquet`, `.csv`, else TSV); inputs whose extensions give different formats are a
@@ -360,7 +360,7 @@ class Reader:
         if "path" in cols and vals.get("path") is not None:
             path = resolve_path(vals["path"], index_file, self.stage)
         self.rows.append(dict(sample_id=sid, source=self.stage.get("source", "table"),
-                              caption=vals.get("caption"), url=vals.get("url") or None, path=path,
+                              caption=vals.get("caption"), url=(vals.get("url") or "").strip() and vals["url"] or None, path=path,
                               shard=None, key=None, label=vals.get("label"),
                               label_text=vals.get("label_text")))
 
@@ -388,6 +388,8 @@ class Reader:
                     raise ConfigError(f"column {v} named, but no header")
                 if v not in header_names:
                     raise ConfigError(f"missing column {v} in {fname}")
+                if header_names.count(v) > 1:
+                    raise ConfigError(f"column {v} is named twice in the header of {fname}")
                 out[k] = header_names.index(v)
         return out
 
@@ -466,6 +468,8 @@ class Reader:
             else:
                 if v not in names:
                     raise ConfigError(f"missing column {v}")
+                if names.count(v) > 1:
+                    raise ConfigError(f"column {v} is named twice")
                 idx[k] = names.index(v)
         colvals = {}
         for k, i in idx.items():
