@@ -237,6 +237,23 @@ fn folds_that_the_caption_order_would_draw_otherwise_are_warned_of() {
     assert!(w.len() == 1 && w[0].contains("8 of 10 caption(s)") && w[0].contains("§4.4"), "{w:?}");
 }
 
+#[test]
+fn images_with_other_caption_counts_are_warned_of() {
+    // COCO's 5K split has 5 captions per image; a loader's extra sixth is a positive and a
+    // distractor the protocol does not have. Equal counts (here 1 each) are not concerned.
+    let ids: Vec<i64> = (0..4).collect();
+    let vals: Vec<f32> = (0..4).map(|r| r as f32).collect();
+    let one = captions(&[100, 101, 102, 103], &ids, 1, &[1.0; 4]);
+    let ev = evaluate(&images(&ids, 1, &vals), &one, None, Similarity::Dot).unwrap();
+    assert_eq!(ev.counts.captions_per_image, [1, 1]);
+    assert!(curate::eval::report::warnings(&ev).is_empty());
+    let extra = captions(&[100, 101, 102, 103, 104], &[0, 1, 2, 3, 3], 1, &[1.0; 5]);
+    let ev = evaluate(&images(&ids, 1, &vals), &extra, None, Similarity::Dot).unwrap();
+    assert_eq!(ev.counts.captions_per_image, [1, 2]);
+    let w = curate::eval::report::warnings(&ev);
+    assert!(w.len() == 1 && w[0].starts_with("images have 1 to 2 captions") && w[0].contains("§4.1"), "{w:?}");
+}
+
 fn emb(rows: usize, dim: usize) -> ArrayRef {
     let mut b = FixedSizeListBuilder::new(Float32Builder::new(), dim as i32);
     for r in 0..rows {

@@ -99,6 +99,12 @@ impl CocoPlan {
         self.captions_of.iter().filter(|c| c.is_empty()).count()
     }
 
+    /// The fewest and most captions of an image that has any (`[0, 0]` for none).
+    pub fn captions_per_image(&self) -> [usize; 2] {
+        let counts = self.captions_of.iter().map(Vec::len).filter(|&n| n > 0);
+        [counts.clone().min().unwrap_or(0), counts.max().unwrap_or(0)]
+    }
+
     /// Best rank (full, or within the fold) of each i2t query among `rows`.
     fn i2t_best(&self, i2t: &Direction, rows: impl Iterator<Item = u32>, within: bool) -> Vec<Option<u32>> {
         rows.filter(|&i| !self.captions_of[i as usize].is_empty())

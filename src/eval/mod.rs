@@ -336,6 +336,9 @@ pub struct Counts {
     /// Image and caption rows whose embedding is all zeros where scores normalise them (cosine,
     /// CSD): they have no direction, so every cosine with them is 0.
     pub zero_rows: [usize; 2],
+    /// The fewest and most captions of an image with captions: COCO's 5K test split has 5 for
+    /// each (25,000); some loaders keep a few more (spec §4.1: do not use them).
+    pub captions_per_image: [usize; 2],
     /// The set scored is the one the run selected its model on (`eval.select_best`): its figures
     /// are validation figures, optimistic as test figures.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -396,6 +399,7 @@ pub fn evaluate_scored(
         images_outside_folds: folds.outside(),
         coco_1k_fold_disagreements: folds.caption_order_disagreements,
         images_without_captions: coco_plan.images_without_captions(),
+        captions_per_image: coco_plan.captions_per_image(),
         ..Counts::default()
     };
     let gt_plans = match annotations {

@@ -135,6 +135,14 @@ pub fn warnings(ev: &Evaluation) -> Vec<String> {
             c.zero_rows[0], c.zero_rows[1]
         ));
     }
+    if c.captions_per_image[0] != c.captions_per_image[1] {
+        out.push(format!(
+            "images have {} to {} captions: each counts as a positive of its image and a distractor of the others; \
+             COCO's 5K test split has exactly 5 per image (25,000), and the extra captions some loaders keep are \
+             not part of it (spec §4.1)",
+            c.captions_per_image[0], c.captions_per_image[1]
+        ));
+    }
     if c.selection_set {
         out.push(
             "this is the set the run selected its model on (`eval.select_best`): these are validation figures, \
