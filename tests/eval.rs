@@ -1115,6 +1115,63 @@ captions = "data/train_sample/retrieval_captions.parquet"
         }
         assert_eq!(ev.counts.images, ni);
 
+        // `eval.keep_prompts` (§3.12): per class, the k prompts of least text uncertainty
+        // averaged; by hand from the run's own embeddings and uncertainties.
+        let mut zc = run.config.eval.clone().unwrap();
+        zc.retrieval = None;
+        zc.templates = ["a photo of a {}.", "a {}", "a drawing of the {} shape"].map(String::from).to_vec();
+        let classes = parse_classes(&std::fs::read_to_string(zc.classes.as_ref().unwrap()).unwrap());
+        let zs_file = zc.images.as_ref().unwrap().expand().unwrap().remove(0);
+        let zs_file = zs_file.to_str().unwrap();
+        let (zs_paths, zs_labels) = (strings(zs_file, &zc.image_column), strings(zs_file, &zc.label_column));
+        let pixels: Vec<f32> = zs_paths
+            .iter()
+            .flat_map(|p| curate::eval::trained::preprocess(Path::new(p), &run.transform()).unwrap())
+            .collect();
+        let zs_images = run.embed_images(pixels, zs_paths.len()).unwrap();
+        let by_hand = |k: usize, least: bool| -> [f64; 4] {
+            let t = zc.templates.len();
+            let class_rows: Vec<Vec<f32>> = classes
+                .iter()
+                .map(|names| {
+                    let prompts: Vec<String> =
+                        zc.templates.iter().map(|tp| tp.replace("{}", &names.join(",or "))).collect();
+                    let refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
+                    let (e, u) = run.embed_texts_uncertain(&refs).unwrap();
+                    let mut order: Vec<usize> = (0..t).collect();
+                    order.sort_by(|&a, &b| u[a].total_cmp(&u[b]).then(a.cmp(&b)));
+                    if !least {
+                        order.reverse();
+                    }
+                    let mut row = vec![0f32; d];
+                    for &j in &order[..k] {
+                        row.iter_mut().zip(&e[j * d..(j + 1) * d]).for_each(|(r, x)| *r += x / k as f32);
+                    }
+                    let n = row.iter().map(|x| x * x).sum::<f32>().sqrt();
+                    row.iter().map(|x| x / n).collect()
+                })
+                .collect();
+            let mut hits = [0usize; 4];
+            for (img, label) in zs_images.chunks(d).zip(&zs_labels) {
+                let scores: Vec<f32> = class_rows.iter().map(|c| c.iter().zip(img).map(|(a, b)| a * b).sum()).collect();
+                let want = classes.iter().position(|n| n.contains(label)).unwrap();
+                let before = (0..classes.len())
+                    .filter(|&c| scores[c] > scores[want] || (scores[c] == scores[want] && c < want))
+                    .count();
+                for (h, k) in hits.iter_mut().zip([1, 2, 5, 10]) {
+                    *h += usize::from(before < k);
+                }
+            }
+            hits.map(|h| h as f64 / zs_labels.len() as f64)
+        };
+        for k in [1, 2] {
+            zc.keep_prompts = Some(k);
+            let z = ZeroShot::load(&zc, &run.transform(), false).unwrap().evaluate(&run.model, &run.tokenizer).unwrap();
+            assert_eq!([z.top1, z.top2, z.top5, z.top10], by_hand(k, true), "keep_prompts = {k}");
+        }
+        // The choice matters here: the most uncertain prompt alone scores otherwise.
+        assert_ne!(by_hand(1, true), by_hand(1, false));
+
         // `--similarity cosine` scores the means alone (PCME++'s Table C.7); a run without the
         // heads cannot be scored by CSD.
         let out = dir.path().join("cosine");

@@ -2618,3 +2618,28 @@ fn zero_shot_labels_name_one_class_by_a_synonym_or_by_number() {
     let e = table(&["#3"]).err().expect("past the last class").to_string();
     assert!(e.contains("label `#3` is not a class of") && e.contains("has 3 classes, numbered from #0"), "{e}");
 }
+
+#[test]
+fn keep_prompts_needs_a_pcmepp_run_and_a_count_within_the_templates() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), &[]);
+    let file = dir.path().join("train.toml");
+    let load = |sets: &[&str]| {
+        let mut all = vec![
+            format!("output_dir={}", dir.path().join("out").display()),
+            "eval.images=data/train_sample/zeroshot.parquet".into(),
+            "eval.classes=data/train_sample/classes.txt".into(),
+            r#"eval.templates=["a {}", "a photo of a {}"]"#.into(),
+        ];
+        all.extend(sets.iter().map(|s| s.to_string()));
+        TrainConfig::load(&file, &all)
+    };
+    let e = load(&["eval.keep_prompts=1"]).unwrap_err().to_string();
+    assert!(e.contains("eval.keep_prompts") && e.contains("this run does not train `pcmepp`"), "{e}");
+    for k in ["0", "3"] {
+        let e = load(&["loss.type=pcmepp", &format!("eval.keep_prompts={k}")]).unwrap_err().to_string();
+        assert!(e.contains("must be from 1 to the number of templates (2)"), "{k}: {e}");
+    }
+    let c = load(&["loss.type=pcmepp", "eval.keep_prompts=1"]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.eval.unwrap().keep_prompts, Some(1));
+}

@@ -599,6 +599,11 @@ pub struct ZeroShotConfig {
     /// `a photo of {}.`, §6.2).
     #[serde(default = "default_templates")]
     pub templates: Vec<String>,
+    /// PCME++'s prompt filtering (`cusa-and-pcmepp.md` §3.12, Table 5 "same top-K for all
+    /// classes"): per class, only the `keep_prompts` templates whose prompts have the lowest text
+    /// uncertainty `‖σ²‖₁` are averaged. A PCME++ run only (it needs the text log-variance head).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_prompts: Option<usize>,
     /// Evaluate every this many steps (and always at step 0 and at the end).
     #[serde(default = "default_eval_every")]
     pub every_steps: u64,
@@ -965,6 +970,21 @@ impl TrainConfig {
             }
             if e.images.is_some() && e.templates.iter().any(|t| !t.contains("{}")) {
                 bad("eval.templates", "a template has no `{}`".into(), "e.g. `a photo of a {}.`");
+            }
+            if let Some(k) = e.keep_prompts {
+                if !matches!(self.loss, crate::losses::LossConfig::Pcmepp(_)) {
+                    bad(
+                        "eval.keep_prompts",
+                        "ranks prompts by PCME++'s text uncertainty, and this run does not train `pcmepp`".into(),
+                        "leave it out, or train with `loss.type = \"pcmepp\"`",
+                    );
+                } else if k == 0 || k > e.templates.len() {
+                    bad(
+                        "eval.keep_prompts",
+                        format!("must be from 1 to the number of templates ({})", e.templates.len()),
+                        "e.g. `keep_prompts = 10` of CLIP's 80 templates",
+                    );
+                }
             }
             if e.every_steps == 0 {
                 bad("eval.every_steps", "must be at least 1".into(), "e.g. `every_steps = 100`");

@@ -7,6 +7,8 @@
 //! which for one label per image is top-k accuracy. A label names a class by any of its synonyms
 //! or by its number (`#12`, counted from 0 over the file's classes); a name that several classes
 //! list (OTTER's GOI list repeats names, which then tie as predictions) is refused as a label.
+//! With `eval.keep_prompts = K` (PCME++, spec `cusa-and-pcmepp.md` §3.12) a class averages only
+//! its K prompts of lowest text uncertainty.
 
 use std::path::Path;
 
@@ -81,6 +83,8 @@ pub struct ZeroShot {
     /// One prompt per (class, template), class-major.
     prompts: Vec<String>,
     templates: usize,
+    /// `eval.keep_prompts`: per class, the templates of least text uncertainty averaged.
+    keep_prompts: Option<usize>,
     pub classes: usize,
     /// Rows of the image tables left out because their path or label is null (said on stderr
     /// by the caller: a silent drop would change the score's denominator unseen).
@@ -220,6 +224,7 @@ impl ZeroShot {
             labels,
             prompts,
             templates: c.templates.len(),
+            keep_prompts: c.keep_prompts,
             classes: class_names.len(),
             skipped,
             shared_names,
@@ -230,19 +235,51 @@ impl ZeroShot {
     pub fn evaluate(&self, model: &DualEncoder, tokenizer: &Tokenizer) -> Result<ZeroShotScores> {
         let device: Device = model.image_proj.weight.val().device();
         let d = self.classes;
-        // Class embeddings: mean of the normalised template embeddings, renormalised.
+        // Class embeddings: mean of the normalised template embeddings (with `keep_prompts`, of
+        // the least uncertain ones), renormalised.
         let mut class_rows = Vec::new();
+        let mut uncertainty: Vec<f64> = Vec::new();
         for chunk in self.prompts.chunks(256) {
             let texts: Vec<&str> = chunk.iter().map(String::as_str).collect();
             let (ids, mask, seq) = tokenize(tokenizer, &texts)?;
             let shape = [texts.len(), seq];
             let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, shape), &device);
             let mask = Tensor::<2, Int>::from_data(TensorData::new(mask, shape), &device);
-            class_rows.push(l2_normalize(model.encode_text(ids, mask)));
+            let (e, log_var) = model.encode_text_with_log_var(ids, mask);
+            class_rows.push(l2_normalize(e));
+            if let (Some(_), Some(v)) = (self.keep_prompts, log_var) {
+                // ‖σ²‖₁ = Σ exp(v) of each prompt (§3.11), as `curate eval` takes it: `exp` in
+                // float32, summed in float64.
+                let width = v.dims()[1];
+                let v = v.into_data().try_to_vec::<f32>().map_err(|e| Error::data(format!("{e:?}")))?;
+                uncertainty.extend(v.chunks(width).map(|row| row.iter().map(|&x| f64::from(x.exp())).sum::<f64>()));
+            }
         }
         let prompts = Tensor::cat(class_rows, 0);
         let dim = prompts.dims()[1];
-        let classes = l2_normalize(prompts.reshape([d, self.templates, dim]).mean_dim(1).reshape([d, dim]));
+        let t = self.templates;
+        let prompts = prompts.reshape([d, t, dim]);
+        let classes = match self.keep_prompts {
+            None => prompts.mean_dim(1),
+            Some(k) => {
+                if uncertainty.len() != d * t {
+                    return Err(Error::data("`eval.keep_prompts` needs a model with PCME++'s text log-variance head"));
+                }
+                // Per class, weight 1/k on its k least uncertain prompts (ties: template order).
+                let k = k.min(t);
+                let mut weights = vec![0f32; d * t];
+                for (class, u) in uncertainty.chunks(t).enumerate() {
+                    let mut order: Vec<usize> = (0..t).collect();
+                    order.sort_by(|&a, &b| u[a].total_cmp(&u[b]).then(a.cmp(&b)));
+                    for &j in &order[..k] {
+                        weights[class * t + j] = 1.0 / k as f32;
+                    }
+                }
+                let w = Tensor::<3>::from_data(TensorData::new(weights, [d, t, 1]), &device);
+                (prompts * w).sum_dim(1)
+            }
+        };
+        let classes = l2_normalize(classes.reshape([d, dim]));
         let per_image = 3 * self.size * self.size;
         let n = self.labels.len();
         let mut scores = Vec::with_capacity(n * d);
