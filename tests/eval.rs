@@ -276,7 +276,16 @@ fn vectors(rows: &[[f32; 2]]) -> ArrayRef {
 }
 
 fn write(dir: &Path, name: &str, cols: Vec<(&str, ArrayRef)>) -> PathBuf {
-    let fields: Vec<Field> = cols.iter().map(|(n, a)| Field::new(*n, a.data_type().clone(), false)).collect();
+    write_with_nulls(dir, name, cols, false)
+}
+
+/// `cols` written to `dir/name`, every column nullable (the uni-modal tables count their nulls).
+fn write_nullable(dir: &Path, name: &str, cols: Vec<(&str, ArrayRef)>) -> PathBuf {
+    write_with_nulls(dir, name, cols, true)
+}
+
+fn write_with_nulls(dir: &Path, name: &str, cols: Vec<(&str, ArrayRef)>, nullable: bool) -> PathBuf {
+    let fields: Vec<Field> = cols.iter().map(|(n, a)| Field::new(*n, a.data_type().clone(), nullable)).collect();
     let schema = Arc::new(Schema::new(fields));
     let batch = RecordBatch::try_new(schema.clone(), cols.into_iter().map(|c| c.1).collect()).unwrap();
     let path = dir.join(name);
@@ -493,16 +502,6 @@ fn all_zero_embeddings_are_warned_about_where_scores_normalise() {
 
 // `curate eval RUN_DIR`: a 4-step run on the bundled sample (`data/gen_train_sample.py`), its
 // model embedding `data/train_sample/retrieval_*.parquet` (120 images, 5 captions each).
-
-/// `cols` written to `dir/name`, every column nullable (the uni-modal tables count their nulls).
-fn write_nullable(dir: &Path, name: &str, cols: Vec<(&str, ArrayRef)>) -> PathBuf {
-    let fields: Vec<Field> = cols.iter().map(|(n, a)| Field::new(*n, a.data_type().clone(), true)).collect();
-    let schema = Arc::new(Schema::new(fields));
-    let batch = RecordBatch::try_new(schema.clone(), cols.into_iter().map(|c| c.1).collect()).unwrap();
-    let path = dir.join(name);
-    curate::io::parquet::write_file(&path, schema, &[batch], &[]).unwrap();
-    path
-}
 
 #[test]
 fn sts_spearman_equals_scipy_with_ties() {
