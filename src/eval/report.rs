@@ -5,9 +5,9 @@
 //! `recall_at_k.svg` (COCO 5K and CxC recall@K curves, drawn with [`crate::report::plot`]).
 //!
 //! A trained run's zero-shot scores (`curate eval RUN_DIR`) are one more top-level key,
-//! `"zeroshot": {"top1": x, "top2": .., "top5": y, "top10": .., "classes": n}`, after the retrieval metrics, so every
-//! other key keeps the `{"i2t", "t2i"}` shape; in the table they are rows `zeroshot_top1` /
-//! `zeroshot_top5` with the value in the i2t column (an image ranks the class prompts).
+//! `"zeroshot": {"top1", "top2", "top5", "top10", "classes"}`, after the retrieval metrics, so
+//! every other key keeps the `{"i2t", "t2i"}` shape; in the table they are rows `zeroshot_top1`
+//! … `zeroshot_top10` with the value in the i2t column (an image ranks the class prompts).
 //!
 //! CUSA's uni-modal scores (`--uni-images`, `--sts`) are the last top-level key, `"unimodal":
 //! {"heads": "uni" | "cross", "image_r1": x, "image_protocol": .., "image_queries": n, ..,
