@@ -159,6 +159,7 @@ fn absent_positives_still_count_in_r() {
         cxc_t2i: pairs(&[(10, &[1])]),
         eccv_i2t: pairs(&[(1, &[12, 99, 13]), (2, &[10, 10])]),
         eccv_t2i: pairs(&[(13, &[1, 77])]),
+        original_t2i: None,
     };
     let ev = evaluate(&im, &cap, Some(&ann), Similarity::Dot).unwrap();
     // CxC: image 1 can never hit; image 2 hits at rank 0; caption 10 hits.
@@ -252,6 +253,35 @@ fn images_with_other_caption_counts_are_warned_of() {
     assert_eq!(ev.counts.captions_per_image, [1, 2]);
     let w = curate::eval::report::warnings(&ev);
     assert!(w.len() == 1 && w[0].starts_with("images have 1 to 2 captions") && w[0].contains("§4.1"), "{w:?}");
+}
+
+#[test]
+fn a_caption_table_is_checked_against_the_packages_coco_ground_truth() {
+    // `original_caption_to_image.json` beside the CxC/ECCV files: captions it does not list, of
+    // its captions those the table lacks, and those the two give different images, are counted
+    // and warned of; a table that agrees is not.
+    let ids: Vec<i64> = (0..3).collect();
+    let im = images(&ids, 1, &[1.0, 2.0, 3.0]);
+    let cap = captions(&[10, 11, 12, 13], &[0, 1, 2, 2], 1, &[1.0; 4]);
+    let pairs = |v: &[(i64, i64)]| PositivePairs(v.iter().map(|&(c, i)| (c, vec![i])).collect());
+    let with = |gt: PositivePairs| Annotations { original_t2i: Some(gt), ..Annotations::default() };
+    let same = with(pairs(&[(10, 0), (11, 1), (12, 2), (13, 2)]));
+    let ev = evaluate(&im, &cap, Some(&same), Similarity::Dot).unwrap();
+    assert_eq!(ev.counts.original_gt, Some([0, 0, 0]));
+    let w = curate::eval::report::warnings(&ev);
+    assert!(!w.iter().any(|w| w.contains("ground truth")), "{w:?}");
+    // 13 is an extra, 14 missing from the table, 11 another image's.
+    let other = with(pairs(&[(10, 0), (11, 2), (12, 2), (14, 1)]));
+    let ev = evaluate(&im, &cap, Some(&other), Similarity::Dot).unwrap();
+    assert_eq!(ev.counts.original_gt, Some([1, 1, 1]));
+    let w = curate::eval::report::warnings(&ev);
+    assert!(
+        w.iter().any(|w| w.contains("1 caption(s) it does not list, 1 of its captions missing, 1 given another image")),
+        "{w:?}"
+    );
+    // Without the file, nothing is checked.
+    let ev = evaluate(&im, &cap, Some(&Annotations::default()), Similarity::Dot).unwrap();
+    assert_eq!(ev.counts.original_gt, None);
 }
 
 fn emb(rows: usize, dim: usize) -> ArrayRef {

@@ -178,7 +178,13 @@ pub struct Annotations {
     pub cxc_t2i: PositivePairs,
     pub eccv_i2t: PositivePairs,
     pub eccv_t2i: PositivePairs,
+    /// The package's own COCO ground truth (`original_caption_to_image.json`, caption → its
+    /// image), when the folder has it: the caption table is checked against it (spec §4.1).
+    pub original_t2i: Option<PositivePairs>,
 }
+
+/// The package's COCO 5K ground truth, beside [`ANNOTATION_FILES`] (read when present).
+pub const ORIGINAL_T2I_FILE: &str = "original_caption_to_image.json";
 
 /// The files read from `--eccv-annotations DIR`, named as in the package's `data/` folder.
 pub const ANNOTATION_FILES: [&str; 4] = [
@@ -207,6 +213,7 @@ impl Annotations {
             cxc_t2i: read(ANNOTATION_FILES[1])?,
             eccv_i2t: read(ANNOTATION_FILES[2])?,
             eccv_t2i: read(ANNOTATION_FILES[3])?,
+            original_t2i: dir.join(ORIGINAL_T2I_FILE).is_file().then(|| read(ORIGINAL_T2I_FILE)).transpose()?,
         })
     }
 }
@@ -339,6 +346,11 @@ pub struct Counts {
     /// The fewest and most captions of an image with captions: COCO's 5K test split has 5 for
     /// each (25,000); some loaders keep a few more (spec §4.1: do not use them).
     pub captions_per_image: [usize; 2],
+    /// Against the package's `original_caption_to_image.json` (when `--eccv-annotations` has
+    /// it): captions of the table it does not list (extras), captions it lists that the table
+    /// lacks, and captions the two give different images.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub original_gt: Option<[usize; 3]>,
     /// The set scored is the one the run selected its model on (`eval.select_best`): its figures
     /// are validation figures, optimistic as test figures.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -402,6 +414,21 @@ pub fn evaluate_scored(
         captions_per_image: coco_plan.captions_per_image(),
         ..Counts::default()
     };
+    counts.original_gt = annotations.and_then(|a| a.original_t2i.as_ref()).map(|gt| {
+        let truth: FxHashMap<i64, &[i64]> = gt.0.iter().map(|(c, images)| (*c, images.as_slice())).collect();
+        let mut extra = 0;
+        let mut other_image = 0;
+        for (c, image) in captions.ids.iter().zip(&captions.image_ids) {
+            match truth.get(c) {
+                None => extra += 1,
+                Some(images) if !images.contains(image) => other_image += 1,
+                Some(_) => {}
+            }
+        }
+        let in_table: rustc_hash::FxHashSet<i64> = captions.ids.iter().copied().collect();
+        let missing = truth.keys().filter(|c| !in_table.contains(c)).count();
+        [extra, missing, other_image]
+    });
     let gt_plans = match annotations {
         Some(a) => {
             let cxc = cxc::plan(&a.cxc_i2t, &a.cxc_t2i, &index, &mut i2t, &mut t2i)?;

@@ -143,6 +143,13 @@ pub fn warnings(ev: &Evaluation) -> Vec<String> {
             c.captions_per_image[0], c.captions_per_image[1]
         ));
     }
+    if let Some([extra, missing, other]) = c.original_gt.filter(|d| d.iter().any(|&n| n > 0)) {
+        out.push(format!(
+            "the caption table differs from the package's COCO ground truth (`original_caption_to_image.json`): \
+             {extra} caption(s) it does not list, {missing} of its captions missing, {other} given another image; \
+             the COCO metrics follow the table (spec §4.1: the 5K split is its 25,000 captions)"
+        ));
+    }
     if c.selection_set {
         out.push(
             "this is the set the run selected its model on (`eval.select_best`): these are validation figures, \
