@@ -558,7 +558,7 @@ fn sts_spearman_equals_scipy_with_ties() {
 #[test]
 fn uni_modal_tables_are_checked_and_their_nulls_counted() {
     use arrow_array::{Float64Array, StringArray};
-    use curate::eval::unimodal::{Side, StsPairs, UniImages};
+    use curate::eval::unimodal::{spearman, Side, StsPairs, UniImages};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let text = |v: &[Option<&str>]| -> ArrayRef { Arc::new(StringArray::from(v.to_vec())) };
@@ -648,6 +648,51 @@ fn uni_modal_tables_are_checked_and_their_nulls_counted() {
     let p = write_nullable(d, "nosts.parquet", vec![("sentence_1", text(&[Some("a")]))]);
     let e = StsPairs::read(&p, false).unwrap_err().to_string();
     assert!(e.contains("no column `sentence1`, `sentence2`, `score`"), "{e}");
+
+    // A `dataset` column (STS12-16 in one table): ρ per dataset, their mean and pair-weighted
+    // mean (SentEval's `all`), the pooled ρ beside them; a null dataset is a skipped pair.
+    let names = [Some("sts12"), Some("sts12"), Some("sts12"), Some("sts13"), Some("sts13"), None];
+    let p = write_nullable(
+        d,
+        "sets.parquet",
+        vec![
+            ("sentence1", text(&[Some("a"); 6])),
+            ("sentence2", text(&[Some("b"); 6])),
+            ("score", nums(&[Some(1.0), Some(2.0), Some(3.0), Some(1.0), Some(2.0), Some(5.0)])),
+            ("dataset", text(&names)),
+        ],
+    );
+    let t = StsPairs::read(&p, false).unwrap();
+    assert_eq!(
+        (t.datasets.clone().unwrap(), t.skipped),
+        (["sts12", "sts12", "sts12", "sts13", "sts13"].map(String::from).to_vec(), 1)
+    );
+    // sts12: cosines in the gold order (ρ 1); sts13: reversed (ρ −1).
+    let m = curate::eval::unimodal::StsMetrics::new(&[0.1, 0.2, 0.3, 0.9, 0.8], &t);
+    let sets = m.sts_datasets.as_ref().unwrap();
+    let near = |x: Option<f64>, want: f64| x.is_some_and(|x| (x - want).abs() < 1e-12);
+    assert!(near(sets["sts12"].spearman, 1.0) && near(sets["sts13"].spearman, -1.0), "{m:?}");
+    assert_eq!((sets["sts12"].pairs, sets["sts13"].pairs), (3, 2));
+    assert!(near(m.sts_spearman_mean, 0.0) && near(m.sts_spearman_wmean, (3.0 - 2.0) / 5.0), "{m:?}");
+    assert_eq!(m.sts_spearman, spearman(&[0.1, 0.2, 0.3, 0.9, 0.8], &[1.0, 2.0, 3.0, 1.0, 2.0]));
+    let ev = curate::eval::Evaluation {
+        metrics: Vec::new(),
+        best_ranks: Vec::new(),
+        counts: Default::default(),
+        timings_s: Vec::new(),
+        zeroshot: None,
+        unimodal: Some(curate::eval::unimodal::UniModalMetrics {
+            heads: curate::eval::unimodal::Heads::Uni,
+            image: None,
+            sts: Some(m.clone()),
+        }),
+    };
+    let md = curate::eval::report::markdown_table(&ev);
+    assert!(md.contains("| sts_spearman (sts13) | -100.00 | 2 pairs |"), "{md}");
+    assert!(md.contains("| sts_spearman mean / wmean | 0.00 / 20.00 | 2 datasets |"), "{md}");
+    // Without the column: the pooled ρ alone.
+    let pooled = StsPairs { datasets: None, ..t };
+    assert_eq!(curate::eval::unimodal::StsMetrics::new(&[0.1, 0.2, 0.3, 0.9, 0.8], &pooled).sts_datasets, None);
 }
 
 mod run_dir {

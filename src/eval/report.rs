@@ -101,6 +101,18 @@ fn unimodal_table(u: &UniModalMetrics) -> String {
     }
     if let Some(t) = &u.sts {
         let _ = writeln!(s, "| sts_spearman | {} | {} pairs |", pct(t.sts_spearman), t.sts_pairs);
+        for (name, d) in t.sts_datasets.iter().flatten() {
+            let _ = writeln!(s, "| sts_spearman ({name}) | {} | {} pairs |", pct(d.spearman), d.pairs);
+        }
+        if let Some(sets) = &t.sts_datasets {
+            let _ = writeln!(
+                s,
+                "| sts_spearman mean / wmean | {} / {} | {} datasets |",
+                pct(t.sts_spearman_mean),
+                pct(t.sts_spearman_wmean),
+                sets.len()
+            );
+        }
     }
     s
 }

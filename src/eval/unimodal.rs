@@ -94,8 +94,57 @@ pub struct StsMetrics {
     /// (a model that embeds every sentence alike), where ρ is undefined.
     pub sts_spearman: Option<f64>,
     pub sts_pairs: usize,
-    /// Pairs left out for a null sentence or score.
+    /// Pairs left out for a null sentence, score or dataset.
     pub sts_pairs_skipped: usize,
+    /// With a `dataset` column (STS12-16's sub-sets in one table): ρ and pairs per dataset, and
+    /// their mean and pair-weighted mean, as SentEval's `all` gives them (`sts_spearman` is then
+    /// its pooled ρ). A dataset whose ρ is undefined makes the means `null`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sts_datasets: Option<std::collections::BTreeMap<String, StsDataset>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sts_spearman_mean: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sts_spearman_wmean: Option<f64>,
+}
+
+/// One dataset of an STS table with a `dataset` column.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StsDataset {
+    pub spearman: Option<f64>,
+    pub pairs: usize,
+}
+
+impl StsMetrics {
+    /// ρ of `cosines` against `pairs`' gold scores, pooled and (with datasets) per dataset.
+    pub fn new(cosines: &[f64], pairs: &StsPairs) -> StsMetrics {
+        let mut out = StsMetrics {
+            sts_spearman: spearman(cosines, &pairs.scores),
+            sts_pairs: pairs.scores.len(),
+            sts_pairs_skipped: pairs.skipped,
+            sts_datasets: None,
+            sts_spearman_mean: None,
+            sts_spearman_wmean: None,
+        };
+        let Some(names) = &pairs.datasets else { return out };
+        let mut by: std::collections::BTreeMap<&str, (Vec<f64>, Vec<f64>)> = Default::default();
+        for ((name, &c), &s) in names.iter().zip(cosines).zip(&pairs.scores) {
+            let (cs, ss) = by.entry(name).or_default();
+            cs.push(c);
+            ss.push(s);
+        }
+        let sets: std::collections::BTreeMap<String, StsDataset> = by
+            .into_iter()
+            .map(|(name, (c, s))| (name.to_owned(), StsDataset { spearman: spearman(&c, &s), pairs: c.len() }))
+            .collect();
+        let all: Option<Vec<(f64, usize)>> = sets.values().map(|d| d.spearman.map(|r| (r, d.pairs))).collect();
+        if let Some(all) = all {
+            let n: usize = all.iter().map(|&(_, p)| p).sum();
+            out.sts_spearman_mean = Some(all.iter().map(|&(r, _)| r).sum::<f64>() / all.len() as f64);
+            out.sts_spearman_wmean = Some(all.iter().map(|&(r, p)| r * p as f64).sum::<f64>() / n as f64);
+        }
+        out.sts_datasets = Some(sets);
+        out
+    }
 }
 
 /// The R@1 of one search, with what the report says about it.
@@ -392,6 +441,8 @@ pub struct StsPairs {
     pub sentence1: Vec<String>,
     pub sentence2: Vec<String>,
     pub scores: Vec<f64>,
+    /// Each pair's `dataset` (an optional column: STS12-16's sub-sets in one table).
+    pub datasets: Option<Vec<String>>,
     pub skipped: usize,
 }
 
@@ -400,15 +451,17 @@ impl StsPairs {
     /// captions get too): every missing column at once, a non-numeric or non-finite score, a
     /// sentence `pre_caption` empties (by row), fewer than 2 pairs, gold scores all equal.
     pub fn read(file: &Path, pre_caption: bool) -> Result<StsPairs> {
-        check_columns(file, &["sentence1", "sentence2", "score"], "")?;
+        let has_dataset = check_columns(file, &["sentence1", "sentence2", "score"], "dataset")?;
         let batches = crate::io::parquet::read_file(file)?;
         let (s1, s2) = (strings(file, &batches, "sentence1")?, strings(file, &batches, "sentence2")?);
         let scores = floats(file, &batches, "score")?;
+        let dataset = if has_dataset { Some(strings(file, &batches, "dataset")?) } else { None };
         let mut out = StsPairs {
             file: file.to_owned(),
             sentence1: Vec::new(),
             sentence2: Vec::new(),
             scores: Vec::new(),
+            datasets: has_dataset.then(Vec::new),
             skipped: 0,
         };
         let prepare = |row: usize, column: &str, text: String| -> Result<String> {
@@ -423,10 +476,14 @@ impl StsPairs {
             })
         };
         for (row, ((a, b), score)) in s1.into_iter().zip(s2).zip(scores).enumerate() {
-            let (Some(a), Some(b), Some(score)) = (a, b, score) else {
+            let name = dataset.as_ref().map(|d| d[row].clone());
+            let (Some(a), Some(b), Some(score), Some(name)) = (a, b, score, name.unwrap_or(Some(String::new()))) else {
                 out.skipped += 1;
                 continue;
             };
+            if let Some(names) = &mut out.datasets {
+                names.push(name);
+            }
             if !score.is_finite() {
                 return Err(Error::data(format!("`score` of row {row} of `{}` is {score}", file.display())));
             }
@@ -505,11 +562,7 @@ pub fn evaluate(
                     hint: None,
                 });
             }
-            Some(StsMetrics {
-                sts_spearman: spearman(&cosines, &pairs.scores),
-                sts_pairs: pairs.scores.len(),
-                sts_pairs_skipped: pairs.skipped,
-            })
+            Some(StsMetrics::new(&cosines, pairs))
         }
     };
     Ok(UniModalMetrics { heads, image, sts })
