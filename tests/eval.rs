@@ -1719,3 +1719,85 @@ captions = "data/train_sample/retrieval_captions.parquet"
         assert!(!run_dir.join("metrics.json").exists());
     }
 }
+
+#[test]
+fn the_noise_diagnostic_matches_a_by_hand_computation_on_the_same_batches() {
+    use curate::eval::noise::{batch_figures, batch_rows, diagnose, run, NoiseConfig};
+    // Batches: n distinct rows, reproducible per (seed, batch), other seeds other rows.
+    let b = batch_rows(7, 3, 50, 20);
+    let mut sorted = b.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert!(sorted.len() == 20 && sorted.iter().all(|&r| r < 50));
+    assert_eq!(b, batch_rows(7, 3, 50, 20));
+    assert_ne!(b, batch_rows(8, 3, 50, 20));
+    // One batch by hand: rows [.7 .3], [.1 .9]: paired (.7 + .9) / 2, unpaired (.3 + .1) / 4,
+    // max (.3 + .1) / 2.
+    let f = batch_figures(&[0.7, 0.3, 0.1, 0.9], 2);
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-7;
+    assert!(close(f[0], 0.8) && close(f[1], 0.1) && close(f[2], 0.2), "{f:?}");
+
+    // 40 pairs in 4-d, captions near their images; against f64 softmax rows on the same batches.
+    let (n, dim) = (40, 4);
+    let v: Vec<f32> = (0..n * dim).map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0).collect();
+    let t: Vec<f32> = v.iter().enumerate().map(|(i, x)| x + ((i * 13 % 7) as f32 - 3.0) / 10.0).collect();
+    let c = NoiseConfig { batch_size: 8, batches: 5, scale: 10.0, seed: 1 };
+    let got = diagnose(&v, &t, dim, &c, &burn::tensor::Device::flex()).unwrap();
+    let unit = |x: &[f32]| -> Vec<f64> {
+        let norm = x.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>().sqrt();
+        x.iter().map(|a| f64::from(*a) / norm).collect()
+    };
+    let mut want = [0.0; 3];
+    for b in 0..c.batches {
+        let rows = batch_rows(c.seed, b, n, c.batch_size);
+        let mut p = Vec::new();
+        for &i in &rows {
+            let vi = unit(&v[i * dim..(i + 1) * dim]);
+            let s: Vec<f64> = rows
+                .iter()
+                .map(|&j| 10.0 * unit(&t[j * dim..(j + 1) * dim]).iter().zip(&vi).map(|(a, b)| a * b).sum::<f64>())
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            p.extend(s.iter().map(|x| ((x - m).exp() / z) as f32));
+        }
+        for (w, f) in want.iter_mut().zip(batch_figures(&p, c.batch_size)) {
+            *w += f / c.batches as f64;
+        }
+    }
+    for k in 0..3 {
+        assert!((got[k] - want[k]).abs() < 1e-5, "{got:?} vs {want:?}");
+    }
+    assert!(got[0] > 0.3 && got[2] < got[0], "captions near their images: {got:?}");
+    assert!(diagnose(&v, &t, dim, &NoiseConfig { batch_size: 41, ..c.clone() }, &burn::tensor::Device::flex()).is_err());
+
+    // From feature tables, joined by id: rows either table lacks are counted, not drawn.
+    let dir = tempfile::tempdir().unwrap();
+    let table = |name: &str, ids: Vec<String>, x: &[f32]| {
+        let mut b = FixedSizeListBuilder::new(Float32Builder::new(), dim as i32);
+        for r in x.chunks(dim) {
+            b.values().append_slice(r);
+            b.append(true);
+        }
+        let ids: ArrayRef = Arc::new(arrow_array::StringArray::from(ids));
+        write(dir.path(), name, vec![("sample_id", ids), ("embedding", Arc::new(b.finish()) as ArrayRef)])
+    };
+    let ids = |range: std::ops::Range<usize>| range.map(|i| format!("s{i:03}")).collect::<Vec<_>>();
+    let images = table("img.parquet", ids(0..n), &v);
+    let texts = table("txt.parquet", ids(2..n + 3), &[&t[2 * dim..], &[0.5; 12]].concat());
+    let r =
+        run(std::slice::from_ref(&images), std::slice::from_ref(&texts), &c, &burn::tensor::Device::flex()).unwrap();
+    assert_eq!((r.pairs, r.unmatched), (38, [2, 3]));
+    // `curate noise`: the same figures, on stdout and in `--out`.
+    let json_out = dir.path().join("noise.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_curate"))
+        .args(["noise", images.to_str().unwrap(), texts.to_str().unwrap(), "--batch-size", "8", "--batches", "5"])
+        .args(["--scale", "10", "--seed", "1", "--out", json_out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.starts_with(&format!("paired {:.3}, ", r.paired)), "{stdout}");
+    let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
+    assert_eq!(saved["result"]["paired"].as_f64(), Some(r.paired));
+    assert_eq!(saved["result"]["unmatched"], serde_json::json!([2, 3]));
+}

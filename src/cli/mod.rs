@@ -29,6 +29,39 @@ pub enum Command {
     Train(TrainArgs),
     /// Retrieval metrics (COCO 5K/1K, CxC, ECCV Caption) of a trained run or precomputed embeddings.
     Eval(EvalArgs),
+    /// OTTER's dataset-noise diagnostic (Table 1): paired / unpaired softmax mass of a frozen
+    /// model's image and caption embeddings over random batches.
+    Noise(NoiseArgs),
+}
+
+/// `curate noise IMAGE_FEATURES TEXT_FEATURES`: the embeddings as `encode_image` and
+/// `encode_text` write them (`sample_id`, `embedding`; files or patterns), joined by `sample_id`.
+/// Prints the figures and writes them as JSON with `--out`.
+#[derive(Debug, Args)]
+pub struct NoiseArgs {
+    /// Image embeddings: Parquet with `sample_id` and `embedding` (a file or a pattern).
+    #[arg(value_name = "IMAGE_FEATURES")]
+    pub image_features: String,
+    /// Caption embeddings of the same samples, from the same model's text tower.
+    #[arg(value_name = "TEXT_FEATURES")]
+    pub text_features: String,
+    /// Pairs per batch (OTTER: 512, 1024, 2048).
+    #[arg(long, default_value_t = 1024)]
+    pub batch_size: usize,
+    /// Random batches averaged over (OTTER: 1000).
+    #[arg(long, default_value_t = 1000)]
+    pub batches: usize,
+    /// The softmax scale (OTTER: 100, CLIP's temperature).
+    #[arg(long, default_value_t = 100.0)]
+    pub scale: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Also write the figures and settings as JSON here.
+    #[arg(long, value_name = "FILE.json")]
+    pub out: Option<PathBuf>,
+    /// Where the products run (`cpu`, `ndarray`, `cuda[:N]`).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 /// `curate eval RUN_DIR [--images IMAGES.parquet --captions CAPTIONS.parquet] [--out OUT_DIR]`
@@ -364,6 +397,34 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 say!("warning: {w}");
             }
             say!("report: `{}`", out.join("report.md").display());
+            Ok(0)
+        }
+        Command::Noise(args) => {
+            let expand = |p: &str| crate::io::PathPatterns(vec![p.to_owned()]).expand().map_err(anyhow::Error::msg);
+            let (images, texts) = (expand(&args.image_features)?, expand(&args.text_features)?);
+            let c = crate::eval::noise::NoiseConfig {
+                batch_size: args.batch_size,
+                batches: args.batches,
+                scale: args.scale,
+                seed: args.seed,
+            };
+            let r = crate::eval::noise::run(&images, &texts, &c, &device(&args.device)?)?;
+            outln!(
+                "paired {:.3}, unpaired avg {:.3}, unpaired max {:.3} ({} batches of {} of {} pairs; {} image and {} \
+                 caption rows without the other left out)",
+                r.paired,
+                r.unpaired_avg,
+                r.unpaired_max,
+                c.batches,
+                c.batch_size,
+                r.pairs,
+                r.unmatched[0],
+                r.unmatched[1]
+            );
+            if let Some(path) = &args.out {
+                let json = serde_json::to_string_pretty(&serde_json::json!({"config": c, "result": r}))?;
+                crate::io::write_atomic(path, format!("{json}\n").as_bytes())?;
+            }
             Ok(0)
         }
         Command::Eval(args) => {

@@ -22,6 +22,7 @@ pub mod cxc;
 pub mod eccv;
 pub mod embeddings;
 pub mod exact64;
+pub mod noise;
 pub mod product;
 pub mod quantized;
 pub mod ranking;
