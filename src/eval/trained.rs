@@ -381,16 +381,13 @@ impl RetrievalSet {
         let every = (batches / 10).max(1);
         let mut image_rows = Vec::with_capacity(images.ids.len() * run.dim());
         for (b, chunk) in images.paths.chunks(IMAGE_BATCH).enumerate() {
-            let pixels = chunk
-                .par_iter()
-                .map(|p| preprocess(&root.map_or_else(|| PathBuf::from(p), |d| d.join(p)), &transform))
-                .collect::<Result<Vec<Vec<f32>>>>()?;
+            let pixels = preprocess_batch(chunk, root, &transform)?;
             if csd {
-                let (e, u) = run.embed_images_uncertain(pixels.concat(), chunk.len())?;
+                let (e, u) = run.embed_images_uncertain(pixels, chunk.len())?;
                 image_rows.extend(e);
                 image_uncertainty.extend(u);
             } else {
-                image_rows.extend(run.embed_images(pixels.concat(), chunk.len())?);
+                image_rows.extend(run.embed_images(pixels, chunk.len())?);
             }
             if batches > 1 && ((b + 1) % every == 0 || b + 1 == batches) {
                 note(format!("  images {}/{}", image_rows.len() / run.dim(), images.ids.len()));
@@ -432,4 +429,17 @@ pub fn preprocess(path: &Path, transform: &ImageTransform) -> Result<Vec<f32>> {
     let mut out = Vec::with_capacity(3 * transform.size * transform.size);
     transform.test(&img, &mut out);
     Ok(out)
+}
+
+/// [`preprocess`] of a batch of images at `paths` (under `root` when given), decoded in
+/// parallel, one after the other in one buffer.
+///
+/// # Shapes
+/// returns `[paths.len() * 3 * size * size]`
+pub fn preprocess_batch(paths: &[String], root: Option<&Path>, transform: &ImageTransform) -> Result<Vec<f32>> {
+    let pixels = paths
+        .par_iter()
+        .map(|p| preprocess(&root.map_or_else(|| PathBuf::from(p), |d| d.join(p)), transform))
+        .collect::<Result<Vec<Vec<f32>>>>()?;
+    Ok(pixels.concat())
 }

@@ -29,13 +29,11 @@ use std::path::{Path, PathBuf};
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::DataType;
-use burn::tensor::{Int, Tensor, TensorData};
-use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use super::embeddings::Matrix;
-use super::trained::{preprocess, IMAGE_BATCH};
+use super::trained::{preprocess_batch, IMAGE_BATCH};
 use crate::error::{Error, Result};
 use crate::train::trained::TrainedRun;
 
@@ -586,17 +584,9 @@ fn embed_image_table(run: &TrainedRun, paths: &[String], root: Option<&Path>) ->
     let transform = run.transform();
     let mut rows = Vec::with_capacity(paths.len() * run.dim());
     for chunk in paths.chunks(IMAGE_BATCH) {
-        let pixels = chunk
-            .par_iter()
-            .map(|p| preprocess(&root.map_or_else(|| PathBuf::from(p), |d| d.join(p)), &transform))
-            .collect::<Result<Vec<Vec<f32>>>>()?;
-        rows.extend(embed_images(run, pixels.concat(), chunk.len())?);
+        rows.extend(embed_images(run, preprocess_batch(chunk, root, &transform)?, chunk.len())?);
     }
     Ok(rows)
-}
-
-fn to_vec(t: Tensor<2>) -> Result<Vec<f32>> {
-    t.into_data().try_to_vec::<f32>().map_err(|e| Error::data(format!("{e:?}")))
 }
 
 /// The uni-modal image embeddings of `n` preprocessed images, `uni(f) = Linear(LayerNorm(f))` on
@@ -607,19 +597,11 @@ fn to_vec(t: Tensor<2>) -> Result<Vec<f32>> {
 /// # Shapes
 /// `pixels`: `[n * 3 * size * size]` → `[n * dim]`
 pub fn embed_images(run: &TrainedRun, pixels: Vec<f32>, n: usize) -> Result<Vec<f32>> {
-    if heads(run) == Heads::Cross {
-        return run.embed_images(pixels, n);
+    match heads(run) {
+        Heads::Cross => run.embed_images(pixels, n),
+        Heads::Uni => Ok(run.embed_images_uni(pixels, n)?.expect("a run with uni-modal heads")),
     }
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    let s = run.image_size();
-    let x = Tensor::<4>::from_data(TensorData::new(pixels, [n, 3, s, s]), run.device());
-    to_vec(run.model.encode_image_uni(x).expect("a run with uni-modal heads"))
 }
-
-/// Texts per text forward pass (as [`TrainedRun::embed_texts`]).
-const TEXT_BATCH: usize = 256;
 
 /// The uni-modal text embeddings of `texts` (through the run's tokenizer), as
 /// [`embed_images`]; the cross-modal ones for a run without uni-modal heads. Not normalised.
@@ -628,18 +610,10 @@ const TEXT_BATCH: usize = 256;
 /// returns `[texts.len() * dim]`
 pub fn embed_texts(run: &TrainedRun, texts: &[String]) -> Result<Vec<f32>> {
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-    if heads(run) == Heads::Cross {
-        return run.embed_texts(&refs);
+    match heads(run) {
+        Heads::Cross => run.embed_texts(&refs),
+        Heads::Uni => Ok(run.embed_texts_uni(&refs)?.expect("a run with uni-modal heads")),
     }
-    let mut out = Vec::with_capacity(texts.len() * run.dim());
-    for chunk in refs.chunks(TEXT_BATCH) {
-        let (ids, mask, seq) = crate::train::data::tokenize(&run.tokenizer, chunk)?;
-        let shape = [chunk.len(), seq];
-        let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, shape), run.device());
-        let mask = Tensor::<2, Int>::from_data(TensorData::new(mask, shape), run.device());
-        out.extend(to_vec(run.model.encode_text_uni(ids, mask).expect("a run with uni-modal heads"))?);
-    }
-    Ok(out)
 }
 
 /// Checks `file`'s schema for the `required` columns (every missing one at once, with a "did

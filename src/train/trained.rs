@@ -172,6 +172,33 @@ impl TrainedRun {
         Ok(out)
     }
 
+    /// CUSA's uni-modal text embeddings (`forward`'s `text_uni`, not normalised), `[texts.len(),
+    /// dim]` row-major; `None` for a model without the uni-modal text head.
+    pub fn embed_texts_uni(&self, texts: &[&str]) -> Result<Option<Vec<f32>>> {
+        if self.model.text_uni.is_none() {
+            return Ok(None);
+        }
+        let mut out = Vec::with_capacity(texts.len() * self.dim());
+        for chunk in texts.chunks(TEXT_BATCH) {
+            let (ids, mask) = self.token_tensors(chunk)?;
+            out.extend(to_vec(self.model.encode_text_uni(ids, mask).expect("the head is there"))?);
+        }
+        Ok(Some(out))
+    }
+
+    /// CUSA's uni-modal image embeddings of `n` preprocessed images, as
+    /// [`TrainedRun::embed_texts_uni`].
+    pub fn embed_images_uni(&self, pixels: Vec<f32>, n: usize) -> Result<Option<Vec<f32>>> {
+        if self.model.image_uni.is_none() {
+            return Ok(None);
+        }
+        if n == 0 {
+            return Ok(Some(Vec::new()));
+        }
+        let e = self.model.encode_image_uni(self.image_tensor(pixels, n)).expect("the head is there");
+        Ok(Some(to_vec(e)?))
+    }
+
     /// Whether the model has PCME++'s log-variance heads, so that each item has an uncertainty
     /// `‖σ²‖₁` and retrieval can score by CSD.
     pub fn has_uncertainty(&self) -> bool {
