@@ -285,8 +285,8 @@ impl Direction {
     }
 }
 
-/// Everything computed by [`evaluate`].
-#[derive(Debug, Clone)]
+/// Everything computed by [`evaluate`] (the default: nothing, as for uni-modal tables alone).
+#[derive(Debug, Clone, Default)]
 pub struct Evaluation {
     /// Metric name (as the eccv-caption package names it) -> values, in report order.
     pub metrics: Vec<(String, Pair)>,

@@ -239,14 +239,7 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     let mut ev = match &set {
         Some(set) => set.evaluate(&run, r.similarity, r.precision, annotations.as_ref(), &note)?,
         // Only uni-modal tables: no retrieval metrics.
-        None => Evaluation {
-            metrics: Vec::new(),
-            best_ranks: Vec::new(),
-            counts: Default::default(),
-            timings_s: Vec::new(),
-            zeroshot: None,
-            unimodal: None,
-        },
+        None => Evaluation::default(),
     };
     // The validation set of `select_best`, whether named by the run config or by the flags.
     let same = |a: &Path, b: &Path| a == b || a.canonicalize().ok().is_some_and(|a| b.canonicalize().ok() == Some(a));

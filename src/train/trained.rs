@@ -41,6 +41,12 @@ impl TrainedRun {
     }
 }
 
+/// `‖σ²‖₁ = Σ_k exp(v_k)` of each row of log-variances `v` (`[rows * width]`), as PCME++'s
+/// evaluation computes it: `exp` in float32 (`torch.exp`), widened, summed in float64.
+pub fn uncertainties(v: &[f32], width: usize) -> Vec<f64> {
+    v.chunks(width).map(|row| row.iter().map(|&x| f64::from(x.exp())).sum()).collect()
+}
+
 fn to_vec(t: Tensor<2>) -> Result<Vec<f32>> {
     t.into_data().try_to_vec::<f32>().map_err(|e| Error::data(format!("{e:?}")))
 }
@@ -232,9 +238,7 @@ impl TrainedRun {
         let v = v.ok_or_else(|| {
             Error::data(format!("`{}` has no log-variance heads (not a PCME++ run)", self.dir.display()))
         })?;
-        let d = self.dim();
-        // As PCME++'s evaluation: `exp` in float32 (`torch.exp`), widened, summed in float64.
-        Ok(to_vec(v)?.chunks(d).map(|row| row.iter().map(|&x| x.exp() as f64).sum()).collect())
+        Ok(uncertainties(&to_vec(v)?, self.dim()))
     }
 
     fn image_tensor(&self, pixels: Vec<f32>, n: usize) -> Tensor<4> {

@@ -248,11 +248,10 @@ impl ZeroShot {
             let (e, log_var) = model.encode_text_with_log_var(ids, mask);
             class_rows.push(l2_normalize(e));
             if let (Some(_), Some(v)) = (self.keep_prompts, log_var) {
-                // ‖σ²‖₁ = Σ exp(v) of each prompt (§3.11), as `curate eval` takes it: `exp` in
-                // float32, summed in float64.
+                // ‖σ²‖₁ of each prompt (§3.11), as `curate eval` takes it.
                 let width = v.dims()[1];
                 let v = v.into_data().try_to_vec::<f32>().map_err(|e| Error::data(format!("{e:?}")))?;
-                uncertainty.extend(v.chunks(width).map(|row| row.iter().map(|&x| f64::from(x.exp())).sum::<f64>()));
+                uncertainty.extend(super::trained::uncertainties(&v, width));
             }
         }
         let prompts = Tensor::cat(class_rows, 0);
