@@ -686,6 +686,7 @@ fn uni_modal_tables_are_checked_and_their_nulls_counted() {
             image: None,
             sts: Some(m.clone()),
         }),
+        linear_probe: None,
     };
     let md = curate::eval::report::markdown_table(&ev);
     assert!(md.contains("| sts_spearman (sts13) | -100.00 | 2 pairs |"), "{md}");
@@ -1694,6 +1695,138 @@ captions = "data/train_sample/retrieval_captions.parquet"
     /// An evaluation writes only once it is done: one that fails on an image leaves an earlier
     /// evaluation as it was, and one sent into a training run's folder (`--out RUN_DIR`) is
     /// refused before it writes over the run's `config.json`.
+    /// The transfer linear probe, `--probe` (spec `bow-and-otter.md` §6.4): on a tiny run, the
+    /// probe of the image tower's pooled features (not the cross-modal embeddings) through
+    /// `curate eval` equals [`probe`] on features taken image by image; without `val` rows 20%
+    /// of train is held out; through the binary `--probe-metric` chooses by mean per-class
+    /// accuracy; a bad table is refused before anything is embedded.
+    #[test]
+    fn the_linear_probe_reads_the_frozen_tower_and_reports_its_choice() {
+        use arrow_array::{ArrayRef, RecordBatch, StringArray};
+        use curate::eval::linear_probe::{probe, ProbeConfig, ProbeTable};
+        use curate::eval::trained::preprocess_batch;
+        use std::sync::Arc;
+
+        const ZS: &str = "data/train_sample/zeroshot.parquet";
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let run_dir = crate::common::train_run(d, crate::common::TINY_RUN);
+        let device = Device::flex();
+        let (paths, labels) = (strings(ZS, "path"), strings(ZS, "label"));
+        // Per class, in order of its rows: 3 train, 1 val, 1 test, repeated (24 classes, 10 each).
+        let mut seen = std::collections::HashMap::new();
+        let split: Vec<&str> = labels
+            .iter()
+            .map(|l| {
+                let k = seen.entry(l.clone()).or_insert(0usize);
+                *k += 1;
+                ["train", "train", "train", "val", "test"][(*k - 1) % 5]
+            })
+            .collect();
+        let table = |name: &str, split: Vec<&str>| -> std::path::PathBuf {
+            let cols: Vec<(&str, ArrayRef)> = vec![
+                ("path", Arc::new(StringArray::from(paths.iter().map(String::as_str).collect::<Vec<_>>()))),
+                ("label", Arc::new(StringArray::from(labels.iter().map(String::as_str).collect::<Vec<_>>()))),
+                ("split", Arc::new(StringArray::from(split))),
+            ];
+            let fields: Vec<arrow_schema::Field> =
+                cols.iter().map(|(n, a)| arrow_schema::Field::new(*n, a.data_type().clone(), true)).collect();
+            let batch = RecordBatch::try_new(
+                Arc::new(arrow_schema::Schema::new(fields)),
+                cols.into_iter().map(|c| c.1).collect(),
+            )
+            .unwrap();
+            let path = d.join(name);
+            crate::common::write_parquet(&path, &batch);
+            path
+        };
+        let with_val = table("probe.parquet", split.clone());
+        let out = d.join("probe_eval");
+        // At most 40 iterations a fit: the tiny tower's 192 train images are separable in its
+        // wider features, and weakly regularised fits would take the default 1000.
+        let c = ProbeConfig { max_iter: 40, ..ProbeConfig::default() };
+        let args = RunEval {
+            run: run_dir.clone(),
+            probe: Some(with_val.clone()),
+            probe_config: c.clone(),
+            out: Some(out.clone()),
+            ..Default::default()
+        };
+        let ev = run_trained(&args, &device).unwrap_or_else(|e| panic!("{e}"));
+        let got = json(&out.join("metrics.json"));
+        let keys: Vec<&String> = got.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["linear_probe"], "{got}");
+        let m = ev.linear_probe.clone().unwrap();
+        assert_eq!((m.train, m.val, m.test, m.classes, m.val_from, m.fits), (144, 48, 48, 24, "table", 46));
+        assert_eq!(got["linear_probe"]["metric"], "accuracy");
+        assert!((got["linear_probe"]["accuracy"].as_f64().unwrap() - m.accuracy).abs() < 1e-15);
+
+        // By hand: each image alone through the tower's pooled features, then the protocol.
+        let run = TrainedRun::load(&run_dir, &device).unwrap();
+        let transform = run.transform();
+        let (mut features, mut width) = (Vec::new(), 0);
+        for p in &paths {
+            let (f, w) =
+                run.image_features(preprocess_batch(std::slice::from_ref(p), None, &transform).unwrap(), 1).unwrap();
+            features.extend(f);
+            width = w;
+        }
+        assert_eq!(m.feature_dim, width);
+        assert_ne!(width, run.dim(), "the tiny run's tower is wider than its embeddings, so this tells them apart");
+        let t = ProbeTable::read(&with_val).unwrap();
+        let want = probe(&t, &features, width, &c, &device, &|_| {}).unwrap();
+        assert_eq!(
+            (m.wd, m.accuracy, m.mean_per_class_accuracy),
+            (want.wd, want.accuracy, want.mean_per_class_accuracy)
+        );
+        assert!(m.accuracy > 1.0 / 24.0, "better than chance: {m:?}");
+        let md = std::fs::read_to_string(out.join("metrics.md")).unwrap();
+        assert!(md.contains("| linear probe (test) |") && md.contains("| accuracy |"), "{md}");
+        assert!(md.contains(&format!("pooled {width}-d features")) && md.contains("the table's `val` rows"), "{md}");
+        let config = json(&out.join("config.json"));
+        assert_eq!(
+            (config["retrieval_from"].as_str(), config["probe_config"]["metric"].as_str()),
+            (Some("none"), Some("accuracy"))
+        );
+
+        // No `val` rows: 20% of the 192 train rows held out (38), chosen by mean per-class
+        // accuracy, through the binary.
+        let no_val = table("no_val.parquet", split.iter().map(|s| if *s == "val" { "train" } else { *s }).collect());
+        let out2 = d.join("probe_no_val");
+        let bin = std::process::Command::new(env!("CARGO_BIN_EXE_curate"))
+            .arg("eval")
+            .arg(&run_dir)
+            .args(["--probe".as_ref(), no_val.as_os_str(), "--probe-metric".as_ref(), "mean-per-class".as_ref()])
+            .args(["--probe-max-iter", "40"])
+            .args(["--out".as_ref(), out2.as_os_str()])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&bin.stderr);
+        assert!(bin.status.success(), "{stderr}");
+        assert!(String::from_utf8_lossy(&bin.stdout).contains("| mean per-class accuracy |"));
+        assert!(stderr.contains("linear probe: wd 1.000e5: validation mean_per_class"), "{stderr}");
+        let p = &json(&out2.join("metrics.json"))["linear_probe"];
+        assert_eq!(
+            (p["train"].as_u64(), p["val"].as_u64(), p["val_from"].as_str()),
+            (Some(154), Some(38), Some("holdout"))
+        );
+        assert_eq!(p["metric"], "mean_per_class");
+        assert!(p["fits_not_converged"].as_u64().unwrap() > 0, "{p}");
+        assert!(
+            stderr.contains("warning: linear probe: ") && stderr.contains("stopped before the gradient tolerance"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("(40 iterations, not converged)"), "{stderr}");
+
+        // A bad `split` value: refused before anything is embedded, nothing written.
+        let bad = table("bad.parquet", split.iter().map(|s| if *s == "val" { "valid" } else { *s }).collect());
+        let e = run_trained(&RunEval { probe: Some(bad), out: Some(d.join("never")), ..args.clone() }, &device)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has `split` = `valid`") && e.contains("`train`, `val` or `test`"), "{e}");
+        assert!(!d.join("never").exists());
+    }
+
     #[test]
     fn a_failed_evaluation_keeps_the_earlier_one_and_a_run_folder_is_not_written_over() {
         let dir = tempfile::tempdir().unwrap();
@@ -1800,4 +1933,114 @@ fn the_noise_diagnostic_matches_a_by_hand_computation_on_the_same_batches() {
     let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
     assert_eq!(saved["result"]["paired"].as_f64(), Some(r.paired));
     assert_eq!(saved["result"]["unmatched"], serde_json::json!([2, 3]));
+}
+
+// The linear probe (spec `bow-and-otter.md` §6.4) against scikit-learn's
+// `LogisticRegression(C = 1/wd, solver="lbfgs", tol=1e-10)` on a seeded 4-class set
+// (`tests/fixtures/eval/make_linear_probe.py`).
+
+fn probe_split(v: &serde_json::Value) -> (Vec<f32>, Vec<u32>) {
+    let x = v["x"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32));
+    let y = v["y"].as_array().unwrap().iter().map(|y| y.as_u64().unwrap() as u32);
+    (x.collect(), y.collect())
+}
+
+#[test]
+fn linear_probe_fits_equal_scikit_learn_along_the_grid() {
+    use burn::tensor::{Device, Tensor, TensorData};
+    use curate::eval::linear_probe::{accuracy, fit, log_grid, ProbeConfig, Problem};
+    let v = read_json(&fixture("linear_probe.json"));
+    let (dim, classes) = (v["dim"].as_u64().unwrap() as usize, v["classes"].as_u64().unwrap() as usize);
+    let ((x, y), (vx, vy)) = (probe_split(&v["train"]), probe_split(&v["val"]));
+    let device = Device::flex();
+    let problem = Problem::new(&x, &y, dim, classes, &device);
+    let val = Tensor::<2>::from_data(TensorData::new(vx, [vy.len(), dim]), &device);
+    let grid: Vec<f64> = v["grid"].as_array().unwrap().iter().map(|g| g.as_f64().unwrap()).collect();
+    let ours = log_grid();
+    assert_eq!(grid.len(), ours.len());
+    for (a, b) in grid.iter().zip(&ours) {
+        assert!((a / b - 1.0).abs() < 1e-12, "grid {a} vs {b}");
+    }
+    // Tighter than the default (1e-6): the float32 products still reach it here, in at most
+    // 41 iterations, and it brings every coefficient within ~4e-6 of scikit-learn's.
+    let c = ProbeConfig { tol: 1e-7, ..ProbeConfig::default() };
+    let floats = |v: &serde_json::Value| -> Vec<f64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| match r.as_array() {
+                Some(row) => row.iter().map(|x| x.as_f64().unwrap()).collect::<Vec<_>>(),
+                None => vec![r.as_f64().unwrap()],
+            })
+            .collect()
+    };
+    let mut worst: f64 = 0.0;
+    let mut pred_differ = 0;
+    for (i, want) in v["fits"].as_array().unwrap().iter().enumerate() {
+        let f = fit(&problem, grid[i], None, &c).unwrap();
+        assert!(f.converged, "wd {}: {} iterations, max gradient {}", grid[i], f.iterations, f.grad_max);
+        let (w, b) = f.theta.split_at(classes * dim);
+        let (sw, sb) = (floats(&want["coef"]), floats(&want["intercept"]));
+        // Biases are unique up to a common shift: compare them centred.
+        let centre = |b: &[f64]| -> Vec<f64> {
+            let m = b.iter().sum::<f64>() / b.len() as f64;
+            b.iter().map(|x| x - m).collect()
+        };
+        let scale = sw.iter().chain(&sb).fold(0.0f64, |a, x| a.max(x.abs()));
+        for (got, want) in w.iter().chain(&centre(b)).zip(sw.iter().chain(&centre(&sb))) {
+            worst = worst.max((got - want).abs() / scale);
+        }
+        let pred = problem.predict(&val, &f.theta).unwrap();
+        let want_pred: Vec<u32> =
+            want["val_pred"].as_array().unwrap().iter().map(|p| p.as_u64().unwrap() as u32).collect();
+        pred_differ += pred.iter().zip(&want_pred).filter(|(a, b)| a != b).count();
+        assert!((accuracy(&pred, &vy) - want["val_accuracy"].as_f64().unwrap()).abs() < 1e-12, "wd {}", grid[i]);
+    }
+    assert!(worst < 1e-4, "largest coefficient difference, relative to the largest coefficient: {worst}");
+    assert_eq!(pred_differ, 0);
+}
+
+#[test]
+fn linear_probe_protocol_chooses_and_scores_as_scikit_learn() {
+    use burn::tensor::Device;
+    use curate::eval::linear_probe::{probe, ProbeConfig, ProbeMetric, ProbeTable, Split};
+    let v = read_json(&fixture("linear_probe.json"));
+    let dim = v["dim"].as_u64().unwrap() as usize;
+    let mut features = Vec::new();
+    let mut table = ProbeTable {
+        file: "fixture".into(),
+        paths: Vec::new(),
+        labels: Vec::new(),
+        split: Vec::new(),
+        names: (0..4).map(|c| format!("class {c}")).collect(),
+        skipped: 0,
+    };
+    for (key, split) in [("train", Split::Train), ("val", Split::Val), ("test", Split::Test)] {
+        let (x, y) = probe_split(&v[key]);
+        features.extend(x);
+        table.paths.extend((0..y.len()).map(|i| format!("{key}/{i}.jpg")));
+        table.split.extend(std::iter::repeat_n(split, y.len()));
+        table.labels.extend(y);
+    }
+    for (metric, key) in [(ProbeMetric::Accuracy, "accuracy"), (ProbeMetric::MeanPerClass, "mean_per_class")] {
+        let c = ProbeConfig { metric, ..ProbeConfig::default() };
+        let m = probe(&table, &features, dim, &c, &Device::flex(), &|_| {}).unwrap();
+        let want = &v[format!("final_{key}")];
+        let selected = v[format!("selected_wd_{key}")].as_f64().unwrap();
+        // Index 33 of the grid: 35-44 score the same on validation, and the tie goes to the
+        // smallest weight decay.
+        assert!((m.wd / selected - 1.0).abs() < 1e-12, "{key}: wd {} vs scikit-learn's {selected}", m.wd);
+        assert!((m.accuracy - want["test_accuracy"].as_f64().unwrap()).abs() < 1e-12, "{key}: {m:?}");
+        assert!(
+            (m.mean_per_class_accuracy - want["test_mean_per_class"].as_f64().unwrap()).abs() < 1e-12,
+            "{key}: {m:?}"
+        );
+        assert_ne!(m.accuracy, m.mean_per_class_accuracy, "the test split is unbalanced");
+        assert_eq!((m.train, m.val, m.test, m.classes, m.val_from), (240, 60, 160, 4, "table"));
+        assert_eq!((m.fits, m.fits_not_converged, m.test_unseen_class), (46, 0, 0));
+    }
 }

@@ -84,8 +84,8 @@ pub struct EvalArgs {
     /// With RUN_DIR: Parquet with `coco_caption_id`, `coco_image_id` (int64) and `caption`.
     #[arg(long, value_name = "CAPTIONS.parquet", requires_all = ["run", "images"])]
     pub captions: Option<PathBuf>,
-    /// With RUN_DIR: the folder image paths are relative to, for the retrieval set and
-    /// `--uni-images` (default: the run config's `eval.retrieval.image_root` for its set, else as
+    /// With RUN_DIR: the folder image paths are relative to, for the retrieval set,
+    /// `--uni-images` and `--probe` (default: the run config's `eval.retrieval.image_root` for its set, else as
     /// stored).
     #[arg(long, value_name = "DIR", requires = "run")]
     pub image_root: Option<PathBuf>,
@@ -101,6 +101,22 @@ pub struct EvalArgs {
     /// `sentence2` (strings) and `score` (a number).
     #[arg(long, value_name = "TABLE.parquet", requires = "run")]
     pub sts: Option<PathBuf>,
+    /// With RUN_DIR: the transfer linear probe (BoW paper Table 11, BYOL's protocol): a
+    /// multinomial logistic regression on the run's frozen image-tower features, its weight
+    /// decay chosen on `val` (else 20% of `train` held out) over 45 values in [1e-6, 1e5], then
+    /// fitted on train + val and scored on test. Parquet with `path`, `label` (string or
+    /// integer) and `split` (`train`, `val`, `test`). With it the retrieval set is optional.
+    #[arg(long, value_name = "TABLE.parquet", requires = "run")]
+    pub probe: Option<PathBuf>,
+    /// With `--probe`: the validation score that chooses the weight decay (`mean-per-class` for
+    /// Aircraft, Caltech-101, Flowers and Pets in that protocol). Both scores are reported.
+    #[arg(long, value_enum, default_value_t = crate::eval::linear_probe::ProbeMetric::Accuracy, requires = "probe")]
+    pub probe_metric: crate::eval::linear_probe::ProbeMetric,
+    /// With `--probe`: L-BFGS iterations per fit at most (a fit stopped by it is counted and
+    /// warned of). Weakly regularised fits of separable features (more dimensions than images)
+    /// are the slow ones.
+    #[arg(long, value_name = "N", default_value_t = 1000, requires = "probe")]
+    pub probe_max_iter: usize,
     /// Parquet with `coco_image_id` (int64) and `embedding`; its row order defines the COCO 1K
     /// folds.
     #[arg(long, value_name = "IMAGES.parquet", requires_all = ["caption_embeddings", "out"])]
@@ -447,6 +463,12 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     progress: true,
                     uni_images: args.uni_images,
                     sts: args.sts,
+                    probe: args.probe,
+                    probe_config: crate::eval::linear_probe::ProbeConfig {
+                        metric: args.probe_metric,
+                        max_iter: args.probe_max_iter,
+                        ..Default::default()
+                    },
                 };
                 let ev = crate::eval::trained::run_trained(&run, &device(&args.device)?)?;
                 out!("{}", crate::eval::report::markdown_table(&ev));

@@ -15,13 +15,15 @@
 //! `curate eval RUN_DIR` embeds a retrieval set (the COCO 5K test split, or the bundled sample)
 //! with a trained run's model ([`trained`]; a PCME++ run with its uncertainties) and calls the
 //! same function, adding the run's zero-shot classification scores ([`ZeroShotMetrics`]) and,
-//! given their tables, CUSA's uni-modal image retrieval and STS scores ([`unimodal`]).
+//! given their tables, CUSA's uni-modal image retrieval and STS scores ([`unimodal`]) and the
+//! transfer linear probe of its image tower ([`linear_probe`]).
 
 pub mod coco;
 pub mod cxc;
 pub mod eccv;
 pub mod embeddings;
 pub mod exact64;
+pub mod linear_probe;
 pub mod noise;
 pub mod product;
 pub mod quantized;
@@ -301,6 +303,9 @@ pub struct Evaluation {
     /// CUSA's uni-modal evaluation of a trained run (`curate eval RUN_DIR --uni-images/--sts`);
     /// `None` otherwise.
     pub unimodal: Option<unimodal::UniModalMetrics>,
+    /// The transfer linear probe of a trained run's image tower (`curate eval RUN_DIR --probe`);
+    /// `None` otherwise.
+    pub linear_probe: Option<linear_probe::ProbeMetrics>,
 }
 
 /// Zero-shot top-1/2/5/10 (flat hit@k over the class prompts, spec `bow-and-otter.md` §6.2), as
@@ -489,7 +494,7 @@ pub fn evaluate_scored(
         ("score_and_rank".to_owned(), t_rank),
         ("metrics".to_owned(), t3.elapsed().as_secs_f64()),
     ];
-    Ok(Evaluation { metrics, best_ranks, counts, timings_s, zeroshot: None, unimodal: None })
+    Ok(Evaluation { metrics, best_ranks, counts, timings_s, zeroshot: None, unimodal: None, linear_probe: None })
 }
 
 /// One annotation query resolved to gallery rows.

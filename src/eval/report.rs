@@ -14,6 +14,10 @@
 //! "sts_spearman": ρ, "sts_pairs": n, ..}` ([`super::unimodal::UniModalMetrics`]), and a table of
 //! their own in `metrics.md` (and on stdout). An evaluation of uni-modal tables alone has no
 //! retrieval metrics: no retrieval table and no `recall_at_k.svg`.
+//!
+//! The linear probe (`--probe`) comes after them, `"linear_probe": {"accuracy": x,
+//! "mean_per_class_accuracy": y, "metric": .., "wd": .., ..}`
+//! ([`super::linear_probe::ProbeMetrics`]), with a table of its own.
 
 use std::fmt::Write;
 use std::path::Path;
@@ -21,19 +25,27 @@ use std::path::Path;
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
+use super::linear_probe::ProbeMetrics;
 use super::unimodal::UniModalMetrics;
 use super::{Evaluation, Pair, ZeroShotMetrics};
 use crate::error::{Error, Result};
 use crate::io::write_atomic;
 
-/// The metrics in report order as one JSON object, then the zero-shot and the uni-modal scores
-/// if any.
-struct Ordered<'a>(&'a [(String, Pair)], Option<&'a ZeroShotMetrics>, Option<&'a UniModalMetrics>);
+/// The metrics in report order as one JSON object, then the zero-shot, the uni-modal and the
+/// linear-probe scores if any.
+struct Ordered<'a>(
+    &'a [(String, Pair)],
+    Option<&'a ZeroShotMetrics>,
+    Option<&'a UniModalMetrics>,
+    Option<&'a ProbeMetrics>,
+);
 
 impl Serialize for Ordered<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        let mut m =
-            s.serialize_map(Some(self.0.len() + usize::from(self.1.is_some()) + usize::from(self.2.is_some())))?;
+        let mut m = s.serialize_map(Some(
+            self.0.len()
+                + [self.1.is_some(), self.2.is_some(), self.3.is_some()].map(usize::from).iter().sum::<usize>(),
+        ))?;
         for (k, v) in self.0 {
             m.serialize_entry(k, v)?;
         }
@@ -43,13 +55,16 @@ impl Serialize for Ordered<'_> {
         if let Some(u) = self.2 {
             m.serialize_entry("unimodal", u)?;
         }
+        if let Some(p) = self.3 {
+            m.serialize_entry("linear_probe", p)?;
+        }
         m.end()
     }
 }
 
 /// `metrics.json` text.
 pub fn metrics_json(ev: &Evaluation) -> String {
-    let ordered = Ordered(&ev.metrics, ev.zeroshot.as_ref(), ev.unimodal.as_ref());
+    let ordered = Ordered(&ev.metrics, ev.zeroshot.as_ref(), ev.unimodal.as_ref(), ev.linear_probe.as_ref());
     let mut s = serde_json::to_string_pretty(&ordered).expect("metrics serialise");
     s.push('\n');
     s
@@ -72,18 +87,27 @@ fn pct(x: Option<f64>) -> String {
 }
 
 /// The metrics table (values x100; `mean` is the mean of the two directions, as PCME++ Table 1
-/// reports them), then the uni-modal one if any.
+/// reports them), then the uni-modal and the linear-probe ones if any.
 pub fn markdown_table(ev: &Evaluation) -> String {
-    let mut s = String::new();
+    let mut tables = Vec::new();
     if !ev.metrics.is_empty() || ev.zeroshot.is_some() {
-        s.push_str(&retrieval_table(ev));
+        tables.push(retrieval_table(ev));
     }
     if let Some(u) = &ev.unimodal {
-        if !s.is_empty() {
-            s.push('\n');
-        }
-        s.push_str(&unimodal_table(u));
+        tables.push(unimodal_table(u));
     }
+    if let Some(p) = &ev.linear_probe {
+        tables.push(probe_table(p));
+    }
+    tables.join("\n")
+}
+
+/// The linear probe's test scores x100.
+fn probe_table(p: &ProbeMetrics) -> String {
+    let mut s = String::from("| linear probe (test) | value | of |\n| --- | ---: | ---: |\n");
+    let _ = writeln!(s, "| accuracy | {} | {} images |", pct(Some(p.accuracy)), p.test);
+    let _ =
+        writeln!(s, "| mean per-class accuracy | {} | {} classes |", pct(Some(p.mean_per_class_accuracy)), p.classes);
     s
 }
 
@@ -187,6 +211,25 @@ pub fn warnings(ev: &Evaluation) -> Vec<String> {
             out.push("STS: every pair has the same cosine, so Spearman's ρ is undefined (null)".to_owned());
         }
     }
+    if let Some(p) = &ev.linear_probe {
+        if p.fits_not_converged > 0 {
+            out.push(format!(
+                "linear probe: {} of {} fit(s) stopped before the gradient tolerance (iteration limit or the float32 \
+                 rounding of the objective); their scores are those of the last iterate",
+                p.fits_not_converged, p.fits
+            ));
+        }
+        if p.test_unseen_class > 0 {
+            out.push(format!(
+                "linear probe: {} test image(s) of a class without train or validation images (never predicted right, \
+                 still counted)",
+                p.test_unseen_class
+            ));
+        }
+        if p.rows_skipped > 0 {
+            out.push(format!("linear probe: {} row(s) left out for a null `path`, `label` or `split`", p.rows_skipped));
+        }
+    }
     if c.coco_1k_fold_disagreements > 0 {
         out.push(format!(
             "COCO 1K: {} of {} caption(s) fall in another fold by the caption table's order than by the image table's; \
@@ -261,6 +304,23 @@ pub fn markdown(ev: &Evaluation) -> String {
                 t.sts_pairs
             );
         }
+    }
+    if let Some(p) = &ev.linear_probe {
+        let _ = writeln!(
+            s,
+            "- linear probe: multinomial logistic regression on the image tower's pooled {}-d features (frozen, \
+             centre view); weight decay {:.4e} (scikit-learn's C = {:.4e}) chosen by validation {} {} over {} \
+             rows ({}), then fitted on {} train + validation rows of {} classes",
+            p.feature_dim,
+            p.wd,
+            1.0 / p.wd,
+            p.metric.name(),
+            pct(Some(p.val_score)),
+            p.val,
+            if p.val_from == "table" { "the table's `val` rows" } else { "held out from `train`" },
+            p.train + p.val,
+            p.classes
+        );
     }
     for w in warnings(ev) {
         let _ = writeln!(s, "- warning: {w}");

@@ -8,8 +8,9 @@
 //! embeddings, so both forms of `curate eval` write the same files. When the run config has
 //! zero-shot settings (`[eval]`), the trainer's zero-shot top-1/top-5
 //! ([`crate::train::zeroshot`]) are added, and given `--uni-images`/`--sts`, CUSA's uni-modal
-//! image retrieval and STS scores ([`super::unimodal`]). With a uni-modal table the retrieval
-//! set is optional: the evaluation then scores what it has inputs for.
+//! image retrieval and STS scores ([`super::unimodal`]); given `--probe`, the transfer linear
+//! probe of its image tower ([`super::linear_probe`]). With a uni-modal or probe table the
+//! retrieval set is optional: the evaluation then scores what it has inputs for.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -19,6 +20,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::embeddings::{self, Captions, Images};
+use super::linear_probe::{self, ProbeConfig, ProbeTable};
 use super::unimodal::{self, StsPairs, UniImages};
 use super::{evaluate_scored, report, Annotations, Evaluation, Precision, Scoring, Similarity};
 use crate::error::{Error, Result};
@@ -67,6 +69,11 @@ pub struct RunEval {
     pub uni_images: Option<PathBuf>,
     /// STS sentence pairs ([`super::unimodal::StsPairs`]: `sentence1`, `sentence2`, `score`).
     pub sts: Option<PathBuf>,
+    /// The linear probe's image table ([`super::linear_probe::ProbeTable`]: `path`, `label`,
+    /// `split`); relative paths resolve against `image_root` when given.
+    pub probe: Option<PathBuf>,
+    /// How the probe fits and chooses its classifier.
+    pub probe_config: ProbeConfig,
 }
 
 impl RunEval {
@@ -99,6 +106,11 @@ pub struct Resolved {
     /// `--sts`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sts: Option<PathBuf>,
+    /// `--probe` and how its classifier was chosen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe_config: Option<ProbeConfig>,
     pub eccv_annotations: Option<PathBuf>,
     /// The run's zero-shot settings (without `retrieval`), when it has them.
     pub zeroshot: Option<ZeroShotConfig>,
@@ -137,12 +149,15 @@ fn resolve(args: &RunEval, config: &TrainConfig, has_uncertainty: bool) -> Resul
                 Some(r.captions.clone()),
                 args.image_root.clone().or_else(|| r.image_root.clone()),
             ),
-            None if args.uni_images.is_some() || args.sts.is_some() => ("none", None, None, args.image_root.clone()),
+            None if args.uni_images.is_some() || args.sts.is_some() || args.probe.is_some() => {
+                ("none", None, None, args.image_root.clone())
+            }
             None => {
                 return Err(Error::Data {
                     message: format!(
                         "no retrieval set to evaluate `{}` on: neither `--images`/`--captions` nor \
-                         `eval.retrieval` in its config.json (nor a uni-modal `--uni-images`/`--sts` table)",
+                         `eval.retrieval` in its config.json (nor a uni-modal `--uni-images`/`--sts` table, nor \
+                         `--probe`)",
                         args.run.display()
                     ),
                     hint: Some(
@@ -176,6 +191,8 @@ fn resolve(args: &RunEval, config: &TrainConfig, has_uncertainty: bool) -> Resul
         image_root,
         uni_images: args.uni_images.clone(),
         sts: args.sts.clone(),
+        probe: args.probe.clone(),
+        probe_config: args.probe.as_ref().map(|_| args.probe_config.clone()),
         eccv_annotations: args.eccv_annotations.clone(),
         zeroshot,
         image_size_px: config.model.image_size_px,
@@ -229,6 +246,7 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     };
     let uni_images = r.uni_images.as_deref().map(UniImages::read).transpose()?;
     let sts = r.sts.as_deref().map(|f| StsPairs::read(f, run.config.data.pre_caption)).transpose()?;
+    let probe = r.probe.as_deref().map(ProbeTable::read).transpose()?;
     let annotations = r.eccv_annotations.as_deref().map(Annotations::read_dir).transpose()?;
     let zeroshot =
         r.zeroshot.as_ref().map(|z| ZeroShot::load(z, &run.transform(), run.config.data.pre_caption)).transpose()?;
@@ -274,6 +292,12 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
         let images = uni_images.as_ref().map(|t| (t, args.image_root.as_deref()));
         ev.unimodal = Some(unimodal::evaluate(&run, images, sts.as_ref(), &note)?);
         ev.timings_s.push(("unimodal".to_owned(), t5.elapsed().as_secs_f64()));
+    }
+    if let (Some(table), Some(c)) = (&probe, &r.probe_config) {
+        let t6 = Instant::now();
+        // `--image-root`, as for the uni-modal table.
+        ev.linear_probe = Some(linear_probe::evaluate(&run, table, args.image_root.as_deref(), c, &note)?);
+        ev.timings_s.push(("linear_probe".to_owned(), t6.elapsed().as_secs_f64()));
     }
     // Only now, with everything read, embedded and scored: an evaluation that fails (a missing or
     // undecodable image) leaves an earlier one in `out` as it was.

@@ -618,7 +618,7 @@ pub fn embed_texts(run: &TrainedRun, texts: &[String]) -> Result<Vec<f32>> {
 
 /// Checks `file`'s schema for the `required` columns (every missing one at once, with a "did
 /// you mean") and says whether it has the optional column `optional`.
-fn check_columns(file: &Path, required: &[&str], optional: &str) -> Result<bool> {
+pub(super) fn check_columns(file: &Path, required: &[&str], optional: &str) -> Result<bool> {
     let schema = crate::io::parquet::read_schema(file)?;
     let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
     let missing: Vec<&str> = required.iter().copied().filter(|c| !names.contains(c)).collect();
@@ -651,7 +651,7 @@ fn column<'a>(batches: &'a [RecordBatch], name: &str) -> Vec<&'a dyn Array> {
 }
 
 /// A string column, nulls as `None`.
-fn strings(file: &Path, batches: &[RecordBatch], name: &str) -> Result<Vec<Option<String>>> {
+pub(super) fn strings(file: &Path, batches: &[RecordBatch], name: &str) -> Result<Vec<Option<String>>> {
     let mut out = Vec::new();
     for c in column(batches, name) {
         if !matches!(c.data_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) {
@@ -667,7 +667,7 @@ fn strings(file: &Path, batches: &[RecordBatch], name: &str) -> Result<Vec<Optio
 }
 
 /// The `label` column, strings or integers (as text: only equality matters), nulls as `None`.
-fn labels(file: &Path, batches: &[RecordBatch]) -> Result<Vec<Option<String>>> {
+pub(super) fn labels(file: &Path, batches: &[RecordBatch]) -> Result<Vec<Option<String>>> {
     let mut out = Vec::new();
     for c in column(batches, "label") {
         let t = c.data_type();

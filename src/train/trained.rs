@@ -255,6 +255,18 @@ impl TrainedRun {
         to_vec(l2_normalize(self.model.encode_image(self.image_tensor(pixels, n))))
     }
 
+    /// The image tower's pooled features of `n` preprocessed images, before any head and not
+    /// normalised (what a linear probe reads off a frozen tower), `[n, width]` row-major, and
+    /// their width.
+    pub fn image_features(&self, pixels: Vec<f32>, n: usize) -> Result<(Vec<f32>, usize)> {
+        if n == 0 {
+            return Ok((Vec::new(), 0));
+        }
+        let f = self.model.image_features(self.image_tensor(pixels, n));
+        let width = f.dims()[1];
+        Ok((to_vec(f)?, width))
+    }
+
     /// [`TrainedRun::embed_images`] and each image's `‖σ²‖₁`, as
     /// [`TrainedRun::embed_texts_uncertain`].
     pub fn embed_images_uncertain(&self, pixels: Vec<f32>, n: usize) -> Result<(Vec<f32>, Vec<f64>)> {
