@@ -1773,7 +1773,7 @@ captions = "data/train_sample/retrieval_captions.parquet"
         }
         assert_eq!(m.feature_dim, width);
         assert_ne!(width, run.dim(), "the tiny run's tower is wider than its embeddings, so this tells them apart");
-        let t = ProbeTable::read(&with_val).unwrap();
+        let t = ProbeTable::read(&with_val, "path").unwrap();
         let want = probe(&t, &features, width, &c, &device, &|_| {}).unwrap();
         assert_eq!(
             (m.wd, m.accuracy, m.mean_per_class_accuracy),
@@ -2013,7 +2013,7 @@ fn linear_probe_protocol_chooses_and_scores_as_scikit_learn() {
     let mut features = Vec::new();
     let mut table = ProbeTable {
         file: "fixture".into(),
-        paths: Vec::new(),
+        keys: Vec::new(),
         labels: Vec::new(),
         split: Vec::new(),
         names: (0..4).map(|c| format!("class {c}")).collect(),
@@ -2022,7 +2022,7 @@ fn linear_probe_protocol_chooses_and_scores_as_scikit_learn() {
     for (key, split) in [("train", Split::Train), ("val", Split::Val), ("test", Split::Test)] {
         let (x, y) = probe_split(&v[key]);
         features.extend(x);
-        table.paths.extend((0..y.len()).map(|i| format!("{key}/{i}.jpg")));
+        table.keys.extend((0..y.len()).map(|i| format!("{key}/{i}.jpg")));
         table.split.extend(std::iter::repeat_n(split, y.len()));
         table.labels.extend(y);
     }
@@ -2043,4 +2043,113 @@ fn linear_probe_protocol_chooses_and_scores_as_scikit_learn() {
         assert_eq!((m.train, m.val, m.test, m.classes, m.val_from), (240, 60, 160, 4, "table"));
         assert_eq!((m.fits, m.fits_not_converged, m.test_unseen_class), (46, 0, 0));
     }
+}
+
+#[test]
+fn curate_probe_on_feature_tables_chooses_and_scores_as_scikit_learn() {
+    // The fixture's rows as an `encode_image`-style features table (ids in another order, plus
+    // rows nobody labelled) and a labels table; `curate probe` gives scikit-learn's choice and
+    // test scores. Labels without features, and an id labelled twice, are refused.
+    use arrow_array::{ArrayRef, FixedSizeListArray, Float32Array, RecordBatch, StringArray};
+    use std::sync::Arc;
+    let v = read_json(&fixture("linear_probe.json"));
+    let dim = v["dim"].as_u64().unwrap() as usize;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (mut ids, mut values, mut labels, mut split) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for key in ["train", "val", "test"] {
+        let (x, y) = probe_split(&v[key]);
+        for (i, row) in x.chunks(dim).enumerate() {
+            ids.push(format!("{key}-{i}"));
+            values.extend_from_slice(row);
+            labels.push(format!("class {}", y[i]));
+            split.push(key);
+        }
+    }
+    let write_features = |path: &Path, order: &[usize], extra: usize| {
+        let mut f_ids: Vec<String> = order.iter().map(|&r| ids[r].clone()).collect();
+        let mut f_values: Vec<f32> =
+            order.iter().flat_map(|&r| values[r * dim..(r + 1) * dim].iter().copied()).collect();
+        for e in 0..extra {
+            f_ids.push(format!("unlabelled-{e}"));
+            f_values.extend(std::iter::repeat_n(e as f32, dim));
+        }
+        let field = Arc::new(arrow_schema::Field::new("item", arrow_schema::DataType::Float32, false));
+        let list = FixedSizeListArray::new(field, dim as i32, Arc::new(Float32Array::from(f_values)), None);
+        let batch = RecordBatch::try_from_iter([
+            ("sample_id", Arc::new(StringArray::from(f_ids)) as ArrayRef),
+            ("embedding", Arc::new(list) as ArrayRef),
+        ])
+        .unwrap();
+        common::write_parquet(path, &batch);
+    };
+    let write_labels = |path: &Path, rows: &[usize]| {
+        let batch = RecordBatch::try_from_iter([
+            (
+                "sample_id",
+                Arc::new(StringArray::from(rows.iter().map(|&r| ids[r].clone()).collect::<Vec<_>>())) as ArrayRef,
+            ),
+            (
+                "label",
+                Arc::new(StringArray::from(rows.iter().map(|&r| labels[r].clone()).collect::<Vec<_>>())) as ArrayRef,
+            ),
+            ("split", Arc::new(StringArray::from(rows.iter().map(|&r| split[r]).collect::<Vec<_>>())) as ArrayRef),
+        ])
+        .unwrap();
+        common::write_parquet(path, &batch);
+    };
+    let n = ids.len();
+    let reversed: Vec<usize> = (0..n).rev().collect();
+    let all: Vec<usize> = (0..n).collect();
+    write_features(&d.join("features.parquet"), &reversed, 5);
+    write_labels(&d.join("labels.parquet"), &all);
+    let probe = |labels: &str, extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_curate"))
+            .arg("probe")
+            .arg(d.join("features.parquet"))
+            .arg(d.join(labels))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = d.join("probe.json");
+    let bin = probe("labels.parquet", &["--metric", "mean-per-class", "--out", out.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&bin.stderr);
+    assert!(bin.status.success(), "{stderr}");
+    assert!(stderr.contains("460 labelled rows, 12-d features (5 feature rows without a label ignored)"), "{stderr}");
+    let got: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let r = &got["result"];
+    let want = &v["final_mean_per_class"];
+    let close =
+        |a: &serde_json::Value, b: &serde_json::Value| (a.as_f64().unwrap() - b.as_f64().unwrap()).abs() < 1e-12;
+    assert!(close(&r["wd"], &v["selected_wd_mean_per_class"]), "{r}");
+    assert!(
+        close(&r["accuracy"], &want["test_accuracy"])
+            && close(&r["mean_per_class_accuracy"], &want["test_mean_per_class"]),
+        "{r}"
+    );
+    assert_eq!(
+        (r["metric"].as_str(), got["config"]["metric"].as_str()),
+        (Some("mean_per_class"), Some("mean_per_class"))
+    );
+    let stdout = String::from_utf8_lossy(&bin.stdout);
+    assert!(
+        stdout.contains("test accuracy 77.50%, mean per-class accuracy 76.46% (160 test rows, 4 classes"),
+        "{stdout}"
+    );
+
+    // Two labelled rows without features: refused, naming them.
+    write_features(&d.join("features.parquet"), &all[2..], 0);
+    let bin = probe("labels.parquet", &[]);
+    let stderr = String::from_utf8_lossy(&bin.stderr);
+    assert_eq!(bin.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("2 of the 460 labelled rows") && stderr.contains("`train-0`, `train-1`"), "{stderr}");
+    // An id labelled twice.
+    write_features(&d.join("features.parquet"), &all, 0);
+    let mut twice = all.clone();
+    twice.push(7);
+    write_labels(&d.join("twice.parquet"), &twice);
+    let bin = probe("twice.parquet", &[]);
+    let stderr = String::from_utf8_lossy(&bin.stderr);
+    assert!(stderr.contains("labels `sample_id` `train-7` more than once (461 rows, 460 distinct ids)"), "{stderr}");
 }

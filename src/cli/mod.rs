@@ -32,6 +32,34 @@ pub enum Command {
     /// OTTER's dataset-noise diagnostic (Table 1): paired / unpaired softmax mass of a frozen
     /// model's image and caption embeddings over random batches.
     Noise(NoiseArgs),
+    /// The transfer linear probe (BoW paper Table 11) of features computed beforehand: a
+    /// multinomial logistic regression, its weight decay chosen on validation, scored on test.
+    Probe(ProbeArgs),
+}
+
+/// `curate probe FEATURES LABELS`: the probe of `curate eval --probe`, on feature tables.
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// Image features: Parquet with `sample_id` and `embedding` (a file or a pattern), as the
+    /// `encode_image` stage writes them, from any frozen encoder.
+    #[arg(value_name = "FEATURES")]
+    pub features: String,
+    /// Parquet with `sample_id`, `label` (string or integer) and `split` (`train`, `val`,
+    /// `test`; without `val` rows 20% of `train` is held out). Every row needs features.
+    #[arg(value_name = "LABELS")]
+    pub labels: PathBuf,
+    /// The validation score that chooses the weight decay.
+    #[arg(long, value_enum, default_value_t = crate::eval::linear_probe::ProbeMetric::Accuracy)]
+    pub metric: crate::eval::linear_probe::ProbeMetric,
+    /// L-BFGS iterations per fit at most.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub max_iter: usize,
+    /// Also write the result and settings as JSON here.
+    #[arg(long, value_name = "FILE.json")]
+    pub out: Option<PathBuf>,
+    /// Where the products run (`cpu`, `ndarray`, `cuda[:N]`).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 /// `curate noise IMAGE_FEATURES TEXT_FEATURES`: the embeddings as `encode_image` and
@@ -437,6 +465,44 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 r.unmatched[0],
                 r.unmatched[1]
             );
+            if let Some(path) = &args.out {
+                let json = serde_json::to_string_pretty(&serde_json::json!({"config": c, "result": r}))?;
+                crate::io::write_atomic(path, format!("{json}\n").as_bytes())?;
+            }
+            Ok(0)
+        }
+        Command::Probe(args) => {
+            let features = crate::io::PathPatterns(vec![args.features.clone()]).expand().map_err(anyhow::Error::msg)?;
+            let c = crate::eval::linear_probe::ProbeConfig {
+                metric: args.metric,
+                max_iter: args.max_iter,
+                ..Default::default()
+            };
+            let note = |m: String| say!("{m}");
+            let r =
+                crate::eval::linear_probe::run_on_features(&features, &args.labels, &c, &device(&args.device)?, &note)?;
+            outln!(
+                "linear probe: test accuracy {:.2}%, mean per-class accuracy {:.2}% ({} test rows, {} classes; wd \
+                 {:.4e} chosen by validation {} {:.2}% over {} rows)",
+                100.0 * r.accuracy,
+                100.0 * r.mean_per_class_accuracy,
+                r.test,
+                r.classes,
+                r.wd,
+                r.metric.name(),
+                100.0 * r.val_score,
+                r.val
+            );
+            if r.fits_not_converged > 0 {
+                say!(
+                    "warning: {} of {} fit(s) stopped before the gradient tolerance (`--max-iter`)",
+                    r.fits_not_converged,
+                    r.fits
+                );
+            }
+            if r.test_unseen_class > 0 {
+                say!("warning: {} test row(s) of a class without train or validation rows", r.test_unseen_class);
+            }
             if let Some(path) = &args.out {
                 let json = serde_json::to_string_pretty(&serde_json::json!({"config": c, "result": r}))?;
                 crate::io::write_atomic(path, format!("{json}\n").as_bytes())?;

@@ -355,13 +355,15 @@ pub enum Split {
     Test,
 }
 
-/// The probe's image table (`--probe`): `path`, `label` (a string or an integer) and `split`
-/// (`train`, `val` or `test`; without `val` rows, part of `train` is held out). Rows with a
-/// null are left out and counted.
+/// The probe's table: `path` (`curate eval --probe`: an image) or `sample_id` (`curate probe`:
+/// a row of a features table), `label` (a string or an integer) and `split` (`train`, `val` or
+/// `test`; without `val` rows, part of `train` is held out). Rows with a null are left out and
+/// counted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProbeTable {
     pub file: PathBuf,
-    pub paths: Vec<String>,
+    /// Each kept row's `path` or `sample_id`.
+    pub keys: Vec<String>,
     /// Class index of each kept row (labels numbered as first met).
     pub labels: Vec<u32>,
     pub split: Vec<Split>,
@@ -371,17 +373,18 @@ pub struct ProbeTable {
 }
 
 impl ProbeTable {
-    /// Reads and checks `file`: its columns (every missing one at once), each `split` value, and
-    /// that train has two classes and test a row.
-    pub fn read(file: &Path) -> Result<ProbeTable> {
-        super::unimodal::check_columns(file, &["path", "label", "split"], "")?;
+    /// Reads and checks `file`, its rows keyed by the column `key` (`path` or `sample_id`): its
+    /// columns (every missing one at once), each `split` value, and that train has two classes
+    /// and test a row.
+    pub fn read(file: &Path, key: &str) -> Result<ProbeTable> {
+        super::unimodal::check_columns(file, &[key, "label", "split"], "")?;
         let batches = crate::io::parquet::read_file(file)?;
-        let paths = super::unimodal::strings(file, &batches, "path")?;
+        let paths = super::unimodal::strings(file, &batches, key)?;
         let labels = super::unimodal::labels(file, &batches)?;
         let splits = super::unimodal::strings(file, &batches, "split")?;
         let mut t = ProbeTable {
             file: file.to_owned(),
-            paths: Vec::new(),
+            keys: Vec::new(),
             labels: Vec::new(),
             split: Vec::new(),
             names: Vec::new(),
@@ -412,7 +415,7 @@ impl ProbeTable {
                 t.names.push(label);
                 next
             });
-            t.paths.push(path);
+            t.keys.push(path);
             t.labels.push(class);
             t.split.push(split);
         }
@@ -434,7 +437,7 @@ impl ProbeTable {
                     count(Split::Test),
                     match t.skipped {
                         0 => String::new(),
-                        n => format!(" ({n} row(s) left out for a null `path`, `label` or `split`)"),
+                        n => format!(" ({n} row(s) left out for a null `{key}`, `label` or `split`)"),
                     }
                 ),
                 hint: Some("mark rows `split` = `train`, `val` (optional) and `test`".into()),
@@ -526,7 +529,7 @@ pub fn probe(
     assert_eq!(features.len(), table.labels.len() * dim, "one feature row per table row");
     if let Some(i) = features.iter().position(|v| !v.is_finite()) {
         return Err(Error::Model {
-            message: format!("the probe's feature of row {} (`{}`) is not finite", i / dim, table.paths[i / dim]),
+            message: format!("the probe's feature of row {} (`{}`) is not finite", i / dim, table.keys[i / dim]),
             hint: None,
         });
     }
@@ -621,17 +624,17 @@ pub fn evaluate(
     c: &ProbeConfig,
     note: &dyn Fn(String),
 ) -> Result<ProbeMetrics> {
-    note(format!("linear probe: embedding {} images (`{}`)", table.paths.len(), table.file.display()));
+    note(format!("linear probe: embedding {} images (`{}`)", table.keys.len(), table.file.display()));
     let transform = run.transform();
     let (mut features, mut dim) = (Vec::new(), 0);
     let mut done = 0;
-    for chunk in table.paths.chunks(IMAGE_BATCH) {
+    for chunk in table.keys.chunks(IMAGE_BATCH) {
         let (f, width) = run.image_features(preprocess_batch(chunk, root, &transform)?, chunk.len())?;
         features.extend(f);
         dim = width;
         done += chunk.len();
         if done % (IMAGE_BATCH * 64) == 0 {
-            note(format!("linear probe: {done} / {} images", table.paths.len()));
+            note(format!("linear probe: {done} / {} images", table.keys.len()));
         }
     }
     probe(table, &features, dim, c, run.device(), note)
@@ -699,7 +702,7 @@ mod tests {
     fn table(labels: &[u32], split: &[Split]) -> ProbeTable {
         ProbeTable {
             file: "t.parquet".into(),
-            paths: (0..labels.len()).map(|i| format!("{i}.jpg")).collect(),
+            keys: (0..labels.len()).map(|i| format!("{i}.jpg")).collect(),
             labels: labels.to_vec(),
             split: split.to_vec(),
             names: Vec::new(),
@@ -763,4 +766,52 @@ mod tests {
         let e = probe(&t, &bad, 2, &c, &Device::flex(), &|_| {}).unwrap_err().to_string();
         assert!(e.contains("row 3 (`3.jpg`)"), "{e}");
     }
+}
+
+/// `curate probe FEATURES LABELS`: the probe of features computed beforehand (the
+/// `encode_image` stage's `sample_id` + `embedding` tables, from any frozen encoder: the
+/// paper's BYOL initialisation, say), joined to `labels` (`sample_id`, `label`, `split`) by
+/// `sample_id`. Every labelled row needs features; feature rows without a label are ignored.
+pub fn run_on_features(
+    features: &[PathBuf],
+    labels: &Path,
+    c: &ProbeConfig,
+    device: &Device,
+    note: &dyn Fn(String),
+) -> Result<ProbeMetrics> {
+    let table = ProbeTable::read(labels, "sample_id")?;
+    let (by_id, dim) = crate::train::data::read_features(features)?;
+    let missing: Vec<&String> = table.keys.iter().filter(|k| !by_id.contains_key(*k)).collect();
+    if !missing.is_empty() {
+        let shown: Vec<String> = missing.iter().take(3).map(|k| format!("`{k}`")).collect();
+        return Err(Error::Data {
+            message: format!(
+                "{} of the {} labelled rows of `{}` have no features (e.g. {}); the features tables hold {} ids",
+                missing.len(),
+                table.keys.len(),
+                labels.display(),
+                shown.join(", "),
+                by_id.len()
+            ),
+            hint: Some("encode every image the labels name (the `encode_image` stage over the same rows)".into()),
+        });
+    }
+    let labelled: std::collections::HashSet<&String> = table.keys.iter().collect();
+    if labelled.len() < table.keys.len() {
+        let mut seen = std::collections::HashSet::new();
+        let twice = table.keys.iter().find(|k| !seen.insert(*k)).expect("a repeated id");
+        return Err(Error::data(format!(
+            "`{}` labels `sample_id` `{twice}` more than once ({} rows, {} distinct ids)",
+            labels.display(),
+            table.keys.len(),
+            labelled.len()
+        )));
+    }
+    let rows: Vec<f32> = table.keys.iter().flat_map(|k| by_id[k].iter().copied()).collect();
+    note(format!(
+        "linear probe: {} labelled rows, {dim}-d features ({} feature rows without a label ignored)",
+        table.keys.len(),
+        by_id.len() - labelled.len()
+    ));
+    probe(&table, &rows, dim, c, device, note)
 }

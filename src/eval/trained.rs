@@ -246,7 +246,7 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     };
     let uni_images = r.uni_images.as_deref().map(UniImages::read).transpose()?;
     let sts = r.sts.as_deref().map(|f| StsPairs::read(f, run.config.data.pre_caption)).transpose()?;
-    let probe = r.probe.as_deref().map(ProbeTable::read).transpose()?;
+    let probe = r.probe.as_deref().map(|f| ProbeTable::read(f, "path")).transpose()?;
     let annotations = r.eccv_annotations.as_deref().map(Annotations::read_dir).transpose()?;
     let zeroshot =
         r.zeroshot.as_ref().map(|z| ZeroShot::load(z, &run.transform(), run.config.data.pre_caption)).transpose()?;
