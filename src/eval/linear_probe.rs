@@ -640,6 +640,54 @@ pub fn evaluate(
     probe(table, &features, dim, c, run.device(), note)
 }
 
+/// `curate probe FEATURES LABELS`: the probe of features computed beforehand (the
+/// `encode_image` stage's `sample_id` + `embedding` tables, from any frozen encoder: the
+/// paper's BYOL initialisation, say), joined to `labels` (`sample_id`, `label`, `split`) by
+/// `sample_id`. Every labelled row needs features; feature rows without a label are ignored.
+pub fn run_on_features(
+    features: &[PathBuf],
+    labels: &Path,
+    c: &ProbeConfig,
+    device: &Device,
+    note: &dyn Fn(String),
+) -> Result<ProbeMetrics> {
+    let table = ProbeTable::read(labels, "sample_id")?;
+    let (by_id, dim) = crate::train::data::read_features(features)?;
+    let missing: Vec<&String> = table.keys.iter().filter(|k| !by_id.contains_key(*k)).collect();
+    if !missing.is_empty() {
+        let shown: Vec<String> = missing.iter().take(3).map(|k| format!("`{k}`")).collect();
+        return Err(Error::Data {
+            message: format!(
+                "{} of the {} labelled rows of `{}` have no features (e.g. {}); the features tables hold {} ids",
+                missing.len(),
+                table.keys.len(),
+                labels.display(),
+                shown.join(", "),
+                by_id.len()
+            ),
+            hint: Some("encode every image the labels name (the `encode_image` stage over the same rows)".into()),
+        });
+    }
+    let labelled: std::collections::HashSet<&String> = table.keys.iter().collect();
+    if labelled.len() < table.keys.len() {
+        let mut seen = std::collections::HashSet::new();
+        let twice = table.keys.iter().find(|k| !seen.insert(*k)).expect("a repeated id");
+        return Err(Error::data(format!(
+            "`{}` labels `sample_id` `{twice}` more than once ({} rows, {} distinct ids)",
+            labels.display(),
+            table.keys.len(),
+            labelled.len()
+        )));
+    }
+    let rows: Vec<f32> = table.keys.iter().flat_map(|k| by_id[k].iter().copied()).collect();
+    note(format!(
+        "linear probe: {} labelled rows, {dim}-d features ({} feature rows without a label ignored)",
+        table.keys.len(),
+        by_id.len() - labelled.len()
+    ));
+    probe(&table, &rows, dim, c, device, note)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -766,52 +814,4 @@ mod tests {
         let e = probe(&t, &bad, 2, &c, &Device::flex(), &|_| {}).unwrap_err().to_string();
         assert!(e.contains("row 3 (`3.jpg`)"), "{e}");
     }
-}
-
-/// `curate probe FEATURES LABELS`: the probe of features computed beforehand (the
-/// `encode_image` stage's `sample_id` + `embedding` tables, from any frozen encoder: the
-/// paper's BYOL initialisation, say), joined to `labels` (`sample_id`, `label`, `split`) by
-/// `sample_id`. Every labelled row needs features; feature rows without a label are ignored.
-pub fn run_on_features(
-    features: &[PathBuf],
-    labels: &Path,
-    c: &ProbeConfig,
-    device: &Device,
-    note: &dyn Fn(String),
-) -> Result<ProbeMetrics> {
-    let table = ProbeTable::read(labels, "sample_id")?;
-    let (by_id, dim) = crate::train::data::read_features(features)?;
-    let missing: Vec<&String> = table.keys.iter().filter(|k| !by_id.contains_key(*k)).collect();
-    if !missing.is_empty() {
-        let shown: Vec<String> = missing.iter().take(3).map(|k| format!("`{k}`")).collect();
-        return Err(Error::Data {
-            message: format!(
-                "{} of the {} labelled rows of `{}` have no features (e.g. {}); the features tables hold {} ids",
-                missing.len(),
-                table.keys.len(),
-                labels.display(),
-                shown.join(", "),
-                by_id.len()
-            ),
-            hint: Some("encode every image the labels name (the `encode_image` stage over the same rows)".into()),
-        });
-    }
-    let labelled: std::collections::HashSet<&String> = table.keys.iter().collect();
-    if labelled.len() < table.keys.len() {
-        let mut seen = std::collections::HashSet::new();
-        let twice = table.keys.iter().find(|k| !seen.insert(*k)).expect("a repeated id");
-        return Err(Error::data(format!(
-            "`{}` labels `sample_id` `{twice}` more than once ({} rows, {} distinct ids)",
-            labels.display(),
-            table.keys.len(),
-            labelled.len()
-        )));
-    }
-    let rows: Vec<f32> = table.keys.iter().flat_map(|k| by_id[k].iter().copied()).collect();
-    note(format!(
-        "linear probe: {} labelled rows, {dim}-d features ({} feature rows without a label ignored)",
-        table.keys.len(),
-        by_id.len() - labelled.len()
-    ));
-    probe(&table, &rows, dim, c, device, note)
 }
