@@ -687,6 +687,7 @@ fn uni_modal_tables_are_checked_and_their_nulls_counted() {
             sts: Some(m.clone()),
         }),
         linear_probe: None,
+        compositionality: None,
     };
     let md = curate::eval::report::markdown_table(&ev);
     assert!(md.contains("| sts_spearman (sts13) | -100.00 | 2 pairs |"), "{md}");
@@ -1825,6 +1826,120 @@ captions = "data/train_sample/retrieval_captions.parquet"
             .to_string();
         assert!(e.contains("has `split` = `valid`") && e.contains("`train`, `val` or `test`"), "{e}");
         assert!(!d.join("never").exists());
+    }
+
+    /// OTTER's compositionality benchmark, `--compose` (spec `bow-and-otter.md` §6.5): on a tiny
+    /// run and the bundled zero-shot images with made-up attributes, OR / IOR / TOR equal a
+    /// brute-force computation from the run's own embeddings, one image and one text at a time.
+    #[test]
+    fn compositionality_equals_a_brute_force_search_over_the_runs_embeddings() {
+        use arrow_array::builder::{ListBuilder, StringBuilder};
+        use arrow_array::{ArrayRef, RecordBatch, StringArray};
+        use curate::eval::compositionality::{draw_queries, text_of, ComposeConfig, ComposeTable};
+        use curate::eval::trained::preprocess_batch;
+        use std::collections::HashSet;
+        use std::sync::Arc;
+
+        const ZS: &str = "data/train_sample/zeroshot.parquet";
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let run_dir = crate::common::train_run(d, crate::common::TINY_RUN);
+        let device = Device::flex();
+        let (paths, labels) = (strings(ZS, "path"), strings(ZS, "label"));
+        // 30 attribute phrases; each class has 12 of them, each image 2 more of its own.
+        let phrase = |a: usize| {
+            format!(
+                "{} {}",
+                ["red", "blue", "long", "small", "striped"][a % 5],
+                ["wing", "bill", "tail", "crown", "breast", "eye"][a / 5]
+            )
+        };
+        let mut classes: Vec<&String> = labels.iter().collect();
+        classes.sort();
+        classes.dedup();
+        let mut list = ListBuilder::new(StringBuilder::new());
+        for (row, label) in labels.iter().enumerate() {
+            let c = classes.iter().position(|x| *x == label).unwrap();
+            for k in 0..12 {
+                list.values().append_value(phrase((c * 7 + k) % 30));
+            }
+            list.values().append_value(phrase((row * 11) % 30));
+            list.values().append_value(phrase((row * 13 + 1) % 30));
+            list.append(true);
+        }
+        let batch = RecordBatch::try_from_iter([
+            ("path", Arc::new(StringArray::from(paths.clone())) as ArrayRef),
+            ("attributes", Arc::new(list.finish()) as ArrayRef),
+        ])
+        .unwrap();
+        let gallery = d.join("cub.parquet");
+        crate::common::write_parquet(&gallery, &batch);
+
+        let c = ComposeConfig { queries: 40, min_shared: 10, seed: 3 };
+        let out = d.join("compose_eval");
+        let args = RunEval {
+            run: run_dir.clone(),
+            compose: Some(gallery.clone()),
+            compose_config: c.clone(),
+            out: Some(out.clone()),
+            ..Default::default()
+        };
+        let ev = run_trained(&args, &device).unwrap_or_else(|e| panic!("{e}"));
+        let got = json(&out.join("metrics.json"));
+        assert_eq!(got.as_object().unwrap().keys().collect::<Vec<_>>(), ["compositionality"], "{got}");
+        let m = ev.compositionality.clone().unwrap();
+        assert_eq!((m.queries, m.images, m.attributes, m.min_shared), (40, 240, 30, 10));
+
+        // By hand: each image and each text query embedded alone; cosine in float64; the query
+        // image left out; overlaps from hash sets of the phrases.
+        let run = TrainedRun::load(&run_dir, &device).unwrap();
+        let transform = run.transform();
+        let dim = run.dim();
+        let images: Vec<Vec<f64>> = paths
+            .iter()
+            .map(|p| {
+                let e =
+                    run.embed_images(preprocess_batch(std::slice::from_ref(p), None, &transform).unwrap(), 1).unwrap();
+                e.iter().map(|&v| v as f64).collect()
+            })
+            .collect();
+        let table = ComposeTable::read(&gallery).unwrap();
+        let queries = draw_queries(&table, &c).unwrap();
+        let names = |ids: &[u32]| -> HashSet<String> { ids.iter().map(|&a| table.names[a as usize].clone()).collect() };
+        let (mut sums, mut least_gap) = ([0.0f64; 3], f64::INFINITY);
+        for q in &queries {
+            let text = text_of(&q.text_attributes, &table.names);
+            let t = run.embed_texts(&[text.as_str()]).unwrap();
+            assert_eq!(t.len(), dim);
+            let v: Vec<f64> = images[q.image as usize].iter().zip(&t).map(|(a, &b)| a + b as f64).collect();
+            let mut scored: Vec<(f64, usize)> = (0..images.len())
+                .filter(|&r| r != q.image as usize)
+                .map(|r| (images[r].iter().zip(&v).map(|(a, b)| a * b).sum::<f64>(), r))
+                .collect();
+            scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            least_gap = least_gap.min(scored[0].0 - scored[1].0);
+            let r = scored[0].1;
+            let (q_v, q_t, got_r) =
+                (names(&table.attributes[q.image as usize]), names(&q.text_attributes), names(&table.attributes[r]));
+            let hit = |set: &HashSet<String>| set.intersection(&got_r).count() as f64 / set.len() as f64;
+            let all: HashSet<String> = q_v.union(&q_t).cloned().collect();
+            for (s, x) in sums.iter_mut().zip([hit(&all), hit(&q_v), hit(&q_t)]) {
+                *s += x;
+            }
+        }
+        assert!(least_gap > 1e-5, "a near tie ({least_gap}) would make the comparison fragile");
+        let n = queries.len() as f64;
+        for (name, got, want) in [("or", m.or, sums[0] / n), ("ior", m.ior, sums[1] / n), ("tor", m.tor, sums[2] / n)] {
+            assert!((got - want).abs() < 1e-12, "{name}: {got} vs brute force {want}");
+        }
+        assert!(m.ior > 0.0 && m.tor > 0.0 && m.random_or > 0.0, "{m:?}");
+        let md = std::fs::read_to_string(out.join("metrics.md")).unwrap();
+        assert!(
+            md.contains("| compositionality (40 queries) | OR | IOR | TOR |") && md.contains("| random image |"),
+            "{md}"
+        );
+        let config = json(&out.join("config.json"));
+        assert_eq!(config["compose_config"]["min_shared"], 10);
     }
 
     #[test]

@@ -113,7 +113,7 @@ pub struct EvalArgs {
     #[arg(long, value_name = "CAPTIONS.parquet", requires_all = ["run", "images"])]
     pub captions: Option<PathBuf>,
     /// With RUN_DIR: the folder image paths are relative to, for the retrieval set,
-    /// `--uni-images` and `--probe` (default: the run config's `eval.retrieval.image_root` for its set, else as
+    /// `--uni-images`, `--probe` and `--compose` (default: the run config's `eval.retrieval.image_root` for its set, else as
     /// stored).
     #[arg(long, value_name = "DIR", requires = "run")]
     pub image_root: Option<PathBuf>,
@@ -145,6 +145,18 @@ pub struct EvalArgs {
     /// are the slow ones.
     #[arg(long, value_name = "N", default_value_t = 1000, requires = "probe")]
     pub probe_max_iter: usize,
+    /// With RUN_DIR: OTTER's image-text compositionality benchmark (App. D, Table 7): image
+    /// embedding + embedding of the text naming another image's extra attributes -> nearest
+    /// image; OR / IOR / TOR overlap rates beside a random image's. Parquet with `path` and
+    /// `attributes` (a list of attribute names, written as a text tower should read them).
+    #[arg(long, value_name = "TABLE.parquet", requires = "run")]
+    pub compose: Option<PathBuf>,
+    /// With `--compose`: queries drawn (OTTER: 1,000,000).
+    #[arg(long, value_name = "N", default_value_t = 10_000, requires = "compose")]
+    pub compose_queries: usize,
+    /// With `--compose`: attributes the two images of a query share at least (OTTER: 10).
+    #[arg(long, value_name = "N", default_value_t = 10, requires = "compose")]
+    pub compose_min_shared: usize,
     /// Parquet with `coco_image_id` (int64) and `embedding`; its row order defines the COCO 1K
     /// folds.
     #[arg(long, value_name = "IMAGES.parquet", requires_all = ["caption_embeddings", "out"])]
@@ -534,6 +546,12 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                         metric: args.probe_metric,
                         max_iter: args.probe_max_iter,
                         ..Default::default()
+                    },
+                    compose: args.compose,
+                    compose_config: crate::eval::compositionality::ComposeConfig {
+                        queries: args.compose_queries,
+                        min_shared: args.compose_min_shared,
+                        seed: 0,
                     },
                 };
                 let ev = crate::eval::trained::run_trained(&run, &device(&args.device)?)?;

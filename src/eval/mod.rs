@@ -16,9 +16,11 @@
 //! with a trained run's model ([`trained`]; a PCME++ run with its uncertainties) and calls the
 //! same function, adding the run's zero-shot classification scores ([`ZeroShotMetrics`]) and,
 //! given their tables, CUSA's uni-modal image retrieval and STS scores ([`unimodal`]) and the
-//! transfer linear probe of its image tower ([`linear_probe`]).
+//! transfer linear probe of its image tower ([`linear_probe`]) and OTTER's image-text
+//! compositionality benchmark ([`compositionality`]).
 
 pub mod coco;
+pub mod compositionality;
 pub mod cxc;
 pub mod eccv;
 pub mod embeddings;
@@ -306,6 +308,9 @@ pub struct Evaluation {
     /// The transfer linear probe of a trained run's image tower (`curate eval RUN_DIR --probe`);
     /// `None` otherwise.
     pub linear_probe: Option<linear_probe::ProbeMetrics>,
+    /// OTTER's compositionality benchmark of a trained run (`curate eval RUN_DIR --compose`);
+    /// `None` otherwise.
+    pub compositionality: Option<compositionality::ComposeMetrics>,
 }
 
 /// Zero-shot top-1/2/5/10 (flat hit@k over the class prompts, spec `bow-and-otter.md` §6.2), as
@@ -494,7 +499,16 @@ pub fn evaluate_scored(
         ("score_and_rank".to_owned(), t_rank),
         ("metrics".to_owned(), t3.elapsed().as_secs_f64()),
     ];
-    Ok(Evaluation { metrics, best_ranks, counts, timings_s, zeroshot: None, unimodal: None, linear_probe: None })
+    Ok(Evaluation {
+        metrics,
+        best_ranks,
+        counts,
+        timings_s,
+        zeroshot: None,
+        unimodal: None,
+        linear_probe: None,
+        compositionality: None,
+    })
 }
 
 /// One annotation query resolved to gallery rows.

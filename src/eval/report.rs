@@ -17,7 +17,9 @@
 //!
 //! The linear probe (`--probe`) comes after them, `"linear_probe": {"accuracy": x,
 //! "mean_per_class_accuracy": y, "metric": .., "wd": .., ..}`
-//! ([`super::linear_probe::ProbeMetrics`]), with a table of its own.
+//! ([`super::linear_probe::ProbeMetrics`]), with a table of its own, and OTTER's
+//! compositionality benchmark (`--compose`) last, `"compositionality": {"or", "ior", "tor",
+//! "random_or", ..}` ([`super::compositionality::ComposeMetrics`]).
 
 use std::fmt::Write;
 use std::path::Path;
@@ -25,6 +27,7 @@ use std::path::Path;
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
+use super::compositionality::ComposeMetrics;
 use super::linear_probe::ProbeMetrics;
 use super::unimodal::UniModalMetrics;
 use super::{Evaluation, Pair, ZeroShotMetrics};
@@ -38,13 +41,17 @@ struct Ordered<'a>(
     Option<&'a ZeroShotMetrics>,
     Option<&'a UniModalMetrics>,
     Option<&'a ProbeMetrics>,
+    Option<&'a ComposeMetrics>,
 );
 
 impl Serialize for Ordered<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(Some(
             self.0.len()
-                + [self.1.is_some(), self.2.is_some(), self.3.is_some()].map(usize::from).iter().sum::<usize>(),
+                + [self.1.is_some(), self.2.is_some(), self.3.is_some(), self.4.is_some()]
+                    .map(usize::from)
+                    .iter()
+                    .sum::<usize>(),
         ))?;
         for (k, v) in self.0 {
             m.serialize_entry(k, v)?;
@@ -58,13 +65,22 @@ impl Serialize for Ordered<'_> {
         if let Some(p) = self.3 {
             m.serialize_entry("linear_probe", p)?;
         }
+        if let Some(c) = self.4 {
+            m.serialize_entry("compositionality", c)?;
+        }
         m.end()
     }
 }
 
 /// `metrics.json` text.
 pub fn metrics_json(ev: &Evaluation) -> String {
-    let ordered = Ordered(&ev.metrics, ev.zeroshot.as_ref(), ev.unimodal.as_ref(), ev.linear_probe.as_ref());
+    let ordered = Ordered(
+        &ev.metrics,
+        ev.zeroshot.as_ref(),
+        ev.unimodal.as_ref(),
+        ev.linear_probe.as_ref(),
+        ev.compositionality.as_ref(),
+    );
     let mut s = serde_json::to_string_pretty(&ordered).expect("metrics serialise");
     s.push('\n');
     s
@@ -99,7 +115,25 @@ pub fn markdown_table(ev: &Evaluation) -> String {
     if let Some(p) = &ev.linear_probe {
         tables.push(probe_table(p));
     }
+    if let Some(c) = &ev.compositionality {
+        tables.push(compose_table(c));
+    }
     tables.join("\n")
+}
+
+/// OTTER Table 7's overlap rates x100, the model's and a random image's.
+fn compose_table(c: &ComposeMetrics) -> String {
+    let mut s =
+        format!("| compositionality ({} queries) | OR | IOR | TOR |\n| --- | ---: | ---: | ---: |\n", c.queries);
+    let _ = writeln!(s, "| model | {} | {} | {} |", pct(Some(c.or)), pct(Some(c.ior)), pct(Some(c.tor)));
+    let _ = writeln!(
+        s,
+        "| random image | {} | {} | {} |",
+        pct(Some(c.random_or)),
+        pct(Some(c.random_ior)),
+        pct(Some(c.random_tor))
+    );
+    s
 }
 
 /// The linear probe's test scores x100.
@@ -230,6 +264,9 @@ pub fn warnings(ev: &Evaluation) -> Vec<String> {
             out.push(format!("linear probe: {} row(s) left out for a null `path`, `label` or `split`", p.rows_skipped));
         }
     }
+    if let Some(n) = ev.compositionality.as_ref().map(|c| c.rows_skipped).filter(|&n| n > 0) {
+        out.push(format!("compositionality: {n} gallery row(s) left out for a null `path` or `attributes`"));
+    }
     if c.coco_1k_fold_disagreements > 0 {
         out.push(format!(
             "COCO 1K: {} of {} caption(s) fall in another fold by the caption table's order than by the image table's; \
@@ -320,6 +357,16 @@ pub fn markdown(ev: &Evaluation) -> String {
             if p.val_from == "table" { "the table's `val` rows" } else { "held out from `train`" },
             p.train + p.val,
             p.classes
+        );
+    }
+    if let Some(c) = &ev.compositionality {
+        let _ = writeln!(
+            s,
+            "- compositionality (OTTER App. D): {} queries (seed {}) from image pairs sharing at least {} of {} \
+             attributes, {} gallery images; query = image embedding + embedding of the text naming the second \
+             image's other attributes, nearest gallery image by cosine other than the query image ({} were the \
+             second image)",
+            c.queries, c.seed, c.min_shared, c.attributes, c.images, c.retrieved_partner
         );
     }
     for w in warnings(ev) {

@@ -9,8 +9,9 @@
 //! zero-shot settings (`[eval]`), the trainer's zero-shot top-1/top-5
 //! ([`crate::train::zeroshot`]) are added, and given `--uni-images`/`--sts`, CUSA's uni-modal
 //! image retrieval and STS scores ([`super::unimodal`]); given `--probe`, the transfer linear
-//! probe of its image tower ([`super::linear_probe`]). With a uni-modal or probe table the
-//! retrieval set is optional: the evaluation then scores what it has inputs for.
+//! probe of its image tower ([`super::linear_probe`]); given `--compose`, OTTER's image-text
+//! compositionality benchmark ([`super::compositionality`]). With a uni-modal, probe or
+//! compositionality table the retrieval set is optional: the evaluation then scores what it has inputs for.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -19,6 +20,7 @@ use burn::tensor::Device;
 use rayon::prelude::*;
 use serde::Serialize;
 
+use super::compositionality::{self, ComposeConfig, ComposeTable};
 use super::embeddings::{self, Captions, Images};
 use super::linear_probe::{self, ProbeConfig, ProbeTable};
 use super::unimodal::{self, StsPairs, UniImages};
@@ -74,6 +76,11 @@ pub struct RunEval {
     pub probe: Option<PathBuf>,
     /// How the probe fits and chooses its classifier.
     pub probe_config: ProbeConfig,
+    /// OTTER's compositionality gallery ([`super::compositionality::ComposeTable`]: `path`,
+    /// `attributes`); relative paths resolve against `image_root` when given.
+    pub compose: Option<PathBuf>,
+    /// How many compositionality queries, and how they are drawn.
+    pub compose_config: ComposeConfig,
 }
 
 impl RunEval {
@@ -111,6 +118,11 @@ pub struct Resolved {
     pub probe: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub probe_config: Option<ProbeConfig>,
+    /// `--compose` and how its queries were drawn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compose: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compose_config: Option<ComposeConfig>,
     pub eccv_annotations: Option<PathBuf>,
     /// The run's zero-shot settings (without `retrieval`), when it has them.
     pub zeroshot: Option<ZeroShotConfig>,
@@ -149,7 +161,11 @@ fn resolve(args: &RunEval, config: &TrainConfig, has_uncertainty: bool) -> Resul
                 Some(r.captions.clone()),
                 args.image_root.clone().or_else(|| r.image_root.clone()),
             ),
-            None if args.uni_images.is_some() || args.sts.is_some() || args.probe.is_some() => {
+            None if args.uni_images.is_some()
+                || args.sts.is_some()
+                || args.probe.is_some()
+                || args.compose.is_some() =>
+            {
                 ("none", None, None, args.image_root.clone())
             }
             None => {
@@ -157,7 +173,7 @@ fn resolve(args: &RunEval, config: &TrainConfig, has_uncertainty: bool) -> Resul
                     message: format!(
                         "no retrieval set to evaluate `{}` on: neither `--images`/`--captions` nor \
                          `eval.retrieval` in its config.json (nor a uni-modal `--uni-images`/`--sts` table, nor \
-                         `--probe`)",
+                         `--probe` or `--compose`)",
                         args.run.display()
                     ),
                     hint: Some(
@@ -193,6 +209,8 @@ fn resolve(args: &RunEval, config: &TrainConfig, has_uncertainty: bool) -> Resul
         sts: args.sts.clone(),
         probe: args.probe.clone(),
         probe_config: args.probe.as_ref().map(|_| args.probe_config.clone()),
+        compose: args.compose.clone(),
+        compose_config: args.compose.as_ref().map(|_| args.compose_config.clone()),
         eccv_annotations: args.eccv_annotations.clone(),
         zeroshot,
         image_size_px: config.model.image_size_px,
@@ -247,6 +265,7 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     let uni_images = r.uni_images.as_deref().map(UniImages::read).transpose()?;
     let sts = r.sts.as_deref().map(|f| StsPairs::read(f, run.config.data.pre_caption)).transpose()?;
     let probe = r.probe.as_deref().map(|f| ProbeTable::read(f, "path")).transpose()?;
+    let compose = r.compose.as_deref().map(ComposeTable::read).transpose()?;
     let annotations = r.eccv_annotations.as_deref().map(Annotations::read_dir).transpose()?;
     let zeroshot =
         r.zeroshot.as_ref().map(|z| ZeroShot::load(z, &run.transform(), run.config.data.pre_caption)).transpose()?;
@@ -298,6 +317,11 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
         // `--image-root`, as for the uni-modal table.
         ev.linear_probe = Some(linear_probe::evaluate(&run, table, args.image_root.as_deref(), c, &note)?);
         ev.timings_s.push(("linear_probe".to_owned(), t6.elapsed().as_secs_f64()));
+    }
+    if let (Some(table), Some(c)) = (&compose, &r.compose_config) {
+        let t7 = Instant::now();
+        ev.compositionality = Some(compositionality::evaluate(&run, table, args.image_root.as_deref(), c, &note)?);
+        ev.timings_s.push(("compositionality".to_owned(), t7.elapsed().as_secs_f64()));
     }
     // Only now, with everything read, embedded and scored: an evaluation that fails (a missing or
     // undecodable image) leaves an earlier one in `out` as it was.
