@@ -1817,7 +1817,8 @@ captions = "data/train_sample/retrieval_captions.parquet"
             stderr.contains("warning: linear probe: ") && stderr.contains("stopped before the gradient tolerance"),
             "{stderr}"
         );
-        assert!(stderr.contains("(40 iterations, not converged)"), "{stderr}");
+        assert!(stderr.contains("(40 iterations, stopped by the iteration limit, max gradient "), "{stderr}");
+        assert!(p["fits_at_iteration_limit"].as_u64().unwrap() > 0, "{p}");
 
         // A bad `split` value: refused before anything is embedded, nothing written.
         let bad = table("bad.parquet", split.iter().map(|s| if *s == "val" { "valid" } else { *s }).collect());
@@ -2066,14 +2067,14 @@ fn probe_split(v: &serde_json::Value) -> (Vec<f32>, Vec<u32>) {
 
 #[test]
 fn linear_probe_fits_equal_scikit_learn_along_the_grid() {
-    use burn::tensor::{Device, Tensor, TensorData};
+    use burn::tensor::Device;
     use curate::eval::linear_probe::{accuracy, fit, log_grid, ProbeConfig, Problem};
     let v = read_json(&fixture("linear_probe.json"));
     let (dim, classes) = (v["dim"].as_u64().unwrap() as usize, v["classes"].as_u64().unwrap() as usize);
     let ((x, y), (vx, vy)) = (probe_split(&v["train"]), probe_split(&v["val"]));
     let device = Device::flex();
     let problem = Problem::new(&x, &y, dim, classes, &device);
-    let val = Tensor::<2>::from_data(TensorData::new(vx, [vy.len(), dim]), &device);
+    let val = problem.rows(&vx);
     let grid: Vec<f64> = v["grid"].as_array().unwrap().iter().map(|g| g.as_f64().unwrap()).collect();
     let ours = log_grid();
     assert_eq!(grid.len(), ours.len());
@@ -2096,9 +2097,10 @@ fn linear_probe_fits_equal_scikit_learn_along_the_grid() {
     let mut worst: f64 = 0.0;
     let mut pred_differ = 0;
     for (i, want) in v["fits"].as_array().unwrap().iter().enumerate() {
-        let f = fit(&problem, grid[i], None, &c).unwrap();
+        let f = fit(&problem, grid[i], &c).unwrap();
         assert!(f.converged, "wd {}: {} iterations, max gradient {}", grid[i], f.iterations, f.grad_max);
-        let (w, b) = f.theta.split_at(classes * dim);
+        let raw = problem.uncentred(&f.theta);
+        let (w, b) = raw.split_at(classes * dim);
         let (sw, sb) = (floats(&want["coef"]), floats(&want["intercept"]));
         // Biases are unique up to a common shift: compare them centred.
         let centre = |b: &[f64]| -> Vec<f64> {
@@ -2117,6 +2119,29 @@ fn linear_probe_fits_equal_scikit_learn_along_the_grid() {
     }
     assert!(worst < 1e-4, "largest coefficient difference, relative to the largest coefficient: {worst}");
     assert_eq!(pred_differ, 0);
+
+    // Features moved by +3 in every dimension (all positive, as a ResNet's are): the same
+    // classifier, its bias moved by −3·ΣW (scikit-learn's minimiser on the shifted data).
+    let shifted: Vec<f32> = x.iter().map(|v| v + 3.0).collect();
+    let moved = Problem::new(&shifted, &y, dim, classes, &device);
+    for i in [0, 22, 33, 44] {
+        let want = &v["fits"][i];
+        let f = fit(&moved, grid[i], &c).unwrap();
+        assert!(f.converged, "wd {}: {f:?}", grid[i]);
+        let raw = moved.uncentred(&f.theta);
+        let (sw, sb) = (floats(&want["coef"]), floats(&want["intercept"]));
+        let scale = sw.iter().fold(0.0f64, |a, x| a.max(x.abs()));
+        let centre = |b: Vec<f64>| -> Vec<f64> {
+            let m = b.iter().sum::<f64>() / b.len() as f64;
+            b.iter().map(|x| x - m).collect()
+        };
+        let want_b =
+            centre((0..classes).map(|k| sb[k] - 3.0 * sw[k * dim..(k + 1) * dim].iter().sum::<f64>()).collect());
+        let got_b = centre(raw[classes * dim..].to_vec());
+        for (g, w) in raw[..classes * dim].iter().chain(&got_b).zip(sw.iter().chain(&want_b)) {
+            assert!((g - w).abs() / scale < 1e-4, "wd {}: {g} vs {w}", grid[i]);
+        }
+    }
 }
 
 #[test]
@@ -2267,4 +2292,46 @@ fn curate_probe_on_feature_tables_chooses_and_scores_as_scikit_learn() {
     let bin = probe("twice.parquet", &[]);
     let stderr = String::from_utf8_lossy(&bin.stderr);
     assert!(stderr.contains("labels `sample_id` `train-7` more than once (461 rows, 460 distinct ids)"), "{stderr}");
+
+    // As pandas and polars write them: integer ids, labels dictionary-encoded (`category`),
+    // features a variable-length list; `--out` into a folder that does not exist yet. The same
+    // rows, so the same result.
+    use arrow_array::builder::{Float32Builder as F32, ListBuilder};
+    use arrow_array::{DictionaryArray, Int64Array};
+    let int_ids = || Arc::new(Int64Array::from((0..n as i64).collect::<Vec<_>>())) as ArrayRef;
+    let mut lists = ListBuilder::new(F32::new());
+    for row in values.chunks(dim) {
+        lists.values().append_slice(row);
+        lists.append(true);
+    }
+    let batch =
+        RecordBatch::try_from_iter([("sample_id", int_ids()), ("embedding", Arc::new(lists.finish()) as ArrayRef)])
+            .unwrap();
+    common::write_parquet(&d.join("features.parquet"), &batch);
+    let dictionary: DictionaryArray<arrow_array::types::Int32Type> = labels.iter().map(String::as_str).collect();
+    let batch = RecordBatch::try_from_iter([
+        ("sample_id", int_ids()),
+        ("label", Arc::new(dictionary) as ArrayRef),
+        ("split", Arc::new(StringArray::from(split.clone())) as ArrayRef),
+    ])
+    .unwrap();
+    common::write_parquet(&d.join("pandas.parquet"), &batch);
+    let nested = d.join("new/folder/probe.json");
+    let bin = probe("pandas.parquet", &["--metric", "mean-per-class", "--out", nested.to_str().unwrap()]);
+    assert!(bin.status.success(), "{}", String::from_utf8_lossy(&bin.stderr));
+    let again: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&nested).unwrap()).unwrap();
+    assert_eq!(again["result"], got["result"]);
+    // Rows of different lengths are refused.
+    let mut lists = ListBuilder::new(F32::new());
+    for (i, row) in values.chunks(dim).enumerate() {
+        lists.values().append_slice(if i == 5 { &row[..dim - 1] } else { row });
+        lists.append(true);
+    }
+    let batch =
+        RecordBatch::try_from_iter([("sample_id", int_ids()), ("embedding", Arc::new(lists.finish()) as ArrayRef)])
+            .unwrap();
+    common::write_parquet(&d.join("features.parquet"), &batch);
+    let bin = probe("pandas.parquet", &[]);
+    let stderr = String::from_utf8_lossy(&bin.stderr);
+    assert!(stderr.contains("the rows of `embedding` have different lengths (12 and 11)"), "{stderr}");
 }

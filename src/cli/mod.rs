@@ -456,6 +456,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Noise(args) => {
+            if let Some(out) = &args.out {
+                create_parent(out)?;
+            }
             let expand = |p: &str| crate::io::PathPatterns(vec![p.to_owned()]).expand().map_err(anyhow::Error::msg);
             let (images, texts) = (expand(&args.image_features)?, expand(&args.text_features)?);
             let c = crate::eval::noise::NoiseConfig {
@@ -484,6 +487,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Probe(args) => {
+            if let Some(out) = &args.out {
+                create_parent(out)?;
+            }
             let features = crate::io::PathPatterns(vec![args.features.clone()]).expand().map_err(anyhow::Error::msg)?;
             let c = crate::eval::linear_probe::ProbeConfig {
                 metric: args.metric,
@@ -506,11 +512,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 r.val
             );
             if r.fits_not_converged > 0 {
-                say!(
-                    "warning: {} of {} fit(s) stopped before the gradient tolerance (`--max-iter`)",
-                    r.fits_not_converged,
-                    r.fits
-                );
+                say!("warning: {}", crate::eval::linear_probe::short_fits(&r));
             }
             if r.test_unseen_class > 0 {
                 say!("warning: {} test row(s) of a class without train or validation rows", r.test_unseen_class);
@@ -707,3 +709,12 @@ fn parse_threads(s: &str) -> std::result::Result<usize, String> {
 }
 
 const MAX_THREADS: usize = 1024;
+
+/// Creates the folder `file` goes in, before the work that ends in writing it.
+fn create_parent(file: &std::path::Path) -> anyhow::Result<()> {
+    if let Some(parent) = file.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| anyhow::anyhow!("cannot create `{}` for `--out`: {e}", parent.display()))?;
+    }
+    Ok(())
+}

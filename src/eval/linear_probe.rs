@@ -14,13 +14,18 @@
 //!
 //! `L(W, b) = (1/n) Σ_i −log softmax(W x_i + b)_{y_i} + wd/(2n) · ‖W‖²_F`
 //!
-//! the minimiser of scikit-learn's `LogisticRegression(C = 1/wd)` (`C Σ_i CE_i + ½‖W‖²`), which
-//! `ssl-transfer` fits with `C = 1/wd` over the same grid (`tests/fixtures/eval/linear_probe.json`
-//! holds scikit-learn's fits to compare). The products of a fit (`X Wᵀ`, `Xᵀ(P − Y)`) run on the
-//! run's device in float32; L-BFGS itself runs in float64 on the host. Each fit is solved to a
-//! gradient tolerance, not stopped at a fixed iteration count (scikit-learn's default of 100
-//! leaves weakly regularised fits unfinished), so it does not depend on the fit it starts from;
-//! the grid is walked from the strongest decay down, each fit starting from the one before.
+//! the minimiser of scikit-learn's multinomial `LogisticRegression(C = 1/wd)` (`C Σ_i CE_i +
+//! ½‖W‖²`), which `ssl-transfer` fits with `C = 1/wd` over the same grid
+//! (`tests/fixtures/eval/linear_probe.json` holds scikit-learn's fits to compare). For two
+//! classes this is the multinomial form `ssl-transfer` asks for (`multi_class="multinomial"`,
+//! a row of weights per class, both penalised); scikit-learn ≥ 1.5's binary model is the
+//! binomial one, the same classifier at `C = 2/wd`. The products of a fit (`X Wᵀ`, `Xᵀ(P − Y)`)
+//! run on the run's device in float32, over features centred by the fit rows' mean (the same
+//! minimiser, see [`Problem`]); L-BFGS itself runs in float64 on the host. Each fit starts from
+//! zero and runs to a gradient tolerance (1e-6 on `L`), not to scikit-learn's default of 100
+//! iterations. At weak decays on separable features the gradient falls below any tolerance
+//! long before the weights settle, so those fits, here as in scikit-learn at the same
+//! tolerance, stop short of the exact minimiser; their scores are those of the stopping point.
 //!
 //! Scores: top-1 accuracy, and the mean over the test split's classes of each class's recall
 //! ("mean per-class accuracy", which `ssl-transfer` reports for Aircraft, Caltech-101,
@@ -136,6 +141,9 @@ pub struct Minimum {
     pub iterations: usize,
     /// `grad_max <= tol`.
     pub converged: bool,
+    /// Stopped because no step along even the steepest descent was acceptable (the rounding of
+    /// `f` reached), not by the iteration limit.
+    pub stalled: bool,
 }
 
 /// Minimises a smooth convex function by limited-memory BFGS (`m` correction pairs, the
@@ -155,7 +163,7 @@ pub fn lbfgs(
     let mut x = x0;
     let (mut value, mut grad) = f(&x)?;
     let mut history: std::collections::VecDeque<(Vec<f64>, Vec<f64>, f64)> = Default::default();
-    let mut iterations = 0;
+    let (mut iterations, mut stalled) = (0, false);
     while inf_norm(&grad) > tol && iterations < max_iter {
         if !value.is_finite() {
             return Err(Error::Model { message: "the linear probe's objective is not finite".into(), hint: None });
@@ -186,6 +194,7 @@ pub fn lbfgs(
         let accepted = wolfe_step(&mut f, &x, value, &dir, slope)?;
         let Some((next, next_value, next_grad)) = accepted else {
             if history.is_empty() {
+                stalled = true;
                 break;
             }
             // The quasi-Newton direction failed: one more try from steepest descent.
@@ -205,7 +214,7 @@ pub fn lbfgs(
         iterations += 1;
     }
     let grad_max = inf_norm(&grad);
-    Ok(Minimum { x, value, grad_max, iterations, converged: grad_max <= tol })
+    Ok(Minimum { x, value, grad_max, iterations, converged: grad_max <= tol, stalled })
 }
 
 /// A point with its value and gradient.
@@ -245,9 +254,17 @@ fn wolfe_step(
     Ok(None)
 }
 
-/// Features and labels of one fit, on the device: `x` `[n, d]`, `y` class indices `0..classes`.
+/// Features and labels of one fit, on the device: `x` `[n, d]` less its column means, `y`
+/// class indices `0..classes`.
+///
+/// Centring changes nothing but the conditioning: the biases are not penalised, so `W x + b`
+/// and `W (x − μ) + (b + W μ)` are the same classifier at the same penalty, and the minimiser
+/// over centred features is the minimiser over raw ones with its bias moved. Without it, features
+/// far from zero on average (a ResNet's pooled features are all positive) tie the weights to the
+/// biases and L-BFGS crawls. Rows to predict are centred by the same `μ`.
 pub struct Problem {
     x: Tensor<2>,
+    mean: Vec<f32>,
     onehot: Tensor<2>,
     pub n: usize,
     pub dim: usize,
@@ -264,8 +281,14 @@ impl Problem {
         for (i, &c) in y.iter().enumerate() {
             onehot[i * classes + c as usize] = 1.0;
         }
+        let mut sums = vec![0f64; dim];
+        for row in x.chunks(dim) {
+            sums.iter_mut().zip(row).for_each(|(s, &v)| *s += f64::from(v));
+        }
+        let mean: Vec<f32> = sums.iter().map(|s| (s / n.max(1) as f64) as f32).collect();
         Problem {
-            x: Tensor::<2>::from_data(TensorData::new(x.to_vec(), [n, dim]), device),
+            x: Tensor::<2>::from_data(TensorData::new(centred(x, &mean), [n, dim]), device),
+            mean,
             onehot: Tensor::<2>::from_data(TensorData::new(onehot, [n, classes]), device),
             n,
             dim,
@@ -299,7 +322,27 @@ impl Problem {
         Ok((value, grad))
     }
 
-    /// The class of each row of `x` (`[rows * dim]`) under `theta`: the highest logit, ties to
+    /// `theta` of a fit in the coordinates of the raw features: the same `W`, the bias `b − W μ`
+    /// (what scikit-learn reports for the same data).
+    pub fn uncentred(&self, theta: &[f64]) -> Vec<f64> {
+        let (c, d) = (self.classes, self.dim);
+        let (w, b) = theta.split_at(c * d);
+        let mut out = w.to_vec();
+        out.extend(
+            (0..c).map(|k| {
+                b[k] - w[k * d..(k + 1) * d].iter().zip(&self.mean).map(|(w, &m)| w * f64::from(m)).sum::<f64>()
+            }),
+        );
+        out
+    }
+
+    /// `rows` (`[n * dim]`) on the device, centred as the fit's features, for [`Self::predict`].
+    pub fn rows(&self, rows: &[f32]) -> Tensor<2> {
+        let n = rows.len() / self.dim.max(1);
+        Tensor::<2>::from_data(TensorData::new(centred(rows, &self.mean), [n, self.dim]), &self.x.device())
+    }
+
+    /// The class of each row of `x` ([`Self::rows`]) under `theta`: the highest logit, ties to
     /// the lower class (NumPy's `argmax`, scikit-learn's `predict`).
     pub fn predict(&self, x: &Tensor<2>, theta: &[f64]) -> Result<Vec<u32>> {
         let (c, d) = (self.classes, self.dim);
@@ -324,7 +367,13 @@ impl Problem {
     }
 }
 
-/// One fit of the probe at weight decay `wd`, from `start` (a fit of the same problem) or zero.
+/// Each row of `x` (`[n * dim]`) less `mean`.
+fn centred(x: &[f32], mean: &[f32]) -> Vec<f32> {
+    x.chunks(mean.len().max(1)).flat_map(|row| row.iter().zip(mean).map(|(v, m)| v - m)).collect()
+}
+
+/// One fit of the probe at weight decay `wd`, from zero (scikit-learn's start), in the centred
+/// coordinates of its [`Problem`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fit {
     pub wd: f64,
@@ -332,15 +381,25 @@ pub struct Fit {
     pub theta: Vec<f64>,
     pub iterations: usize,
     pub converged: bool,
+    /// Stopped at the rounding of the float32 objective rather than by the iteration limit.
+    pub stalled: bool,
     pub grad_max: f64,
 }
 
-pub fn fit(problem: &Problem, wd: f64, start: Option<&Fit>, c: &ProbeConfig) -> Result<Fit> {
-    let size = problem.classes * (problem.dim + 1);
-    let x0 = start.map_or_else(|| vec![0.0; size], |s| s.theta.clone());
-    assert_eq!(x0.len(), size, "a fit starts from a fit of the same problem");
+/// Each fit starts from zero, so that it depends on nothing but its problem and `wd`: a fit
+/// started from its neighbour on the grid would already meet the tolerance at weak decays,
+/// where the penalty's gradient is below it, and keep its neighbour's weights.
+pub fn fit(problem: &Problem, wd: f64, c: &ProbeConfig) -> Result<Fit> {
+    let x0 = vec![0.0; problem.classes * (problem.dim + 1)];
     let m = lbfgs(|theta| problem.objective(theta, wd), x0, c.tol, c.max_iter, 10)?;
-    Ok(Fit { wd, theta: m.x, iterations: m.iterations, converged: m.converged, grad_max: m.grad_max })
+    Ok(Fit {
+        wd,
+        theta: m.x,
+        iterations: m.iterations,
+        converged: m.converged,
+        stalled: m.stalled,
+        grad_max: m.grad_max,
+    })
 }
 
 // ------------------------------------------------------------------------------------------
@@ -379,7 +438,11 @@ impl ProbeTable {
     pub fn read(file: &Path, key: &str) -> Result<ProbeTable> {
         super::unimodal::check_columns(file, &[key, "label", "split"], "")?;
         let batches = crate::io::parquet::read_file(file)?;
-        let paths = super::unimodal::strings(file, &batches, key)?;
+        let paths = if key == "path" {
+            super::unimodal::strings(file, &batches, key)?
+        } else {
+            super::unimodal::text_or_integers(file, &batches, key, "`sample_id` names a row of the features tables")?
+        };
         let labels = super::unimodal::labels(file, &batches)?;
         let splits = super::unimodal::strings(file, &batches, "split")?;
         let mut t = ProbeTable {
@@ -471,9 +534,38 @@ pub struct ProbeMetrics {
     /// Test rows of a class without train or validation rows (always wrong).
     pub test_unseen_class: usize,
     pub rows_skipped: usize,
-    /// Fits (the grid, then the final one) and those that stopped before the tolerance.
+    /// Fits (the grid, then the final one) and those that stopped before the tolerance: by the
+    /// iteration limit, or stalled where the float32 objective's rounding stops the line search
+    /// (more iterations do not help those).
     pub fits: usize,
     pub fits_not_converged: usize,
+    pub fits_at_iteration_limit: usize,
+    pub fits_stalled: usize,
+    /// The largest final gradient component among the fits that stopped short (0 if none).
+    pub worst_grad_max: f64,
+}
+
+/// What the fits that stopped short of the tolerance say (for a warning; `fits_not_converged`
+/// > 0).
+pub fn short_fits(p: &ProbeMetrics) -> String {
+    let mut parts = Vec::new();
+    if p.fits_at_iteration_limit > 0 {
+        parts.push(format!("{} stopped by the iteration limit (raise it)", p.fits_at_iteration_limit));
+    }
+    if p.fits_stalled > 0 {
+        parts.push(format!(
+            "{} stalled where the float32 objective's rounding stops the line search (more iterations do not help)",
+            p.fits_stalled
+        ));
+    }
+    format!(
+        "{} of {} fit(s) stopped before the gradient tolerance: {}; the largest gradient left is {:.1e}, and their \
+         scores are those of the stopping point",
+        p.fits_not_converged,
+        p.fits,
+        parts.join(", "),
+        p.worst_grad_max
+    )
 }
 
 /// Rows of `x` (`[rows * dim]`) picked by `rows`.
@@ -543,10 +635,14 @@ pub fn probe(
             c.holdout * 100.0
         )));
     }
-    let (mut fits, mut not_converged) = (0, 0);
+    let (mut fits, mut at_limit, mut stalled, mut worst) = (0, 0, 0, 0.0f64);
     let mut count = |f: &Fit| {
         fits += 1;
-        not_converged += usize::from(!f.converged);
+        if !f.converged {
+            at_limit += usize::from(!f.stalled);
+            stalled += usize::from(f.stalled);
+            worst = worst.max(f.grad_max);
+        }
     };
 
     // Choose the weight decay: fit on train, score on validation.
@@ -558,25 +654,26 @@ pub fn probe(
         )));
     }
     let problem = Problem::new(&gather(features, dim, &train), &y, dim, index.len(), device);
-    let val_x = Tensor::<2>::from_data(TensorData::new(gather(features, dim, &val), [val.len(), dim]), device);
+    let val_x = problem.rows(&gather(features, dim, &val));
     let val_truth = truth_of(&table.labels, &val, &index);
-    let mut order: Vec<usize> = (0..c.grid.len()).collect();
-    order.sort_by(|&a, &b| c.grid[b].total_cmp(&c.grid[a]));
-    let mut scores = vec![0.0; c.grid.len()];
-    let mut last: Option<Fit> = None;
-    for &g in &order {
-        let f = fit(&problem, c.grid[g], last.as_ref(), c)?;
+    let mut scores = Vec::with_capacity(c.grid.len());
+    for &wd in &c.grid {
+        let f = fit(&problem, wd, c)?;
         count(&f);
-        scores[g] = c.metric.score(&problem.predict(&val_x, &f.theta)?, &val_truth);
+        let score = c.metric.score(&problem.predict(&val_x, &f.theta)?, &val_truth);
+        scores.push(score);
         note(format!(
             "linear probe: wd {:.3e}: validation {} {:.4} ({} iterations{})",
             f.wd,
             c.metric.name(),
-            scores[g],
+            score,
             f.iterations,
-            if f.converged { "" } else { ", not converged" }
+            match (f.converged, f.stalled) {
+                (true, _) => String::new(),
+                (false, false) => format!(", stopped by the iteration limit, max gradient {:.1e}", f.grad_max),
+                (false, true) => format!(", stalled at the float32 rounding, max gradient {:.1e}", f.grad_max),
+            }
         ));
-        last = Some(f);
     }
     // The best score; ties to the smallest weight decay (`ssl-transfer` scans the ascending grid
     // and keeps the first best).
@@ -590,9 +687,9 @@ pub fn probe(
     all.sort_unstable();
     let (y, index) = local_classes(&table.labels, &all);
     let problem = Problem::new(&gather(features, dim, &all), &y, dim, index.len(), device);
-    let f = fit(&problem, wd, None, c)?;
+    let f = fit(&problem, wd, c)?;
     count(&f);
-    let test_x = Tensor::<2>::from_data(TensorData::new(gather(features, dim, &test), [test.len(), dim]), device);
+    let test_x = problem.rows(&gather(features, dim, &test));
     let truth = truth_of(&table.labels, &test, &index);
     let pred = problem.predict(&test_x, &f.theta)?;
     Ok(ProbeMetrics {
@@ -610,7 +707,10 @@ pub fn probe(
         test_unseen_class: truth.iter().filter(|&&t| t as usize >= index.len()).count(),
         rows_skipped: table.skipped,
         fits,
-        fits_not_converged: not_converged,
+        fits_not_converged: at_limit + stalled,
+        fits_at_iteration_limit: at_limit,
+        fits_stalled: stalled,
+        worst_grad_max: worst,
     })
 }
 
@@ -712,7 +812,12 @@ mod tests {
         assert_eq!((m.iterations, m.converged), (0, true));
         // Too few iterations: stopped, and says so.
         let m = lbfgs(f, vec![0.0; 5], 1e-10, 2, 10).unwrap();
-        assert_eq!((m.iterations, m.converged), (2, false));
+        assert_eq!((m.iterations, m.converged, m.stalled), (2, false, false));
+        // A gradient that points the wrong way (as rounding can make it): no step is acceptable,
+        // and the stop says it stalled rather than ran out of iterations.
+        let wrong = |x: &[f64]| -> Result<(f64, Vec<f64>)> { Ok((1.0 + x[0] * x[0], vec![-2.0 * x[0] - 1.0])) };
+        let m = lbfgs(wrong, vec![0.0], 1e-10, 200, 10).unwrap();
+        assert_eq!((m.iterations, m.converged, m.stalled), (0, false, true), "{m:?}");
     }
 
     #[test]

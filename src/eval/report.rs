@@ -247,11 +247,7 @@ pub fn warnings(ev: &Evaluation) -> Vec<String> {
     }
     if let Some(p) = &ev.linear_probe {
         if p.fits_not_converged > 0 {
-            out.push(format!(
-                "linear probe: {} of {} fit(s) stopped before the gradient tolerance (iteration limit or the float32 \
-                 rounding of the objective); their scores are those of the last iterate",
-                p.fits_not_converged, p.fits
-            ));
+            out.push(format!("linear probe: {}", super::linear_probe::short_fits(p)));
         }
         if p.test_unseen_class > 0 {
             out.push(format!(

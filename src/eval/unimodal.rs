@@ -668,13 +668,30 @@ pub(super) fn strings(file: &Path, batches: &[RecordBatch], name: &str) -> Resul
 
 /// The `label` column, strings or integers (as text: only equality matters), nulls as `None`.
 pub(super) fn labels(file: &Path, batches: &[RecordBatch]) -> Result<Vec<Option<String>>> {
+    text_or_integers(file, batches, "label", "write class labels as strings or integers: images of a class share one")
+}
+
+/// A column of strings or integers, dictionary-encoded or not (pandas' `category`), as text,
+/// nulls as `None`.
+pub(super) fn text_or_integers(
+    file: &Path,
+    batches: &[RecordBatch],
+    name: &str,
+    hint: &str,
+) -> Result<Vec<Option<String>>> {
+    let textual =
+        |t: &DataType| t.is_integer() || matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
     let mut out = Vec::new();
-    for c in column(batches, "label") {
+    for c in column(batches, name) {
         let t = c.data_type();
-        if !(t.is_integer() || matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)) {
+        let ok = match t {
+            DataType::Dictionary(_, v) => textual(v),
+            t => textual(t),
+        };
+        if !ok {
             return Err(Error::Schema {
-                message: format!("column `label` of `{}` is {t}, not a string or an integer", file.display()),
-                hint: Some("write class labels as strings or integers: images of a class share one".into()),
+                message: format!("column `{name}` of `{}` is {t}, not a string or an integer", file.display()),
+                hint: Some(hint.into()),
             });
         }
         let c = arrow_cast::cast(c, &DataType::Utf8)?;

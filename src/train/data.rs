@@ -202,6 +202,41 @@ fn expand(p: &PathPatterns) -> Result<Vec<PathBuf>> {
     p.expand().map_err(Error::data)
 }
 
+/// Where feature tables come from (a hint).
+const FEATURE_TABLES: &str = "feature tables are outputs of the encode_text / encode_image stages: `sample_id` and \
+                              `embedding`, a list of floats of one width";
+
+/// `embedding` as a fixed-width list: itself, or a variable-length list (what pandas and polars
+/// write) whose rows all have the first row's length.
+fn fixed_width(col: &arrow_array::ArrayRef, file: &Path) -> Result<arrow_array::ArrayRef> {
+    use arrow_array::Array;
+    let item = match col.data_type() {
+        DataType::List(f) | DataType::LargeList(f) => f.clone(),
+        _ => return Ok(col.clone()),
+    };
+    let lengths: Vec<usize> = match col.data_type() {
+        DataType::List(_) => {
+            let l = col.as_any().downcast_ref::<arrow_array::ListArray>().expect("a list");
+            (0..l.len()).filter(|&i| l.is_valid(i)).map(|i| l.value_length(i) as usize).collect()
+        }
+        _ => {
+            let l = col.as_any().downcast_ref::<arrow_array::LargeListArray>().expect("a large list");
+            (0..l.len()).filter(|&i| l.is_valid(i)).map(|i| l.value_length(i) as usize).collect()
+        }
+    };
+    let Some(&width) = lengths.first() else { return Ok(col.clone()) };
+    if let Some(other) = lengths.iter().find(|&&w| w != width) {
+        return Err(Error::Data {
+            message: format!(
+                "`{}`: the rows of `embedding` have different lengths ({width} and {other}); features have one width",
+                file.display()
+            ),
+            hint: Some(FEATURE_TABLES.into()),
+        });
+    }
+    Ok(arrow_cast::cast(col, &DataType::FixedSizeList(item, width as i32))?)
+}
+
 /// `sample_id` → embedding of the feature tables `files` (`encode_text` / `encode_image` output).
 ///
 /// Every table must have the same width: rows are gathered by a fixed stride later (and mined
@@ -219,11 +254,15 @@ pub(crate) fn read_features(files: &[PathBuf]) -> Result<(HashMap<String, Vec<f3
             let ids = string_column(&batch, "sample_id", file)?;
             let col = batch.column_by_name("embedding").ok_or_else(|| Error::Schema {
                 message: format!("`{}` has no column `embedding`", file.display()),
-                hint: Some("teacher tables are outputs of the encode_text / encode_image stages".into()),
+                hint: Some(crate::error::column_hint(
+                    "embedding",
+                    &batch.schema().fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>(),
+                )),
             })?;
-            let list = col.as_any().downcast_ref::<FixedSizeListArray>().ok_or_else(|| Error::Schema {
-                message: format!("`{}`: `embedding` is not FixedSizeList<Float32>", file.display()),
-                hint: None,
+            let fixed = fixed_width(col, file)?;
+            let list = fixed.as_any().downcast_ref::<FixedSizeListArray>().ok_or_else(|| Error::Schema {
+                message: format!("`{}`: `embedding` is {}, not a list of floats", file.display(), col.data_type()),
+                hint: Some(FEATURE_TABLES.into()),
             })?;
             let d = list.value_length() as usize;
             // Float16 and Float64 features are read as Float32 (spec `cusa-and-pcmepp.md` §1.3:
@@ -257,7 +296,7 @@ pub(crate) fn read_features(files: &[PathBuf]) -> Result<(HashMap<String, Vec<f3
             if d == 0 && list.len() > 0 {
                 return Err(Error::Data {
                     message: format!("`{}`: column `embedding` has width 0", file.display()),
-                    hint: Some("teacher tables are outputs of the encode_text / encode_image stages".into()),
+                    hint: Some(FEATURE_TABLES.into()),
                 });
             }
             for (i, id) in ids.into_iter().enumerate() {
@@ -280,7 +319,7 @@ pub(crate) fn read_features(files: &[PathBuf]) -> Result<(HashMap<String, Vec<f3
                 if out.insert(id.clone(), v.to_vec()).is_some() {
                     return Err(Error::Data {
                         message: format!(
-                            "sample `{id}` has teacher features twice (the second in `{}`, row {})",
+                            "sample `{id}` has features twice (the second in `{}`, row {})",
                             file.display(),
                             row + i
                         ),
