@@ -2335,3 +2335,21 @@ fn curate_probe_on_feature_tables_chooses_and_scores_as_scikit_learn() {
     let stderr = String::from_utf8_lossy(&bin.stderr);
     assert!(stderr.contains("the rows of `embedding` have different lengths (12 and 11)"), "{stderr}");
 }
+
+#[test]
+fn the_bundled_probe_and_attribute_tables_read_as_documented() {
+    // `data/gen_eval_tables.py`: per class 6 train, 2 val, 2 test; colour, shape, background.
+    use curate::eval::compositionality::ComposeTable;
+    use curate::eval::linear_probe::{ProbeTable, Split};
+    let p = ProbeTable::read(Path::new("data/train_sample/probe.parquet"), "path").unwrap();
+    let count = |s: Split| p.split.iter().filter(|&&x| x == s).count();
+    assert_eq!((p.keys.len(), p.names.len(), p.skipped), (240, 24, 0));
+    assert_eq!((count(Split::Train), count(Split::Val), count(Split::Test)), (144, 48, 48));
+    let a = ComposeTable::read(Path::new("data/train_sample/attributes.parquet")).unwrap();
+    assert_eq!((a.paths.len(), a.names.len(), a.skipped), (240, 14, 0));
+    assert!(a.attributes.iter().all(|x| x.len() == 3));
+    assert_eq!(a.paths, p.keys, "the same images in the same order");
+    let first: Vec<&str> = a.attributes[0].iter().map(|&i| a.names[i as usize].as_str()).collect();
+    assert_eq!(first[..2], ["red", "circle"]);
+    assert!(first[2].ends_with(" background"), "{first:?}");
+}

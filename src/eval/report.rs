@@ -341,8 +341,8 @@ pub fn markdown(ev: &Evaluation) -> String {
     if let Some(p) = &ev.linear_probe {
         let _ = writeln!(
             s,
-            "- linear probe: multinomial logistic regression on the image tower's pooled {}-d features (frozen, \
-             centre view); weight decay {:.4e} (scikit-learn's C = {:.4e}) chosen by validation {} {} over {} \
+            "- linear probe: multinomial logistic regression on the image tower's pooled {}-d features (frozen tower, \
+             evaluation view: no augmentation); weight decay {:.4e} (scikit-learn's C = {:.4e}) chosen by validation {} {} over {} \
              rows ({}), then fitted on {} train + validation rows of {} classes",
             p.feature_dim,
             p.wd,
