@@ -1905,7 +1905,9 @@ captions = "data/train_sample/retrieval_captions.parquet"
             })
             .collect();
         let table = ComposeTable::read(&gallery).unwrap();
-        let queries = draw_queries(&table, &c).unwrap();
+        let drawn = draw_queries(&table, &c).unwrap();
+        assert_eq!(m.qualifying_pairs, drawn.qualifying_pairs);
+        let queries = drawn.queries;
         let names = |ids: &[u32]| -> HashSet<String> { ids.iter().map(|&a| table.names[a as usize].clone()).collect() };
         let (mut sums, mut least_gap) = ([0.0f64; 3], f64::INFINITY);
         for q in &queries {
@@ -1941,6 +1943,41 @@ captions = "data/train_sample/retrieval_captions.parquet"
         );
         let config = json(&out.join("config.json"));
         assert_eq!(config["compose_config"]["min_shared"], 10);
+
+        // A missing image: refused before anything is embedded, naming the table; nothing written.
+        let mut missing = paths.clone();
+        missing[7] = "data/train_sample/images/nope.png".into();
+        let mut list = ListBuilder::new(StringBuilder::new());
+        for k in 0..missing.len() {
+            list.values().append_value("red");
+            list.values().append_value("circle");
+            if k % 2 == 1 {
+                list.values().append_value("grey background");
+            }
+            list.append(true);
+        }
+        let batch = RecordBatch::try_from_iter([
+            ("path", Arc::new(StringArray::from(missing)) as ArrayRef),
+            ("attributes", Arc::new(list.finish()) as ArrayRef),
+        ])
+        .unwrap();
+        let bad = d.join("missing.parquet");
+        crate::common::write_parquet(&bad, &batch);
+        let c1 = ComposeConfig { min_shared: 1, ..c.clone() };
+        let args = RunEval { compose: Some(bad), compose_config: c1, out: Some(d.join("never")), ..args.clone() };
+        let e = run_trained(&args, &device).unwrap_err().to_string();
+        assert!(e.contains("1 of the 240 images of") && e.contains("missing.parquet") && e.contains("nope.png"), "{e}");
+        assert!(!d.join("never").exists());
+        // Through the binary: the run-only tables with precomputed embeddings are refused.
+        let bin = std::process::Command::new(env!("CARGO_BIN_EXE_curate"))
+            .args(["eval", "--image-embeddings", "a.parquet", "--caption-embeddings", "b.parquet", "--out"])
+            .arg(d.join("never"))
+            .args(["--compose".as_ref(), gallery.as_os_str(), "--probe".as_ref(), gallery.as_os_str()])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&bin.stderr);
+        assert_eq!(bin.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("--probe, --compose need(s) RUN_DIR"), "{stderr}");
     }
 
     #[test]

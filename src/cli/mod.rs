@@ -15,6 +15,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// One value, parsed once per process: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a pipeline file: read, transform, write Parquet + report.
@@ -151,12 +153,15 @@ pub struct EvalArgs {
     /// `attributes` (a list of attribute names, written as a text tower should read them).
     #[arg(long, value_name = "TABLE.parquet", requires = "run")]
     pub compose: Option<PathBuf>,
-    /// With `--compose`: queries drawn (OTTER: 1,000,000).
+    /// With `--compose`: queries drawn (OTTER: 1,000,000; at least 1).
     #[arg(long, value_name = "N", default_value_t = 10_000, requires = "compose")]
     pub compose_queries: usize,
     /// With `--compose`: attributes the two images of a query share at least (OTTER: 10).
     #[arg(long, value_name = "N", default_value_t = 10, requires = "compose")]
     pub compose_min_shared: usize,
+    /// With `--compose`: the seed of the query draws.
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "compose")]
+    pub compose_seed: u64,
     /// Parquet with `coco_image_id` (int64) and `embedding`; its row order defines the COCO 1K
     /// folds.
     #[arg(long, value_name = "IMAGES.parquet", requires_all = ["caption_embeddings", "out"])]
@@ -553,7 +558,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     compose_config: crate::eval::compositionality::ComposeConfig {
                         queries: args.compose_queries,
                         min_shared: args.compose_min_shared,
-                        seed: 0,
+                        seed: args.compose_seed,
                     },
                 };
                 let ev = crate::eval::trained::run_trained(&run, &device(&args.device)?)?;
@@ -564,6 +569,33 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 let total: f64 = ev.timings_s.iter().map(|t| t.1).sum();
                 say!("wrote `{}` ({total:.2} s)", run.out_dir().join("metrics.json").display());
                 return Ok(0);
+            }
+            // clap's `requires = "run"` on these is not enforced against the positional RUN_DIR
+            // (in a group with `--image-embeddings`), so they are checked here.
+            let run_only: Vec<&str> = [
+                ("--images", args.images.is_some()),
+                ("--captions", args.captions.is_some()),
+                ("--image-root", args.image_root.is_some()),
+                ("--uni-images", args.uni_images.is_some()),
+                ("--sts", args.sts.is_some()),
+                ("--probe", args.probe.is_some()),
+                ("--compose", args.compose.is_some()),
+                ("--swa", args.swa),
+                ("--best", args.best),
+            ]
+            .into_iter()
+            .filter_map(|(name, given)| given.then_some(name))
+            .collect();
+            if !run_only.is_empty() {
+                return Err(crate::error::Error::Data {
+                    message: format!(
+                        "{} need(s) RUN_DIR, a trained run whose model embeds the tables; precomputed embeddings \
+                         (`--image-embeddings`) are scored for retrieval only",
+                        run_only.join(", ")
+                    ),
+                    hint: Some("pass the `curate train` output folder instead of the embedding tables".into()),
+                }
+                .into());
             }
             let (Some(image_embeddings), Some(caption_embeddings), Some(out)) =
                 (args.image_embeddings, args.caption_embeddings, args.out)

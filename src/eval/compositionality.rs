@@ -1,8 +1,9 @@
 //! OTTER's image-text compositionality benchmark (spec `bow-and-otter.md` §6.5, OTTER
 //! Appendix D and Table 7; optional in the spec): does an image embedding plus a text
 //! embedding retrieve an image that has both the image's attributes and the text's? It owns the
-//! table ([`ComposeTable`]: `path`, `attributes`), the draw of the queries ([`draw_queries`]),
-//! the three overlap rates ([`overlaps`], [`score`]) and their [`ComposeMetrics`];
+//! table ([`ComposeTable`]: `path`, `attributes`), the draw of the queries ([`Pairs`],
+//! [`draw_queries`]), the three overlap rates ([`overlaps`], [`tally`]) and their
+//! [`ComposeMetrics`];
 //! `curate eval RUN_DIR --compose TABLE` ([`super::trained`]) embeds with the run's model.
 //!
 //! A query is a pair of images `(i, j)` sharing at least `min_shared` attributes (OTTER: 10):
@@ -19,11 +20,18 @@
 //! - the query image itself is never returned (it would score IOR 1: the paper's IOR of ~34%
 //!   against 31.3% at random shows it was not), and neither is it the random baseline's draw;
 //!   image `j` may be;
-//! - pairs with an empty `Q_t` (`A_j ⊆ A_i`, so TOR is undefined) are drawn again;
-//! - pairs are ordered and drawn uniformly with `i ≠ j`, by a generator seeded per query
-//!   (`seed`, query index), so a query does not depend on the number drawn; the paper's 1,000,000
-//!   queries (its published list is not available here) are `--compose-queries 1000000`;
+//! - both embeddings are L2-normalised before they are added (each tower's scale would
+//!   otherwise weigh its half of the query);
+//! - pairs with an empty `Q_t` (`A_j ⊆ A_i`, so TOR is undefined) do not qualify;
+//! - every qualifying ordered pair (`i ≠ j`) is found first ([`Pairs`]: one bit per pair), and
+//!   each query draws one uniformly, by a generator seeded per query (`seed`, query index), so
+//!   a query does not depend on the number drawn; the paper's 1,000,000 queries (its published
+//!   list is not available here) are `--compose-queries 1000000`;
 //! - exact score ties go to the lower gallery row ([`crate::knn::exact_top_k`]).
+//!
+//! Attribute names must be strings: CUB's integer ids would make texts of digits (map them to
+//! the names of its `attributes.txt` first). The queries are searched in blocks, so memory does
+//! not grow with their number.
 
 use std::path::{Path, PathBuf};
 
@@ -53,7 +61,7 @@ impl Default for ComposeConfig {
     }
 }
 
-/// The gallery (`--compose`): `path` and `attributes` (a list of strings or integers: the
+/// The gallery (`--compose`): `path` and `attributes` (a list of strings: the names of the
 /// attributes present in the image), in row order. Rows with a null `path` or `attributes` are
 /// left out and counted.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,17 +91,21 @@ impl ComposeTable {
                 other => {
                     return Err(Error::Schema {
                         message: format!("column `attributes` of `{}` is {other}, not a list", file.display()),
-                        hint: Some("write each image's attributes as a list of names (or integer ids)".into()),
+                        hint: Some("write each image's attributes as a list of names".into()),
                     })
                 }
             };
-            if !(inner.is_integer() || matches!(inner, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)) {
+            if !matches!(inner, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) {
                 return Err(Error::Schema {
                     message: format!(
-                        "column `attributes` of `{}` is a list of {inner}, not of strings or integers",
+                        "column `attributes` of `{}` is a list of {inner}, not of strings",
                         file.display()
                     ),
-                    hint: None,
+                    hint: Some(
+                        "the names are the text queries: map attribute ids to their names (CUB: `attributes.txt`, \
+                         written as phrases such as `yellow forehead`)"
+                            .into(),
+                    ),
                 });
             }
             let c = arrow_cast::cast(c, &target)?;
@@ -176,38 +188,137 @@ fn shared(a: &[u32], b: &[u32]) -> usize {
     n
 }
 
-/// Draws `c.queries` queries: ordered pairs `i ≠ j` uniformly, kept when they share at least
-/// `c.min_shared` attributes and `A_j \ A_i` is not empty. Fails, saying so, when no pair
-/// qualifies or qualifying pairs are too rare to draw (under one in 100,000 draws).
-pub fn draw_queries(table: &ComposeTable, c: &ComposeConfig) -> Result<Vec<Query>> {
-    let n = table.attributes.len() as u64;
-    const TRIES: usize = 100_000;
-    (0..c.queries)
+/// Every qualifying ordered pair `(i, j)`: `i ≠ j`, at least `min_shared` attributes shared,
+/// `A_j \ A_i` not empty. One bit per pair (`n²/8` bytes: 4.5 MB for CUB's 6,033 images).
+pub struct Pairs {
+    n: usize,
+    words: usize,
+    bits: Vec<u64>,
+    /// Qualifying pairs of rows `0..i` (`n + 1` entries).
+    before: Vec<u64>,
+    /// The most attributes any two images share (for the message when no pair qualifies).
+    pub most_shared: usize,
+}
+
+impl Pairs {
+    pub fn find(table: &ComposeTable, min_shared: usize) -> Pairs {
+        use rayon::prelude::*;
+        let n = table.attributes.len();
+        let words = n.div_ceil(64);
+        let rows: Vec<(Vec<u64>, usize)> = (0..n)
+            .into_par_iter()
+            .map(|i| {
+                let a = &table.attributes[i];
+                let (mut row, mut most) = (vec![0u64; words], 0);
+                for (j, b) in table.attributes.iter().enumerate() {
+                    if i == j {
+                        continue;
+                    }
+                    let common = shared(a, b);
+                    most = most.max(common);
+                    if common >= min_shared && common < b.len() {
+                        row[j / 64] |= 1 << (j % 64);
+                    }
+                }
+                (row, most)
+            })
+            .collect();
+        let mut before = Vec::with_capacity(n + 1);
+        before.push(0u64);
+        for (row, _) in &rows {
+            let count: u64 = row.iter().map(|w| u64::from(w.count_ones())).sum();
+            before.push(before.last().expect("one entry") + count);
+        }
+        let most_shared = rows.iter().map(|r| r.1).max().unwrap_or(0);
+        Pairs { n, words, bits: rows.into_iter().flat_map(|r| r.0).collect(), before, most_shared }
+    }
+
+    /// How many ordered pairs qualify.
+    pub fn count(&self) -> u64 {
+        self.before[self.n]
+    }
+
+    /// The `k`-th qualifying pair in row-major order (`k < count`).
+    pub fn nth(&self, k: u64) -> (u32, u32) {
+        let i = self.before.partition_point(|&b| b <= k) - 1;
+        let mut left = k - self.before[i];
+        for (w, &word) in self.bits[i * self.words..(i + 1) * self.words].iter().enumerate() {
+            let ones = u64::from(word.count_ones());
+            if left < ones {
+                let mut word = word;
+                for _ in 0..left {
+                    word &= word - 1;
+                }
+                return (i as u32, (w * 64 + word.trailing_zeros() as usize) as u32);
+            }
+            left -= ones;
+        }
+        unreachable!("k is below the count")
+    }
+}
+
+/// The queries of an evaluation and the number of pairs they were drawn from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Drawn {
+    pub queries: Vec<Query>,
+    pub qualifying_pairs: u64,
+}
+
+/// Draws `c.queries` queries, each a qualifying pair drawn uniformly ([`Pairs`]). Refuses a
+/// config without queries or shared attributes, and a table where no pair qualifies, saying how
+/// many attributes its images share at most.
+pub fn draw_queries(table: &ComposeTable, c: &ComposeConfig) -> Result<Drawn> {
+    if c.queries == 0 || c.min_shared == 0 {
+        return Err(Error::Data {
+            message: format!(
+                "`--compose-queries` {} and `--compose-min-shared` {}: both must be at least 1",
+                c.queries, c.min_shared
+            ),
+            hint: Some(
+                "OTTER draws 1,000,000 queries from pairs sharing at least 10 attributes (with none shared the \
+                 image query could have no attribute, and IOR no meaning)"
+                    .into(),
+            ),
+        });
+    }
+    let pairs = Pairs::find(table, c.min_shared);
+    if pairs.count() == 0 && pairs.most_shared < c.min_shared {
+        return Err(Error::Data {
+            message: format!(
+                "`{}`: no two images share at least {} attribute(s) (the most any two share is {})",
+                table.file.display(),
+                c.min_shared,
+                pairs.most_shared
+            ),
+            hint: Some(format!(
+                "lower `--compose-min-shared` to at most {} (OTTER: 10 of CUB's 288 attributes)",
+                pairs.most_shared.max(1)
+            )),
+        });
+    }
+    if pairs.count() == 0 {
+        return Err(Error::Data {
+            message: format!(
+                "`{}`: every pair of images sharing at least {} attribute(s) leaves no text query: the second \
+                 image has no attribute the first lacks",
+                table.file.display(),
+                c.min_shared
+            ),
+            hint: Some(
+                "the text names what the second image adds; the images need attributes that tell them apart".into(),
+            ),
+        });
+    }
+    let queries = (0..c.queries)
         .map(|k| {
             let mut rng = RowRng::new(c.seed, "compose", &k.to_string());
-            for _ in 0..TRIES {
-                let i = rng.below(n) as usize;
-                let j = (i + 1 + rng.below(n - 1) as usize) % n as usize;
-                let (a, b) = (&table.attributes[i], &table.attributes[j]);
-                if shared(a, b) < c.min_shared {
-                    continue;
-                }
-                let extra: Vec<u32> = b.iter().copied().filter(|x| a.binary_search(x).is_err()).collect();
-                if !extra.is_empty() {
-                    return Ok(Query { image: i as u32, partner: j as u32, text_attributes: extra });
-                }
-            }
-            Err(Error::Data {
-                message: format!(
-                    "`{}`: no image pair found sharing at least {} attributes with an attribute the second has and \
-                     the first lacks, in {TRIES} random draws",
-                    table.file.display(),
-                    c.min_shared
-                ),
-                hint: Some("lower `--compose-min-shared` (OTTER: 10 of CUB's 288 attributes)".into()),
-            })
+            let (i, j) = pairs.nth(rng.below(pairs.count()));
+            let (a, b) = (&table.attributes[i as usize], &table.attributes[j as usize]);
+            let extra: Vec<u32> = b.iter().copied().filter(|x| a.binary_search(x).is_err()).collect();
+            Query { image: i, partner: j, text_attributes: extra }
         })
-        .collect()
+        .collect();
+    Ok(Drawn { queries, qualifying_pairs: pairs.count() })
 }
 
 /// The text query of `attributes`: their names joined by `", "`.
@@ -230,47 +341,52 @@ pub struct ComposeMetrics {
     pub or: f64,
     pub ior: f64,
     pub tor: f64,
-    /// The same for a uniformly drawn image (other than the query image).
+    /// The same for a uniformly drawn image other than the query image.
     pub random_or: f64,
     pub random_ior: f64,
     pub random_tor: f64,
     pub queries: usize,
     pub images: usize,
+    /// Distinct attribute names in the table.
     pub attributes: usize,
     pub min_shared: usize,
     pub seed: u64,
+    /// Ordered pairs that qualify (the queries are drawn from them).
+    pub qualifying_pairs: u64,
+    /// Mean `|Q_v|` and `|Q_t|` over the queries.
+    pub mean_image_attributes: f64,
+    pub mean_text_attributes: f64,
     /// Queries whose retrieved image was `j`, the image the text came from.
     pub retrieved_partner: usize,
     /// Gallery rows left out for a null `path` or `attributes`.
     pub rows_skipped: usize,
+    /// Rows whose `path` an earlier row has too (a twin of the query image can be retrieved).
+    pub duplicate_paths: usize,
 }
 
-/// Scores `queries` given the L2-normalised gallery embeddings `images` (`[rows * dim]`, in
-/// table order) and the L2-normalised text embedding of each query (`texts`, `[queries * dim]`).
-pub fn score(
-    table: &ComposeTable,
-    queries: &[Query],
-    images: &[f32],
-    texts: &[f32],
-    dim: usize,
-    c: &ComposeConfig,
-) -> ComposeMetrics {
-    let rows = table.attributes.len();
-    let vectors: Vec<f32> = queries
+/// The gallery row nearest each query vector (`vectors`, `[queries.len() * dim]`) other than
+/// its query image, by inner product with the L2-normalised `images` (`[rows * dim]`), exact
+/// ties to the lower row.
+pub fn nearest(queries: &[Query], vectors: &[f32], images: &[f32], dim: usize) -> Vec<u32> {
+    let rows = images.len() / dim;
+    let top = crate::knn::exact_top_k(vectors, images, dim, 2.min(rows));
+    queries
         .iter()
-        .zip(texts.chunks(dim))
-        .flat_map(|(q, t)| {
-            let v = &images[q.image as usize * dim..(q.image as usize + 1) * dim];
-            v.iter().zip(t).map(|(a, b)| a + b).collect::<Vec<_>>()
-        })
-        .collect();
-    // Two nearest: the first that is not the query image.
-    let top = crate::knn::exact_top_k(&vectors, images, dim, 2.min(rows));
-    let (mut sums, mut random, mut partner) = ([0.0; 3], [0.0; 3], 0);
-    for (k, q) in queries.iter().enumerate() {
-        let r = *top.ids_of(k).iter().find(|&&r| r != q.image).expect("two gallery images");
+        .enumerate()
+        .map(|(k, q)| *top.ids_of(k).iter().find(|&&r| r != q.image).expect("two gallery images"))
+        .collect()
+}
+
+/// The figures of `queries` given each one's retrieved row, beside the random baseline (a row
+/// other than the query image, drawn per query).
+pub fn tally(table: &ComposeTable, queries: &[Query], retrieved: &[u32], c: &ComposeConfig) -> ComposeMetrics {
+    let rows = table.attributes.len();
+    let (mut sums, mut random, mut partner, mut sizes) = ([0.0; 3], [0.0; 3], 0, [0usize; 2]);
+    for (k, (q, &r)) in queries.iter().zip(retrieved).enumerate() {
         partner += usize::from(r == q.partner);
         let q_v = &table.attributes[q.image as usize];
+        sizes[0] += q_v.len();
+        sizes[1] += q.text_attributes.len();
         for (s, o) in sums.iter_mut().zip(overlaps(q_v, &q.text_attributes, &table.attributes[r as usize])) {
             *s += o;
         }
@@ -281,6 +397,7 @@ pub fn score(
         }
     }
     let n = queries.len().max(1) as f64;
+    let mut seen = std::collections::HashSet::new();
     ComposeMetrics {
         or: sums[0] / n,
         ior: sums[1] / n,
@@ -293,64 +410,85 @@ pub fn score(
         attributes: table.names.len(),
         min_shared: c.min_shared,
         seed: c.seed,
+        qualifying_pairs: 0,
+        mean_image_attributes: sizes[0] as f64 / n,
+        mean_text_attributes: sizes[1] as f64 / n,
         retrieved_partner: partner,
         rows_skipped: table.skipped,
+        duplicate_paths: table.paths.iter().filter(|p| !seen.insert(p.as_str())).count(),
     }
 }
 
-/// Draws the queries, embeds the gallery (`root`: the folder relative paths resolve against)
-/// and the distinct query texts with `run`'s cross-modal towers, and scores them.
+/// Queries per search block: their texts are embedded and their vectors built a block at a time.
+const QUERY_BLOCK: usize = 16_384;
+
+/// Embeds the gallery (`root`: the folder relative paths resolve against) with `run`'s image
+/// tower, then each block of `queries` (drawn by [`draw_queries`]) with its text tower (distinct
+/// texts once per block), searches and scores them.
 pub fn evaluate(
     run: &TrainedRun,
     table: &ComposeTable,
+    drawn: &Drawn,
     root: Option<&Path>,
     c: &ComposeConfig,
     note: &dyn Fn(String),
 ) -> Result<ComposeMetrics> {
-    let queries = draw_queries(table, c)?;
+    let queries = &drawn.queries;
     let pre_caption = run.config.data.pre_caption;
-    let mut text_index: FxHashMap<String, usize> = FxHashMap::default();
-    let mut distinct: Vec<String> = Vec::new();
-    let mut which = Vec::with_capacity(queries.len());
-    for q in &queries {
-        let mut text = text_of(&q.text_attributes, &table.names);
-        if pre_caption {
-            text = crate::text::pre_caption(&text, crate::text::PRE_CAPTION_WORDS).ok_or_else(|| {
-                Error::data(format!(
-                    "the text query `{text}` has nothing left after `pre_caption` (the run's `data.pre_caption`)"
-                ))
-            })?;
-        }
-        let next = distinct.len();
-        let at = *text_index.entry(text.clone()).or_insert_with(|| {
-            distinct.push(text);
-            next
-        });
-        which.push(at);
-    }
     note(format!(
-        "compositionality: embedding {} images (`{}`) and {} distinct text queries of {} queries",
+        "compositionality: embedding {} images (`{}`), then {} queries",
         table.paths.len(),
         table.file.display(),
-        distinct.len(),
         queries.len()
     ));
     let transform = run.transform();
-    let mut images = Vec::with_capacity(table.paths.len() * run.dim());
+    let dim = run.dim();
+    let mut images = Vec::with_capacity(table.paths.len() * dim);
     for chunk in table.paths.chunks(IMAGE_BATCH) {
         images.extend(run.embed_images(preprocess_batch(chunk, root, &transform)?, chunk.len())?);
     }
-    let refs: Vec<&str> = distinct.iter().map(String::as_str).collect();
-    let embedded = run.embed_texts(&refs)?;
-    let dim = run.dim();
-    let texts: Vec<f32> = which.iter().flat_map(|&w| embedded[w * dim..(w + 1) * dim].iter().copied()).collect();
-    if images.iter().chain(&texts).any(|v| !v.is_finite()) {
-        return Err(Error::Model {
-            message: "the model's compositionality embeddings are not finite".into(),
-            hint: None,
-        });
+    if images.iter().any(|v| !v.is_finite()) {
+        return Err(Error::Model { message: "the model's image embeddings are not finite".into(), hint: None });
     }
-    Ok(score(table, &queries, &images, &texts, dim, c))
+    let mut retrieved = Vec::with_capacity(queries.len());
+    for block in queries.chunks(QUERY_BLOCK) {
+        let mut index: FxHashMap<String, usize> = FxHashMap::default();
+        let mut distinct: Vec<String> = Vec::new();
+        let mut which = Vec::with_capacity(block.len());
+        for q in block {
+            let mut text = text_of(&q.text_attributes, &table.names);
+            if pre_caption {
+                text = crate::text::pre_caption(&text, crate::text::PRE_CAPTION_WORDS).ok_or_else(|| {
+                    Error::data(format!(
+                        "the text query `{text}` has nothing left after `pre_caption` (the run's `data.pre_caption`)"
+                    ))
+                })?;
+            }
+            let next = distinct.len();
+            which.push(*index.entry(text.clone()).or_insert_with(|| {
+                distinct.push(text);
+                next
+            }));
+        }
+        let refs: Vec<&str> = distinct.iter().map(String::as_str).collect();
+        let texts = run.embed_texts(&refs)?;
+        if texts.iter().any(|v| !v.is_finite()) {
+            return Err(Error::Model { message: "the model's text embeddings are not finite".into(), hint: None });
+        }
+        let vectors: Vec<f32> = block
+            .iter()
+            .zip(&which)
+            .flat_map(|(q, &w)| {
+                let v = &images[q.image as usize * dim..(q.image as usize + 1) * dim];
+                v.iter().zip(&texts[w * dim..(w + 1) * dim]).map(|(a, b)| a + b).collect::<Vec<_>>()
+            })
+            .collect();
+        retrieved.extend(nearest(block, &vectors, &images, dim));
+        if queries.len() > QUERY_BLOCK {
+            note(format!("compositionality: {} / {} queries", retrieved.len(), queries.len()));
+        }
+    }
+    Ok(ComposeMetrics { qualifying_pairs: drawn.qualifying_pairs, ..tally(table, queries, &retrieved, c) })
 }
 
 #[cfg(test)]
@@ -382,32 +520,68 @@ mod tests {
     }
 
     #[test]
-    fn queries_share_enough_and_add_an_attribute_and_are_seeded_per_query() {
-        // Images 0-2 share 3 attributes with each other; image 3 shares none; 2 ⊂ 0.
+    fn pairs_are_every_qualifying_ordered_pair_in_row_order() {
+        // Images 0-2 share 3 attributes with each other; image 3 shares none; A_2 ⊂ A_0, A_1, so
+        // (0, 2) and (1, 2) have an empty Q_t. 70 images: more than one word of bits per row.
+        let mut rows = vec![vec![1, 2, 3, 4], vec![1, 2, 3, 5], vec![1, 2, 3], vec![8, 9]];
+        let p = Pairs::find(&table(rows.clone()), 3);
+        let all: Vec<(u32, u32)> = (0..p.count()).map(|k| p.nth(k)).collect();
+        assert_eq!(all, [(0, 1), (1, 0), (2, 0), (2, 1)]);
+        assert_eq!(p.most_shared, 3);
+        rows.extend((0..66).map(|k| vec![1, 2, 3, 100 + k]));
+        let t = table(rows);
+        let p = Pairs::find(&t, 3);
+        let all: Vec<(u32, u32)> = (0..p.count()).map(|k| p.nth(k)).collect();
+        let mut want = Vec::new();
+        for i in 0..70u32 {
+            for j in 0..70u32 {
+                let (a, b) = (&t.attributes[i as usize], &t.attributes[j as usize]);
+                if i != j && shared(a, b) >= 3 && b.iter().any(|x| !a.contains(x)) {
+                    want.push((i, j));
+                }
+            }
+        }
+        assert_eq!(all, want);
+        assert!(all.iter().any(|&(_, j)| j >= 64) && all.iter().any(|&(i, _)| i >= 64));
+    }
+
+    #[test]
+    fn queries_are_drawn_from_the_qualifying_pairs_and_seeded_per_query() {
         let t = table(vec![vec![1, 2, 3, 4], vec![1, 2, 3, 5], vec![1, 2, 3], vec![8, 9]]);
         let c = ComposeConfig { queries: 200, min_shared: 3, seed: 7 };
-        let q = draw_queries(&t, &c).unwrap();
-        assert_eq!(q.len(), 200);
-        for x in &q {
+        let d = draw_queries(&t, &c).unwrap();
+        assert_eq!((d.queries.len(), d.qualifying_pairs), (200, 4));
+        for x in &d.queries {
             let (a, b) = (&t.attributes[x.image as usize], &t.attributes[x.partner as usize]);
-            assert!(x.image != x.partner && shared(a, b) >= 3);
             let extra: Vec<u32> = b.iter().copied().filter(|v| !a.contains(v)).collect();
             assert!(!extra.is_empty() && x.text_attributes == extra, "{x:?}");
-            // Never (0, 2) or (1, 2): A_2 ⊂ A_0 and A_1, so Q_t would be empty; never image 3.
-            assert!(x.partner != 2 && x.image != 3 && x.partner != 3, "{x:?}");
         }
-        // Every qualifying ordered pair turns up: (0,1), (1,0), (2,0), (2,1).
-        let mut pairs: Vec<(u32, u32)> = q.iter().map(|x| (x.image, x.partner)).collect();
+        let mut pairs: Vec<(u32, u32)> = d.queries.iter().map(|x| (x.image, x.partner)).collect();
         pairs.sort_unstable();
         pairs.dedup();
         assert_eq!(pairs, [(0, 1), (1, 0), (2, 0), (2, 1)]);
         // A query does not depend on how many are drawn; another seed draws others.
         let few = draw_queries(&t, &ComposeConfig { queries: 5, ..c.clone() }).unwrap();
-        assert_eq!(few[..], q[..5]);
-        assert_ne!(draw_queries(&t, &ComposeConfig { seed: 8, ..c.clone() }).unwrap(), q);
-        // No pair shares 4: refused with a hint.
-        let e = draw_queries(&t, &ComposeConfig { min_shared: 4, ..c }).unwrap_err().to_string();
-        assert!(e.contains("sharing at least 4 attributes") && e.contains("--compose-min-shared"), "{e}");
+        assert_eq!(few.queries[..], d.queries[..5]);
+        assert_ne!(draw_queries(&t, &ComposeConfig { seed: 8, ..c.clone() }).unwrap(), d);
+        // Rare pairs are still found: 2 qualifying ordered pairs among 2,000 images.
+        let mut rare: Vec<Vec<u32>> = (0..2000).map(|k| vec![10_000 + k]).collect();
+        rare[3] = vec![1, 2];
+        rare[1500] = vec![1, 3];
+        let d = draw_queries(&table(rare), &ComposeConfig { queries: 50, min_shared: 1, seed: 0 }).unwrap();
+        assert_eq!(d.qualifying_pairs, 2);
+        assert!(d.queries.iter().all(|q| (q.image, q.partner) == (3, 1500) || (q.image, q.partner) == (1500, 3)));
+        // No pair shares 4: refused, saying the most any two share; 0 queries or 0 shared too.
+        let e = draw_queries(&t, &ComposeConfig { min_shared: 4, ..c.clone() }).unwrap_err().to_string();
+        assert!(e.contains("(the most any two share is 3)") && e.contains("to at most 3"), "{e}");
+        // Pairs that share enough but add nothing: another message.
+        let same = table(vec![vec![1, 2], vec![1, 2]]);
+        let e = draw_queries(&same, &ComposeConfig { min_shared: 1, ..c.clone() }).unwrap_err().to_string();
+        assert!(e.contains("leaves no text query"), "{e}");
+        for (queries, min_shared) in [(0, 3), (10, 0)] {
+            let e = draw_queries(&t, &ComposeConfig { queries, min_shared, seed: 0 }).unwrap_err().to_string();
+            assert!(e.contains("both must be at least 1"), "{e}");
+        }
     }
 
     #[test]
@@ -422,18 +596,23 @@ mod tests {
             Query { image: 0, partner: 2, text_attributes: vec![3] },
             Query { image: 3, partner: 2, text_attributes: vec![2, 3] },
         ];
-        let texts = [1.0, 0.0, 0.0, 1.0];
-        let c = ComposeConfig { queries: 2, min_shared: 0, seed: 0 };
-        let m = score(&t, &queries, &images, &texts, 2, &c);
+        let vectors = [2.0, 0.0, -1.0, 1.0];
+        let retrieved = nearest(&queries, &vectors, &images, 2);
+        assert_eq!(retrieved, [1, 1]);
+        let c = ComposeConfig { queries: 2, min_shared: 1, seed: 0 };
+        let m = tally(&t, &queries, &retrieved, &c);
         // Query 0: Q_v {1,2}, Q_t {3}, R = A_1 = {1,3}: OR 2/3, IOR 1/2, TOR 1.
         // Query 1: Q_v {4}, Q_t {2,3}, R = {1,3}: OR 1/3, IOR 0, TOR 1/2.
         assert!((m.or - 0.5).abs() < 1e-15 && (m.ior - 0.25).abs() < 1e-15 && (m.tor - 0.75).abs() < 1e-15, "{m:?}");
-        assert_eq!((m.queries, m.images, m.retrieved_partner), (2, 4, 0));
+        assert_eq!((m.queries, m.images, m.retrieved_partner, m.duplicate_paths), (2, 4, 0, 0));
+        assert_eq!((m.mean_image_attributes, m.mean_text_attributes), (1.5, 1.5));
         // The random baseline never draws the query image: with a 2-image gallery it is the
         // other one, every time.
-        let t2 = table(vec![vec![1], vec![2]]);
+        let mut t2 = table(vec![vec![1], vec![2]]);
+        t2.paths[1] = t2.paths[0].clone();
         let q = vec![Query { image: 0, partner: 1, text_attributes: vec![2] }; 50];
-        let m = score(&t2, &q, &[1.0, 0.0, 0.0, 1.0], &[0.0, 1.0].repeat(50), 2, &c);
+        let m = tally(&t2, &q, &[1; 50], &c);
         assert_eq!((m.random_or, m.random_ior, m.random_tor, m.retrieved_partner), (0.5, 0.0, 1.0, 50));
+        assert_eq!(m.duplicate_paths, 1);
     }
 }

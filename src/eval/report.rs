@@ -263,6 +263,12 @@ pub fn warnings(ev: &Evaluation) -> Vec<String> {
     if let Some(n) = ev.compositionality.as_ref().map(|c| c.rows_skipped).filter(|&n| n > 0) {
         out.push(format!("compositionality: {n} gallery row(s) left out for a null `path` or `attributes`"));
     }
+    if let Some(n) = ev.compositionality.as_ref().map(|c| c.duplicate_paths).filter(|&n| n > 0) {
+        out.push(format!(
+            "compositionality: {n} gallery row(s) repeat an earlier row's `path`: a twin of the query image can be \
+             retrieved and lifts IOR"
+        ));
+    }
     if c.coco_1k_fold_disagreements > 0 {
         out.push(format!(
             "COCO 1K: {} of {} caption(s) fall in another fold by the caption table's order than by the image table's; \
@@ -358,11 +364,20 @@ pub fn markdown(ev: &Evaluation) -> String {
     if let Some(c) = &ev.compositionality {
         let _ = writeln!(
             s,
-            "- compositionality (OTTER App. D): {} queries (seed {}) from image pairs sharing at least {} of {} \
-             attributes, {} gallery images; query = image embedding + embedding of the text naming the second \
-             image's other attributes, nearest gallery image by cosine other than the query image ({} were the \
-             second image)",
-            c.queries, c.seed, c.min_shared, c.attributes, c.images, c.retrieved_partner
+            "- compositionality (OTTER App. D): {} queries (seed {}) drawn from the {} ordered image pairs sharing at \
+             least {} of {} attributes, {} gallery images; query = L2-normalised image embedding + L2-normalised \
+             embedding of the text naming the second image's other attributes (on average {:.1} image and {:.1} \
+             text attributes), nearest gallery image by cosine other than the query image ({} were the second \
+             image); the random row draws any image but the query image",
+            c.queries,
+            c.seed,
+            c.qualifying_pairs,
+            c.min_shared,
+            c.attributes,
+            c.images,
+            c.mean_image_attributes,
+            c.mean_text_attributes,
+            c.retrieved_partner
         );
     }
     for w in warnings(ev) {

@@ -266,6 +266,17 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     let sts = r.sts.as_deref().map(|f| StsPairs::read(f, run.config.data.pre_caption)).transpose()?;
     let probe = r.probe.as_deref().map(|f| ProbeTable::read(f, "path")).transpose()?;
     let compose = r.compose.as_deref().map(ComposeTable::read).transpose()?;
+    // The queries are drawn and every image is looked for before anything is embedded.
+    let drawn = match (&compose, &r.compose_config) {
+        (Some(t), Some(c)) => Some(compositionality::draw_queries(t, c)?),
+        _ => None,
+    };
+    if let Some(t) = &probe {
+        check_images(&t.file, &t.keys, args.image_root.as_deref())?;
+    }
+    if let Some(t) = &compose {
+        check_images(&t.file, &t.paths, args.image_root.as_deref())?;
+    }
     let annotations = r.eccv_annotations.as_deref().map(Annotations::read_dir).transpose()?;
     let zeroshot =
         r.zeroshot.as_ref().map(|z| ZeroShot::load(z, &run.transform(), run.config.data.pre_caption)).transpose()?;
@@ -318,9 +329,10 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
         ev.linear_probe = Some(linear_probe::evaluate(&run, table, args.image_root.as_deref(), c, &note)?);
         ev.timings_s.push(("linear_probe".to_owned(), t6.elapsed().as_secs_f64()));
     }
-    if let (Some(table), Some(c)) = (&compose, &r.compose_config) {
+    if let (Some(table), Some(c), Some(drawn)) = (&compose, &r.compose_config, &drawn) {
         let t7 = Instant::now();
-        ev.compositionality = Some(compositionality::evaluate(&run, table, args.image_root.as_deref(), c, &note)?);
+        ev.compositionality =
+            Some(compositionality::evaluate(&run, table, drawn, args.image_root.as_deref(), c, &note)?);
         ev.timings_s.push(("compositionality".to_owned(), t7.elapsed().as_secs_f64()));
     }
     // Only now, with everything read, embedded and scored: an evaluation that fails (a missing or
@@ -470,6 +482,34 @@ pub fn preprocess(path: &Path, transform: &ImageTransform) -> Result<Vec<f32>> {
     let mut out = Vec::with_capacity(3 * transform.size * transform.size);
     transform.test(&img, &mut out);
     Ok(out)
+}
+
+/// Refuses a table (`file`) some of whose images (`paths`, under `root` when given) are not
+/// files, naming how many and the first three, before anything is embedded.
+pub fn check_images(file: &Path, paths: &[String], root: Option<&Path>) -> Result<()> {
+    let missing: Vec<PathBuf> = paths
+        .par_iter()
+        .map(|p| root.map_or_else(|| PathBuf::from(p), |d| d.join(p)))
+        .filter(|p| !p.is_file())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let shown: Vec<String> = missing.iter().take(3).map(|p| format!("`{}`", p.display())).collect();
+    Err(Error::Data {
+        message: format!(
+            "{} of the {} images of `{}` are not files (e.g. {})",
+            missing.len(),
+            paths.len(),
+            file.display(),
+            shown.join(", ")
+        ),
+        hint: Some(
+            "relative paths resolve against `--image-root` when given (for every table of the evaluation), else \
+             against the working folder"
+                .into(),
+        ),
+    })
 }
 
 /// [`preprocess`] of a batch of images at `paths` (under `root` when given), decoded in
