@@ -271,6 +271,9 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
         (Some(t), Some(c)) => Some(compositionality::draw_queries(t, c)?),
         _ => None,
     };
+    if let Some(t) = &uni_images {
+        check_images(&t.file, &t.paths, args.image_root.as_deref())?;
+    }
     if let Some(t) = &probe {
         check_images(&t.file, &t.keys, args.image_root.as_deref())?;
     }
