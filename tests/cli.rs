@@ -83,6 +83,15 @@ fn every_toml_syntax_error_at_once() {
 }
 
 #[test]
+fn syntax_errors_and_the_problems_of_the_lines_that_stand_alone() {
+    // Beside the syntax errors: the unknown top-level key, the wrong type, the unknown key, the
+    // unknown value and the unknown stage type; not the reader's `path`, lost with its line.
+    let out = validate("syntax_and_other_errors.toml", &[]);
+    assert!(out.contains("7 configuration errors") && !out.contains("`path`"), "{out}");
+    insta::assert_snapshot!(out);
+}
+
+#[test]
 fn stage_order_and_unknown_top_level_key() {
     insta::assert_snapshot!(validate("stage_order.toml", &[]));
 }

@@ -47,6 +47,46 @@ impl ConfigDoc {
     /// Reads and parses `path`, then applies `overrides` (`key.path=value`). Bad overrides are
     /// kept in `override_errors`, so they are reported with the rest of the file's problems.
     pub fn load(path: &Path, overrides: &[String]) -> Result<ConfigDoc, Vec<Diagnostic>> {
+        let source = read_source(path)?;
+        if is_json_path(path) {
+            let root = json_as_table(path, &source)?;
+            let (origins, twice) = json_walk(&source);
+            if !twice.is_empty() {
+                return Err(twice
+                    .into_iter()
+                    .map(|(key, at)| {
+                        Diagnostic::new(format!(
+                            "invalid JSON: duplicate key `{key}` (each key is set once per object)"
+                        ))
+                        .at(Some(location_in(path, &source, at)))
+                        .hint("keep one of them: JSON readers disagree on which one counts")
+                    })
+                    .collect());
+            }
+            return Ok(Self::assemble(path, source, root, origins, overrides));
+        }
+        Self::parse(path, source, overrides)
+    }
+
+    /// For a TOML file with syntax errors: the document its other lines make (each broken line
+    /// blanked as [`syntax_errors`] blanks it, so places keep their lines) and the lines blanked;
+    /// `None` for a file without syntax errors, or when what is left does not parse either. Its
+    /// problems that [`survives_recovery`] keeps are reported beside the syntax errors.
+    pub fn load_recovered(path: &Path, overrides: &[String]) -> Option<(ConfigDoc, Vec<usize>)> {
+        let source = read_source(path).ok()?;
+        if is_json_path(path) {
+            return None;
+        }
+        let first = DeTable::parse(&source).err()?;
+        let (_, recovered) = syntax_recovery(path, &source, first);
+        let Recovered { text, lines } = recovered?;
+        Some((Self::parse(path, text, overrides).ok()?, lines))
+    }
+}
+
+/// The text of the file at `path`, checked to be a pipeline-sized UTF-8 file.
+fn read_source(path: &Path) -> Result<String, Vec<Diagnostic>> {
+    {
         use std::io::Read;
         let cannot = |e: std::io::Error| {
             vec![Diagnostic::new(format!("cannot read pipeline file `{}`: {e}", path.display()))
@@ -75,26 +115,11 @@ impl ConfigDoc {
             .at(Some(location_in(path, &lossy, at)))
             .hint("save the file as UTF-8 (pipeline and training files are TOML or JSON, both UTF-8)")]
         })?;
-        if is_json_path(path) {
-            let root = json_as_table(path, &source)?;
-            let (origins, twice) = json_walk(&source);
-            if !twice.is_empty() {
-                return Err(twice
-                    .into_iter()
-                    .map(|(key, at)| {
-                        Diagnostic::new(format!(
-                            "invalid JSON: duplicate key `{key}` (each key is set once per object)"
-                        ))
-                        .at(Some(location_in(path, &source, at)))
-                        .hint("keep one of them: JSON readers disagree on which one counts")
-                    })
-                    .collect());
-            }
-            return Ok(Self::assemble(path, source, root, origins, overrides));
-        }
-        Self::parse(path, source, overrides)
+        Ok(source)
     }
+}
 
+impl ConfigDoc {
     pub fn parse(path: &Path, source: String, overrides: &[String]) -> Result<ConfigDoc, Vec<Diagnostic>> {
         let parsed = match DeTable::parse(&source) {
             Ok(t) => t,
@@ -577,13 +602,28 @@ const MAX_SYNTAX_ERRORS: usize = 20;
 /// only its first error in the file is taken; that line is blanked out (spaces, so later places
 /// keep their offsets) and the file parsed again, until it parses or the next error is no further
 /// on. A table header that does not parse blanks its whole table, up to the next header: its keys
-/// would otherwise land in the table before it and be reported as duplicates there. A file with
-/// syntax errors gets no other checks: its keys are not known for sure until it parses.
+/// would otherwise land in the table before it and be reported as duplicates there. The other
+/// checks then run on what is left ([`ConfigDoc::load_recovered`]), and only the problems they
+/// find that no blanked line could explain are added ([`survives_recovery`]).
 fn syntax_errors(path: &Path, source: &str, first: toml::de::Error) -> Vec<Diagnostic> {
+    syntax_recovery(path, source, first).0
+}
+
+/// A TOML file with its broken lines blanked out ([`syntax_errors`]), once what is left parses.
+pub struct Recovered {
+    pub text: String,
+    /// The lines blanked, 1-based.
+    pub lines: Vec<usize>,
+}
+
+/// [`syntax_errors`], and the text it leaves when that parses.
+fn syntax_recovery(path: &Path, source: &str, first: toml::de::Error) -> (Vec<Diagnostic>, Option<Recovered>) {
     let mut text = source.as_bytes().to_vec();
     let mut diags = Vec::new();
     let mut error = first_in_file(source).unwrap_or(first);
     let mut blanked_to = 0;
+    let mut lines = Vec::new();
+    let mut parses = false;
     loop {
         diags.push(syntax_diagnostic(path, source, &error));
         let Some(at) = error.span().map(|s| s.start.min(text.len())) else { break };
@@ -602,6 +642,9 @@ fn syntax_errors(path: &Path, source: &str, first: toml::de::Error) -> Vec<Diagn
                 end = line_end(end + 1);
             }
         }
+        let first_line = text[..line_start].iter().filter(|&&b| b == b'\n').count() + 1;
+        let blanked_lines = text[line_start..end].iter().filter(|&&b| b == b'\n').count() + 1;
+        lines.extend(first_line..first_line + blanked_lines);
         for b in &mut text[line_start..end] {
             if *b != b'\n' {
                 *b = b' ';
@@ -614,11 +657,31 @@ fn syntax_errors(path: &Path, source: &str, first: toml::de::Error) -> Vec<Diagn
         // Whole lines of bytes became spaces, so the text is still UTF-8.
         let Ok(rest) = std::str::from_utf8(&text) else { break };
         match first_in_file(rest) {
-            None => break,
+            None => {
+                parses = true;
+                break;
+            }
             Some(e) => error = e,
         }
     }
-    diags
+    let recovered = parses.then(|| Recovered { text: String::from_utf8(text).expect("still UTF-8"), lines });
+    (diags, recovered)
+}
+
+/// Whether a problem found in a [`ConfigDoc::load_recovered`] document stands whatever the
+/// blanked `lines` held: it is placed on a line that was not blanked, and it is about that place
+/// alone (an unknown key, stage type or value, a wrong type). A missing key or stage, a stage
+/// order or a missing column could be the blanked lines' doing, and is left for the run after
+/// the syntax is mended.
+pub fn survives_recovery(d: &Diagnostic, lines: &[usize]) -> bool {
+    let Some(Location::File { line, .. }) = &d.location else { return false };
+    let m = d.message.as_str();
+    !lines.contains(line)
+        && (m.starts_with("unknown key ")
+            || m.starts_with("unknown top-level key ")
+            || m.starts_with("unknown stage type ")
+            || m.contains(": wrong type: ")
+            || m.contains(": unknown value "))
 }
 
 /// The syntax error of `text` that comes first in the file (the parser reports some out of order).
@@ -1475,6 +1538,30 @@ mod tests {
         let (msg, hint) = explain_serde_error("missing field `output_dir`", "");
         assert_eq!(msg, "missing required key `output_dir`");
         assert_eq!(hint.as_deref(), Some("add `output_dir = ...` at the top of the file"));
+    }
+
+    #[test]
+    fn a_recovered_file_keeps_its_lines_and_only_local_problems_survive() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.toml");
+        // Line 2 is broken; the header on line 4 is too, which blanks its table (lines 4-5).
+        std::fs::write(&path, "a = 1\nb = \nc = 3\n[t\nd = 4\n[u]\ne = 5\n").unwrap();
+        let (doc, lines) = ConfigDoc::load_recovered(&path, &[]).unwrap();
+        assert_eq!(lines, [2, 4, 5]);
+        assert!(doc.root.contains_key("a") && doc.root.contains_key("c") && doc.root.contains_key("u"));
+        assert!(!doc.root.contains_key("b") && !doc.root.contains_key("t"));
+        // Placed by line as in the file (the blanking keeps offsets).
+        assert!(matches!(doc.location("u.e"), Some(Location::File { line: 7, .. })), "{:?}", doc.location("u.e"));
+        let at = |line| Some(Location::File { path: path.clone(), line, column: 1, text: String::new() });
+        let d = |m: &str, line| Diagnostic::new(m).at(at(line));
+        assert!(survives_recovery(&d("unknown key `x` in stage `bow` (bow)", 7), &lines));
+        assert!(survives_recovery(&d("`u.e`: wrong type: expected a boolean", 7), &lines));
+        assert!(!survives_recovery(&d("unknown key `x` in stage `bow` (bow)", 5), &lines), "on a blanked line");
+        assert!(!survives_recovery(&d("missing required key `path`", 7), &lines), "could be the blanked lines'");
+        assert!(!survives_recovery(&Diagnostic::new("unknown top-level key `x`"), &lines), "not placed");
+        // A file that parses has nothing to recover; neither has one whose rest does not parse.
+        std::fs::write(&path, "a = 1\n").unwrap();
+        assert!(ConfigDoc::load_recovered(&path, &[]).is_none());
     }
 
     #[test]

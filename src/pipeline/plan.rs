@@ -120,7 +120,15 @@ pub fn compile(path: &Path, overrides: &[String]) -> Result<Plan> {
 
 /// [`compile`] with models on `device` (`--device`).
 pub fn compile_on(path: &Path, overrides: &[String], device: &Device) -> Result<Plan> {
-    let doc = ConfigDoc::load(path, overrides).map_err(Error::Config)?;
+    let doc = ConfigDoc::load(path, overrides).map_err(|mut diags| {
+        // Syntax errors: the rest of the file is checked too, as far as it stands alone.
+        if let Some((doc, lines)) = ConfigDoc::load_recovered(path, overrides) {
+            if let Err(Error::Config(more)) = compile_doc_on(&doc, device) {
+                diags.extend(more.into_iter().filter(|d| crate::pipeline::config::survives_recovery(d, &lines)));
+            }
+        }
+        Error::Config(diags)
+    })?;
     compile_doc_on(&doc, device)
 }
 

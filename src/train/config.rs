@@ -668,7 +668,20 @@ impl TrainConfig {
     /// Reads `path`, applies `overrides`, and checks everything that can be checked without
     /// reading data; every problem is reported at once ([`Error::Config`]).
     pub fn load(path: &Path, overrides: &[String]) -> Result<TrainConfig> {
-        let doc = ConfigDoc::load(path, overrides).map_err(Error::Config)?;
+        let doc = ConfigDoc::load(path, overrides).map_err(|mut diags| {
+            // Syntax errors: the rest of the file is checked too, as far as it stands alone.
+            if let Some((doc, lines)) = ConfigDoc::load_recovered(path, overrides) {
+                if let Err(Error::Config(more)) = Self::check_doc(path, doc) {
+                    diags.extend(more.into_iter().filter(|d| crate::pipeline::config::survives_recovery(d, &lines)));
+                }
+            }
+            Error::Config(diags)
+        })?;
+        Self::check_doc(path, doc)
+    }
+
+    /// The checks of [`TrainConfig::load`] on a parsed document.
+    fn check_doc(path: &Path, doc: ConfigDoc) -> Result<TrainConfig> {
         let mut diags = doc.override_errors.clone();
         // A pipeline file given to `train`: one error that says so, not one per key.
         if doc.root.contains_key("stage") && !doc.root.contains_key("model") {
