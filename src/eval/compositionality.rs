@@ -41,7 +41,7 @@ use arrow_schema::{DataType, Field};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use super::trained::{preprocess_batch, IMAGE_BATCH};
+use super::trained::embed_image_paths;
 use crate::error::{Error, Result};
 use crate::rng::RowRng;
 use crate::train::trained::TrainedRun;
@@ -441,12 +441,8 @@ pub fn evaluate(
         table.file.display(),
         queries.len()
     ));
-    let transform = run.transform();
     let dim = run.dim();
-    let mut images = Vec::with_capacity(table.paths.len() * dim);
-    for chunk in table.paths.chunks(IMAGE_BATCH) {
-        images.extend(run.embed_images(preprocess_batch(chunk, root, &transform)?, chunk.len())?);
-    }
+    let images = embed_image_paths(run, &table.paths, root, |pixels, n| run.embed_images(pixels, n))?;
     if images.iter().any(|v| !v.is_finite()) {
         return Err(Error::Model { message: "the model's image embeddings are not finite".into(), hint: None });
     }

@@ -38,7 +38,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use super::trained::{preprocess_batch, IMAGE_BATCH};
+use super::trained::{embed_image_paths, IMAGE_BATCH};
 use crate::error::{Error, Result};
 use crate::rng::RowRng;
 use crate::train::trained::TrainedRun;
@@ -715,8 +715,7 @@ pub fn probe(
 }
 
 /// Embeds `table`'s images (under `root` when given) with `run`'s frozen image tower (its pooled
-/// features, through the evaluation view of its transform: resized and centre-cropped, no
-/// augmentation) and runs [`probe`].
+/// features, through the evaluation view of its transform, no augmentation) and runs [`probe`].
 pub fn evaluate(
     run: &TrainedRun,
     table: &ProbeTable,
@@ -725,18 +724,16 @@ pub fn evaluate(
     note: &dyn Fn(String),
 ) -> Result<ProbeMetrics> {
     note(format!("linear probe: embedding {} images (`{}`)", table.keys.len(), table.file.display()));
-    let transform = run.transform();
-    let (mut features, mut dim) = (Vec::new(), 0);
-    let mut done = 0;
-    for chunk in table.keys.chunks(IMAGE_BATCH) {
-        let (f, width) = run.image_features(preprocess_batch(chunk, root, &transform)?, chunk.len())?;
-        features.extend(f);
+    let (mut dim, mut done) = (0, 0);
+    let features = embed_image_paths(run, &table.keys, root, |pixels, n| {
+        let (f, width) = run.image_features(pixels, n)?;
         dim = width;
-        done += chunk.len();
+        done += n;
         if done % (IMAGE_BATCH * 64) == 0 {
             note(format!("linear probe: {done} / {} images", table.keys.len()));
         }
-    }
+        Ok(f)
+    })?;
     probe(table, &features, dim, c, run.device(), note)
 }
 

@@ -487,6 +487,24 @@ pub fn preprocess(path: &Path, transform: &ImageTransform) -> Result<Vec<f32>> {
     Ok(out)
 }
 
+/// The images at `paths` (under `root` when given) through the evaluation view of `run`'s
+/// transform, [`IMAGE_BATCH`] at a time, each batch's pixels given to `embed` (with its count)
+/// and the rows it returns put one after the other: the uni-modal, probe and compositionality
+/// tables are embedded so.
+pub fn embed_image_paths(
+    run: &TrainedRun,
+    paths: &[String],
+    root: Option<&Path>,
+    mut embed: impl FnMut(Vec<f32>, usize) -> Result<Vec<f32>>,
+) -> Result<Vec<f32>> {
+    let transform = run.transform();
+    let mut rows = Vec::new();
+    for chunk in paths.chunks(IMAGE_BATCH) {
+        rows.extend(embed(preprocess_batch(chunk, root, &transform)?, chunk.len())?);
+    }
+    Ok(rows)
+}
+
 /// Refuses a table (`file`) some of whose images (`paths`, under `root` when given) are not
 /// files, naming how many and the first three, before anything is embedded.
 pub fn check_images(file: &Path, paths: &[String], root: Option<&Path>) -> Result<()> {

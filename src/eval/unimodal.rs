@@ -33,7 +33,6 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use super::embeddings::Matrix;
-use super::trained::{preprocess_batch, IMAGE_BATCH};
 use crate::error::{Error, Result};
 use crate::train::trained::TrainedRun;
 
@@ -576,17 +575,12 @@ pub fn heads(run: &TrainedRun) -> Heads {
 }
 
 /// The images at `paths` (under `root` when given) through the evaluation view of the run's
-/// transform, embedded by [`embed_images`], in batches of [`IMAGE_BATCH`].
+/// transform, embedded by [`embed_images`], in batches of [`super::trained::IMAGE_BATCH`].
 ///
 /// # Shapes
 /// returns `[paths.len() * dim]`
 fn embed_image_table(run: &TrainedRun, paths: &[String], root: Option<&Path>) -> Result<Vec<f32>> {
-    let transform = run.transform();
-    let mut rows = Vec::with_capacity(paths.len() * run.dim());
-    for chunk in paths.chunks(IMAGE_BATCH) {
-        rows.extend(embed_images(run, preprocess_batch(chunk, root, &transform)?, chunk.len())?);
-    }
-    Ok(rows)
+    super::trained::embed_image_paths(run, paths, root, |pixels, n| embed_images(run, pixels, n))
 }
 
 /// The uni-modal image embeddings of `n` preprocessed images, `uni(f) = Linear(LayerNorm(f))` on
