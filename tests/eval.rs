@@ -2074,8 +2074,8 @@ fn the_noise_diagnostic_matches_a_by_hand_computation_on_the_same_batches() {
     let r =
         run(std::slice::from_ref(&images), std::slice::from_ref(&texts), &c, &burn::tensor::Device::flex()).unwrap();
     assert_eq!((r.pairs, r.unmatched), (38, [2, 3]));
-    // `curate noise`: the same figures, on stdout and in `--out`.
-    let json_out = dir.path().join("noise.json");
+    // `curate noise`: the same figures, on stdout and in `--out` (its folder made first).
+    let json_out = dir.path().join("new/noise.json");
     let out = Command::new(env!("CARGO_BIN_EXE_curate"))
         .args(["noise", images.to_str().unwrap(), texts.to_str().unwrap(), "--batch-size", "8", "--batches", "5"])
         .args(["--scale", "10", "--seed", "1", "--out", json_out.to_str().unwrap()])
