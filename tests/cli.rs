@@ -83,6 +83,23 @@ fn every_toml_syntax_error_at_once() {
 }
 
 #[test]
+fn a_training_file_with_a_syntax_error_gets_its_other_local_errors_too() {
+    // The demo training file with `steps` broken (its line set aside: no "missing steps") and
+    // an unknown key in `[model]`.
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string("pipelines/train.toml").unwrap();
+    assert!(text.contains("\nsteps = 600\n") && text.contains("\n[model]\n"));
+    let text =
+        text.replace("\nsteps = 600\n", "\nsteps = 600 600\n").replace("\n[model]\n", "\n[model]\nembed_dimm = 64\n");
+    let path = dir.path().join("train.toml");
+    std::fs::write(&path, text).unwrap();
+    let (code, _, stderr) = curate(&["validate", path.to_str().unwrap()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("invalid TOML") && stderr.contains("unknown key `embed_dimm` in `model`"), "{stderr}");
+    assert!(stderr.contains("2 configuration errors") && !stderr.contains("`steps`"), "{stderr}");
+}
+
+#[test]
 fn syntax_errors_and_the_problems_of_the_lines_that_stand_alone() {
     // Beside the syntax errors: the unknown top-level key, the wrong type, the unknown key, the
     // unknown value and the unknown stage type; not the reader's `path`, lost with its line.

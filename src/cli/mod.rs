@@ -388,10 +388,14 @@ pub fn main() -> i32 {
 }
 
 /// Whether `file` reads as a training file (no `[[stage]]`, a `[model]`), so that `validate`
-/// checks it as one; a file that does not read at all is left to the pipeline check's messages.
+/// checks it as one; with syntax errors, as far as its other lines read; a file that does not
+/// read at all is left to the pipeline check's messages.
 fn is_training_file(file: &std::path::Path, overrides: &[String]) -> bool {
-    pipeline::config::ConfigDoc::load(file, overrides)
-        .is_ok_and(|doc| !doc.root.contains_key("stage") && doc.root.contains_key("model"))
+    use pipeline::config::ConfigDoc;
+    ConfigDoc::load(file, overrides)
+        .ok()
+        .or_else(|| ConfigDoc::load_recovered(file, overrides).map(|(doc, _)| doc))
+        .is_some_and(|doc| !doc.root.contains_key("stage") && doc.root.contains_key("model"))
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<i32> {
