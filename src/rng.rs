@@ -64,9 +64,114 @@ impl RowRng {
     }
 }
 
+/// NumPy's legacy global generator, for the one place a published protocol fixes its
+/// randomness by it: `ssl-transfer`'s linear evaluation holds out its validation rows with
+/// `np.random.seed(0)` and `np.random.shuffle` (see [`crate::eval::linear_probe`]). The generator
+/// is Matsumoto & Nishimura's MT19937 seeded by `init_genrand` (NumPy's `mt19937_seed`, which
+/// `np.random.seed(int)` calls), and the shuffle is NumPy's: from the last position down, swap
+/// with `random_interval(i)`, a masked draw rejected while above `i`. Checked against NumPy's
+/// own permutations in `tests/fixtures/eval/numpy_shuffle.json`.
+#[derive(Clone)]
+pub struct NumpyLegacy {
+    mt: [u32; 624],
+    pos: usize,
+}
+
+impl NumpyLegacy {
+    /// `np.random.seed(seed)` (NumPy accepts `0..=2³²−1`).
+    pub fn seed(seed: u32) -> Self {
+        let mut mt = [0u32; 624];
+        mt[0] = seed;
+        for i in 1..624 {
+            mt[i] = 1_812_433_253u32.wrapping_mul(mt[i - 1] ^ (mt[i - 1] >> 30)).wrapping_add(i as u32);
+        }
+        NumpyLegacy { mt, pos: 624 }
+    }
+
+    fn refill(&mut self) {
+        const UPPER: u32 = 0x8000_0000;
+        const LOWER: u32 = 0x7fff_ffff;
+        const MATRIX_A: u32 = 0x9908_b0df;
+        for i in 0..624 {
+            let y = (self.mt[i] & UPPER) | (self.mt[(i + 1) % 624] & LOWER);
+            self.mt[i] = self.mt[(i + 397) % 624] ^ (y >> 1) ^ if y & 1 == 1 { MATRIX_A } else { 0 };
+        }
+        self.pos = 0;
+    }
+
+    /// The next 32-bit output.
+    pub fn next_u32(&mut self) -> u32 {
+        if self.pos == 624 {
+            self.refill();
+        }
+        let mut y = self.mt[self.pos];
+        self.pos += 1;
+        y ^= y >> 11;
+        y ^= (y << 7) & 0x9d2c_5680;
+        y ^= (y << 15) & 0xefc6_0000;
+        y ^ (y >> 18)
+    }
+
+    /// NumPy's `random_interval(max)`: uniform in `0..=max` by masking and rejection (`max` below
+    /// 2³², the only case a shuffle of a table can reach).
+    pub fn interval(&mut self, max: u32) -> u32 {
+        if max == 0 {
+            return 0;
+        }
+        let mask = u32::MAX >> max.leading_zeros();
+        loop {
+            let v = self.next_u32() & mask;
+            if v <= max {
+                return v;
+            }
+        }
+    }
+
+    /// `np.random.shuffle(items)`.
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        assert!(items.len() <= u32::MAX as usize, "NumPy's 64-bit draws are not reproduced");
+        for i in (1..items.len()).rev() {
+            let j = self.interval(i as u32) as usize;
+            items.swap(i, j);
+        }
+    }
+}
+
+impl std::fmt::Debug for NumpyLegacy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NumpyLegacy").field("pos", &self.pos).finish_non_exhaustive()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numpy_legacy_reproduces_numpy() {
+        #[derive(serde::Deserialize)]
+        struct Case {
+            seed: u32,
+            n: usize,
+            permutation: Vec<usize>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Fixture {
+            raw_seed0: Vec<u32>,
+            shuffles: Vec<Case>,
+        }
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/eval/numpy_shuffle.json");
+        let f: Fixture = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut g = NumpyLegacy::seed(0);
+        let raw: Vec<u32> = (0..f.raw_seed0.len()).map(|_| g.next_u32()).collect();
+        assert_eq!(raw, f.raw_seed0, "MT19937 from np.random.seed(0)");
+        assert!(f.shuffles.iter().any(|c| c.n > 624), "a case past one refill of the state");
+        for c in &f.shuffles {
+            let mut v: Vec<usize> = (0..c.n).collect();
+            NumpyLegacy::seed(c.seed).shuffle(&mut v);
+            assert_eq!(v, c.permutation, "seed {} n {}", c.seed, c.n);
+        }
+    }
 
     #[test]
     fn streams_are_keyed_and_repeatable() {

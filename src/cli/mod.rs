@@ -47,7 +47,8 @@ pub struct ProbeArgs {
     #[arg(value_name = "FEATURES")]
     pub features: String,
     /// Parquet with `sample_id`, `label` (string or integer) and `split` (`train`, `val`,
-    /// `test`; without `val` rows 20% of `train` is held out). Every row needs features.
+    /// `test`; without `val` rows 20% of `train` is held out, the rows `ssl-transfer` holds out when
+    /// the train rows are in the data set's order). Every row needs features.
     #[arg(value_name = "LABELS")]
     pub labels: PathBuf,
     /// The validation score that chooses the weight decay.

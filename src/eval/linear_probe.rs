@@ -3,8 +3,10 @@
 //! BYOL's linear-evaluation protocol (that of SimCLR and of Kornblith et al. 2019, and of
 //! Ericsson et al.'s `ssl-transfer`): an L2-regularised multinomial logistic regression, fitted
 //! by L-BFGS on features of images resized and centre-cropped without augmentation; its weight
-//! decay chosen on a validation split from 45 values spaced logarithmically over `[1e-6, 1e5]`;
-//! then fitted again on train + validation and scored on the test split. It owns the table
+//! decay chosen on a validation split from 45 values spaced logarithmically over `[1e-6, 1e5]`
+//! (the table's `val` rows, else the 20% of its train rows `ssl-transfer` holds out, drawn with
+//! NumPy's generator as it draws them: [`train_val_rows`]); then fitted again on train +
+//! validation and scored on the test split. It owns the table
 //! ([`ProbeTable`]: `path`, `label`, `split`), the solver ([`fit`], [`lbfgs`]), the protocol
 //! ([`probe`]) and its [`ProbeMetrics`]; `curate eval RUN_DIR --probe TABLE`
 //! ([`super::trained`]) embeds the table with the run's image tower.
@@ -40,7 +42,7 @@ use serde::Serialize;
 
 use super::trained::{embed_image_paths, IMAGE_BATCH};
 use crate::error::{Error, Result};
-use crate::rng::RowRng;
+use crate::rng::NumpyLegacy;
 use crate::train::trained::TrainedRun;
 
 /// The score that chooses the weight decay on the validation split.
@@ -81,9 +83,10 @@ pub struct ProbeConfig {
     /// L-BFGS iterations per fit at most.
     pub max_iter: usize,
     /// Share of the train rows held out for validation when the table has no `val` rows
-    /// (`ssl-transfer`'s 20%), drawn by a permutation seeded with `seed`.
+    /// (`ssl-transfer`'s 20%), drawn as `ssl-transfer` draws it with NumPy seeded by `seed`
+    /// (its `random_seed = 0`); see [`train_val_rows`].
     pub holdout: f64,
-    pub seed: u64,
+    pub seed: u32,
 }
 
 impl Default for ProbeConfig {
@@ -590,16 +593,20 @@ fn truth_of(labels: &[u32], rows: &[usize], index: &FxHashMap<u32, u32>) -> Vec<
     rows.iter().map(|&r| index.get(&labels[r]).copied().unwrap_or(k + labels[r])).collect()
 }
 
-/// The train and validation rows of `table`: its `val` rows, or `holdout` of its train rows
-/// drawn by a permutation seeded with `seed` (`floor(holdout · train)` rows).
-pub fn train_val_rows(table: &ProbeTable, holdout: f64, seed: u64) -> (Vec<usize>, Vec<usize>, &'static str) {
+/// The train and validation rows of `table`: its `val` rows, or `floor(holdout · train)` of its
+/// train rows drawn exactly as `ssl-transfer`'s `get_train_valid_loader` draws them for the
+/// data sets without a validation split (Food-101, CIFAR, SUN397, Pets, Caltech-101, Cars):
+/// `indices = list(range(num_train))`, `np.random.seed(seed)`, `np.random.shuffle(indices)`,
+/// the first `floor(holdout · num_train)` held out ([`NumpyLegacy`]). With the train rows listed
+/// in the data set's own order (torchvision's), these are the very rows `ssl-transfer` holds out.
+pub fn train_val_rows(table: &ProbeTable, holdout: f64, seed: u32) -> (Vec<usize>, Vec<usize>, &'static str) {
     let rows = |s: Split| -> Vec<usize> { (0..table.split.len()).filter(|&r| table.split[r] == s).collect() };
     let (train, val) = (rows(Split::Train), rows(Split::Val));
     if !val.is_empty() {
         return (train, val, "table");
     }
     let mut order = train;
-    RowRng::new(seed, "linear_probe", "holdout").shuffle(&mut order);
+    NumpyLegacy::seed(seed).shuffle(&mut order);
     let held = (holdout * order.len() as f64).floor() as usize;
     let mut val = order[..held].to_vec();
     let mut train = order[held..].to_vec();
@@ -877,6 +884,20 @@ mod tests {
         assert_eq!(train_val_rows(&t, 0.2, 0), (train.clone(), val.clone(), "holdout"), "seeded");
         let others: Vec<Vec<usize>> = (1..6).map(|s| train_val_rows(&t, 0.2, s).1).collect();
         assert!(others.iter().any(|v| *v != val), "the seed draws the rows: {val:?} {others:?}");
+
+        // `ssl-transfer`'s rows: `np.random.seed(0)` shuffles `list(range(10))` into
+        // [2, 8, 4, 9, 1, 6, 7, 3, 0, 5] (tests/fixtures/eval/numpy_shuffle.json) and holds out
+        // the first floor(0.2 · 10) = 2, the 3rd and 9th train rows, whatever the test rows
+        // between them.
+        let split = [Test, Train, Train, Train, Test, Train, Train, Train, Train, Train, Test, Train, Train];
+        let t = table(&[0; 13], &split);
+        let train_rows: Vec<usize> = (0..13).filter(|&r| split[r] == Train).collect();
+        let (train, val, _) = train_val_rows(&t, 0.2, 0);
+        assert_eq!(val, vec![train_rows[2], train_rows[8]]);
+        assert_eq!(
+            train,
+            train_rows.iter().enumerate().filter(|(i, _)| ![2, 8].contains(i)).map(|(_, &r)| r).collect::<Vec<_>>()
+        );
     }
 
     #[test]
