@@ -129,6 +129,25 @@ fn length_sorted_batches_give_each_caption_its_own_embedding_in_input_order() {
 }
 
 #[test]
+fn a_model_folder_with_only_pytorch_model_bin_loads_the_same_model() {
+    // Older Hugging Face models (DeCLUTR's among them) ship `pytorch_model.bin`, not
+    // safetensors: the tiny BERT's tensors saved so (legacy `torch.save` format,
+    // torch/make_torch_checkpoints.py) give the same embeddings, bit for bit.
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "tokenizer.json", "sentence_bert_config.json"] {
+        std::fs::copy(fixtures().join("tiny_bert").join(f), dir.path().join(f)).unwrap();
+    }
+    std::fs::copy(fixtures().join("torch/tiny_bert_pytorch_model.bin"), dir.path().join("pytorch_model.bin")).unwrap();
+    let captions = ["a dog runs on the beach", "two red birds"];
+    let device = Device::flex();
+    let bin = TextEncoder::load(dir.path(), Some(Pooling::Mean), Some(true), &device).unwrap();
+    let st = TextEncoder::load(&fixtures().join("tiny_bert"), Some(Pooling::Mean), Some(true), &device).unwrap();
+    let got = bin.encode(&captions).unwrap();
+    assert!(got.iter().any(|v| *v != 0.0));
+    assert_eq!(got, st.encode(&captions).unwrap());
+}
+
+#[test]
 fn a_checkpoint_that_does_not_fit_is_refused_with_every_problem() {
     // Missing, mis-shaped (one row short) and unexpected tensors, all in one checkpoint.
     let dir = tempfile::tempdir().unwrap();

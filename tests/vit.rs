@@ -65,6 +65,27 @@ fn tiny_unicom_matches_the_pytorch_reference() {
     }
 }
 
+#[test]
+fn tiny_unicom_loads_from_its_pytorch_checkpoint() {
+    // Unicom releases `.pt` files (`torch.save` of a state dict): the same tensors saved so
+    // (torch/make_torch_checkpoints.py) give the same model, bit for bit.
+    let device = Device::flex();
+    let pt = Vit::load(&fixtures().join("torch/tiny_unicom.pt"), &VitConfig::tiny_unicom(), &device).unwrap();
+    let st = Vit::load(&fixtures().join("tiny_unicom.safetensors"), &VitConfig::tiny_unicom(), &device).unwrap();
+    let e = json("tiny_vit_expected.json");
+    let shape: Vec<usize> = e["input_shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+    let x = || {
+        Tensor::<4>::from_data(
+            TensorData::new(common::flat_f32(&e["input"]), [shape[0], shape[1], shape[2], shape[3]]),
+            &device,
+        )
+    };
+    let a = pt.forward(x()).into_data().try_to_vec::<f32>().unwrap();
+    let b = st.forward(x()).into_data().try_to_vec::<f32>().unwrap();
+    assert_eq!(a, b);
+    check(&pt, &device, "unicom", 1e-4, "unicom from .pt");
+}
+
 /// The tensors of a safetensors file as `(name, shape, values)`.
 fn parts(file: &str) -> Vec<(String, Vec<usize>, Vec<f32>)> {
     let bytes = std::fs::read(fixtures().join(file)).unwrap();

@@ -270,10 +270,11 @@ impl Bert {
     pub const IGNORED: [&'static str; 7] =
         ["pooler.", "bert.pooler.", "cls.", "vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "qa_outputs."];
 
-    /// Loads `config.json` + `model.safetensors` from a Hugging Face model folder.
+    /// Loads `config.json` + `model.safetensors` (or `pytorch_model.bin`) from a Hugging Face
+    /// model folder.
     pub fn load(dir: &Path, device: &Device) -> Result<(Bert, BertConfig)> {
         let config = BertConfig::from_file(&dir.join("config.json"))?;
-        let weights = Weights::from_safetensors(&dir.join("model.safetensors"))?;
+        let weights = Weights::from_checkpoint(&super::weights::hf_weights_file(dir))?;
         let model = Bert::from_weights(&config, &weights, device);
         weights.finish(&Self::IGNORED)?;
         Ok((model, config))

@@ -280,7 +280,7 @@ impl ClipText {
         }
     }
 
-    /// Loads the tower from a safetensors state dict (a whole CLIP or the text tower alone).
+    /// Loads the tower from a state dict (safetensors or PyTorch; a whole CLIP or the text tower alone).
     pub fn load(path: &Path, c: &ClipTextConfig, device: &Device) -> Result<ClipText> {
         Weights::load_model(path, |w| ClipText::from_weights(c, w, device), ClipText::ignored)
     }

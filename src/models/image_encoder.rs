@@ -1,5 +1,5 @@
 //! An image encoder: an architecture name (`resnet50`, `resnet101`, `tiny_resnet`,
-//! `vit_b32_clip`, `vit_b32_unicom`), a safetensors checkpoint and its preprocessing preset,
+//! `vit_b32_clip`, `vit_b32_unicom`), a checkpoint (safetensors or PyTorch) and its preprocessing preset,
 //! giving one feature vector per image. Used by the `encode_image` stage (frozen ResNet-50
 //! features, spec `bow-and-otter.md` §4; the Unicom image teacher, `cusa-and-pcmepp.md` §1.1).
 //!
@@ -99,7 +99,7 @@ pub struct ImageEncoder {
 }
 
 impl ImageEncoder {
-    /// Loads `arch` from a safetensors checkpoint, preprocessing with `preset` (default: the
+    /// Loads `arch` from a checkpoint (safetensors or PyTorch), preprocessing with `preset` (default: the
     /// architecture's own).
     pub fn load(path: &Path, arch: ImageArch, preset: Option<PreprocessPreset>, device: &Device) -> Result<Self> {
         let (family, default_preset) = arch.spec();

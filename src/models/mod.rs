@@ -3,7 +3,8 @@
 //! CUSA text teacher), `resnet` (torchvision ResNet-50), `vit` (ViT-B/32 in OpenAI CLIP's and
 //! Unicom's layouts: the CLIP image tower and the CUSA image teacher), `clip_text` (CLIP's text
 //! transformer, and the sizes of an open_clip model folder). `weights` reads
-//! safetensors and checks every tensor name and shape; `pooling` turns token states into
+//! safetensors (and, through `torch_checkpoint`, PyTorch `torch.save` files) and checks every
+//! tensor name and shape; `pooling` turns token states into
 //! sentence embeddings; `text_encoder` adds the tokenizer and picks the text model from
 //! `config.json`; `gpo` is VSE∞'s generalised pooling (PCME++'s heads);
 //! `preprocess` turns image bytes into normalised tensors and `image_encoder` runs the image
@@ -21,5 +22,6 @@ pub mod pooling;
 pub mod preprocess;
 pub mod resnet;
 pub mod text_encoder;
+pub mod torch_checkpoint;
 pub mod vit;
 pub mod weights;

@@ -221,10 +221,11 @@ impl MpNet {
     /// Checkpoint tensors this encoder leaves out on purpose (the pooler, task heads).
     pub const IGNORED: [&'static str; 5] = ["pooler.", "mpnet.pooler.", "lm_head.", "classifier.", "qa_outputs."];
 
-    /// Loads `config.json` + `model.safetensors` from a Hugging Face model folder.
+    /// Loads `config.json` + `model.safetensors` (or `pytorch_model.bin`) from a Hugging Face
+    /// model folder.
     pub fn load(dir: &Path, device: &Device) -> Result<(MpNet, MpNetConfig)> {
         let config = MpNetConfig::from_file(&dir.join("config.json"))?;
-        let weights = Weights::from_safetensors(&dir.join("model.safetensors"))?;
+        let weights = Weights::from_checkpoint(&super::weights::hf_weights_file(dir))?;
         let model = MpNet::from_weights(&config, &weights, device);
         weights.finish(&Self::IGNORED)?;
         Ok((model, config))

@@ -343,7 +343,7 @@ impl ResNet {
     /// Tensors the feature extractor leaves out: the ImageNet classifier.
     pub const IGNORED: [&'static str; 1] = ["fc."];
 
-    /// Loads a torchvision-layout safetensors state dict.
+    /// Loads a torchvision-layout state dict (safetensors, or torchvision's own `.pth`).
     pub fn load(path: &Path, c: &ResNetConfig, device: &Device) -> Result<ResNet> {
         Weights::load_model(path, |w| ResNet::from_weights(c, w, device), |_| &Self::IGNORED)
     }

@@ -13,7 +13,7 @@
 //!   attn.proj, norm2, mlp.fc1, mlp.fc2}` with ReLU6, no class token; the final `norm`ed token
 //!   grid is flattened and mapped by `feature` = Linear(no bias) → BatchNorm1d(eps 2e-5) →
 //!   Linear(no bias) → BatchNorm1d(eps 2e-5), from running statistics. Unicom releases `.pt`
-//!   files: convert the state dict to safetensors (`safetensors.torch.save_file`) to load it.
+//!   files (state dicts), which load as they are (`super::torch_checkpoint`).
 //!
 //! Output: one `[D]` vector per image, not normalised. Image pre-processing is in
 //! [`super::preprocess`].

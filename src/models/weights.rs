@@ -1,5 +1,6 @@
 //! Checkpoint tensors by name, read from a safetensors file (Hugging Face, torchvision and CLIP
-//! checkpoints all ship them), handed to model constructors one at a time. Every tensor that is
+//! checkpoints all ship them) or a PyTorch `torch.save` file ([`torch_checkpoint`]: `.pt`,
+//! `.pth`, `pytorch_model.bin`), handed to model constructors one at a time. Every tensor that is
 //! missing, mis-shaped or left unused is recorded, and [`Weights::finish`] refuses the
 //! checkpoint with the complete list (the first 20 of each kind, and how many more) — a model
 //! never runs on half-loaded weights. Nothing of the size a config names is allocated for a
@@ -26,6 +27,24 @@ use burn::nn::{BatchNorm, BatchNormConfig, LayerNorm, LayerNormConfig, Linear, P
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::error::{Error, Result};
+use crate::models::torch_checkpoint;
+
+/// The weights file of a Hugging Face model folder: `model.safetensors`, else
+/// `pytorch_model.bin` (older models ship only that, DeCLUTR among them); `model.safetensors`
+/// when neither is there, for the error to name.
+pub fn hf_weights_file(dir: &Path) -> std::path::PathBuf {
+    first_present(dir, &["model.safetensors", "pytorch_model.bin"])
+}
+
+/// The weights file of an open_clip model folder: `open_clip_model.safetensors`, else
+/// `open_clip_pytorch_model.bin` (as open_clip's Hugging Face repositories ship them).
+pub fn open_clip_weights_file(dir: &Path) -> std::path::PathBuf {
+    first_present(dir, &["open_clip_model.safetensors", "open_clip_pytorch_model.bin"])
+}
+
+fn first_present(dir: &Path, names: &[&str]) -> std::path::PathBuf {
+    names.iter().map(|n| dir.join(n)).find(|p| p.is_file()).unwrap_or_else(|| dir.join(names[0]))
+}
 
 /// Shape of a square 2-D convolution.
 #[derive(Debug, Clone, Copy)]
@@ -104,6 +123,20 @@ pub enum LinearInit {
 }
 
 impl Weights {
+    /// Reads a checkpoint file of either kind curate knows, told apart by its first bytes: a
+    /// PyTorch `torch.save` file (zip or legacy: [`torch_checkpoint`]) or safetensors.
+    pub fn from_checkpoint(path: &Path) -> Result<Weights> {
+        let mut head = [0u8; 8];
+        let n = std::fs::File::open(path)
+            .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+            .map_err(|e| Error::io("cannot read checkpoint", path, e))?;
+        if torch_checkpoint::looks_like_torch(&head[..n]) {
+            Self::from_torch(path)
+        } else {
+            Self::from_safetensors(path)
+        }
+    }
+
     /// Reads every floating-point tensor of a safetensors file (F64, F32, F16, BF16 → f32: a
     /// model saved in double precision loads as it would in PyTorch after `.float()`). Tensors
     /// of other types are kept aside by name: integer ones are buffers such as BERT's
@@ -112,48 +145,93 @@ impl Weights {
     pub fn from_safetensors(path: &Path) -> Result<Weights> {
         let bytes = std::fs::read(path).map_err(|e| Error::io("cannot read checkpoint", path, e))?;
         let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::Model {
-            message: format!("`{}` is not a safetensors file: {e}", path.display()),
-            hint: Some("curate loads `model.safetensors` checkpoints".into()),
+            message: format!("`{}` is neither a safetensors file nor a PyTorch checkpoint: {e}", path.display()),
+            hint: Some(
+                "curate loads safetensors checkpoints and PyTorch `torch.save` files (`.pt`, `.pth`, `.bin`)".into(),
+            ),
         })?;
-        let mut tensors = BTreeMap::new();
-        let mut other_dtypes = BTreeMap::new();
+        let mut w = Weights::new(path.display().to_string(), BTreeMap::new());
         for (name, view) in st.tensors() {
-            let raw = view.data();
-            let data: Vec<f32> = match view.dtype() {
-                safetensors::Dtype::F32 => {
-                    raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-                }
-                safetensors::Dtype::F16 => {
-                    raw.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
-                }
-                safetensors::Dtype::BF16 => {
-                    raw.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
-                }
-                safetensors::Dtype::F64 => {
-                    let wide = raw.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")));
-                    // A finite double past f32's range would load as ±inf without a word.
-                    if let Some(v) = wide.clone().find(|v| v.is_finite() && (*v as f32).is_infinite()) {
-                        return Err(Error::Model {
-                            message: format!(
-                                "`{}`: F64 tensor `{name}` holds {v:e}, past what float32 holds (±{:e})",
-                                path.display(),
-                                f32::MAX
-                            ),
-                            hint: Some("curate computes in float32: rescale or retrain the weight".into()),
-                        });
-                    }
-                    wide.map(|v| v as f32).collect()
-                }
-                other => {
-                    other_dtypes.insert(name, (format!("{other:?}"), view.shape().to_vec()));
-                    continue;
-                }
-            };
-            tensors.insert(name, Stored { shape: view.shape().to_vec(), data });
+            w.insert(path, name, view.dtype(), view.shape().to_vec(), view.data())?;
         }
-        let mut w = Weights::new(path.display().to_string(), tensors);
-        w.other_dtypes = other_dtypes;
         Ok(w)
+    }
+
+    /// Reads the tensors of a PyTorch checkpoint ([`torch_checkpoint`]: a state dict, the one a
+    /// training checkpoint holds, a pickled module or a TorchScript archive), by their state-dict
+    /// names, as [`Weights::from_safetensors`] reads its file.
+    pub fn from_torch(path: &Path) -> Result<Weights> {
+        let c = torch_checkpoint::read(path)?;
+        let mut source = path.display().to_string();
+        match (&c.entry, c.stripped_module) {
+            (Some(e), true) => source += &format!(" (its `{e}`, `module.` removed)"),
+            (Some(e), false) => source += &format!(" (its `{e}`)"),
+            (None, true) => source += " (`module.` removed)",
+            (None, false) => {}
+        }
+        let mut w = Weights::new(source, BTreeMap::new());
+        for (name, t) in c.tensors {
+            use safetensors::Dtype as D;
+            use torch_checkpoint::TorchDtype as T;
+            let dtype = match t.dtype {
+                T::F64 => D::F64,
+                T::F32 => D::F32,
+                T::F16 => D::F16,
+                T::BF16 => D::BF16,
+                T::I64 => D::I64,
+                T::I32 => D::I32,
+                T::I16 => D::I16,
+                T::I8 => D::I8,
+                T::U8 => D::U8,
+                T::Bool => D::BOOL,
+            };
+            w.insert(path, name, dtype, t.shape, &t.bytes)?;
+        }
+        Ok(w)
+    }
+
+    /// Keeps one stored tensor (little-endian `raw`): a floating-point one converted to f32, one
+    /// of another type aside by name.
+    fn insert(
+        &mut self,
+        path: &Path,
+        name: String,
+        dtype: safetensors::Dtype,
+        shape: Vec<usize>,
+        raw: &[u8],
+    ) -> Result<()> {
+        let data: Vec<f32> = match dtype {
+            safetensors::Dtype::F32 => {
+                raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+            }
+            safetensors::Dtype::F16 => {
+                raw.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+            }
+            safetensors::Dtype::BF16 => {
+                raw.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+            }
+            safetensors::Dtype::F64 => {
+                let wide = raw.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")));
+                // A finite double past f32's range would load as ±inf without a word.
+                if let Some(v) = wide.clone().find(|v| v.is_finite() && (*v as f32).is_infinite()) {
+                    return Err(Error::Model {
+                        message: format!(
+                            "`{}`: F64 tensor `{name}` holds {v:e}, past what float32 holds (±{:e})",
+                            path.display(),
+                            f32::MAX
+                        ),
+                        hint: Some("curate computes in float32: rescale or retrain the weight".into()),
+                    });
+                }
+                wide.map(|v| v as f32).collect()
+            }
+            other => {
+                self.other_dtypes.insert(name, (format!("{other:?}"), shape));
+                return Ok(());
+            }
+        };
+        self.tensors.insert(name, Stored { shape, data });
+        Ok(())
     }
 
     fn new(source: String, tensors: BTreeMap<String, Stored>) -> Weights {
@@ -381,14 +459,14 @@ impl Weights {
         bn
     }
 
-    /// A model built by `build` from the safetensors file `path`, checked by [`Weights::finish`]
-    /// with the names `ignored` gives for it.
+    /// A model built by `build` from the checkpoint `path` (safetensors or PyTorch), checked by
+    /// [`Weights::finish`] with the names `ignored` gives for it.
     pub fn load_model<M>(
         path: &Path,
         build: impl FnOnce(&Weights) -> M,
         ignored: impl FnOnce(&M) -> &'static [&'static str],
     ) -> Result<M> {
-        let w = Weights::from_safetensors(path)?;
+        let w = Weights::from_checkpoint(path)?;
         let model = build(&w);
         w.finish(ignored(&model))?;
         Ok(model)
@@ -483,6 +561,36 @@ fn random_values(seed: u64, name: &str, n: usize, init: Init) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pytorch_checkpoints_load_as_safetensors_do() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models");
+        let pt = Weights::from_checkpoint(&dir.join("torch/tiny_unicom.pt")).unwrap();
+        let st = Weights::from_checkpoint(&dir.join("tiny_unicom.safetensors")).unwrap();
+        assert!(!pt.tensors.is_empty());
+        assert_eq!(pt.tensors.len(), st.tensors.len());
+        for (name, t) in &st.tensors {
+            let p = &pt.tensors[name];
+            assert_eq!((&p.shape, &p.data), (&t.shape, &t.data), "{name}");
+        }
+        // Every type: float ones as f32, others aside with their type.
+        let w = Weights::from_checkpoint(&dir.join("torch/special.pt")).unwrap();
+        assert_eq!(w.tensors["f16_transposed"].data, [0.0, 0.75, 0.25, 1.0, 0.5, 1.25]);
+        assert_eq!(w.tensors["f16_transposed"].shape, [3, 2]);
+        assert_eq!(w.tensors["f64"].data, [0.1f64 as f32, -1e-3f64 as f32]);
+        assert_eq!(w.other_dtypes["num_batches_tracked"], ("I64".to_string(), vec![]));
+        assert_eq!(w.other_dtypes["mask"], ("BOOL".to_string(), vec![3]));
+        // The source names the entry a training checkpoint's tensors came from.
+        let w = Weights::from_checkpoint(&dir.join("torch/train_checkpoint.pth.tar")).unwrap();
+        assert!(w.source.ends_with("(its `state_dict`, `module.` removed)"), "{}", w.source);
+        assert!(w.contains("0.weight") && w.contains("1.num_batches_tracked"));
+        // Neither kind: named as such.
+        let junk = tempfile::tempdir().unwrap();
+        let path = junk.path().join("x.pt");
+        std::fs::write(&path, b"not a checkpoint at all").unwrap();
+        let e = Weights::from_checkpoint(&path).err().unwrap().to_string();
+        assert!(e.contains("neither a safetensors file nor a PyTorch checkpoint"), "{e}");
+    }
 
     #[test]
     fn random_source_is_seeded_by_name_and_follows_pytorch_defaults() {

@@ -31,8 +31,8 @@ pub const TYPE: &str = "encode_image";
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EncodeImageConfig {
-    /// The checkpoint: a safetensors file in the architecture's published layout (torchvision
-    /// for ResNets).
+    /// The checkpoint: a safetensors file or a PyTorch `torch.save` file (`.pth`, `.pt`) in the
+    /// architecture's published layout (torchvision for ResNets).
     pub model: String,
     /// `resnet50`, `resnet101`, `tiny_resnet`, `vit_b32_clip` or `vit_b32_unicom`. Required;
     /// optional to serde only, so that a misspelt one does not keep `validate` from checking
@@ -68,7 +68,10 @@ impl EncodeImageConfig {
             problems.push(
                 "model",
                 format!("`{}` {}", self.model, crate::io::not_a(Path::new(&self.model), "file")),
-                Some("`model` is a safetensors checkpoint, e.g. torchvision's resnet50 state dict".into()),
+                Some(
+                    "`model` is a checkpoint file (safetensors or `.pth`), e.g. torchvision's resnet50 state dict"
+                        .into(),
+                ),
             );
         }
         let Some(arch) = self.arch else {

@@ -131,6 +131,7 @@ impl Transform for EncodeText {
         let names = [
             "config.json",
             "model.safetensors",
+            "pytorch_model.bin",
             "tokenizer.json",
             "sentence_bert_config.json",
             "1_Pooling/config.json",

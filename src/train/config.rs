@@ -217,13 +217,13 @@ pub struct TextModelConfig {
 
 /// CLIP's towers (`[model.clip]`) from an open_clip model folder, as open_clip's Hugging Face
 /// repositories ship them: `open_clip_config.json` (the sizes), `tokenizer.json` (CLIP's BPE)
-/// and, when `pretrained`, `open_clip_model.safetensors` (OpenAI's layout: `visual.*` and the
-/// text tower; `.bin` files convert with `safetensors.torch.save_file`).
+/// and, when `pretrained`, `open_clip_model.safetensors` or `open_clip_pytorch_model.bin`
+/// (OpenAI's layout: `visual.*` and the text tower).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClipModelConfig {
     pub dir: PathBuf,
-    /// Load `open_clip_model.safetensors`; false: both towers random from `seed`.
+    /// Load the folder's weights; false: both towers random from `seed`.
     #[serde(default = "yes")]
     pub pretrained: bool,
     /// Tokens per caption, start and end of text included; default (and at most): the model's
@@ -884,10 +884,10 @@ impl TrainConfig {
                     );
                 }
             }
-            if text.pretrained && !text_dir.join("model.safetensors").is_file() {
+            if text.pretrained && !crate::models::weights::hf_weights_file(text_dir).is_file() {
                 bad(
                     "model.text.pretrained",
-                    format!("`{}` has no `model.safetensors`", text_dir.display()),
+                    format!("`{}` has no `model.safetensors` (nor `pytorch_model.bin`)", text_dir.display()),
                     "download the checkpoint, or set `pretrained = false` to train from scratch",
                 );
             }
@@ -1213,18 +1213,18 @@ impl TrainConfig {
     fn check_clip(&self, clip: &ClipModelConfig, bad: &mut impl FnMut(&str, String, &str)) {
         use crate::models::clip_text::OpenClipConfig;
         let dir = &clip.dir;
-        let hint = "an open_clip model folder: open_clip_config.json, tokenizer.json, open_clip_model.safetensors";
+        let hint = "an open_clip model folder: open_clip_config.json, tokenizer.json, open_clip_model.safetensors (or \
+                    open_clip_pytorch_model.bin)";
         for file in [OpenClipConfig::FILE, "tokenizer.json"] {
             if !dir.join(file).is_file() {
                 bad("model.clip.dir", format!("`{}` has no `{file}`", dir.display()), hint);
             }
         }
-        if clip.pretrained && !dir.join("open_clip_model.safetensors").is_file() {
+        if clip.pretrained && !crate::models::weights::open_clip_weights_file(dir).is_file() {
             bad(
                 "model.clip.pretrained",
-                format!("`{}` has no `open_clip_model.safetensors`", dir.display()),
-                "convert the checkpoint to safetensors (`safetensors.torch.save_file(state_dict, ...)`), or set \
-                 `pretrained = false` to train from scratch",
+                format!("`{}` has no `open_clip_model.safetensors` (nor `open_clip_pytorch_model.bin`)", dir.display()),
+                "download the checkpoint into the folder, or set `pretrained = false` to train from scratch",
             );
         }
         if self.model.image != ImageModelConfig::default() {

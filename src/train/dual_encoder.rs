@@ -16,7 +16,7 @@
 //! (`encode_text`), its GPO tokens the states after `ln_final`. The heads sit on them as on the
 //! ResNet and BERT towers.
 //!
-//! Towers come from published checkpoints ([`Weights::from_safetensors`]) or from
+//! Towers come from published checkpoints ([`Weights::from_checkpoint`]) or from
 //! [`Weights::random`] (training from scratch); the new heads are always random, seeded.
 //! Exactly one tower of each kind is there: `image` or `image_vit`, `text` or `text_clip`
 //! (optional fields leave the checkpoint paths of the ResNet + BERT runs as they were).
@@ -207,7 +207,7 @@ impl Towers {
     fn clip(clip: &super::config::ClipModelConfig, seed: u64, device: &Device) -> Result<Towers> {
         let oc = clip.open_clip()?;
         let (vit, text) = if clip.pretrained {
-            let w = Weights::from_safetensors(&clip.dir.join("open_clip_model.safetensors"))?;
+            let w = Weights::from_checkpoint(&crate::models::weights::open_clip_weights_file(&clip.dir))?;
             let vit = Vit::from_weights(&oc.vision, &w, device);
             let text = ClipText::from_weights(&oc.text, &w, device);
             // Each tower takes its own tensors; the rest is CLIP's logit scale.
