@@ -162,8 +162,8 @@ pub struct ImageModelConfig {
     /// Overrides the preset's stem width (features: 32 × width).
     #[serde(default)]
     pub width: Option<usize>,
-    /// A torchvision-layout safetensors state dict (e.g. ImageNet or BYOL ResNet-50); absent:
-    /// random initialisation from `seed`.
+    /// A torchvision-layout state dict (safetensors or a PyTorch `.pth`/`.pth.tar`, e.g.
+    /// ImageNet or BYOL ResNet-50); absent: random initialisation from `seed`.
     #[serde(default)]
     pub checkpoint: Option<PathBuf>,
 }
@@ -187,13 +187,13 @@ fn default_image_preset() -> ImagePreset {
 }
 
 /// A BERT-family text tower from a Hugging Face folder: `config.json` + `tokenizer.json`, and
-/// `model.safetensors` when `pretrained`.
+/// `model.safetensors` (or `pytorch_model.bin`) when `pretrained`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TextModelConfig {
     /// The model folder (BERT, MiniLM or DistilBERT layout).
     pub dir: PathBuf,
-    /// Load `model.safetensors` (the paper: `distilbert-base-uncased`); false: random
+    /// Load the folder's weights (the paper: `distilbert-base-uncased`); false: random
     /// initialisation from `seed` with the folder's `config.json` sizes.
     #[serde(default = "yes")]
     pub pretrained: bool,
@@ -912,7 +912,7 @@ impl TrainConfig {
                 bad(
                     "model.image.checkpoint",
                     format!("`{}` {}", ck.display(), crate::io::not_a(ck, "file")),
-                    "a safetensors file",
+                    "a checkpoint file (safetensors or a PyTorch `.pth`)",
                 );
             }
         }
