@@ -16,9 +16,10 @@
 //! - a training checkpoint (`{"epoch": 3, "state_dict": {...}, "optimizer": {...}}`) gives the
 //!   tensors of the string-keyed entry that holds the most (optimizer states are keyed by
 //!   integers and never counted); [`Checkpoint::entry`] says which;
-//! - a pickled module (`torch.save(model)`) or a TorchScript archive gives its parameters and
-//!   buffers under their state-dict names (`_parameters`, `_buffers` and `_modules` are
-//!   transparent);
+//! - a pickled module (`torch.save(model)`) gives what its `state_dict()` would: parameters,
+//!   persistent buffers and those of its submodules (a plain tensor attribute, such as a cached
+//!   attention mask, is not a weight); a TorchScript archive gives what its `state_dict()`
+//!   would, the attributes its `code/` declares as parameters and buffers;
 //! - a `module.` prefix on every name (a `DistributedDataParallel` wrapper) is removed.
 //!
 //! Tensors are gathered in row-major order from any strides and storage offset; a big-endian
@@ -117,9 +118,13 @@ pub fn read(path: &Path) -> Result<Checkpoint> {
 
 /// Parses a checkpoint held in memory.
 pub fn parse(bytes: &[u8]) -> std::result::Result<Checkpoint, String> {
-    let (root, storages, big_endian) =
-        if bytes.starts_with(b"PK\x03\x04") { parse_zip(bytes)? } else { parse_legacy(bytes)? };
-    let (found, entry) = choose(&root);
+    let (root, storages, big_endian, declared) = if bytes.starts_with(b"PK\x03\x04") {
+        parse_zip(bytes)?
+    } else {
+        let (root, storages, big_endian) = parse_legacy(bytes)?;
+        (root, storages, big_endian, Declared::new())
+    };
+    let (found, entry) = Finder { declared }.choose(&root);
     if found.is_empty() {
         return Err("it holds no tensors under string keys (a state dict, or an entry holding one)".into());
     }
@@ -143,7 +148,7 @@ pub fn parse(bytes: &[u8]) -> std::result::Result<Checkpoint, String> {
 /// Storage bytes by key.
 type Storages<'a> = HashMap<String, &'a [u8]>;
 
-fn parse_zip(bytes: &[u8]) -> std::result::Result<(Value, Storages<'_>, bool), String> {
+fn parse_zip(bytes: &[u8]) -> std::result::Result<(Value, Storages<'_>, bool, Declared), String> {
     let entries = zip_entries(bytes)?;
     let pkl = entries
         .keys()
@@ -152,8 +157,15 @@ fn parse_zip(bytes: &[u8]) -> std::result::Result<(Value, Storages<'_>, bool), S
         .ok_or("a zip archive without `NAME/data.pkl`")?
         .clone();
     let prefix = &pkl[..pkl.len() - "data.pkl".len()];
-    let big_endian = match entries.get(&format!("{prefix}byteorder")) {
-        Some(b) => match *b {
+    let stored = |name: &str| -> std::result::Result<Option<&[u8]>, String> {
+        match entries.get(name) {
+            Some(e) if e.method == 0 => Ok(Some(e.data)),
+            Some(_) => Err(format!("`{name}` is compressed, which torch never writes it")),
+            None => Ok(None),
+        }
+    };
+    let big_endian = match stored(&format!("{prefix}byteorder"))? {
+        Some(b) => match b {
             b"little" => false,
             b"big" => true,
             other => return Err(format!("unknown byteorder `{}`", String::from_utf8_lossy(other))),
@@ -161,16 +173,77 @@ fn parse_zip(bytes: &[u8]) -> std::result::Result<(Value, Storages<'_>, bool), S
         None => false,
     };
     let data = format!("{prefix}data/");
-    let storages: Storages =
-        entries.iter().filter_map(|(n, b)| n.strip_prefix(&data).map(|k| (k.to_owned(), *b))).collect();
-    let mut m = Machine::new(entries[&pkl]);
+    let mut storages = Storages::new();
+    for n in entries.keys() {
+        if let Some(k) = n.strip_prefix(&data) {
+            storages.insert(k.to_owned(), stored(n)?.expect("listed"));
+        }
+    }
+    let mut m = Machine::new(stored(&pkl)?.expect("listed"));
     let root = m.run()?;
-    Ok((root, storages, big_endian))
+    Ok((root, storages, big_endian, torchscript_declarations(&entries, prefix)?))
 }
 
-/// The stored (uncompressed) entries of a zip archive by name; torch writes every entry stored,
-/// with ZIP64 records past 4 GiB.
-fn zip_entries(b: &[u8]) -> std::result::Result<BTreeMap<String, &[u8]>, String> {
+/// TorchScript's declarations of which attributes of each class are parameters and buffers
+/// (`__parameters__ = ["weight", "bias", ]` and `__buffers__ = [...]` in the archive's
+/// `code/`), by qualified class name (`__torch__.torch.nn.modules.linear.Linear`). Its
+/// `state_dict()` holds those; other tensor attributes (a cached attention mask) are not
+/// weights. Empty for an archive without `code/` (a `torch.save` file).
+fn torchscript_declarations(
+    entries: &BTreeMap<String, ZipEntry<'_>>,
+    prefix: &str,
+) -> std::result::Result<Declared, String> {
+    let code = format!("{prefix}code/");
+    let mut declared = Declared::new();
+    let mut budget: u64 = 256 << 20; // decompressed code at most, against a zip bomb
+    for (name, e) in entries {
+        let Some(module) = name.strip_prefix(&code).and_then(|m| m.strip_suffix(".py")) else { continue };
+        let text = match e.method {
+            0 => e.data.to_vec(),
+            8 => {
+                let mut out = Vec::new();
+                let mut d = std::io::Read::take(flate2::read::DeflateDecoder::new(e.data), budget + 1);
+                std::io::Read::read_to_end(&mut d, &mut out).map_err(|err| format!("`{name}`: {err}"))?;
+                if out.len() as u64 > budget {
+                    return Err("TorchScript code larger than 256 MiB".into());
+                }
+                budget -= out.len() as u64;
+                out
+            }
+            m => return Err(format!("`{name}`: zip compression method {m}")),
+        };
+        let module = module.replace('/', ".");
+        let mut class: Option<String> = None;
+        for line in String::from_utf8_lossy(&text).lines() {
+            if let Some(rest) = line.strip_prefix("class ") {
+                let n = rest.split(['(', ':']).next().unwrap_or("").trim();
+                class = Some(format!("{module}.{n}"));
+                continue;
+            }
+            let t = line.trim_start();
+            let list = t.strip_prefix("__parameters__ = [").or_else(|| t.strip_prefix("__buffers__ = ["));
+            if let (Some(c), Some(list)) = (&class, list) {
+                let names = declared.entry(c.clone()).or_default();
+                names.extend(list.split('"').skip(1).step_by(2).map(str::to_owned));
+            }
+        }
+    }
+    Ok(declared)
+}
+
+/// Parameter and buffer names by TorchScript class.
+type Declared = HashMap<String, std::collections::HashSet<String>>;
+
+/// One entry of a zip archive: its compression method (0 stored, 8 deflated) and its bytes as
+/// stored.
+struct ZipEntry<'a> {
+    method: u64,
+    data: &'a [u8],
+}
+
+/// The entries of a zip archive by name. torch stores every entry it reads back (`data.pkl`,
+/// the storages), with ZIP64 records past 4 GiB; TorchScript's `code/` is deflated.
+fn zip_entries(b: &[u8]) -> std::result::Result<BTreeMap<String, ZipEntry<'_>>, String> {
     let u16_at = |o: usize| -> std::result::Result<u64, String> {
         b.get(o..o + 2).map(|s| u16::from_le_bytes([s[0], s[1]]) as u64).ok_or_else(|| "truncated zip".to_string())
     };
@@ -231,16 +304,11 @@ fn zip_entries(b: &[u8]) -> std::result::Result<BTreeMap<String, &[u8]>, String>
             return Err(format!("entry `{name}`: no local header"));
         }
         let start = l + 30 + u16_at(l + 26)? as usize + u16_at(l + 28)? as usize;
-        if method != 0 {
-            // torch stores every entry it reads; a compressed one (TorchScript's code) is not a tensor.
-            o += 46 + n + e + c;
-            continue;
-        }
-        let data = b.get(start..start + usize_ as usize).ok_or_else(|| format!("entry `{name}` runs past the end"))?;
-        if csize != usize_ {
+        if method == 0 && csize != usize_ {
             return Err(format!("entry `{name}`: stored, yet its sizes differ"));
         }
-        out.insert(name, data);
+        let data = b.get(start..start + csize as usize).ok_or_else(|| format!("entry `{name}` runs past the end"))?;
+        out.insert(name, ZipEntry { method, data });
         o += 46 + n + e + c;
     }
     Ok(out)
@@ -300,6 +368,17 @@ struct TensorRef {
 
 type Dict = Rc<RefCell<Vec<(Value, Value)>>>;
 
+/// An object a call built: its class (when the callee was a global) and the state `BUILD` gave it.
+#[derive(Debug, Default)]
+struct Obj {
+    class: Option<Rc<(String, String)>>,
+    state: RefCell<Option<Value>>,
+}
+
+fn object(class: Option<&Rc<(String, String)>>) -> Value {
+    Value::Object(Rc::new(Obj { class: class.cloned(), state: RefCell::new(None) }))
+}
+
 #[derive(Debug, Clone)]
 enum Value {
     None,
@@ -317,8 +396,8 @@ enum Value {
     Global(Rc<(String, String)>),
     Storage(Rc<StorageRef>),
     Tensor(Rc<TensorRef>),
-    /// Any other call's result; `BUILD` gives it its state.
-    Object(Rc<RefCell<Option<Value>>>),
+    /// Any other call's result.
+    Object(Rc<Obj>),
 }
 
 fn dict_get(v: &Value, key: &str) -> Option<Value> {
@@ -606,20 +685,24 @@ impl<'a> Machine<'a> {
                     let cls = self.pop()?;
                     let v = match &cls {
                         Value::Global(g) if is_dict_class(g) => Value::Dict(Default::default()),
-                        _ => Value::Object(Default::default()),
+                        Value::Global(g) => object(Some(g)),
+                        _ => object(None),
                     };
                     self.stack.push(v);
                 }
                 0x92 => {
                     let _kwargs = self.pop()?;
                     let _args = self.pop()?;
-                    self.pop()?;
-                    self.stack.push(Value::Object(Default::default()));
+                    let v = match self.pop()? {
+                        Value::Global(g) => object(Some(&g)),
+                        _ => object(None),
+                    };
+                    self.stack.push(v);
                 }
                 b'b' => {
                     let state = self.pop()?;
                     if let Value::Object(o) = self.top()? {
-                        *o.borrow_mut() = Some(state);
+                        *o.state.borrow_mut() = Some(state);
                     }
                 }
                 b'Q' => {
@@ -667,7 +750,7 @@ impl<'a> Machine<'a> {
     }
 
     fn call(&mut self, f: &Value, args: &Value, depth: usize) -> std::result::Result<Value, String> {
-        let Value::Global(g) = f else { return Ok(Value::Object(Default::default())) };
+        let Value::Global(g) = f else { return Ok(object(None)) };
         if depth > 8 {
             return Err("tensor rebuilds nested deeper than torch writes them".into());
         }
@@ -690,6 +773,10 @@ impl<'a> Machine<'a> {
                 }
                 Value::Dict(d)
             }
+            ("builtins" | "__builtin__", "set" | "frozenset") => match args.first() {
+                Some(Value::List(items)) => Value::List(Rc::new(RefCell::new(items.borrow().clone()))),
+                _ => Value::List(Default::default()),
+            },
             ("torch._utils", "_rebuild_tensor" | "_rebuild_tensor_v2") => tensor(args)?,
             ("torch._utils", "_rebuild_parameter" | "_rebuild_parameter_with_state") => {
                 args.first().cloned().ok_or("a parameter without its tensor")?
@@ -701,7 +788,7 @@ impl<'a> Machine<'a> {
             ("torch._utils", other) if other.starts_with("_rebuild") => {
                 return Err(format!("`torch._utils.{other}` (a sparse, quantised or otherwise special tensor)"))
             }
-            _ => Value::Object(Default::default()),
+            _ => object(Some(g)),
         })
     }
 }
@@ -756,99 +843,132 @@ fn tensor(args: &[Value]) -> std::result::Result<Value, String> {
 // ------------------------------------------------------------------------------------------
 // Finding the tensors.
 
-/// The tensors of `root` by name (see the module documentation), and the entry they came from.
-fn choose(root: &Value) -> (Vec<(String, Rc<TensorRef>)>, Option<String>) {
-    let direct = |v: &Value| match v {
-        Value::Dict(d) => d.borrow().iter().any(|(k, v)| matches!(k, Value::Str(_)) && matches!(v, Value::Tensor(_))),
-        _ => false,
-    };
-    let mut node = root.clone();
-    let mut path: Vec<String> = Vec::new();
-    loop {
-        if direct(&node) || matches!(node, Value::Object(_)) {
-            break;
-        }
-        let Value::Dict(d) = &node else { break };
-        // The string-keyed entry holding the most tensors (the first of equals).
-        let best = d
-            .borrow()
-            .iter()
-            .filter_map(|(k, v)| match k {
-                Value::Str(k) => Some((k.to_string(), v.clone(), count(v, 0))),
-                _ => None,
-            })
-            .fold(None::<(String, Value, usize)>, |best, c| match best {
-                Some(b) if b.2 >= c.2 => Some(b),
-                _ if c.2 > 0 => Some(c),
-                b => b,
-            });
-        match best {
-            Some((k, v, _)) => {
-                path.push(k);
-                node = v;
-            }
-            None => break,
-        }
-    }
-    let mut out = Vec::new();
-    collect(&node, "", &mut out, 0);
-    (out, (!path.is_empty()).then(|| path.join(".")))
+/// Finds the tensors of a checkpoint's object under their state-dict names.
+struct Finder {
+    declared: Declared,
 }
 
-/// Module attributes that hold their members without adding to the name.
-const TRANSPARENT: [&str; 3] = ["_parameters", "_buffers", "_modules"];
+impl Finder {
+    /// The tensors of `root` by name (see the module documentation), and the entry they came
+    /// from.
+    fn choose(&self, root: &Value) -> (Vec<(String, Rc<TensorRef>)>, Option<String>) {
+        let direct = |v: &Value| match v {
+            Value::Dict(d) => {
+                d.borrow().iter().any(|(k, v)| matches!(k, Value::Str(_)) && matches!(v, Value::Tensor(_)))
+            }
+            _ => false,
+        };
+        let mut node = root.clone();
+        let mut path: Vec<String> = Vec::new();
+        loop {
+            if direct(&node) || matches!(node, Value::Object(_)) {
+                break;
+            }
+            let Value::Dict(d) = &node else { break };
+            // The string-keyed entry holding the most tensors (the first of equals).
+            let best = d
+                .borrow()
+                .iter()
+                .filter_map(|(k, v)| match k {
+                    Value::Str(k) => Some((k.to_string(), v.clone(), self.count(v, 0))),
+                    _ => None,
+                })
+                .fold(None::<(String, Value, usize)>, |best, c| match best {
+                    Some(b) if b.2 >= c.2 => Some(b),
+                    _ if c.2 > 0 => Some(c),
+                    b => b,
+                });
+            match best {
+                Some((k, v, _)) => {
+                    path.push(k);
+                    node = v;
+                }
+                None => break,
+            }
+        }
+        let mut out = Vec::new();
+        self.collect(&node, "", &mut out, 0);
+        (out, (!path.is_empty()).then(|| path.join(".")))
+    }
 
-fn children(v: &Value) -> Vec<(String, Value)> {
-    let entries = |d: &Dict| -> Vec<(String, Value)> {
-        d.borrow()
-            .iter()
-            .filter_map(|(k, v)| match k {
-                Value::Str(k) => Some((k.to_string(), v.clone())),
-                _ => None,
-            })
-            .collect()
-    };
-    match v {
-        Value::Dict(d) => entries(d),
-        Value::Object(o) => match &*o.borrow() {
-            Some(Value::Dict(d)) => entries(d),
+    /// The named members of `v` that may hold tensors: a dict's string-keyed entries; a
+    /// module's parameters, persistent buffers and submodules (`torch.save(model)`, as its
+    /// `state_dict()` lists them); a TorchScript object's declared parameters and buffers and
+    /// its other attributes (submodules); any other object's state.
+    fn children(&self, v: &Value) -> Vec<(String, Value)> {
+        let entries = |d: &Dict| -> Vec<(String, Value)> {
+            d.borrow()
+                .iter()
+                .filter_map(|(k, v)| match k {
+                    Value::Str(k) => Some((k.to_string(), v.clone())),
+                    _ => None,
+                })
+                .collect()
+        };
+        let o = match v {
+            Value::Dict(d) => return entries(d),
+            Value::Object(o) => o,
+            _ => return Vec::new(),
+        };
+        let d = match &*o.state.borrow() {
+            Some(Value::Dict(d)) => d.clone(),
             // `(state, slots)` from `__reduce_ex__`.
             Some(Value::Tuple(t)) => match t.first() {
-                Some(Value::Dict(d)) => entries(d),
-                _ => Vec::new(),
+                Some(Value::Dict(d)) => d.clone(),
+                _ => return Vec::new(),
             },
-            _ => Vec::new(),
-        },
-        _ => Vec::new(),
-    }
-}
-
-fn count(v: &Value, depth: usize) -> usize {
-    if depth > 64 {
-        return 0;
-    }
-    match v {
-        Value::Tensor(_) => 1,
-        _ => children(v).iter().map(|(_, c)| count(c, depth + 1)).sum(),
-    }
-}
-
-fn collect(v: &Value, prefix: &str, out: &mut Vec<(String, Rc<TensorRef>)>, depth: usize) {
-    if depth > 64 {
-        return;
-    }
-    for (k, c) in children(v) {
-        let name = if TRANSPARENT.contains(&k.as_str()) && matches!(v, Value::Object(_)) {
-            prefix.to_owned()
-        } else if prefix.is_empty() {
-            k
-        } else {
-            format!("{prefix}.{k}")
+            _ => return Vec::new(),
         };
-        match &c {
-            Value::Tensor(t) => out.push((name, t.clone())),
-            Value::Dict(_) | Value::Object(_) => collect(&c, &name, out, depth + 1),
-            _ => {}
+        let attrs = entries(&d);
+        let class = o.class.as_ref().map(|g| format!("{}.{}", g.0, g.1));
+        if let Some(names) = class.and_then(|c| self.declared.get(&c)) {
+            return attrs.into_iter().filter(|(k, v)| !matches!(v, Value::Tensor(_)) || names.contains(k)).collect();
+        }
+        let get = |key: &str| attrs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+        let Some(params) = get("_parameters") else { return attrs };
+        // An eager `nn.Module`.
+        let non_persistent: Vec<String> = match get("_non_persistent_buffers_set") {
+            Some(Value::List(l)) => l
+                .borrow()
+                .iter()
+                .filter_map(|v| match v {
+                    Value::Str(s) => Some(s.to_string()),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let mut out = self.children(&params);
+        if let Some(buffers) = get("_buffers") {
+            out.extend(self.children(&buffers).into_iter().filter(|(k, _)| !non_persistent.contains(k)));
+        }
+        if let Some(modules) = get("_modules") {
+            out.extend(self.children(&modules));
+        }
+        out
+    }
+
+    fn count(&self, v: &Value, depth: usize) -> usize {
+        if depth > 64 {
+            return 0;
+        }
+        match v {
+            Value::Tensor(_) => 1,
+            _ => self.children(v).iter().map(|(_, c)| self.count(c, depth + 1)).sum(),
+        }
+    }
+
+    fn collect(&self, v: &Value, prefix: &str, out: &mut Vec<(String, Rc<TensorRef>)>, depth: usize) {
+        if depth > 64 {
+            return;
+        }
+        for (k, c) in self.children(v) {
+            let name = if prefix.is_empty() { k } else { format!("{prefix}.{k}") };
+            match &c {
+                Value::Tensor(t) => out.push((name, t.clone())),
+                Value::Dict(_) | Value::Object(_) => self.collect(&c, &name, out, depth + 1),
+                _ => {}
+            }
         }
     }
 }
