@@ -91,6 +91,39 @@ fn tiny_bert_matches_transformers_on_every_backend() {
 }
 
 #[test]
+fn tiny_roberta_matches_transformers() {
+    // Python (make_roberta_fixtures.py): RobertaForMaskedLM(...).roberta(ids, mask)
+    // .last_hidden_state, pooled as for BERT; byte-level BPE ids, positions from pad_token_id + 1.
+    let e: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("tiny_roberta_expected.json")).unwrap()).unwrap();
+    let captions: Vec<&str> = e["captions"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    let dir = fixtures().join("tiny_roberta");
+    let flat = |v: &serde_json::Value| -> Vec<i64> {
+        v.as_array().unwrap().iter().flat_map(|r| r.as_array().unwrap().iter().map(|x| x.as_i64().unwrap())).collect()
+    };
+    for (name, device) in common::test_devices() {
+        for (pooling, normalize, key) in
+            [(Pooling::Mean, false, "mean"), (Pooling::Cls, false, "cls"), (Pooling::Mean, true, "mean_normalized")]
+        {
+            let enc = TextEncoder::load(&dir, Some(pooling), Some(normalize), &device).unwrap();
+            let (ids, mask, _) = enc.tokenize(&captions).unwrap();
+            assert_eq!((ids, mask), (flat(&e["ids"]), flat(&e["mask"])), "<s> ... </s>, padded with <pad> = 1");
+            assert_close(
+                &enc.encode(&captions).unwrap(),
+                &rows(&e[key]),
+                common::tolerance(name, 1e-5),
+                &format!("{name} roberta {key}"),
+            );
+        }
+    }
+    // Its 18 positions less the 2 it reserves: 16 tokens at most.
+    let enc = TextEncoder::load(&dir, None, None, &Device::flex()).unwrap();
+    assert_eq!(enc.max_tokens(), 16);
+    let long = "word ".repeat(100);
+    assert_eq!(enc.tokenize(&[long.as_str()]).unwrap().2, [1, 16]);
+}
+
+#[test]
 fn tiny_distilbert_matches_transformers() {
     // Python: DistilBertModel(...)(ids, mask).last_hidden_state, pooled as for BERT.
     let e = expected();

@@ -1,7 +1,10 @@
 //! BERT-family text encoders: BERT and MiniLM in the Hugging Face `BertModel` layout (e.g.
-//! all-MiniLM-L6-v2, the Sentence-BERT text teacher of CUSA, spec `cusa-and-pcmepp.md` §1), and
-//! DistilBERT (`DistilBertModel` layout: same computation, other tensor names, no token-type
-//! embeddings; the best text init of "A Fistful of Words", spec `bow-and-otter.md` §4). Post-LayerNorm transformer: embeddings (word + absolute position + token type) →
+//! all-MiniLM-L6-v2, the Sentence-BERT text teacher of CUSA, spec `cusa-and-pcmepp.md` §1;
+//! DeCLUTR-sci-base, a SciBERT), DistilBERT (`DistilBertModel` layout: same computation, other
+//! tensor names, no token-type embeddings; the best text init of "A Fistful of Words", spec
+//! `bow-and-otter.md` §4) and RoBERTa (`RobertaModel`: BERT's computation and names under
+//! `roberta.`, one token type, and positions counted from `pad_token_id + 1` as fairseq does;
+//! the `roberta-base` init of the paper's Tables 2, 9 and 10). Post-LayerNorm transformer: embeddings (word + absolute position + token type) →
 //! LayerNorm → N × [self-attention → add & LayerNorm → GELU MLP → add & LayerNorm]. Pooling
 //! (mean over the attention mask, or the `[CLS]` token) and L2 normalisation are in
 //! [`super::pooling`].
@@ -57,6 +60,9 @@ pub struct BertConfig {
     /// Dropout on the attention probabilities, in training.
     #[serde(default = "default_dropout", alias = "attention_dropout")]
     pub attention_probs_dropout_prob: f64,
+    /// RoBERTa's positions start past it (transformers' `padding_idx`).
+    #[serde(default)]
+    pub pad_token_id: Option<usize>,
 }
 
 fn default_model_type() -> String {
@@ -85,10 +91,21 @@ impl BertConfig {
             message: format!("`{}` is not a BERT config: {e}", path.display()),
             hint: Some("expected a Hugging Face config.json of a BERT/MiniLM model".into()),
         })?;
-        if !matches!(c.model_type.as_str(), "bert" | "distilbert") {
+        if !matches!(c.model_type.as_str(), "bert" | "distilbert" | "roberta") {
             return Err(Error::Model {
                 message: format!("`{}`: model_type `{}` is not a BERT-family model", path.display(), c.model_type),
-                hint: Some("supported here: `bert` (BERT, MiniLM) and `distilbert`".into()),
+                hint: Some("supported here: `bert` (BERT, MiniLM), `distilbert` and `roberta`".into()),
+            });
+        }
+        if c.max_tokens() == 0 {
+            return Err(Error::Model {
+                message: format!(
+                    "`{}`: max_position_embeddings {} leaves no position past pad_token_id {}",
+                    path.display(),
+                    c.max_position_embeddings,
+                    c.pad_token_id.unwrap_or(1)
+                ),
+                hint: None,
             });
         }
         if c.hidden_act != "gelu" || c.position_embedding_type != "absolute" {
@@ -121,6 +138,21 @@ impl BertConfig {
         }
         Ok(c)
     }
+
+    /// The first position a token takes: 0, or RoBERTa's `pad_token_id + 1` (transformers'
+    /// `create_position_ids_from_input_ids`: `padding_idx + cumsum(ids != padding_idx)`).
+    pub fn position_offset(&self) -> usize {
+        if self.model_type == "roberta" {
+            self.pad_token_id.unwrap_or(1) + 1
+        } else {
+            0
+        }
+    }
+
+    /// The longest token sequence the model has positions for.
+    pub fn max_tokens(&self) -> usize {
+        self.max_position_embeddings.saturating_sub(self.position_offset())
+    }
 }
 
 #[derive(Module, Debug)]
@@ -145,8 +177,9 @@ pub struct Bert {
     layers: Vec<BertLayer>,
     #[module(skip)]
     heads: usize,
+    /// Index of the first token's position embedding (RoBERTa: `pad_token_id + 1`).
     #[module(skip)]
-    max_positions: usize,
+    position_offset: usize,
     /// Hidden and attention-probability dropout rates, applied on an autodiff device only
     /// (training: the trainee and the EMA teacher, which the reference runs in train mode).
     #[module(skip)]
@@ -197,6 +230,8 @@ const BERT_NAMES: Names = Names {
     token_types: true,
 };
 
+const ROBERTA_NAMES: Names = Names { task_prefix: "roberta.", ..BERT_NAMES };
+
 const DISTILBERT_NAMES: Names = Names {
     task_prefix: "distilbert.",
     layers: "transformer.layer",
@@ -217,10 +252,14 @@ impl Bert {
         &self.layers
     }
 
-    /// Builds the model from checkpoint tensors (BERT/MiniLM or DistilBERT names, by
+    /// Builds the model from checkpoint tensors (BERT/MiniLM, DistilBERT or RoBERTa names, by
     /// `model_type`); call [`Weights::finish`] afterwards.
     pub fn from_weights(c: &BertConfig, w: &Weights, device: &Device) -> Bert {
-        let n = if c.model_type == "distilbert" { &DISTILBERT_NAMES } else { &BERT_NAMES };
+        let n = match c.model_type.as_str() {
+            "distilbert" => &DISTILBERT_NAMES,
+            "roberta" => &ROBERTA_NAMES,
+            _ => &BERT_NAMES,
+        };
         let p =
             if w.contains(&format!("{}embeddings.word_embeddings.weight", n.task_prefix)) { n.task_prefix } else { "" };
         let (h, eps) = (c.hidden_size, c.layer_norm_eps);
@@ -249,7 +288,7 @@ impl Bert {
             embeddings_norm: w.layer_norm(&e("LayerNorm"), h, eps, device),
             layers,
             heads: c.num_attention_heads,
-            max_positions: c.max_position_embeddings,
+            position_offset: c.position_offset(),
             dropout: (c.hidden_dropout_prob, c.attention_probs_dropout_prob),
             attention_output_dropout: c.model_type != "distilbert",
         }
@@ -267,8 +306,17 @@ impl Bert {
     }
 
     /// Checkpoint tensors this encoder leaves out on purpose (task heads, the pooler).
-    pub const IGNORED: [&'static str; 7] =
-        ["pooler.", "bert.pooler.", "cls.", "vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "qa_outputs."];
+    pub const IGNORED: [&'static str; 9] = [
+        "pooler.",
+        "bert.pooler.",
+        "roberta.pooler.",
+        "cls.",
+        "lm_head.",
+        "vocab_transform.",
+        "vocab_layer_norm.",
+        "vocab_projector.",
+        "qa_outputs.",
+    ];
 
     /// Loads `config.json` + `model.safetensors` (or `pytorch_model.bin`) from a Hugging Face
     /// model folder.
@@ -283,14 +331,19 @@ impl Bert {
     /// Token states of the last layer.
     ///
     /// # Shapes
-    /// - `ids`, `mask`: `[batch, seq]` (mask 1 for real tokens, 0 for padding; token type 0)
+    /// - `ids`, `mask`: `[batch, seq]` (mask 1 for real tokens, 0 for padding, which comes last;
+    ///   token type 0)
     /// - output: `[batch, seq, hidden]`
+    ///
+    /// Token `j` takes position `offset + j`. For RoBERTa transformers gives padding the
+    /// position `pad_token_id` instead; padding is masked out of every token's attention, so
+    /// no real token's state can tell.
     pub fn forward(&self, ids: Tensor<2, Int>, mask: Tensor<2, Int>) -> Tensor<3> {
         let [b, s] = ids.dims();
         let word = self.word_embeddings.val();
         let hidden = word.dims()[1];
         let tokens = word.select(0, ids.reshape([b * s])).reshape([b, s, hidden]);
-        let positions = self.position_embeddings.val().narrow(0, 0, s).unsqueeze_dim::<3>(0);
+        let positions = self.position_embeddings.val().narrow(0, self.position_offset, s).unsqueeze_dim::<3>(0);
         let mut x = tokens + positions;
         if let Some(tt) = &self.token_type_embeddings {
             x = x + tt.val().narrow(0, 0, 1).unsqueeze_dim::<3>(0);

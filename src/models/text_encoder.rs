@@ -61,9 +61,9 @@ impl TextEncoder {
                 let max = m.max_tokens();
                 (TextModel::MpNet(m), c.hidden_size, max, c.vocab_size)
             }
-            None | Some("bert" | "distilbert") => {
+            None | Some("bert" | "distilbert" | "roberta") => {
                 let (m, c) = Bert::load(dir, device)?;
-                (TextModel::Bert(m), c.hidden_size, c.max_position_embeddings, c.vocab_size)
+                (TextModel::Bert(m), c.hidden_size, c.max_tokens(), c.vocab_size)
             }
             Some(other) => {
                 return Err(Error::Model {
@@ -71,14 +71,19 @@ impl TextEncoder {
                         "`{}`: model_type `{other}` is not a supported text encoder",
                         config_path.display()
                     ),
-                    hint: Some("supported: `bert` (BERT, MiniLM), `distilbert`, `mpnet`".into()),
+                    hint: Some("supported: `bert` (BERT, MiniLM), `distilbert`, `roberta`, `mpnet`".into()),
                 })
             }
         };
         let tok_path = dir.join("tokenizer.json");
         let mut tokenizer = Tokenizer::from_file(&tok_path)
             .map_err(|e| model_err(format!("cannot load tokenizer `{}`: {e}", tok_path.display())))?;
-        let max_tokens = max_length(dir, &tokenizer, model_max, model_type.as_deref() == Some("mpnet"))?;
+        let model_key = match model_type.as_deref() {
+            Some("mpnet") => "`max_position_embeddings` less 2",
+            Some("roberta") => "`max_position_embeddings` less `pad_token_id` + 1",
+            _ => "`max_position_embeddings`",
+        };
+        let max_tokens = max_length(dir, &tokenizer, model_max, model_key)?;
         tokenizer
             .with_truncation(Some(TruncationParams { max_length: max_tokens, ..Default::default() }))
             .map_err(|e| model_err(format!("tokenizer truncation: {e}")))?;
@@ -192,15 +197,15 @@ impl TextEncoder {
 }
 
 /// The truncation length: sentence-transformers' `max_seq_length` (`sentence_bert_config.json`)
-/// when the folder has one, else the model's own limit (`model_max`: BERT's
-/// `max_position_embeddings`, MPNet's less its 2 reserved positions). It must leave room for at
+/// when the folder has one, else the model's own limit (`model_max`, named by `model_key`:
+/// BERT's `max_position_embeddings`, MPNet's and RoBERTa's less the positions they reserve). It
+/// must leave room for at
 /// least one text token beside the special tokens the tokenizer adds (`[CLS]`, `[SEP]`): the
 /// `tokenizers` crate computes `max_length - special tokens` unchecked, so a smaller length wraps,
 /// no caption is truncated and a long one runs past the position table (a panic mid-run). A
 /// `max_seq_length` past the model's limit is cut to it.
-fn max_length(dir: &Path, tokenizer: &Tokenizer, model_max: usize, mpnet: bool) -> Result<usize> {
+fn max_length(dir: &Path, tokenizer: &Tokenizer, model_max: usize, model_key: &str) -> Result<usize> {
     let specials = tokenizer.get_post_processor().map_or(0, |p| p.added_tokens(false));
-    let model_key = if mpnet { "`max_position_embeddings` less 2" } else { "`max_position_embeddings`" };
     let config_path = dir.join("config.json");
     let st_path = dir.join("sentence_bert_config.json");
     let st_max = match read_st_json(&st_path)?.map(|v| v["max_seq_length"].clone()) {

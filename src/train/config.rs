@@ -1189,10 +1189,9 @@ impl TrainConfig {
         }
         let Some(text) = &m.text else { return };
         // Longer token sequences than the text model has positions for cannot be embedded.
-        let positions = std::fs::read_to_string(text.dir.join("config.json"))
+        let positions = crate::models::bert::BertConfig::from_file(&text.dir.join("config.json"))
             .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|c| c["max_position_embeddings"].as_u64());
+            .map(|c| c.max_tokens() as u64);
         // The start and end tokens take 2: at 2, every caption would be `[CLS] [SEP]`.
         if let Some(p) = text.dropout.filter(|p| !(0.0..1.0).contains(p)) {
             bad("model.text.dropout", format!("{p} is not a dropout rate"), "a rate in [0, 1), e.g. 0.1; 0 for none");
