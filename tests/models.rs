@@ -124,6 +124,33 @@ fn tiny_roberta_matches_transformers() {
 }
 
 #[test]
+fn a_bert_folder_with_only_vocab_txt_tokenizes_as_transformers() {
+    // make_vocab_txt_fixture.py: BertTokenizerFast's conversion of the folders (and the slow
+    // BertTokenizer, which agrees) on captions that reach every step: control characters,
+    // accents, Chinese characters, punctuation, special tokens in the text, a 120-letter word.
+    let e: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("vocab_txt_expected.json")).unwrap()).unwrap();
+    let captions: Vec<&str> = e["captions"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    for folder in ["vocab_txt_bert", "vocab_txt_bert_cased"] {
+        let dir = fixtures().join(folder);
+        let (tok, from) = curate::models::text_encoder::load_tokenizer_file(&dir).unwrap();
+        assert_eq!(from, dir.join("vocab.txt"));
+        let want: Vec<Vec<u32>> = e[folder]["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect())
+            .collect();
+        assert_eq!(e[folder]["ids"], e[folder]["slow_ids"], "the fixture's two references agree");
+        for (c, w) in captions.iter().zip(&want) {
+            assert_eq!(tok.encode(*c, true).unwrap().get_ids(), &w[..], "{folder}: {c:?}");
+        }
+    }
+    // Cased and uncased differ where the text has capitals.
+    assert_ne!(e["vocab_txt_bert"]["ids"][1], e["vocab_txt_bert_cased"]["ids"][1]);
+}
+
+#[test]
 fn tiny_distilbert_matches_transformers() {
     // Python: DistilBertModel(...)(ids, mask).last_hidden_state, pooled as for BERT.
     let e = expected();

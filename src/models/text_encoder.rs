@@ -1,5 +1,6 @@
-//! A sentence encoder: `tokenizer.json` (the `tokenizers` crate) + a transformer (BERT family,
-//! or MPNet for `"model_type": "mpnet"` in `config.json`) + pooling (+ normalisation), loaded
+//! A sentence encoder: `tokenizer.json` (the `tokenizers` crate; or an older BERT folder's
+//! `vocab.txt`) + a transformer (BERT family, or MPNet for `"model_type": "mpnet"` in
+//! `config.json`) + pooling (+ normalisation), loaded
 //! from a Hugging Face / sentence-transformers model folder. Truncation to the model's maximum
 //! length (sentence-transformers' `max_seq_length` when the folder has
 //! `sentence_bert_config.json`), padding to the longest caption of each batch with the model's
@@ -47,6 +48,87 @@ fn model_err(message: String) -> Error {
     Error::Model { message, hint: None }
 }
 
+/// The tokenizer of a model folder and the file it came from: `tokenizer.json`, else, for a
+/// BERT-family folder published before that file existed (DeCLUTR-sci-base among them), the
+/// WordPiece tokenizer its `vocab.txt` and `tokenizer_config.json` define ([`bert_from_vocab`]).
+pub fn load_tokenizer_file(dir: &Path) -> Result<(Tokenizer, std::path::PathBuf)> {
+    let json = dir.join("tokenizer.json");
+    let vocab = dir.join("vocab.txt");
+    if !json.is_file() && vocab.is_file() {
+        return Ok((bert_from_vocab(dir)?, vocab));
+    }
+    let tok = Tokenizer::from_file(&json)
+        .map_err(|e| model_err(format!("cannot load tokenizer `{}`: {e}", json.display())))?;
+    Ok((tok, json))
+}
+
+/// Whether `dir` has a tokenizer curate can load (`tokenizer.json`, or a BERT `vocab.txt`).
+pub fn has_tokenizer(dir: &Path) -> bool {
+    dir.join("tokenizer.json").is_file() || dir.join("vocab.txt").is_file()
+}
+
+/// A BERT WordPiece tokenizer from `vocab.txt`, as transformers converts its `BertTokenizer` to
+/// the fast one (`convert_slow_tokenizer.BertConverter`): `BertNormalizer` (text cleaned,
+/// Chinese characters split, lower-cased and accents stripped per `tokenizer_config.json`'s
+/// `do_lower_case` (default true), `strip_accents`, `tokenize_chinese_chars`), `BertPreTokenizer`,
+/// WordPiece with `##` continuations over words of at most 100 characters, `[CLS] $A [SEP]`,
+/// and the special tokens matched before normalisation. Checked against transformers'
+/// tokenizers in `tests/fixtures/models/make_vocab_txt_fixture.py`.
+pub fn bert_from_vocab(dir: &Path) -> Result<Tokenizer> {
+    use tokenizers::models::wordpiece::WordPiece;
+    use tokenizers::normalizers::bert::BertNormalizer;
+    use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
+    use tokenizers::processors::bert::BertProcessing;
+    use tokenizers::AddedToken;
+
+    let config_path = dir.join("tokenizer_config.json");
+    let config = read_st_json(&config_path)?.unwrap_or(serde_json::Value::Null);
+    let flag = |key: &str| config[key].as_bool();
+    // A special token is a string, or (newer files) an AddedToken object with its `content`.
+    let special = |key: &str, default: &str| -> String {
+        let v = &config[key];
+        v.as_str().or_else(|| v["content"].as_str()).unwrap_or(default).to_owned()
+    };
+    let (unk, cls, sep, pad, mask) = (
+        special("unk_token", "[UNK]"),
+        special("cls_token", "[CLS]"),
+        special("sep_token", "[SEP]"),
+        special("pad_token", "[PAD]"),
+        special("mask_token", "[MASK]"),
+    );
+    let vocab = dir.join("vocab.txt");
+    let model = WordPiece::from_file(&vocab.to_string_lossy())
+        .unk_token(unk.clone())
+        .max_input_chars_per_word(100)
+        .build()
+        .map_err(|e| model_err(format!("cannot read `{}`: {e}", vocab.display())))?;
+    let mut tok = Tokenizer::new(model);
+    let lower = flag("do_lower_case").unwrap_or(true);
+    tok.with_normalizer(Some(BertNormalizer::new(
+        true,
+        flag("tokenize_chinese_chars").unwrap_or(true),
+        flag("strip_accents"),
+        lower,
+    )));
+    tok.with_pre_tokenizer(Some(BertPreTokenizer));
+    let id = |t: &str| {
+        tok.token_to_id(t).ok_or_else(|| Error::Model {
+            message: format!("`{}` has no `{t}`, which a BERT tokenizer puts around every text", vocab.display()),
+            hint: Some("the special tokens are named in tokenizer_config.json (`cls_token`, `sep_token`)".into()),
+        })
+    };
+    let (cls_id, sep_id) = (id(&cls)?, id(&sep)?);
+    tok.with_post_processor(Some(BertProcessing::new((sep.clone(), sep_id), (cls.clone(), cls_id))));
+    tok.with_decoder(Some(tokenizers::decoders::wordpiece::WordPiece::default()));
+    let specials: Vec<AddedToken> = [unk, sep, pad, cls, mask]
+        .into_iter()
+        .filter(|t| tok.token_to_id(t).is_some())
+        .map(|t| AddedToken::from(t, true))
+        .collect();
+    tok.add_special_tokens(&specials);
+    Ok(tok)
+}
+
 impl TextEncoder {
     /// Loads a model folder. `pooling`/`normalize` of `None` follow the folder's
     /// sentence-transformers files (`1_Pooling/config.json`, a `Normalize` module in
@@ -75,9 +157,7 @@ impl TextEncoder {
                 })
             }
         };
-        let tok_path = dir.join("tokenizer.json");
-        let mut tokenizer = Tokenizer::from_file(&tok_path)
-            .map_err(|e| model_err(format!("cannot load tokenizer `{}`: {e}", tok_path.display())))?;
+        let (mut tokenizer, tok_path) = load_tokenizer_file(dir)?;
         let model_key = match model_type.as_deref() {
             Some("mpnet") => "`max_position_embeddings` less 2",
             Some("roberta") => "`max_position_embeddings` less `pad_token_id` + 1",

@@ -133,6 +133,8 @@ impl Transform for EncodeText {
             "model.safetensors",
             "pytorch_model.bin",
             "tokenizer.json",
+            "vocab.txt",
+            "tokenizer_config.json",
             "sentence_bert_config.json",
             "1_Pooling/config.json",
             "modules.json",

@@ -876,7 +876,12 @@ impl TrainConfig {
         if let Some(text) = &self.model.text {
             let text_dir = &text.dir;
             for file in ["config.json", "tokenizer.json"] {
-                if !text_dir.join(file).is_file() {
+                let there = if file == "tokenizer.json" {
+                    crate::models::text_encoder::has_tokenizer(text_dir)
+                } else {
+                    text_dir.join(file).is_file()
+                };
+                if !there {
                     bad(
                         "model.text.dir",
                         format!("`{}` has no `{file}`", text_dir.display()),

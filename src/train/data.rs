@@ -513,10 +513,8 @@ impl TrainSet {
 /// The tokenizer of a model folder, truncating at `max_tokens` and padding to the longest text
 /// of each batch with the model's `pad_token_id`.
 pub fn load_tokenizer(dir: &Path, max_tokens: usize) -> Result<Tokenizer> {
-    let path = dir.join("tokenizer.json");
     let model_err = |m: String| Error::Model { message: m, hint: None };
-    let mut tok = Tokenizer::from_file(&path)
-        .map_err(|e| model_err(format!("cannot load tokenizer `{}`: {e}", path.display())))?;
+    let (mut tok, path) = crate::models::text_encoder::load_tokenizer_file(dir)?;
     tok.with_truncation(Some(TruncationParams { max_length: max_tokens, ..Default::default() }))
         .map_err(|e| model_err(format!("tokenizer truncation: {e}")))?;
     let config_path = dir.join("config.json");

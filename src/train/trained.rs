@@ -144,7 +144,10 @@ impl TrainedRun {
     pub fn files(&self) -> Vec<std::path::PathBuf> {
         let mut files = crate::io::model_files(&self.dir, &["config.json", "model.bpk"]);
         let dir = self.config.model.tokenizer_dir();
-        files.extend(crate::io::model_files(dir, &["tokenizer.json", "config.json", "open_clip_config.json"]));
+        files.extend(crate::io::model_files(
+            dir,
+            &["tokenizer.json", "vocab.txt", "tokenizer_config.json", "config.json", "open_clip_config.json"],
+        ));
         files
     }
 
