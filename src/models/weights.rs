@@ -29,6 +29,28 @@ use burn::tensor::{Device, Tensor, TensorData};
 use crate::error::{Error, Result};
 use crate::models::torch_checkpoint;
 
+/// The error for a checkpoint that is not there, naming a sharded checkpoint beside it (an
+/// `*.index.json` of several files), which curate does not read.
+fn not_found(path: &Path) -> Error {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let index =
+        ["model.safetensors.index.json", "pytorch_model.bin.index.json"].into_iter().find(|f| dir.join(f).is_file());
+    match index {
+        Some(index) => Error::Model {
+            message: format!("`{}` does not exist; the folder holds a sharded checkpoint (`{index}`)", path.display()),
+            hint: Some(
+                "curate reads one weights file: merge the shards (`model.save_pretrained(dir, max_shard_size=\"100GB\")`)"
+                    .into(),
+            ),
+        },
+        None => Error::io(
+            "cannot read checkpoint",
+            path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory"),
+        ),
+    }
+}
+
 /// The weights file of a Hugging Face model folder: `model.safetensors`, else
 /// `pytorch_model.bin` (older models ship only that, DeCLUTR among them); `model.safetensors`
 /// when neither is there, for the error to name.
@@ -126,15 +148,28 @@ impl Weights {
     /// Reads a checkpoint file of either kind curate knows, told apart by its first bytes: a
     /// PyTorch `torch.save` file (zip or legacy: [`torch_checkpoint`]) or safetensors.
     pub fn from_checkpoint(path: &Path) -> Result<Weights> {
-        let mut head = [0u8; 8];
-        let n = std::fs::File::open(path)
-            .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
-            .map_err(|e| Error::io("cannot read checkpoint", path, e))?;
-        if torch_checkpoint::looks_like_torch(&head[..n]) {
-            Self::from_torch(path)
-        } else {
-            Self::from_safetensors(path)
+        let mut head = Vec::with_capacity(64);
+        std::fs::File::open(path)
+            .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, 64), &mut head))
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => not_found(path),
+                _ => Error::io("cannot read checkpoint", path, e),
+            })?;
+        if torch_checkpoint::looks_like_torch(&head) {
+            return Self::from_torch(path);
         }
+        let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+        let not_weights = |what: &str, hint: &str| Error::Model {
+            message: format!("`{}` is {what}, not model weights", path.display()),
+            hint: Some(hint.into()),
+        };
+        if text.starts_with("version https://git-lfs") {
+            return Err(not_weights("a Git LFS pointer", "fetch the file itself: `git lfs pull` in its repository"));
+        }
+        if text.trim_start().starts_with("<!doctype html") || text.trim_start().starts_with("<html") {
+            return Err(not_weights("an HTML page (a failed download?)", "download the file again"));
+        }
+        Self::from_safetensors(path)
     }
 
     /// Reads every floating-point tensor of a safetensors file (F64, F32, F16, BF16 → f32: a
@@ -173,7 +208,12 @@ impl Weights {
         for (name, t) in c.tensors {
             use safetensors::Dtype as D;
             use torch_checkpoint::TorchDtype as T;
-            let dtype = match t.dtype {
+            let Some(dtype) = t.dtype else {
+                // A type curate does not read: an error only if a model asks for it.
+                w.other_dtypes.insert(name, (t.type_name, t.shape));
+                continue;
+            };
+            let dtype = match dtype {
                 T::F64 => D::F64,
                 T::F32 => D::F32,
                 T::F16 => D::F16,
@@ -515,7 +555,8 @@ impl Weights {
         }
         if missing.count + misshaped.count + unexpected.count > 0 {
             hint.push(
-                "check that config.json describes this checkpoint (architecture, sizes) and that the file is complete",
+                "check that the model's settings (`arch`, or config.json's sizes) describe this checkpoint and that the \
+                 file is complete",
             );
         }
         Err(Error::Model { message, hint: Some(hint.join("; ")) })
@@ -580,6 +621,11 @@ mod tests {
         assert_eq!(w.tensors["f64"].data, [0.1f64 as f32, -1e-3f64 as f32]);
         assert_eq!(w.other_dtypes["num_batches_tracked"], ("I64".to_string(), vec![]));
         assert_eq!(w.other_dtypes["mask"], ("BOOL".to_string(), vec![3]));
+        // A type curate does not read is set aside with its name, as integer buffers are.
+        let w = Weights::from_checkpoint(&dir.join("torch/odd_types.pt")).unwrap();
+        assert_eq!(w.tensors["w"].shape, [2, 2]);
+        assert_eq!(w.other_dtypes["u16"], ("uint16".to_string(), vec![3]));
+        assert!(w.other_dtypes["expanded"].0.contains("expanded"), "{:?}", w.other_dtypes["expanded"]);
         // The source names the entry a training checkpoint's tensors came from.
         let w = Weights::from_checkpoint(&dir.join("torch/train_checkpoint.pth.tar")).unwrap();
         assert!(w.source.ends_with("(its `state_dict`, `module.` removed)"), "{}", w.source);
