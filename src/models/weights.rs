@@ -636,6 +636,16 @@ mod tests {
         std::fs::write(&path, b"not a checkpoint at all").unwrap();
         let e = Weights::from_checkpoint(&path).err().unwrap().to_string();
         assert!(e.contains("neither a safetensors file nor a PyTorch checkpoint"), "{e}");
+        // Common mistakes are named.
+        std::fs::write(&path, b"version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 1\n").unwrap();
+        let e = Weights::from_checkpoint(&path).err().unwrap().to_string();
+        assert!(e.contains("is a Git LFS pointer"), "{e}");
+        std::fs::write(&path, b"\n<!DOCTYPE html><html><body>Not found</body></html>").unwrap();
+        let e = Weights::from_checkpoint(&path).err().unwrap().to_string();
+        assert!(e.contains("is an HTML page"), "{e}");
+        std::fs::write(junk.path().join("pytorch_model.bin.index.json"), b"{}").unwrap();
+        let e = Weights::from_checkpoint(&hf_weights_file(junk.path())).err().unwrap().to_string();
+        assert!(e.contains("sharded checkpoint (`pytorch_model.bin.index.json`)"), "{e}");
     }
 
     #[test]
