@@ -407,6 +407,66 @@ fn resnet50_has_torchvisions_exact_layout() {
 }
 
 #[test]
+fn basic_block_and_wide_resnets_match_torchvision() {
+    // Python (make_resnet_variant_fixtures.py): torchvision ResNet(BasicBlock, [1, 1, 1, 1]) with
+    // stem width 8, and ResNet(Bottleneck, [1, 1, 1, 1], width_per_group=128) with stem width 4,
+    // eval mode, pooled features; both lowerings.
+    use burn::tensor::{Tensor, TensorData};
+    use curate::models::resnet::{BlockKind, ConvLowering, ResNet, ResNetConfig};
+    let e: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("tiny_resnet_variants_expected.json")).unwrap())
+            .unwrap();
+    let shape: Vec<usize> = e["input_shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+    let input: Vec<f32> = e["input"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+    let basic = ResNetConfig { block: BlockKind::Basic, ..ResNetConfig::tiny() };
+    let wide = ResNetConfig { width: 4, width_per_group: 128, ..ResNetConfig::tiny() };
+    for (file, config, key, dim) in [("tiny_resnet_basic", basic, "basic", 64), ("tiny_wide_resnet", wide, "wide", 128)]
+    {
+        for (name, device) in common::test_devices() {
+            for lowering in [ConvLowering::Native, ConvLowering::Im2col] {
+                let model = ResNet::load(&fixtures().join(format!("{file}.safetensors")), &config, &device)
+                    .unwrap()
+                    .with_conv_lowering(lowering);
+                assert_eq!(model.feature_dim(), dim);
+                let x = Tensor::<4>::from_data(
+                    TensorData::new(input.clone(), [shape[0], shape[1], shape[2], shape[3]]),
+                    &device,
+                );
+                let got = model.forward(x).into_data().try_to_vec::<f32>().unwrap();
+                assert_close(
+                    &got,
+                    &rows(&e[key]),
+                    match (name, lowering) {
+                        ("cuda", ConvLowering::Im2col) => 5e-2,
+                        _ => common::tolerance(name, 1e-4),
+                    },
+                    &format!("{name} {lowering:?} {key} features"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn resnet34_and_wide_resnet50_2_have_torchvisions_exact_layouts() {
+    // As resnet50's: every tensor of torchvision's resnet34() and wide_resnet50_2() by name
+    // and shape, nothing missing, mis-shaped or unexpected.
+    use curate::models::resnet::{ResNet, ResNetConfig};
+    for (file, config, dim) in [
+        ("resnet34_layout.json", ResNetConfig::resnet34(), 512),
+        ("wide_resnet50_2_layout.json", ResNetConfig::wide_resnet50_2(), 2048),
+    ] {
+        let layout: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(fixtures().join(file)).unwrap()).unwrap();
+        let w = common::zeros_of_layout(&layout);
+        let model = ResNet::from_weights(&config, &w, &Device::flex());
+        w.finish(&ResNet::IGNORED).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(model.feature_dim(), dim, "{file}");
+    }
+    assert_eq!(ResNetConfig::resnet18().feature_dim(), 512);
+}
+
+#[test]
 fn im2col_convolutions_equal_burns_kernel_on_odd_non_square_images() {
     // The GPU's im2col lowering against burn's convolution on sizes where the strided 3×3, 1×1
     // and 7×7 convolutions' last window is cut short: 37 × 29 (odd, not square).

@@ -1,8 +1,11 @@
 //! ResNet in torchvision's layout (`conv1`, `bn1`, `layer1.0.conv1`, `...downsample.0/1`,
-//! `fc`) with Bottleneck blocks, stride on the 3×3 convolution ("ResNet v1.5", as torchvision,
-//! BYOL and most published ResNet-50 checkpoints). The image encoder of "A Fistful of Words"
-//! and OTTER (spec `bow-and-otter.md` §4, §5.8): global-average-pooled features, 2048-d for
-//! ResNet-50; the classifier `fc` is left out (a new projection replaces it).
+//! `fc`; timm's ResNets share it) with Bottleneck blocks, stride on the 3×3 convolution
+//! ("ResNet v1.5", as torchvision, BYOL and most published ResNet-50 checkpoints), their wide
+//! form (Wide ResNet-50-2: the Bottleneck's inner width doubled), or BasicBlocks (ResNet-18/34:
+//! two 3×3 convolutions). The image encoder of "A Fistful of Words" and OTTER (spec
+//! `bow-and-otter.md` §4, §5.8; OTTER's Table 2 also trains ResNet-34 and Wide ResNet-50-2):
+//! global-average-pooled features, 2048-d for ResNet-50, 512-d for ResNet-34; the classifier
+//! `fc` is left out (a new projection replaces it).
 //!
 //! On the CPU backends the convolutions are burn's own kernels. On a GPU they are lowered to one
 //! matrix product over the input's patches ([`ConvLowering::Im2col`]): without burn's autotuning
@@ -26,32 +29,68 @@ use burn::tensor::{Device, Slice, Tensor};
 use super::weights::{ConvSpec, Weights};
 use crate::error::Result;
 
-/// Blocks per stage and the stem width (torchvision: 64).
+/// A residual block's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockKind {
+    /// 1×1 → 3×3 (stride) → 1×1, four times the stage's width out (ResNet-50 and up).
+    Bottleneck,
+    /// 3×3 (stride) → 3×3, the stage's width out (ResNet-18/34).
+    Basic,
+}
+
+/// Blocks per stage, the stem width (torchvision: 64), the block kind and the Bottleneck's
+/// inner width per 64 of stage width (torchvision's `width_per_group`: 64, and 128 in the wide
+/// ResNets).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResNetConfig {
     pub layers: [usize; 4],
     pub width: usize,
+    pub block: BlockKind,
+    pub width_per_group: usize,
 }
 
 impl ResNetConfig {
     /// ResNet-50: [3, 4, 6, 3] Bottleneck blocks, 2048-d features.
     pub fn resnet50() -> Self {
-        ResNetConfig { layers: [3, 4, 6, 3], width: 64 }
+        ResNetConfig { layers: [3, 4, 6, 3], width: 64, block: BlockKind::Bottleneck, width_per_group: 64 }
     }
 
     /// ResNet-101.
     pub fn resnet101() -> Self {
-        ResNetConfig { layers: [3, 4, 23, 3], width: 64 }
+        ResNetConfig { layers: [3, 4, 23, 3], ..Self::resnet50() }
+    }
+
+    /// Wide ResNet-50-2: ResNet-50 with the Bottlenecks' inner width doubled (2048-d).
+    pub fn wide_resnet50_2() -> Self {
+        ResNetConfig { width_per_group: 128, ..Self::resnet50() }
+    }
+
+    /// ResNet-18: [2, 2, 2, 2] BasicBlocks, 512-d features.
+    pub fn resnet18() -> Self {
+        ResNetConfig { layers: [2, 2, 2, 2], block: BlockKind::Basic, ..Self::resnet50() }
+    }
+
+    /// ResNet-34: [3, 4, 6, 3] BasicBlocks, 512-d features.
+    pub fn resnet34() -> Self {
+        ResNetConfig { block: BlockKind::Basic, ..Self::resnet50() }
     }
 
     /// A tiny ResNet for tests: one block per stage, stem width 8 (256-d features).
     pub fn tiny() -> Self {
-        ResNetConfig { layers: [1, 1, 1, 1], width: 8 }
+        ResNetConfig { layers: [1, 1, 1, 1], width: 8, ..Self::resnet50() }
     }
 
-    /// Width of the pooled features: `8 · width · 4`.
+    /// Output channels of a block over its stage's width: 4 for a Bottleneck, 1 for a BasicBlock.
+    pub fn expansion(&self) -> usize {
+        match self.block {
+            BlockKind::Bottleneck => 4,
+            BlockKind::Basic => 1,
+        }
+    }
+
+    /// Width of the pooled features: `8 · width · expansion`.
     pub fn feature_dim(&self) -> usize {
-        self.width * 8 * 4
+        self.width * 8 * self.expansion()
     }
 }
 
@@ -241,26 +280,33 @@ pub fn staged_batch_norm(bn: &BatchNorm, x: Tensor<4>) -> Tensor<4> {
     out
 }
 
+/// A residual block: a Bottleneck (`conv1` 1×1, `conv2` 3×3, `conv3` 1×1) or a BasicBlock
+/// (`conv1` and `conv2` 3×3, no `conv3`), each convolution followed by its BatchNorm.
 #[derive(Module, Debug)]
-pub struct Bottleneck {
+pub struct Block {
     conv1: Conv2d,
     bn1: BatchNorm,
     conv2: Conv2d,
     bn2: BatchNorm,
-    conv3: Conv2d,
-    bn3: BatchNorm,
+    /// The Bottleneck's last 1×1 convolution and its BatchNorm; a BasicBlock has neither.
+    /// (Two fields, not a pair, so that a Bottleneck's tensors keep the names runs saved before
+    /// BasicBlocks existed: `blocks.N.conv3.weight`, `blocks.N.bn3.*`.)
+    conv3: Option<Conv2d>,
+    bn3: Option<BatchNorm>,
     downsample: Option<(Conv2d, BatchNorm)>,
 }
 
-impl Bottleneck {
+impl Block {
     fn forward(&self, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
         let identity = match &self.downsample {
             Some((conv, bn)) => batch_norm(bn, convolve(conv, x.clone(), lowering), lowering),
             None => x.clone(),
         };
         let out = relu(batch_norm(&self.bn1, convolve(&self.conv1, x, lowering), lowering));
-        let out = relu(batch_norm(&self.bn2, convolve(&self.conv2, out, lowering), lowering));
-        let out = batch_norm(&self.bn3, convolve(&self.conv3, out, lowering), lowering);
+        let mut out = batch_norm(&self.bn2, convolve(&self.conv2, out, lowering), lowering);
+        if let (Some(conv3), Some(bn3)) = (&self.conv3, &self.bn3) {
+            out = batch_norm(bn3, convolve(conv3, relu(out), lowering), lowering);
+        }
         relu(out + identity)
     }
 }
@@ -269,7 +315,7 @@ impl Bottleneck {
 pub struct ResNet {
     conv1: Conv2d,
     bn1: BatchNorm,
-    blocks: Vec<Bottleneck>,
+    blocks: Vec<Block>,
     #[module(skip)]
     feature_dim: usize,
     #[module(skip)]
@@ -286,10 +332,12 @@ impl ResNet {
         let mut inplanes = c.width;
         for (stage, &n) in c.layers.iter().enumerate() {
             let planes = c.width << stage;
+            // torchvision: `int(planes * (base_width / 64.)) * groups`, groups 1.
+            let inner = planes * c.width_per_group / 64;
             for i in 0..n {
                 let p = format!("layer{}.{i}", stage + 1);
                 let stride = if i == 0 && stage > 0 { 2 } else { 1 };
-                let out = planes * 4;
+                let out = planes * c.expansion();
                 let downsample = (i == 0 && (stride != 1 || inplanes != out)).then(|| {
                     (
                         w.conv2d(
@@ -300,26 +348,30 @@ impl ResNet {
                         w.batch_norm(&format!("{p}.downsample.1"), out, BN_EPS, device),
                     )
                 });
-                blocks.push(Bottleneck {
-                    conv1: w.conv2d(
-                        &format!("{p}.conv1"),
-                        ConvSpec { d_in: inplanes, d_out: planes, kernel: 1, stride: 1, padding: 0 },
-                        device,
-                    ),
-                    bn1: w.batch_norm(&format!("{p}.bn1"), planes, BN_EPS, device),
-                    conv2: w.conv2d(
-                        &format!("{p}.conv2"),
-                        ConvSpec { d_in: planes, d_out: planes, kernel: 3, stride, padding: 1 },
-                        device,
-                    ),
-                    bn2: w.batch_norm(&format!("{p}.bn2"), planes, BN_EPS, device),
-                    conv3: w.conv2d(
-                        &format!("{p}.conv3"),
-                        ConvSpec { d_in: planes, d_out: out, kernel: 1, stride: 1, padding: 0 },
-                        device,
-                    ),
-                    bn3: w.batch_norm(&format!("{p}.bn3"), out, BN_EPS, device),
-                    downsample,
+                let conv = |name: &str, d_in, d_out, kernel, stride| {
+                    let padding = kernel / 2;
+                    w.conv2d(&format!("{p}.{name}"), ConvSpec { d_in, d_out, kernel, stride, padding }, device)
+                };
+                let bn = |name: &str, channels| w.batch_norm(&format!("{p}.{name}"), channels, BN_EPS, device);
+                blocks.push(match c.block {
+                    BlockKind::Bottleneck => Block {
+                        conv1: conv("conv1", inplanes, inner, 1, 1),
+                        bn1: bn("bn1", inner),
+                        conv2: conv("conv2", inner, inner, 3, stride),
+                        bn2: bn("bn2", inner),
+                        conv3: Some(conv("conv3", inner, out, 1, 1)),
+                        bn3: Some(bn("bn3", out)),
+                        downsample,
+                    },
+                    BlockKind::Basic => Block {
+                        conv1: conv("conv1", inplanes, planes, 3, stride),
+                        bn1: bn("bn1", planes),
+                        conv2: conv("conv2", planes, planes, 3, 1),
+                        bn2: bn("bn2", planes),
+                        conv3: None,
+                        bn3: None,
+                        downsample,
+                    },
                 });
                 inplanes = out;
             }
