@@ -1,5 +1,5 @@
-//! An image encoder: an architecture name (`resnet50`, `resnet101`, `tiny_resnet`,
-//! `vit_b32_clip`, `vit_b32_unicom`), a checkpoint (safetensors or PyTorch) and its preprocessing preset,
+//! An image encoder: an architecture name (`resnet18`, `resnet34`, `resnet50`, `resnet101`,
+//! `wide_resnet50_2`, `tiny_resnet`, `vit_b32_clip`, `vit_b32_unicom`), a checkpoint (safetensors or PyTorch) and its preprocessing preset,
 //! giving one feature vector per image. Used by the `encode_image` stage (frozen ResNet-50
 //! features, spec `bow-and-otter.md` §4; the Unicom image teacher, `cusa-and-pcmepp.md` §1.1).
 //!
@@ -20,10 +20,17 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ImageArch {
-    /// torchvision ResNet-50 (2048-d pooled features).
+    /// torchvision ResNet-18 (512-d pooled features).
+    Resnet18,
+    /// torchvision ResNet-34 (512-d; OTTER's RN34).
+    Resnet34,
+    /// torchvision ResNet-50 (2048-d).
     Resnet50,
     /// torchvision ResNet-101 (2048-d).
     Resnet101,
+    /// torchvision Wide ResNet-50-2 (2048-d; OTTER's WRN50-2).
+    #[serde(rename = "wide_resnet50_2")]
+    WideResnet50_2,
     /// The tiny ResNet of the test fixtures (one block per stage, width 8: 256-d).
     TinyResnet,
     /// OpenAI CLIP ViT-B/32 image tower (512-d; a whole CLIP state dict is accepted).
@@ -43,7 +50,10 @@ impl ImageArch {
     /// Family, size and default preprocessing of each architecture.
     pub fn spec(self) -> (Family, PreprocessPreset) {
         match self {
+            ImageArch::Resnet18 => (Family::ResNet(ResNetConfig::resnet18()), PreprocessPreset::Imagenet),
+            ImageArch::Resnet34 => (Family::ResNet(ResNetConfig::resnet34()), PreprocessPreset::Imagenet),
             ImageArch::Resnet50 => (Family::ResNet(ResNetConfig::resnet50()), PreprocessPreset::Imagenet),
+            ImageArch::WideResnet50_2 => (Family::ResNet(ResNetConfig::wide_resnet50_2()), PreprocessPreset::Imagenet),
             ImageArch::Resnet101 => (Family::ResNet(ResNetConfig::resnet101()), PreprocessPreset::Imagenet),
             ImageArch::TinyResnet => (Family::ResNet(ResNetConfig::tiny()), PreprocessPreset::Imagenet),
             ImageArch::VitB32Clip => (Family::Vit(VitConfig::vit_b32_clip()), PreprocessPreset::Clip),

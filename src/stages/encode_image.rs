@@ -34,7 +34,8 @@ pub struct EncodeImageConfig {
     /// The checkpoint: a safetensors file or a PyTorch `torch.save` file (`.pth`, `.pt`) in the
     /// architecture's published layout (torchvision for ResNets).
     pub model: String,
-    /// `resnet50`, `resnet101`, `tiny_resnet`, `vit_b32_clip` or `vit_b32_unicom`. Required;
+    /// `resnet18`, `resnet34`, `resnet50`, `resnet101`, `wide_resnet50_2`, `tiny_resnet`,
+    /// `vit_b32_clip` or `vit_b32_unicom`. Required;
     /// optional to serde only, so that a misspelt one does not keep `validate` from checking
     /// the rest of the stage (the model file above all).
     #[serde(default)]
@@ -79,7 +80,8 @@ impl EncodeImageConfig {
                 "arch",
                 "missing required key `arch`",
                 Some(
-                    "add `arch = ...`: `resnet50`, `resnet101`, `tiny_resnet`, `vit_b32_clip` or `vit_b32_unicom`"
+                    "add `arch = ...`: `resnet18`, `resnet34`, `resnet50`, `resnet101`, `wide_resnet50_2`, \
+                     `tiny_resnet`, `vit_b32_clip` or `vit_b32_unicom`"
                         .into(),
                 ),
             );

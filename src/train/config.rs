@@ -153,7 +153,8 @@ fn default_image_size() -> usize {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ImageModelConfig {
-    /// `tiny` (one Bottleneck per stage, stem width 8: 256-d), `resnet50` (2048-d), `resnet101`.
+    /// `tiny` (one Bottleneck per stage, stem width 8: 256-d), `resnet18`, `resnet34` (512-d),
+    /// `resnet50`, `resnet101`, `wide_resnet50_2` (2048-d).
     #[serde(default = "default_image_preset")]
     pub preset: ImagePreset,
     /// Overrides the preset's blocks per stage.
@@ -172,8 +173,12 @@ pub struct ImageModelConfig {
 #[serde(rename_all = "snake_case")]
 pub enum ImagePreset {
     Tiny,
+    Resnet18,
+    Resnet34,
     Resnet50,
     Resnet101,
+    #[serde(rename = "wide_resnet50_2")]
+    WideResnet50_2,
 }
 
 impl Default for ImageModelConfig {

@@ -137,6 +137,9 @@ fn resnet_config(c: &super::config::ImageModelConfig) -> ResNetConfig {
             ImagePreset::Tiny => ResNetConfig::tiny(),
             ImagePreset::Resnet50 => ResNetConfig::resnet50(),
             ImagePreset::Resnet101 => ResNetConfig::resnet101(),
+            ImagePreset::Resnet18 => ResNetConfig::resnet18(),
+            ImagePreset::Resnet34 => ResNetConfig::resnet34(),
+            ImagePreset::WideResnet50_2 => ResNetConfig::wide_resnet50_2(),
         };
         if let Some(l) = c.layers {
             r.layers = l;
