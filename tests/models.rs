@@ -350,28 +350,24 @@ fn encode_text_stage_writes_embeddings_in_input_order() {
     assert!(e.contains("`sample_id` is a column of the output already"), "{e}");
 }
 
-#[test]
-fn tiny_resnet_matches_torchvision() {
-    // Python (make_resnet_fixtures.py): torchvision ResNet(Bottleneck, [1, 1, 1, 1]) with stem
-    // width 8, eval mode; features = flatten(avgpool(layer4(...(maxpool(relu(bn1(conv1(x)))))))).
+/// Loads `file` as `config` and checks its pooled features on the input of the fixture
+/// `expected` against its `key`, on every device and both ways of convolving: burn's kernel (the
+/// CPU default) and im2col + one matrix product (the GPU default); the fixtures have the 7×7 stem,
+/// strided 3×3 and strided 1×1 convolutions. On a GPU the im2col products run in TF32 through 13
+/// convolutions and BatchNorms: rounding both operands of every product to TF32 on the CPU gives
+/// errors up to 1.9e-2·(1 + |want|) here (an H100 gave 6.4e-3 at the first element over 5e-3), so
+/// the GPU's im2col is held to 5e-2; a wrong convolution is off by O(1).
+fn check_resnet(file: &str, config: &curate::models::resnet::ResNetConfig, expected: &str, key: &str, dim: usize) {
     use burn::tensor::{Tensor, TensorData};
-    use curate::models::resnet::{ConvLowering, ResNet, ResNetConfig};
+    use curate::models::resnet::{ConvLowering, ResNet};
     let e: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixtures().join("tiny_resnet_expected.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join(expected)).unwrap()).unwrap();
     let shape: Vec<usize> = e["input_shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
     let input: Vec<f32> = e["input"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
-    // Both ways of convolving on every device: burn's kernel (the CPU default) and im2col + one
-    // matrix product (the GPU default); the fixture has the 7×7 stem, strided 3×3 and strided
-    // 1×1 convolutions. On a GPU the im2col products run in TF32 through 13 convolutions and
-    // BatchNorms: rounding both operands of every product to TF32 on the CPU gives errors up to
-    // 1.9e-2·(1 + |want|) here (an H100 gave 6.4e-3 at the first element over 5e-3), so the
-    // GPU's im2col is held to 5e-2; a wrong convolution is off by O(1).
     for (name, device) in common::test_devices() {
         for lowering in [ConvLowering::Native, ConvLowering::Im2col] {
-            let model = ResNet::load(&fixtures().join("tiny_resnet.safetensors"), &ResNetConfig::tiny(), &device)
-                .unwrap()
-                .with_conv_lowering(lowering);
-            assert_eq!(model.feature_dim(), 256);
+            let model = ResNet::load(&fixtures().join(file), config, &device).unwrap().with_conv_lowering(lowering);
+            assert_eq!(model.feature_dim(), dim, "{file}");
             let x = Tensor::<4>::from_data(
                 TensorData::new(input.clone(), [shape[0], shape[1], shape[2], shape[3]]),
                 &device,
@@ -379,15 +375,23 @@ fn tiny_resnet_matches_torchvision() {
             let got = model.forward(x).into_data().try_to_vec::<f32>().unwrap();
             assert_close(
                 &got,
-                &rows(&e["features"]),
+                &rows(&e[key]),
                 match (name, lowering) {
                     ("cuda", ConvLowering::Im2col) => 5e-2,
                     _ => common::tolerance(name, 1e-4),
                 },
-                &format!("{name} {lowering:?} resnet features"),
+                &format!("{name} {lowering:?} {file} features"),
             );
         }
     }
+}
+
+#[test]
+fn tiny_resnet_matches_torchvision() {
+    // Python (make_resnet_fixtures.py): torchvision ResNet(Bottleneck, [1, 1, 1, 1]) with stem
+    // width 8, eval mode; features = flatten(avgpool(layer4(...(maxpool(relu(bn1(conv1(x)))))))).
+    use curate::models::resnet::{ConvLowering, ResNetConfig};
+    check_resnet("tiny_resnet.safetensors", &ResNetConfig::tiny(), "tiny_resnet_expected.json", "features", 256);
     assert_eq!(ConvLowering::for_device(&Device::flex()), ConvLowering::Native);
 }
 
@@ -410,41 +414,13 @@ fn resnet50_has_torchvisions_exact_layout() {
 fn basic_block_and_wide_resnets_match_torchvision() {
     // Python (make_resnet_variant_fixtures.py): torchvision ResNet(BasicBlock, [1, 1, 1, 1]) with
     // stem width 8, and ResNet(Bottleneck, [1, 1, 1, 1], width_per_group=128) with stem width 4,
-    // eval mode, pooled features; both lowerings.
-    use burn::tensor::{Tensor, TensorData};
-    use curate::models::resnet::{BlockKind, ConvLowering, ResNet, ResNetConfig};
-    let e: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixtures().join("tiny_resnet_variants_expected.json")).unwrap())
-            .unwrap();
-    let shape: Vec<usize> = e["input_shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
-    let input: Vec<f32> = e["input"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+    // eval mode, pooled features.
+    use curate::models::resnet::{BlockKind, ResNetConfig};
+    let expected = "tiny_resnet_variants_expected.json";
     let basic = ResNetConfig { block: BlockKind::Basic, ..ResNetConfig::tiny() };
+    check_resnet("tiny_resnet_basic.safetensors", &basic, expected, "basic", 64);
     let wide = ResNetConfig { width: 4, width_per_group: 128, ..ResNetConfig::tiny() };
-    for (file, config, key, dim) in [("tiny_resnet_basic", basic, "basic", 64), ("tiny_wide_resnet", wide, "wide", 128)]
-    {
-        for (name, device) in common::test_devices() {
-            for lowering in [ConvLowering::Native, ConvLowering::Im2col] {
-                let model = ResNet::load(&fixtures().join(format!("{file}.safetensors")), &config, &device)
-                    .unwrap()
-                    .with_conv_lowering(lowering);
-                assert_eq!(model.feature_dim(), dim);
-                let x = Tensor::<4>::from_data(
-                    TensorData::new(input.clone(), [shape[0], shape[1], shape[2], shape[3]]),
-                    &device,
-                );
-                let got = model.forward(x).into_data().try_to_vec::<f32>().unwrap();
-                assert_close(
-                    &got,
-                    &rows(&e[key]),
-                    match (name, lowering) {
-                        ("cuda", ConvLowering::Im2col) => 5e-2,
-                        _ => common::tolerance(name, 1e-4),
-                    },
-                    &format!("{name} {lowering:?} {key} features"),
-                );
-            }
-        }
-    }
+    check_resnet("tiny_wide_resnet.safetensors", &wide, expected, "wide", 128);
 }
 
 #[test]
