@@ -86,6 +86,30 @@ fn tiny_unicom_loads_from_its_pytorch_checkpoint() {
     check(&pt, &device, "unicom", 1e-4, "unicom from .pt");
 }
 
+#[test]
+fn a_torchscript_clip_as_openai_released_it_loads_its_image_tower() {
+    // torch/make_torch_checkpoints.py: OpenAI's own `clip.model.CLIP` (vision width 64, one
+    // head, 2 layers, 8-px patches of 32-px images), traced with `encode_image` and
+    // `encode_text` and saved in half precision, as `ViT-B-32.pt` is. The archive's text tower
+    // is passed over; the image tower equals `encode_image`.
+    let e = json("torch/openai_clip_jit_expected.json");
+    let c = VitConfig { width: 64, heads: 1, mlp_dim: 256, ..VitConfig::tiny_clip() };
+    let device = Device::flex();
+    let model = Vit::load(&fixtures().join("torch/openai_clip_jit.pt"), &c, &device).unwrap();
+    assert_eq!(model.output_dim(), 8);
+    let shape: Vec<usize> = e["input_shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+    let x = Tensor::<4>::from_data(
+        TensorData::new(common::flat_f32(&e["input"]), [shape[0], shape[1], shape[2], shape[3]]),
+        &device,
+    );
+    let got = model.forward(x).into_data().try_to_vec::<f32>().unwrap();
+    let want = common::flat_f32(&e["encode_image"]);
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "element {i}: {g} vs {w}");
+    }
+}
+
 /// The tensors of a safetensors file as `(name, shape, values)`.
 fn parts(file: &str) -> Vec<(String, Vec<usize>, Vec<f32>)> {
     let bytes = std::fs::read(fixtures().join(file)).unwrap();
