@@ -1724,7 +1724,7 @@ captions = "data/train_sample/retrieval_captions.parquet"
                 ["train", "train", "train", "val", "test"][(*k - 1) % 5]
             })
             .collect();
-        let table = |name: &str, split: Vec<&str>| -> std::path::PathBuf {
+        let table_of = |name: &str, paths: &[String], split: Vec<&str>| -> std::path::PathBuf {
             let cols: Vec<(&str, ArrayRef)> = vec![
                 ("path", Arc::new(StringArray::from(paths.iter().map(String::as_str).collect::<Vec<_>>()))),
                 ("label", Arc::new(StringArray::from(labels.iter().map(String::as_str).collect::<Vec<_>>()))),
@@ -1741,6 +1741,7 @@ captions = "data/train_sample/retrieval_captions.parquet"
             crate::common::write_parquet(&path, &batch);
             path
         };
+        let table = |name: &str, split: Vec<&str>| table_of(name, &paths, split);
         let with_val = table("probe.parquet", split.clone());
         let out = d.join("probe_eval");
         // At most 40 iterations a fit: the tiny tower's 192 train images are separable in its
@@ -1827,6 +1828,26 @@ captions = "data/train_sample/retrieval_captions.parquet"
             .to_string();
         assert!(e.contains("has `split` = `valid`") && e.contains("`train`, `val` or `test`"), "{e}");
         assert!(!d.join("never").exists());
+
+        // Paths relative to a folder of the probe's own: `--probe-image-root` wins over
+        // `--image-root` (another table's folder), and gives the same result.
+        let root = "data/train_sample/";
+        assert!(paths.iter().all(|p| p.starts_with(root)), "{:?}", &paths[..2]);
+        let relative: Vec<String> = paths.iter().map(|p| p[root.len()..].to_owned()).collect();
+        let own = table_of("own_root.parquet", &relative, split.clone());
+        let elsewhere = RunEval {
+            probe: Some(own),
+            image_root: Some(d.join("another_set")),
+            out: Some(d.join("own_root")),
+            ..args.clone()
+        };
+        let e = run_trained(&elsewhere, &device).unwrap_err().to_string();
+        assert!(e.contains("another_set"), "without its own root, the shared one: {e}");
+        let with_own = RunEval { probe_image_root: Some(root.into()), ..elsewhere };
+        let m2 = run_trained(&with_own, &device).unwrap_or_else(|e| panic!("{e}")).linear_probe.unwrap();
+        assert_eq!((m2.wd, m2.accuracy, m2.mean_per_class_accuracy), (m.wd, m.accuracy, m.mean_per_class_accuracy));
+        let config = json(&d.join("own_root/config.json"));
+        assert_eq!(config["probe_image_root"].as_str(), Some(root));
     }
 
     /// OTTER's compositionality benchmark, `--compose` (spec `bow-and-otter.md` §6.5): on a tiny

@@ -127,6 +127,9 @@ pub struct EvalArgs {
     /// With it (or `--sts`) the retrieval set is optional.
     #[arg(long, value_name = "TABLE.parquet", requires = "run")]
     pub uni_images: Option<PathBuf>,
+    /// With `--uni-images`: the folder its relative paths are relative to (default: `--image-root`).
+    #[arg(long, value_name = "DIR", requires = "uni_images")]
+    pub uni_images_root: Option<PathBuf>,
     /// With RUN_DIR: STS Spearman's ρ of the cosine of the run's uni-modal text head (a run
     /// without one: its cross-modal embeddings) against gold scores. Parquet with `sentence1`,
     /// `sentence2` (strings) and `score` (a number).
@@ -139,6 +142,9 @@ pub struct EvalArgs {
     /// integer) and `split` (`train`, `val`, `test`). With it the retrieval set is optional.
     #[arg(long, value_name = "TABLE.parquet", requires = "run")]
     pub probe: Option<PathBuf>,
+    /// With `--probe`: the folder its relative paths are relative to (default: `--image-root`).
+    #[arg(long, value_name = "DIR", requires = "probe")]
+    pub probe_image_root: Option<PathBuf>,
     /// With `--probe`: the validation score that chooses the weight decay (`mean-per-class` for
     /// Aircraft, Caltech-101, Flowers and Pets in that protocol). Both scores are reported.
     #[arg(long, value_enum, default_value_t = crate::eval::linear_probe::ProbeMetric::Accuracy, requires = "probe")]
@@ -154,6 +160,9 @@ pub struct EvalArgs {
     /// `attributes` (a list of attribute names, written as a text tower should read them).
     #[arg(long, value_name = "TABLE.parquet", requires = "run")]
     pub compose: Option<PathBuf>,
+    /// With `--compose`: the folder its relative paths are relative to (default: `--image-root`).
+    #[arg(long, value_name = "DIR", requires = "compose")]
+    pub compose_image_root: Option<PathBuf>,
     /// With `--compose`: queries drawn (OTTER: 1,000,000; at least 1).
     #[arg(long, value_name = "N", default_value_t = 10_000, requires = "compose")]
     pub compose_queries: usize,
@@ -552,14 +561,17 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     best: args.best,
                     progress: true,
                     uni_images: args.uni_images,
+                    uni_images_root: args.uni_images_root,
                     sts: args.sts,
                     probe: args.probe,
+                    probe_image_root: args.probe_image_root,
                     probe_config: crate::eval::linear_probe::ProbeConfig {
                         metric: args.probe_metric,
                         max_iter: args.probe_max_iter,
                         ..Default::default()
                     },
                     compose: args.compose,
+                    compose_image_root: args.compose_image_root,
                     compose_config: crate::eval::compositionality::ComposeConfig {
                         queries: args.compose_queries,
                         min_shared: args.compose_min_shared,

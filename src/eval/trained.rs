@@ -67,23 +67,39 @@ pub struct RunEval {
     /// Say on stderr what is being embedded (counts, then progress lines).
     pub progress: bool,
     /// CUSA's uni-modal image retrieval set ([`super::unimodal::UniImages`]: `path`, `label`,
-    /// optional `split`); relative paths resolve against `image_root` when given.
+    /// optional `split`); relative paths resolve against `uni_images_root`, else `image_root`,
+    /// when given.
     pub uni_images: Option<PathBuf>,
+    /// The folder of `uni_images`' relative paths, in place of `image_root`.
+    pub uni_images_root: Option<PathBuf>,
     /// STS sentence pairs ([`super::unimodal::StsPairs`]: `sentence1`, `sentence2`, `score`).
     pub sts: Option<PathBuf>,
     /// The linear probe's image table ([`super::linear_probe::ProbeTable`]: `path`, `label`,
-    /// `split`); relative paths resolve against `image_root` when given.
+    /// `split`); relative paths resolve against `probe_image_root`, else `image_root`, when given.
     pub probe: Option<PathBuf>,
+    /// The folder of `probe`'s relative paths, in place of `image_root`.
+    pub probe_image_root: Option<PathBuf>,
     /// How the probe fits and chooses its classifier.
     pub probe_config: ProbeConfig,
     /// OTTER's compositionality gallery ([`super::compositionality::ComposeTable`]: `path`,
-    /// `attributes`); relative paths resolve against `image_root` when given.
+    /// `attributes`); relative paths resolve against `compose_image_root`, else `image_root`,
+    /// when given.
     pub compose: Option<PathBuf>,
+    /// The folder of `compose`'s relative paths, in place of `image_root`.
+    pub compose_image_root: Option<PathBuf>,
     /// How many compositionality queries, and how they are drawn.
     pub compose_config: ComposeConfig,
 }
 
 impl RunEval {
+    /// The folders the uni-modal, probe and compositionality tables' relative paths resolve
+    /// against: each table's own, else `--image-root` (never the run config's
+    /// `eval.retrieval.image_root`, another set's folder).
+    fn table_roots(&self) -> [Option<&Path>; 3] {
+        let shared = self.image_root.as_deref();
+        [&self.uni_images_root, &self.probe_image_root, &self.compose_image_root].map(|own| own.as_deref().or(shared))
+    }
+
     /// The output folder: `out`, or `RUN_DIR/eval` (`RUN_DIR/eval_swa` for the SWA average).
     pub fn out_dir(&self) -> PathBuf {
         let name = match (self.swa, self.best) {
@@ -107,9 +123,18 @@ pub struct Resolved {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub captions: Option<PathBuf>,
     pub image_root: Option<PathBuf>,
-    /// `--uni-images` (its relative paths resolve against `--image-root`, else as stored).
+    /// `--uni-images` (its relative paths resolve against `--uni-images-root`, else
+    /// `--image-root`, else as stored).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub uni_images: Option<PathBuf>,
+    /// Each table's own image folder, when given (`--uni-images-root`, `--probe-image-root`,
+    /// `--compose-image-root`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uni_images_root: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe_image_root: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compose_image_root: Option<PathBuf>,
     /// `--sts`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sts: Option<PathBuf>,
@@ -206,6 +231,9 @@ fn resolve(args: &RunEval, config: &TrainConfig, has_uncertainty: bool) -> Resul
         captions,
         image_root,
         uni_images: args.uni_images.clone(),
+        uni_images_root: args.uni_images_root.clone(),
+        probe_image_root: args.probe_image_root.clone(),
+        compose_image_root: args.compose_image_root.clone(),
         sts: args.sts.clone(),
         probe: args.probe.clone(),
         probe_config: args.probe.as_ref().map(|_| args.probe_config.clone()),
@@ -271,14 +299,15 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
         (Some(t), Some(c)) => Some(compositionality::draw_queries(t, c)?),
         _ => None,
     };
+    let [uni_root, probe_root, compose_root] = args.table_roots();
     if let Some(t) = &uni_images {
-        check_images(&t.file, &t.paths, args.image_root.as_deref())?;
+        check_images(&t.file, &t.paths, uni_root)?;
     }
     if let Some(t) = &probe {
-        check_images(&t.file, &t.keys, args.image_root.as_deref())?;
+        check_images(&t.file, &t.keys, probe_root)?;
     }
     if let Some(t) = &compose {
-        check_images(&t.file, &t.paths, args.image_root.as_deref())?;
+        check_images(&t.file, &t.paths, compose_root)?;
     }
     let annotations = r.eccv_annotations.as_deref().map(Annotations::read_dir).transpose()?;
     let zeroshot =
@@ -321,21 +350,18 @@ pub fn run_trained(args: &RunEval, device: &Device) -> Result<Evaluation> {
     }
     if uni_images.is_some() || sts.is_some() {
         let t5 = Instant::now();
-        // `--image-root`, never the run config's `eval.retrieval.image_root` (another set's folder).
-        let images = uni_images.as_ref().map(|t| (t, args.image_root.as_deref()));
+        let images = uni_images.as_ref().map(|t| (t, uni_root));
         ev.unimodal = Some(unimodal::evaluate(&run, images, sts.as_ref(), &note)?);
         ev.timings_s.push(("unimodal".to_owned(), t5.elapsed().as_secs_f64()));
     }
     if let (Some(table), Some(c)) = (&probe, &r.probe_config) {
         let t6 = Instant::now();
-        // `--image-root`, as for the uni-modal table.
-        ev.linear_probe = Some(linear_probe::evaluate(&run, table, args.image_root.as_deref(), c, &note)?);
+        ev.linear_probe = Some(linear_probe::evaluate(&run, table, probe_root, c, &note)?);
         ev.timings_s.push(("linear_probe".to_owned(), t6.elapsed().as_secs_f64()));
     }
     if let (Some(table), Some(c), Some(drawn)) = (&compose, &r.compose_config, &drawn) {
         let t7 = Instant::now();
-        ev.compositionality =
-            Some(compositionality::evaluate(&run, table, drawn, args.image_root.as_deref(), c, &note)?);
+        ev.compositionality = Some(compositionality::evaluate(&run, table, drawn, compose_root, c, &note)?);
         ev.timings_s.push(("compositionality".to_owned(), t7.elapsed().as_secs_f64()));
     }
     // Only now, with everything read, embedded and scored: an evaluation that fails (a missing or
@@ -526,8 +552,8 @@ pub fn check_images(file: &Path, paths: &[String], root: Option<&Path>) -> Resul
             shown.join(", ")
         ),
         hint: Some(
-            "relative paths resolve against `--image-root` when given (for every table of the evaluation), else \
-             against the working folder"
+            "relative paths resolve against the table's own root when given (`--uni-images-root`, \
+             `--probe-image-root`, `--compose-image-root`), else `--image-root`, else the working folder"
                 .into(),
         ),
     })
