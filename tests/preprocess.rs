@@ -146,6 +146,29 @@ fn jpeg_matches_within_the_decoders_rounding() {
 }
 
 #[test]
+fn cmyk_palette_and_16_bit_images_decode_as_pil_converts_them() {
+    // make_decode_modes_fixture.py: PIL's `convert("RGB")` of each file. A CMYK JPEG agrees but
+    // for the decoders' IDCT rounding; a palette PNG with a transparent index exactly. A 16-bit
+    // grayscale PNG is scaled to 8 bits, where PIL clips it to white: on purpose.
+    let e: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir().join("decode_modes_expected.json")).unwrap()).unwrap();
+    let hex = |s: &serde_json::Value| -> Vec<u8> {
+        let s = s.as_str().unwrap();
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    };
+    let decoded = |name: &str| decode(&std::fs::read(dir().join(name)).unwrap()).unwrap();
+    let cmyk = decoded("cmyk_24x16.jpg");
+    assert_eq!((cmyk.width, cmyk.height), (24, 16));
+    let pil = hex(&e["cmyk_24x16.jpg"]["pil_rgb"]);
+    let worst = cmyk.data.iter().zip(&pil).map(|(a, b)| a.abs_diff(*b)).max().unwrap();
+    assert!(worst <= 2, "CMYK JPEG off by {worst}");
+    assert_eq!(decoded("palette_24x16.png").data, hex(&e["palette_24x16.png"]["pil_rgb"]));
+    let gray16 = decoded("gray16_24x16.png");
+    assert_eq!(gray16.data, hex(&e["gray16_24x16.png"]["scaled_rgb"]));
+    assert_ne!(gray16.data, hex(&e["gray16_24x16.png"]["pil_rgb"]), "PIL clips; curate scales");
+}
+
+#[test]
 fn undecodable_bytes_are_an_error_not_a_panic() {
     assert!(decode(b"not an image").is_err());
     let png = std::fs::read(dir().join("rgb_37x23.png")).unwrap();
