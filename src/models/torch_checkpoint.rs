@@ -4,26 +4,33 @@
 //! after another), by name. This is how torchvision (`.pth`), Unicom (`.pt`), BYOL/MoCo
 //! conversions (`.pth.tar`) and older Hugging Face models (`pytorch_model.bin`) ship weights.
 //!
-//! A pickle is a program for a small stack machine; [`Machine`] runs the opcodes a checkpoint
-//! uses (protocols 0–4) *symbolically*: a `GLOBAL` is a name, never an import, and calling it
-//! (`REDUCE`, `NEWOBJ`) builds a value only for the few functions that rebuild containers and
-//! tensors (`collections.OrderedDict`, `torch._utils._rebuild_tensor_v2`, `_rebuild_parameter`,
-//! ...); any other call is an opaque object that keeps its `BUILD` state. Nothing in the file is
-//! ever executed, so a checkpoint cannot run code here as `torch.load(weights_only=False)` would.
+//! A pickle is a program for a small stack machine; `Machine` runs the opcodes a checkpoint
+//! uses (protocols 0–5, without out-of-band buffers) *symbolically*: a `GLOBAL` is a name, never
+//! an import, and calling it (`REDUCE`, `NEWOBJ`) builds a value only for the few functions that
+//! rebuild containers and tensors (`collections.OrderedDict`, `torch._utils._rebuild_tensor_v2`
+//! and `_v3`, `_rebuild_parameter`, ...); any other call is an opaque object that keeps its
+//! `BUILD` state and its items. Nothing in the file is ever executed, so a checkpoint cannot run
+//! code here as `torch.load(weights_only=False)` would.
 //!
 //! Which tensors, under which names ([`Checkpoint::tensors`]):
 //! - a state dict (a dict whose values include tensors) gives its keys;
-//! - a training checkpoint (`{"epoch": 3, "state_dict": {...}, "optimizer": {...}}`) gives the
-//!   tensors of the string-keyed entry that holds the most (optimizer states are keyed by
-//!   integers and never counted); [`Checkpoint::entry`] says which;
+//! - a training checkpoint (`{"epoch": 3, "state_dict": {...}, "best_acc1": tensor(71.2),
+//!   "optimizer": {...}}`) gives the tensors of the string-keyed entry that holds the most, when
+//!   that is more than the top level holds itself; an optimizer's state (`state` beside
+//!   `param_groups`) never counts, and two entries holding as many (a student and a teacher)
+//!   are refused rather than guessed; [`Checkpoint::entry`] says which was read;
 //! - a pickled module (`torch.save(model)`) gives what its `state_dict()` would: parameters,
 //!   persistent buffers and those of its submodules (a plain tensor attribute, such as a cached
 //!   attention mask, is not a weight); a TorchScript archive gives what its `state_dict()`
 //!   would, the attributes its `code/` declares as parameters and buffers;
+//! - a dict subclass (`defaultdict`, `EasyDict`) is read as a dict;
 //! - a `module.` prefix on every name (a `DistributedDataParallel` wrapper) is removed.
 //!
-//! Tensors are gathered in row-major order from any strides and storage offset; a big-endian
-//! file (`byteorder`) is swapped.
+//! Tensors are gathered in row-major order from any strides and storage offset. A zip whose
+//! `byteorder` is `big` is swapped; legacy storages are little-endian whatever the file's header
+//! says (torch writes and reads them so). A tensor of a type curate does not read (complex,
+//! float8, unsigned 16–64-bit) or an expanded view past 1 GiB comes without
+//! bytes ([`TorchTensor::dtype`] `None`): it fails a load only if a model asks for it.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
