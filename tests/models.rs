@@ -124,6 +124,50 @@ fn tiny_roberta_matches_transformers() {
 }
 
 #[test]
+fn a_sharded_model_folder_loads_the_same_model() {
+    // The tiny BERT's tensors split into two safetensors shards with a Hugging Face
+    // `model.safetensors.index.json` (`weight_map`: name -> shard), as `save_pretrained` writes
+    // a checkpoint past its shard size: the same embeddings, bit for bit. A tensor listed in
+    // two shards is refused.
+    let src = fixtures().join("tiny_bert");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "tokenizer.json", "sentence_bert_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors = st.tensors();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let half = tensors.len() / 2;
+    let mut weight_map = serde_json::Map::new();
+    for (i, part) in [&tensors[..half], &tensors[half..]].into_iter().enumerate() {
+        let file = format!("model-0000{}-of-00002.safetensors", i + 1);
+        let shard = safetensors::serialize(part.iter().map(|(n, v)| (n.clone(), v.clone())), None).unwrap();
+        std::fs::write(dir.path().join(&file), shard).unwrap();
+        for (n, _) in part {
+            weight_map.insert(n.clone(), file.clone().into());
+        }
+    }
+    let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
+    std::fs::write(dir.path().join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let captions = ["a dog runs on the beach", "two red birds"];
+    let device = Device::flex();
+    let sharded = TextEncoder::load(dir.path(), Some(Pooling::Mean), Some(true), &device).unwrap();
+    let whole = TextEncoder::load(&src, Some(Pooling::Mean), Some(true), &device).unwrap();
+    assert_eq!(sharded.encode(&captions).unwrap(), whole.encode(&captions).unwrap());
+
+    // The first shard's first tensor listed again in the second shard.
+    let (first, view) = &tensors[0];
+    let mut again: Vec<(String, safetensors::tensor::TensorView)> =
+        tensors[half..].iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+    again.push((first.clone(), view.clone()));
+    std::fs::write(dir.path().join("model-00002-of-00002.safetensors"), safetensors::serialize(again, None).unwrap())
+        .unwrap();
+    let e = TextEncoder::load(dir.path(), None, None, &device).err().unwrap().to_string();
+    assert!(e.contains(&format!("tensor `{first}` is in two shards")), "{e}");
+}
+
+#[test]
 fn a_bert_folder_with_only_vocab_txt_tokenizes_as_transformers() {
     // make_vocab_txt_fixture.py: BertTokenizerFast's conversion of the folders (and the slow
     // BertTokenizer, which agrees) on captions that reach every step: control characters,

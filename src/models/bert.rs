@@ -322,7 +322,7 @@ impl Bert {
     /// model folder.
     pub fn load(dir: &Path, device: &Device) -> Result<(Bert, BertConfig)> {
         let config = BertConfig::from_file(&dir.join("config.json"))?;
-        let weights = Weights::from_checkpoint(&super::weights::hf_weights_file(dir))?;
+        let weights = Weights::from_folder_file(&super::weights::hf_weights_file(dir))?;
         let model = Bert::from_weights(&config, &weights, device);
         weights.finish(&Self::IGNORED)?;
         Ok((model, config))

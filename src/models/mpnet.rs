@@ -225,7 +225,7 @@ impl MpNet {
     /// model folder.
     pub fn load(dir: &Path, device: &Device) -> Result<(MpNet, MpNetConfig)> {
         let config = MpNetConfig::from_file(&dir.join("config.json"))?;
-        let weights = Weights::from_checkpoint(&super::weights::hf_weights_file(dir))?;
+        let weights = Weights::from_folder_file(&super::weights::hf_weights_file(dir))?;
         let model = MpNet::from_weights(&config, &weights, device);
         weights.finish(&Self::IGNORED)?;
         Ok((model, config))

@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::models::torch_checkpoint;
 
 /// The error for a checkpoint that is not there, naming a sharded checkpoint beside it (an
-/// `*.index.json` of several files), which curate does not read.
+/// `*.index.json` of several files), which a model folder is read as but a single file is not.
 fn not_found(path: &Path) -> Error {
     let dir = path.parent().unwrap_or(Path::new("."));
     let index =
@@ -38,10 +38,7 @@ fn not_found(path: &Path) -> Error {
     match index {
         Some(index) => Error::Model {
             message: format!("`{}` does not exist; the folder holds a sharded checkpoint (`{index}`)", path.display()),
-            hint: Some(
-                "curate reads one weights file: merge the shards (`model.save_pretrained(dir, max_shard_size=\"100GB\")`)"
-                    .into(),
-            ),
+            hint: Some("name the model folder, not a file in it: its shards are read together".into()),
         },
         None => Error::io(
             "cannot read checkpoint",
@@ -52,10 +49,15 @@ fn not_found(path: &Path) -> Error {
 }
 
 /// The weights file of a Hugging Face model folder: `model.safetensors`, else
-/// `pytorch_model.bin` (older models ship only that, DeCLUTR among them); `model.safetensors`
-/// when neither is there, for the error to name.
+/// `pytorch_model.bin` (older models ship only that, DeCLUTR among them), else the index of a
+/// sharded checkpoint (`model.safetensors.index.json`, `pytorch_model.bin.index.json`);
+/// `model.safetensors` when none is there, for the error to name. [`Weights::from_folder_file`]
+/// reads any of them.
 pub fn hf_weights_file(dir: &Path) -> std::path::PathBuf {
-    first_present(dir, &["model.safetensors", "pytorch_model.bin"])
+    first_present(
+        dir,
+        &["model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json"],
+    )
 }
 
 /// The weights file of an open_clip model folder: `open_clip_model.safetensors`, else
@@ -145,6 +147,46 @@ pub enum LinearInit {
 }
 
 impl Weights {
+    /// Reads a model folder's weights file ([`hf_weights_file`]): one checkpoint, or the shards
+    /// a Hugging Face `*.index.json` lists (its `weight_map`), read one after another into one
+    /// set of tensors; a tensor in two shards is refused.
+    pub fn from_folder_file(path: &Path) -> Result<Weights> {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if !name.ends_with(".index.json") {
+            return Self::from_checkpoint(path);
+        }
+        let bad = |why: String| Error::Model {
+            message: format!("`{}` is not a sharded checkpoint's index: {why}", path.display()),
+            hint: Some("a Hugging Face index holds `weight_map`: tensor name -> shard file".into()),
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io("cannot read checkpoint index", path, e))?;
+        let index: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let map = index["weight_map"].as_object().ok_or_else(|| bad("no `weight_map`".into()))?;
+        let mut shards: Vec<&str> = Vec::new();
+        for file in map.values() {
+            let file = file.as_str().ok_or_else(|| bad("a shard that is not a file name".into()))?;
+            if !shards.contains(&file) {
+                shards.push(file);
+            }
+        }
+        if shards.is_empty() {
+            return Err(bad("an empty `weight_map`".into()));
+        }
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let mut all = Weights::new(format!("{} ({} shards)", path.display(), shards.len()), BTreeMap::new());
+        for shard in shards {
+            let w = Self::from_checkpoint(&dir.join(shard))?;
+            for name in w.tensors.keys().chain(w.other_dtypes.keys()) {
+                if all.contains(name) {
+                    return Err(bad(format!("tensor `{name}` is in two shards (the second: `{shard}`)")));
+                }
+            }
+            all.tensors.extend(w.tensors);
+            all.other_dtypes.extend(w.other_dtypes);
+        }
+        Ok(all)
+    }
+
     /// Reads a checkpoint file of either kind curate knows, told apart by its first bytes: a
     /// PyTorch `torch.save` file (zip or legacy: [`torch_checkpoint`]) or safetensors.
     pub fn from_checkpoint(path: &Path) -> Result<Weights> {
@@ -644,7 +686,7 @@ mod tests {
         let e = Weights::from_checkpoint(&path).err().unwrap().to_string();
         assert!(e.contains("is an HTML page"), "{e}");
         std::fs::write(junk.path().join("pytorch_model.bin.index.json"), b"{}").unwrap();
-        let e = Weights::from_checkpoint(&hf_weights_file(junk.path())).err().unwrap().to_string();
+        let e = Weights::from_checkpoint(&junk.path().join("model.safetensors")).err().unwrap().to_string();
         assert!(e.contains("sharded checkpoint (`pytorch_model.bin.index.json`)"), "{e}");
     }
 
