@@ -221,9 +221,13 @@ fn parse_zip(bytes: &[u8]) -> std::result::Result<(Value, Storages<'_>, bool, De
         match entries.get(name) {
             Some(e) if e.method == 0 => Ok(Some(std::borrow::Cow::Borrowed(e.data))),
             Some(e) if e.method == 8 => {
+                // Inflated up to the size the directory declares, and no further.
                 let mut out = Vec::new();
-                std::io::Read::read_to_end(&mut flate2::read::DeflateDecoder::new(e.data), &mut out)
-                    .map_err(|err| format!("`{name}`: {err}"))?;
+                let mut d = std::io::Read::take(flate2::read::DeflateDecoder::new(e.data), e.size.saturating_add(1));
+                std::io::Read::read_to_end(&mut d, &mut out).map_err(|err| format!("`{name}`: {err}"))?;
+                if out.len() as u64 != e.size {
+                    return Err(format!("`{name}` inflates to {} bytes, not the {} it declares", out.len(), e.size));
+                }
                 Ok(Some(std::borrow::Cow::Owned(out)))
             }
             Some(e) => Err(format!("`{name}`: zip compression method {}", e.method)),
@@ -301,26 +305,31 @@ fn torchscript_declarations(
 /// Parameter and buffer names by TorchScript class.
 type Declared = HashMap<String, std::collections::HashSet<String>>;
 
-/// One entry of a zip archive: its compression method (0 stored, 8 deflated) and its bytes as
-/// stored.
+/// One entry of a zip archive: its compression method (0 stored, 8 deflated), its bytes as
+/// stored and its size once inflated.
 struct ZipEntry<'a> {
     method: u64,
     data: &'a [u8],
+    size: u64,
 }
 
 /// The entries of a zip archive by name. torch stores every entry it reads back (`data.pkl`,
 /// the storages), with ZIP64 records past 4 GiB; TorchScript's `code/` is deflated.
 fn zip_entries(b: &[u8]) -> std::result::Result<BTreeMap<String, ZipEntry<'_>>, String> {
     let u16_at = |o: usize| -> std::result::Result<u64, String> {
-        b.get(o..o + 2).map(|s| u16::from_le_bytes([s[0], s[1]]) as u64).ok_or_else(|| "truncated zip".to_string())
+        b.get(o..o.saturating_add(2))
+            .map(|s| u16::from_le_bytes([s[0], s[1]]) as u64)
+            .ok_or_else(|| "truncated zip".to_string())
     };
     let u32_at = |o: usize| -> std::result::Result<u64, String> {
-        b.get(o..o + 4)
+        b.get(o..o.saturating_add(4))
             .map(|s| u32::from_le_bytes(s.try_into().unwrap()) as u64)
             .ok_or_else(|| "truncated zip".to_string())
     };
     let u64_at = |o: usize| -> std::result::Result<u64, String> {
-        b.get(o..o + 8).map(|s| u64::from_le_bytes(s.try_into().unwrap())).ok_or_else(|| "truncated zip".to_string())
+        b.get(o..o.saturating_add(8))
+            .map(|s| u64::from_le_bytes(s.try_into().unwrap()))
+            .ok_or_else(|| "truncated zip".to_string())
     };
     // End of central directory: the last signature within the final 64 KiB + 22 bytes.
     let from = b.len().saturating_sub(65_557);
@@ -333,15 +342,18 @@ fn zip_entries(b: &[u8]) -> std::result::Result<BTreeMap<String, ZipEntry<'_>>, 
         && eocd >= 20
         && b[eocd - 20..eocd - 16] == [0x50, 0x4b, 0x06, 0x07]
     {
-        let rec = u64_at(eocd - 12)? as usize;
-        if b.get(rec..rec + 4) != Some(&[0x50, 0x4b, 0x06, 0x06][..]) {
+        let rec = usize::try_from(u64_at(eocd - 12)?).unwrap_or(usize::MAX);
+        if b.get(rec..rec.saturating_add(4)) != Some(&[0x50, 0x4b, 0x06, 0x06][..]) {
             return Err("a ZIP64 locator without its record".into());
         }
         count = u64_at(rec + 32)?;
         cd_offset = u64_at(rec + 48)?;
     }
     let mut out = BTreeMap::new();
-    let mut o = cd_offset as usize;
+    // Offsets and sizes come from the file: added saturating, so that a damaged one fails the
+    // bounds check after it rather than overflowing.
+    let at = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+    let mut o = at(cd_offset);
     for _ in 0..count {
         if u32_at(o)? != 0x0201_4b50 {
             return Err("a broken central directory".into());
@@ -353,7 +365,7 @@ fn zip_entries(b: &[u8]) -> std::result::Result<BTreeMap<String, ZipEntry<'_>>, 
         // ZIP64 extra field: the sizes and offset that did not fit, in this order.
         let mut x = o + 46 + n;
         let end = x + e;
-        while x + 4 <= end {
+        while x.saturating_add(4) <= end {
             let (id, len) = (u16_at(x)?, u16_at(x + 2)? as usize);
             if id == 1 {
                 let mut p = x + 4;
@@ -366,7 +378,7 @@ fn zip_entries(b: &[u8]) -> std::result::Result<BTreeMap<String, ZipEntry<'_>>, 
             }
             x += 4 + len;
         }
-        let l = local as usize;
+        let l = at(local);
         if u32_at(l)? != 0x0403_4b50 {
             return Err(format!("entry `{name}`: no local header"));
         }
@@ -374,8 +386,9 @@ fn zip_entries(b: &[u8]) -> std::result::Result<BTreeMap<String, ZipEntry<'_>>, 
         if method == 0 && csize != usize_ {
             return Err(format!("entry `{name}`: stored, yet its sizes differ"));
         }
-        let data = b.get(start..start + csize as usize).ok_or_else(|| format!("entry `{name}` runs past the end"))?;
-        out.insert(name, ZipEntry { method, data });
+        let data =
+            b.get(start..start.saturating_add(at(csize))).ok_or_else(|| format!("entry `{name}` runs past the end"))?;
+        out.insert(name, ZipEntry { method, data, size: usize_ });
         o += 46 + n + e + c;
     }
     Ok(out)
@@ -408,8 +421,8 @@ fn parse_legacy(bytes: &[u8]) -> std::result::Result<(Value, Storages<'_>, bool)
         let n = bytes.get(pos..pos + 8).ok_or_else(|| format!("storage `{k}` runs past the end"))?;
         let numel = u64::from_le_bytes(n.try_into().unwrap()) as usize;
         let len = numel.checked_mul(size).ok_or("storage size overflows")?;
-        let data = pos
-            .checked_add(8 + len)
+        let data = len
+            .checked_add(pos + 8)
             .and_then(|end| bytes.get(pos + 8..end))
             .ok_or_else(|| format!("storage `{k}` runs past the end"))?;
         storages.insert(k.to_string(), std::borrow::Cow::Borrowed(data));
@@ -503,7 +516,7 @@ impl<'a> Machine<'a> {
     }
 
     fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
-        let s = self.b.get(self.pos..self.pos + n).ok_or("the pickle ends early")?;
+        let s = self.b.get(self.pos..self.pos.saturating_add(n)).ok_or("the pickle ends early")?;
         self.pos += n;
         Ok(s)
     }
@@ -821,7 +834,12 @@ impl<'a> Machine<'a> {
                 self.legacy_storages.insert(key.to_string(), elem);
                 let view = match t.get(5) {
                     Some(Value::Tuple(v)) => match (v.get(1), v.get(2)) {
-                        (Some(Value::Int(o)), Some(Value::Int(n))) => Some((*o as usize, *n as usize)),
+                        (Some(Value::Int(o)), Some(Value::Int(n))) => {
+                            match (usize::try_from(*o), usize::try_from(*n)) {
+                                (Ok(o), Ok(n)) => Some((o, n)),
+                                _ => return Err("a storage view at a negative or huge offset".into()),
+                            }
+                        }
                         _ => return Err("a storage view without offset and size".into()),
                     },
                     _ => None,
@@ -914,7 +932,8 @@ fn tensor(args: &[Value], dtype: Option<&str>) -> std::result::Result<Value, Str
             Some(Value::Tuple(t)) => t
                 .iter()
                 .map(|x| match x {
-                    Value::Int(i) if *i >= 0 => Ok(*i as usize),
+                    Value::Int(i) => usize::try_from(*i)
+                        .map_err(|_| "a tensor size or stride that is not a non-negative integer".to_string()),
                     _ => Err("a tensor size or stride that is not a non-negative integer".to_string()),
                 })
                 .collect(),
@@ -922,7 +941,10 @@ fn tensor(args: &[Value], dtype: Option<&str>) -> std::result::Result<Value, Str
         }
     };
     let Some(Value::Storage(storage)) = args.first() else { return Err("a tensor without its storage".into()) };
-    let Some(Value::Int(offset)) = args.get(1) else { return Err("a tensor without its storage offset".into()) };
+    let offset = match args.get(1) {
+        Some(Value::Int(o)) => usize::try_from(*o).map_err(|_| "a negative or huge storage offset".to_string())?,
+        _ => return Err("a tensor without its storage offset".into()),
+    };
     let (size, stride) = (ints(args.get(2))?, ints(args.get(3))?);
     if size.len() != stride.len() {
         return Err("a tensor whose size and stride differ in length".into());
@@ -931,7 +953,7 @@ fn tensor(args: &[Value], dtype: Option<&str>) -> std::result::Result<Value, Str
         None => storage.dtype.clone(),
         Some(name) => TorchDtype::from_name(name).ok_or_else(|| name.to_owned()),
     };
-    Ok(Value::Tensor(Rc::new(TensorRef { storage: storage.clone(), dtype, offset: *offset as usize, size, stride })))
+    Ok(Value::Tensor(Rc::new(TensorRef { storage: storage.clone(), dtype, offset, size, stride })))
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1114,7 +1136,11 @@ fn materialise(t: &TensorRef, storages: &Storages<'_>, big_endian: bool) -> std:
     };
     let raw = storages.get(&s.key).ok_or_else(|| format!("its storage `{}` is not in the file", s.key))?;
     let raw: &[u8] = match s.view {
-        Some((o, n)) => raw.get(o * s.elem..(o + n) * s.elem).ok_or("a storage view past its root")?,
+        Some((o, n)) => o
+            .checked_add(n)
+            .and_then(|end| Some((o.checked_mul(s.elem)?, end.checked_mul(s.elem)?)))
+            .and_then(|(a, b)| raw.get(a..b))
+            .ok_or("a storage view past its root")?,
         None => raw,
     };
     let es = dtype.size();
@@ -1275,6 +1301,17 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("holds no tensors"), "{e}");
+        // Lengths and sizes as large as their fields hold: errors, not overflows.
+        let e = Machine::new(b"\x80\x02\x8d\xff\xff\xff\xff\xff\xff\xff\xff.").run().unwrap_err();
+        assert!(e.contains("ends early"), "{e}");
+        let mut m = Machine::new(&legacy);
+        for _ in 0..5 {
+            m.run().unwrap();
+        }
+        let mut huge = legacy.clone();
+        huge[m.pos..m.pos + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let e = parse(&huge).unwrap_err();
+        assert!(e.contains("overflows") || e.contains("runs past the end"), "{e}");
         // An opcode curate does not run is named with its place.
         let e = Machine::new(b"\x80\x02\xff.").run().unwrap_err();
         assert!(e.contains("0xff at byte 2"), "{e}");
