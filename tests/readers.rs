@@ -2332,3 +2332,99 @@ fn an_imagenet_file_without_an_extension_is_said_to_have_none() {
     assert!(details[0].starts_with("the name has no extension, not one of"), "{details:?}");
     assert!(details[1].starts_with("`.txt` is not one of"), "{details:?}");
 }
+
+#[test]
+fn keep_where_keeps_the_rows_a_column_allows_in_every_format() {
+    // A WIT-like table (OTTER trains on WIT's English rows): `language` says which rows to keep.
+    // A non-English row with an empty caption is skipped, not rejected (the filter comes first);
+    // an English one is an `empty_caption` reject; a null language (Parquet) is not kept.
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let rows = [
+        ("a", Some("en"), "a red tram in the snow"),
+        ("b", Some("de"), "eine rote Straßenbahn"),
+        ("c", Some("fr"), ""),
+        ("d", Some("en"), ""),
+        ("e", Some("en-GB"), "a lighthouse at dusk"),
+        ("f", None, "no language given"),
+        ("g", Some("en"), "two dogs on a beach"),
+    ];
+    let tsv: String = std::iter::once("id\tlanguage\tcaption_reference_description\timage_url".to_owned())
+        .chain(rows.iter().map(|(id, l, c)| format!("{id}\t{}\t{c}\thttp://x/{id}.jpg", l.unwrap_or(""))))
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(dir.path().join("wit.tsv"), format!("{tsv}\n")).unwrap();
+    // CSV: quoted fields, one caption over two lines.
+    let csv: String = std::iter::once("id,language,caption_reference_description,image_url".to_owned())
+        .chain(rows.iter().map(|(id, l, c)| {
+            let c = if *id == "g" { "two dogs\non a beach" } else { c };
+            format!("{id},{},\"{c}\",http://x/{id}.jpg", l.unwrap_or(""))
+        }))
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(dir.path().join("wit.csv"), format!("{csv}\n")).unwrap();
+    let strings = |f: &dyn Fn(&(&str, Option<&str>, &str)) -> Option<String>| -> ArrayRef {
+        Arc::new(rows.iter().map(f).collect::<StringArray>())
+    };
+    let batch = RecordBatch::try_from_iter([
+        ("id", strings(&|r| Some(r.0.to_owned()))),
+        ("language", strings(&|r| r.1.map(str::to_owned))),
+        ("caption_reference_description", strings(&|r| Some(r.2.to_owned()))),
+        ("image_url", strings(&|r| Some(format!("http://x/{}.jpg", r.0)))),
+    ])
+    .unwrap();
+    write_parquet(&dir.path().join("wit.parquet"), &batch);
+    for (file, header, keep) in [
+        ("wit.tsv", "header = true\n", "keep_where = { language = \"en\" }"),
+        ("wit.csv", "", "keep_where = { language = [\"en\"] }"),
+        ("wit.parquet", "", "keep_where = { language = \"en\" }"),
+        ("wit.parquet", "", "keep_where = { language = [\"en\", \"en-GB\"] }"),
+    ] {
+        let stage = format!(
+            "type = \"read_table\"\npath = \"{}\"\n{header}columns = {{ sample_id = \"id\", caption = \
+             \"caption_reference_description\", url = \"image_url\" }}\n{keep}",
+            dir.path().join(file).display()
+        );
+        let out = tempfile::tempdir().unwrap();
+        let toml = read_only(&stage).replace("{out}", &out.path().join("out").to_string_lossy());
+        let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
+        let plan = curate::pipeline::plan::compile_doc(&doc).unwrap_or_else(|e| panic!("{file}: {e}"));
+        curate::pipeline::run(plan, &curate::pipeline::RunOptions::default()).unwrap();
+        let data = read_dir(&out.path().join("out/data"));
+        let rejects = read_dir(&out.path().join("out/rejects"));
+        let gb = keep.contains("en-GB");
+        let want: Vec<&str> = if gb { vec!["a", "e", "g"] } else { vec!["a", "g"] };
+        assert_eq!(strs(&data, "sample_id"), want, "{file} {keep}");
+        assert_eq!(col(&rejects, "sample_id"), [Some("d".to_owned())], "{file}");
+        let r: Vec<String> = reasons(&rejects).into_iter().map(|x| x.0).collect();
+        assert_eq!(r, ["empty_caption"], "{file}");
+        let manifest = json_file(&out.path().join("out/manifest.json"));
+        assert_eq!(manifest["skipped_by_reason"]["keep_where"], if gb { 3 } else { 4 }, "{file} {keep}");
+        if file == "wit.csv" {
+            assert_eq!(strs(&data, "caption")[1], "two dogs\non a beach");
+        }
+    }
+}
+
+#[test]
+fn keep_where_columns_are_checked_like_mapped_ones() {
+    let stage = |keep: &str| {
+        format!(
+            "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"id\", caption = \"text\" }}\n{keep}",
+            fixture("readers/generic/pairs.csv")
+        )
+    };
+    let check = |keep: &str| -> String {
+        let toml = read_only(&stage(keep)).replace("{out}", "/tmp/never");
+        let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
+        curate::pipeline::plan::compile_doc(&doc).err().map(|e| e.to_string()).unwrap_or_default()
+    };
+    let e = check("keep_where = { txet = \"en\" }");
+    assert!(
+        e.contains("keep_where = { txet") && e.contains("missing column `txet`") && e.contains("did you mean `text`"),
+        "{e}"
+    );
+    let e = check("keep_where = { text = [] }");
+    assert!(e.contains("no value is listed"), "{e}");
+}

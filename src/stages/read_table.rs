@@ -5,7 +5,9 @@
 //! `sample_id` column the id is `<file name>#<row>`: the 1-based line for TSV, the line a record
 //! starts on for CSV, the 0-based row for Parquet. Relative image paths resolve against
 //! `image_root`, or else the table's own folder; with `check_files` a row whose image file does
-//! not exist is a `missing_file` reject.
+//! not exist is a `missing_file` reject. `keep_where` keeps only the rows whose given columns
+//! hold one of the given values (WIT's English rows: `keep_where = { language = "en" }`); the
+//! others are skipped (`keep_where` in the skip counts), not rejected.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -138,6 +140,36 @@ pub struct ReadTableConfig {
     pub check_files: bool,
     #[serde(default = "default_source")]
     pub source: String,
+    /// Keep only rows whose column (a name, or a 0-based index in a table without a header)
+    /// holds one of the listed values, exactly; for several columns, all must. Other rows are
+    /// skipped before any check of theirs.
+    #[serde(default, deserialize_with = "keep_table")]
+    pub keep_where: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+/// `keep_where`: column -> a value or a list of values.
+fn keep_table<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<std::collections::BTreeMap<String, Vec<String>>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    let map = std::collections::BTreeMap::<String, OneOrMany>::deserialize(d)?;
+    Ok(map
+        .into_iter()
+        .map(|(k, v)| {
+            (
+                k,
+                match v {
+                    OneOrMany::One(s) => vec![s],
+                    OneOrMany::Many(v) => v,
+                },
+            )
+        })
+        .collect())
 }
 
 /// `columns` as a table only: serde would read a list (`["text", "link"]`) as the fields in
@@ -202,10 +234,26 @@ impl ReadTableConfig {
                 Some("leave it out to keep the whole value, or give the marker (`#` for Flickr8k)".into()),
             );
         }
+        for (key, values) in &self.keep_where {
+            if values.is_empty() {
+                problems.push(
+                    format!("keep_where.{key}"),
+                    "no value is listed, so no row would be kept",
+                    Some(format!("e.g. `keep_where = {{ {key} = [\"en\"] }}`")),
+                );
+            }
+        }
         // Names resolve to indexes against each file's own header or schema: files may order
         // their columns differently.
-        let (indexes, widths): (Vec<[Option<usize>; 6]>, Vec<usize>) =
-            files.iter().filter_map(|f| self.resolve(f, format, header, problems)).unzip();
+        let mut filters = Vec::new();
+        let (indexes, widths): (Vec<[Option<usize>; 6]>, Vec<usize>) = files
+            .iter()
+            .filter_map(|f| {
+                let (ix, width, filter) = self.resolve(f, format, header, problems)?;
+                filters.push(filter);
+                Some((ix, width))
+            })
+            .unzip();
         let image_root = self.image_root.as_ref().map(PathBuf::from);
         problems.is_empty().then(|| ReadTable {
             files,
@@ -213,6 +261,7 @@ impl ReadTableConfig {
             header,
             indexes,
             widths,
+            filters,
             caption_mapped: self.columns.caption.is_some(),
             image_refs: match (&self.columns.path, &self.columns.url) {
                 (Some(_), _) => super::ImageRefs::Paths,
@@ -227,16 +276,30 @@ impl ReadTableConfig {
         })
     }
 
-    /// The input column of each mapped `pairs` column in `file` and the number of fields each
+    /// The `keep_where` columns as column references (a key of digits is a 0-based index),
+    /// each with its config key.
+    fn filter_columns(&self) -> Vec<(String, ColumnRef)> {
+        self.keep_where
+            .keys()
+            .map(|k| {
+                let col = k.parse::<usize>().map_or_else(|_| ColumnRef::Name(k.clone()), ColumnRef::Index);
+                (format!("keep_where.{k}"), col)
+            })
+            .collect()
+    }
+
+    /// The input column of each mapped `pairs` column in `file`, the number of fields each
     /// TSV line must have (the header's, or the usual width of a headerless file's first
-    /// lines), or `None` after reporting what is missing.
+    /// lines) and the `keep_where` columns' indexes with their values, or `None` after
+    /// reporting what is missing.
     fn resolve(
         &self,
         file: &Path,
         format: Format,
         header: bool,
         problems: &mut Problems,
-    ) -> Option<([Option<usize>; 6], usize)> {
+    ) -> Option<([Option<usize>; 6], usize, Filter)> {
+        let filter_columns = self.filter_columns();
         if format != Format::Parquet
             && super::refuse_non_text(&[file.to_owned()], problems, "path", format == Format::Csv)
         {
@@ -244,8 +307,9 @@ impl ReadTableConfig {
         }
         let names: std::result::Result<Vec<String>, String> = match format {
             Format::Parquet => parquet::read_schema(file).map_err(|e| e.to_string()).and_then(|schema| {
-                // Every mapped column must read as text.
-                for (key, col) in self.columns.entries() {
+                // Every mapped and filtering column must read as text.
+                let filtering = filter_columns.iter().map(|(key, col)| (key.as_str(), Some(col)));
+                for (key, col) in self.columns.entries().into_iter().chain(filtering) {
                     let field = match col {
                         Some(ColumnRef::Name(n)) => schema.field_with_name(n).ok(),
                         Some(ColumnRef::Index(i)) => schema.fields().get(*i).map(|f| f.as_ref()),
@@ -294,10 +358,9 @@ impl ReadTableConfig {
             }
         };
         let named = header || format == Format::Parquet;
-        let mut indexes = [None; 6];
         let mut ok = true;
-        for (slot, (key, col)) in self.columns.entries().into_iter().enumerate() {
-            let Some(col) = col else { continue };
+        // The input column `col` names (`key`: its config key), or `None` after reporting why not.
+        let mut locate = |key: &str, col: &ColumnRef, problems: &mut Problems| -> Option<usize> {
             let found = match col {
                 ColumnRef::Index(i) if *i < names.len() => Some(*i),
                 ColumnRef::Index(_) => None,
@@ -306,34 +369,40 @@ impl ReadTableConfig {
                     let at: Vec<usize> = names.iter().enumerate().filter(|(_, h)| *h == n).map(|(i, _)| i).collect();
                     if let [first, second, ..] = at[..] {
                         problems.push(
-                            format!("columns.{key}"),
+                            key,
                             format!(
                                 "column {col} is named twice in the header of `{}` (columns #{first} and #{second})",
                                 file_name(file)
                             ),
-                            Some(format!(
-                                "name it by position: `{key} = {first}` (0-based), or rename one of them in the file"
-                            )),
+                            Some(match key.strip_prefix("columns.") {
+                                Some(short) => format!(
+                                    "name it by position: `{short} = {first}` (0-based), or rename one of them in the file"
+                                ),
+                                None => format!(
+                                    "name it by position: `keep_where = {{ \"{first}\" = ... }}` (0-based), or rename \
+                                     one of them in the file"
+                                ),
+                            }),
                         );
                         ok = false;
-                        continue;
+                        return None;
                     }
                     at.first().copied()
                 }
                 ColumnRef::Name(_) => {
                     problems.push(
-                        format!("columns.{key}"),
+                        key,
                         format!("column {col} named, but the table has no header"),
                         Some("use a 0-based index, or set `header = true`".into()),
                     );
                     ok = false;
-                    continue;
+                    return None;
                 }
             };
             match found {
                 Some(i) if format == Format::Tsv && i >= super::MAX_FIELDS => {
                     problems.push(
-                        format!("columns.{key}"),
+                        key,
                         match col {
                             ColumnRef::Name(_) => format!(
                                 "column {col} is column #{i} of `{}`; TSV tables are read up to column #{}",
@@ -347,8 +416,9 @@ impl ReadTableConfig {
                         Some("cut the table to the columns you need, or convert it to Parquet".into()),
                     );
                     ok = false;
+                    None
                 }
-                Some(i) => indexes[slot] = Some(i),
+                Some(i) => Some(i),
                 None => {
                     let hint = match col {
                         ColumnRef::Name(n) => did_you_mean(n, names.iter().map(String::as_str)),
@@ -361,13 +431,22 @@ impl ReadTableConfig {
                             format!("the first lines of `{}` have at most {} fields", file_name(file), names.len())
                         })
                     });
-                    problems.push(
-                        format!("columns.{key}"),
-                        format!("missing column {col} in `{}`", file_name(file)),
-                        hint,
-                    );
+                    problems.push(key, format!("missing column {col} in `{}`", file_name(file)), hint);
                     ok = false;
+                    None
                 }
+            }
+        };
+        let mut indexes = [None; 6];
+        for (slot, (key, col)) in self.columns.entries().into_iter().enumerate() {
+            if let Some(col) = col {
+                indexes[slot] = locate(&format!("columns.{key}"), col, problems);
+            }
+        }
+        let mut filter = Filter::new();
+        for (key, col) in &filter_columns {
+            if let Some(i) = locate(key, col, problems) {
+                filter.push((i, self.keep_where[&key["keep_where.".len()..]].clone()));
             }
         }
         let width = match format {
@@ -383,7 +462,7 @@ impl ReadTableConfig {
                 return None;
             }
         };
-        let need = indexes.iter().flatten().max().map_or(0, |m| m + 1);
+        let need = indexes.iter().flatten().chain(filter.iter().map(|(i, _)| i)).max().map_or(0, |m| m + 1);
         if ok && format != Format::Parquet && width < need {
             problems.push(
                 "columns",
@@ -396,7 +475,7 @@ impl ReadTableConfig {
             );
             ok = false;
         }
-        ok.then_some((indexes, width))
+        ok.then_some((indexes, width, filter))
     }
 }
 
@@ -609,6 +688,7 @@ impl SeenText {
 struct CsvFile<'a> {
     path: &'a Path,
     indexes: &'a [Option<usize>; 6],
+    filter: &'a Filter,
     rdr: csv::Reader<SeenText>,
     /// Fields every record must have.
     expected: usize,
@@ -629,6 +709,8 @@ pub struct ReadTable {
     indexes: Vec<[Option<usize>; 6]>,
     /// For each TSV file: the fields every line must have (see [`ReadTableConfig::resolve`]).
     widths: Vec<usize>,
+    /// For each file: the `keep_where` columns' indexes and the values each may hold.
+    filters: Vec<Filter>,
     caption_mapped: bool,
     /// How rows name their images: by the mapped `path`, else the mapped `url`.
     image_refs: super::ImageRefs,
@@ -638,6 +720,15 @@ pub struct ReadTable {
     image_root: Option<PathBuf>,
     check_files: bool,
     source: String,
+}
+
+/// `keep_where` resolved against one file: each column's index and the values it may hold.
+type Filter = Vec<(usize, Vec<String>)>;
+
+/// Whether a row is kept: every filter column's value (`value(index)`, `None` for a null or a
+/// value that is not text) is one of its listed values.
+fn keeps<'v>(filter: &Filter, value: impl Fn(usize) -> Option<&'v str>) -> bool {
+    filter.iter().all(|(i, allowed)| value(*i).is_some_and(|v| allowed.iter().any(|a| a == v)))
 }
 
 /// Turns one record's mapped values into a row or a reject reason.
@@ -757,6 +848,9 @@ impl Reader for ReadTable {
                         if line.as_text().is_none() {
                             return reject("invalid_utf8", "line is not valid UTF-8".into());
                         }
+                        if !keeps(&self.filters[k], |i| line.text(fields[i])) {
+                            return LineOutcome::Skip(KEEP_WHERE);
+                        }
                         let values = indexes.map(|i| i.map(|i| line.text(fields[i]).expect("line checked as UTF-8")));
                         let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
                         // Repeated ids are rejected after the chunk (`with_unique_ids`).
@@ -789,6 +883,12 @@ impl Reader for ReadTable {
 }
 
 impl ReadTable {
+    /// The `keep_where` filter of `file`, one of the tables.
+    fn filter_of(&self, file: &Path) -> &Filter {
+        let k = self.files.iter().position(|f| f == file).expect("one of the tables");
+        &self.filters[k]
+    }
+
     /// A reject of `row`; `id` is the mapped id column's value, where it was read.
     fn reject(
         &self,
@@ -836,7 +936,7 @@ impl ReadTable {
     /// or a lone CR, as the CSV parser's records do) and raw bytes are known exactly. Every
     /// record must have as many fields as the header, or, without one, as most of the first 100
     /// records.
-    fn open_csv<'a>(&self, path: &'a Path, indexes: &'a [Option<usize>; 6]) -> Result<CsvFile<'a>> {
+    fn open_csv<'a>(&'a self, path: &'a Path, indexes: &'a [Option<usize>; 6]) -> Result<CsvFile<'a>> {
         let open = || crate::io::lines::open_text(path).map_err(|e| Error::io("cannot read", path, e));
         let width = if self.header { None } else { Some(usual_csv_width(open()?, FIRST_LINES)) };
         let text = SeenText { file: open()?, bytes: Vec::new(), from: 0, eof: false };
@@ -845,8 +945,9 @@ impl ReadTable {
             None => rdr.byte_headers().map(|h| h.len()).unwrap_or(0),
             Some(width) => width,
         };
-        let need = indexes.iter().flatten().max().map_or(0, |m| m + 1);
-        Ok(CsvFile { path, indexes, rdr, expected, need, counted: 0, line: 1, done: false })
+        let filter = self.filter_of(path);
+        let need = indexes.iter().flatten().chain(filter.iter().map(|(i, _)| i)).max().map_or(0, |m| m + 1);
+        Ok(CsvFile { path, indexes, filter, rdr, expected, need, counted: 0, line: 1, done: false })
     }
 
     /// The next chunk of `file` ([`CHUNK_ROWS`] rows, with the rejects among them), or `None`
@@ -855,7 +956,8 @@ impl ReadTable {
         if file.done {
             return Ok(None);
         }
-        let (path, indexes, expected) = (file.path, file.indexes, file.expected);
+        let (path, indexes, expected, filter) = (file.path, file.indexes, file.expected, file.filter);
+        let mut skipped = 0u64;
         let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
         let mut out = PairsBuilder::new(&self.source);
         let mut rejects = Vec::new();
@@ -913,12 +1015,16 @@ impl ReadTable {
                 rejects.push(self.reject(path, line, id, "invalid_utf8", "record is not valid UTF-8".into(), raw));
                 continue;
             };
+            if !keeps(filter, |i| fields.get(i).copied()) {
+                skipped += 1;
+                continue;
+            }
             let values = indexes.map(|i| i.and_then(|i| fields.get(i).copied()));
             if let Some(r) = self.emit_unique(&mut maker, unique, path, line, values, &mut out, || raw) {
                 rejects.push(r);
             }
         }
-        Ok(Some(chunk_of(out.finish(), rejects)))
+        Ok(Some(with_skipped(chunk_of(out.finish(), rejects), skipped)))
     }
 
     /// One batch of a Parquet file as a chunk; `row` is the file's row index of the batch's
@@ -946,7 +1052,29 @@ impl ReadTable {
             .collect::<Result<Vec<_>>>()?
             .into_iter()
             .unzip();
+        // The `keep_where` columns as text, by column index (a value that is not text is null:
+        // its row is not kept).
+        let filter = self.filter_of(path);
+        let filter_text: std::collections::HashMap<usize, arrow_array::ArrayRef> = filter
+            .iter()
+            .map(|(i, _)| {
+                as_text(batch.column(*i)).map(|(text, _)| (*i, text)).map_err(|e| {
+                    let name = batch.schema().field(*i).name().clone();
+                    Error::data(format!("`{}`: column `{name}` cannot be read as text: {e}", path.display()))
+                })
+            })
+            .collect::<Result<_>>()?;
+        let mut skipped = 0u64;
         for r in 0..batch.num_rows() {
+            let value = |i: usize| {
+                let c = filter_text[&i].as_string::<i32>();
+                c.is_valid(r).then(|| c.value(r))
+            };
+            if !keeps(filter, value) {
+                skipped += 1;
+                *row += 1;
+                continue;
+            }
             // A value the cast to text turned into a null was not text: bytes that are not
             // UTF-8 (in a binary column, or in a text column whose writer did not check them:
             // text columns are read as bytes), kept as they were.
@@ -999,9 +1127,20 @@ impl ReadTable {
             }
             *row += 1;
         }
-        Ok(chunk_of(out.finish(), rejects))
+        Ok(with_skipped(chunk_of(out.finish(), rejects), skipped))
     }
 }
+
+/// `chunk` with `n` rows skipped by `keep_where`.
+fn with_skipped(mut chunk: Chunk, n: u64) -> Chunk {
+    if n > 0 {
+        *chunk.skipped.entry(KEEP_WHERE).or_default() += n;
+    }
+    chunk
+}
+
+/// The skip reason of rows `keep_where` leaves out.
+const KEEP_WHERE: &str = "keep_where";
 
 #[cfg(test)]
 mod tests {
