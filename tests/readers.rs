@@ -2341,7 +2341,8 @@ fn keep_where_keeps_the_rows_a_column_allows_in_every_format() {
     use arrow_array::{ArrayRef, RecordBatch, StringArray};
     use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();
-    let rows = [
+    type Row<'a> = (&'a str, Option<&'a str>, &'a str);
+    let rows: [Row; 7] = [
         ("a", Some("en"), "a red tram in the snow"),
         ("b", Some("de"), "eine rote Straßenbahn"),
         ("c", Some("fr"), ""),
@@ -2364,9 +2365,8 @@ fn keep_where_keeps_the_rows_a_column_allows_in_every_format() {
         .collect::<Vec<_>>()
         .join("\n");
     std::fs::write(dir.path().join("wit.csv"), format!("{csv}\n")).unwrap();
-    let strings = |f: &dyn Fn(&(&str, Option<&str>, &str)) -> Option<String>| -> ArrayRef {
-        Arc::new(rows.iter().map(f).collect::<StringArray>())
-    };
+    let strings =
+        |f: &dyn Fn(&Row) -> Option<String>| -> ArrayRef { Arc::new(rows.iter().map(f).collect::<StringArray>()) };
     let batch = RecordBatch::try_from_iter([
         ("id", strings(&|r| Some(r.0.to_owned()))),
         ("language", strings(&|r| r.1.map(str::to_owned))),
