@@ -1,7 +1,7 @@
 //! A sentence encoder: `tokenizer.json` (the `tokenizers` crate; or an older BERT folder's
-//! `vocab.txt`) + a transformer (BERT family, or MPNet for `"model_type": "mpnet"` in
-//! `config.json`) + pooling (+ normalisation), loaded
-//! from a Hugging Face / sentence-transformers model folder. Truncation to the model's maximum
+//! `vocab.txt`) + a transformer (BERT family and RoBERTa, or MPNet for `"model_type": "mpnet"`
+//! in `config.json`) + pooling (+ normalisation), loaded from a Hugging Face /
+//! sentence-transformers model folder. Truncation to the model's maximum
 //! length (sentence-transformers' `max_seq_length` when the folder has
 //! `sentence_bert_config.json`), padding to the longest caption of each batch with the model's
 //! `pad_token_id` (MPNet's `<pad>` is 1, and it sets positions).
@@ -279,8 +279,8 @@ impl TextEncoder {
 /// The truncation length: sentence-transformers' `max_seq_length` (`sentence_bert_config.json`)
 /// when the folder has one, else the model's own limit (`model_max`, named by `model_key`:
 /// BERT's `max_position_embeddings`, MPNet's and RoBERTa's less the positions they reserve). It
-/// must leave room for at
-/// least one text token beside the special tokens the tokenizer adds (`[CLS]`, `[SEP]`): the
+/// must leave room for at least one text token beside the special tokens the tokenizer adds
+/// (`[CLS]`, `[SEP]`): the
 /// `tokenizers` crate computes `max_length - special tokens` unchecked, so a smaller length wraps,
 /// no caption is truncated and a long one runs past the position table (a panic mid-run). A
 /// `max_seq_length` past the model's limit is cut to it.
