@@ -155,6 +155,16 @@ fn a_sharded_model_folder_loads_the_same_model() {
     let sharded = TextEncoder::load(dir.path(), Some(Pooling::Mean), Some(true), &device).unwrap();
     let whole = TextEncoder::load(&src, Some(Pooling::Mean), Some(true), &device).unwrap();
     assert_eq!(sharded.encode(&captions).unwrap(), whole.encode(&captions).unwrap());
+    // What a run's resume stamps cover: the index and both shards.
+    let names: Vec<String> = curate::models::weights::shard_files(dir.path())
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        ["model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    );
+    assert!(curate::models::weights::shard_files(&src).is_empty());
 
     // The first shard's first tensor listed again in the second shard.
     let (first, view) = &tensors[0];

@@ -66,6 +66,30 @@ pub fn open_clip_weights_file(dir: &Path) -> std::path::PathBuf {
     first_present(dir, &["open_clip_model.safetensors", "open_clip_pytorch_model.bin"])
 }
 
+/// The index and shard files of a sharded checkpoint in model folder `dir` (none for a folder
+/// without one, or an index that does not parse): what a run's resume stamps must cover.
+pub fn shard_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let index = hf_weights_file(dir);
+    if !index.to_string_lossy().ends_with(".index.json") || !index.is_file() {
+        return Vec::new();
+    }
+    let shards: Vec<String> = std::fs::read_to_string(&index)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| {
+            v["weight_map"].as_object().map(|m| m.values().filter_map(|f| f.as_str().map(str::to_owned)).collect())
+        })
+        .unwrap_or_default();
+    let mut files = vec![index];
+    for s in shards {
+        let p = dir.join(s);
+        if !files.contains(&p) {
+            files.push(p);
+        }
+    }
+    files
+}
+
 fn first_present(dir: &Path, names: &[&str]) -> std::path::PathBuf {
     names.iter().map(|n| dir.join(n)).find(|p| p.is_file()).unwrap_or_else(|| dir.join(names[0]))
 }

@@ -139,7 +139,10 @@ impl Transform for EncodeText {
             "1_Pooling/config.json",
             "modules.json",
         ];
-        crate::io::model_files(std::path::Path::new(&self.config.model), &names)
+        let dir = std::path::Path::new(&self.config.model);
+        let mut files = crate::io::model_files(dir, &names);
+        files.extend(crate::models::weights::shard_files(dir));
+        files
     }
 
     fn apply(&self, chunk: Chunk, first_row: u64) -> Result<(Chunk, StageStats)> {
