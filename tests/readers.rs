@@ -2408,6 +2408,65 @@ fn keep_where_keeps_the_rows_a_column_allows_in_every_format() {
 }
 
 #[test]
+fn keep_where_comes_before_every_check_of_a_row_but_its_field_count() {
+    // TSV and CSV: a row not kept is skipped even when its caption is not UTF-8 (a WIT file's
+    // other languages must not fill `rejects/`); a filter cell that is not UTF-8 is no value, so
+    // not kept; a line of the wrong width is rejected (its fields cannot be trusted). Also: an
+    // empty headerless shard beside a filtered one is a table of no rows, and a header naming a
+    // column with digits is matched by name.
+    let dir = tempfile::tempdir().unwrap();
+    let run = |stage: String| {
+        let out = tempfile::tempdir().unwrap();
+        let toml = read_only(&stage).replace("{out}", &out.path().join("out").to_string_lossy());
+        let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
+        let plan = curate::pipeline::plan::compile_doc(&doc).unwrap_or_else(|e| panic!("{e}"));
+        curate::pipeline::run(plan, &curate::pipeline::RunOptions::default()).unwrap();
+        let data = read_dir(&out.path().join("out/data"));
+        let rejects = read_dir(&out.path().join("out/rejects"));
+        let manifest = json_file(&out.path().join("out/manifest.json"));
+        (strs(&data, "sample_id"), reasons(&rejects).into_iter().map(|x| x.0).collect::<Vec<_>>(), manifest)
+    };
+    let lines: Vec<&[u8]> = vec![
+        b"a\ten\ta tram",
+        b"b\tde\tbad \xff byte",
+        b"c\t\xffn\tbad filter cell",
+        b"d\ten\tbad \xfe kept row",
+        b"e\ten",
+        b"f\ten\ttwo dogs",
+    ];
+    for (file, sep) in [("u.tsv", b'\t'), ("u.csv", b',')] {
+        let text: Vec<u8> = lines
+            .iter()
+            .flat_map(|l| l.iter().map(|&b| if b == b'\t' { sep } else { b }).chain(std::iter::once(b'\n')))
+            .collect();
+        std::fs::write(dir.path().join(file), text).unwrap();
+        let (ids, rejects, manifest) = run(format!(
+            "type = \"read_table\"\npath = \"{}\"\nheader = false\ncolumns = {{ sample_id = 0, caption = 2 }}\n\
+             keep_where = {{ \"1\" = \"en\" }}",
+            dir.path().join(file).display()
+        ));
+        assert_eq!(ids, ["a", "f"], "{file}");
+        assert_eq!(rejects, ["invalid_utf8", "wrong_field_count"], "{file}");
+        assert_eq!(manifest["skipped_by_reason"]["keep_where"], 2, "{file}");
+    }
+    std::fs::write(dir.path().join("empty.tsv"), "").unwrap();
+    let (ids, _, _) = run(format!(
+        "type = \"read_table\"\npath = [\"{}\", \"{}\"]\nheader = false\ncolumns = {{ sample_id = 0 }}\n\
+         keep_where = {{ \"2\" = \"a tram\" }}",
+        dir.path().join("u.tsv").display(),
+        dir.path().join("empty.tsv").display()
+    ));
+    assert_eq!(ids, ["a"]);
+    std::fs::write(dir.path().join("digits.csv"), "id,text,2024\n1,a,en\n2,b,de\n").unwrap();
+    let (ids, _, _) = run(format!(
+        "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ sample_id = \"id\", caption = \"text\" }}\n\
+         keep_where = {{ \"2024\" = \"en\" }}",
+        dir.path().join("digits.csv").display()
+    ));
+    assert_eq!(ids, ["1"], "a header's `2024` is that column, not position 2024");
+}
+
+#[test]
 fn keep_where_columns_are_checked_like_mapped_ones() {
     let stage = |keep: &str| {
         format!(
@@ -2427,4 +2486,11 @@ fn keep_where_columns_are_checked_like_mapped_ones() {
     );
     let e = check("keep_where = { text = [] }");
     assert!(e.contains("no value is listed"), "{e}");
+    for keep in ["keep_where = { text = 3 }", "keep_where = { text = [\"a\", 3] }"] {
+        let e = check(keep);
+        assert!(e.contains("a string or a list of strings") && e.contains("quote numbers"), "{keep}: {e}");
+    }
+    // `"03"` is not position 3 (two spellings of one column would both have to match).
+    let e = check("keep_where = { \"03\" = \"x\" }");
+    assert!(e.contains("missing column `03`"), "{e}");
 }

@@ -6,8 +6,9 @@
 //! starts on for CSV, the 0-based row for Parquet. Relative image paths resolve against
 //! `image_root`, or else the table's own folder; with `check_files` a row whose image file does
 //! not exist is a `missing_file` reject. `keep_where` keeps only the rows whose given columns
-//! hold one of the given values (WIT's English rows: `keep_where = { language = "en" }`); the
-//! others are skipped (`keep_where` in the skip counts), not rejected.
+//! hold one of the given values, as text (WIT's English rows: `keep_where = { language = "en" }`);
+//! the others are skipped (`keep_where` in the skip counts) before any check of theirs but a
+//! line's field count, not rejected; a null or a cell that is not UTF-8 is never kept.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -147,29 +148,44 @@ pub struct ReadTableConfig {
     pub keep_where: std::collections::BTreeMap<String, Vec<String>>,
 }
 
-/// `keep_where`: column -> a value or a list of values.
+/// `keep_where`: column -> a value or a list of values, strings only (a number in a TOML file
+/// is told to be quoted: values are matched as text).
 fn keep_table<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> std::result::Result<std::collections::BTreeMap<String, Vec<String>>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMany {
-        One(String),
-        Many(Vec<String>),
+    struct Values(Vec<String>);
+    impl<'de> Deserialize<'de> for Values {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+            struct Visitor;
+            impl<'de> serde::de::Visitor<'de> for Visitor {
+                type Value = Values;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a string or a list of strings (values match as text: quote numbers, `\"3\"`)")
+                }
+                fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Values, E> {
+                    Ok(Values(vec![v.to_owned()]))
+                }
+                fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Values, A::Error> {
+                    let mut out = Vec::new();
+                    while let Some(v) = seq.next_element::<serde_json::Value>()? {
+                        match v {
+                            serde_json::Value::String(s) => out.push(s),
+                            other => {
+                                return Err(serde::de::Error::invalid_type(
+                                    serde::de::Unexpected::Other(&format!("the value {other}")),
+                                    &self,
+                                ))
+                            }
+                        }
+                    }
+                    Ok(Values(out))
+                }
+            }
+            d.deserialize_any(Visitor)
+        }
     }
-    let map = std::collections::BTreeMap::<String, OneOrMany>::deserialize(d)?;
-    Ok(map
-        .into_iter()
-        .map(|(k, v)| {
-            (
-                k,
-                match v {
-                    OneOrMany::One(s) => vec![s],
-                    OneOrMany::Many(v) => v,
-                },
-            )
-        })
-        .collect())
+    let map = std::collections::BTreeMap::<String, Values>::deserialize(d)?;
+    Ok(map.into_iter().map(|(k, v)| (k, v.0)).collect())
 }
 
 /// `columns` as a table only: serde would read a list (`["text", "link"]`) as the fields in
@@ -278,11 +294,18 @@ impl ReadTableConfig {
 
     /// The `keep_where` columns as column references (a key of digits is a 0-based index),
     /// each with its config key.
-    fn filter_columns(&self) -> Vec<(String, ColumnRef)> {
+    /// A key of plain digits (`"2"`, not `"02"` or `"+2"`) is a position unless the table names
+    /// a column so (`names`).
+    fn filter_columns(&self, names: &[String]) -> Vec<(String, ColumnRef)> {
         self.keep_where
             .keys()
             .map(|k| {
-                let col = k.parse::<usize>().map_or_else(|_| ColumnRef::Name(k.clone()), ColumnRef::Index);
+                let digits =
+                    !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()) && (k == "0" || !k.starts_with('0'));
+                let col = match k.parse::<usize>() {
+                    Ok(i) if digits && !names.contains(k) => ColumnRef::Index(i),
+                    _ => ColumnRef::Name(k.clone()),
+                };
                 (format!("keep_where.{k}"), col)
             })
             .collect()
@@ -299,7 +322,8 @@ impl ReadTableConfig {
         header: bool,
         problems: &mut Problems,
     ) -> Option<([Option<usize>; 6], usize, Filter)> {
-        let filter_columns = self.filter_columns();
+        // Before the file's names are known: digit keys as positions (for the Parquet type check).
+        let filter_columns = self.filter_columns(&[]);
         if format != Format::Parquet
             && super::refuse_non_text(&[file.to_owned()], problems, "path", format == Format::Csv)
         {
@@ -342,10 +366,12 @@ impl ReadTableConfig {
         let empty = names.is_err() && !header && format != Format::Parquet && text_is_empty(file);
         let names = match names {
             Err(_) if empty => {
-                let widest = self.columns.entries().into_iter().filter_map(|(_, c)| match c {
-                    Some(ColumnRef::Index(i)) => Some(*i + 1),
-                    _ => None,
-                });
+                let filtering = filter_columns.iter().map(|(_, c)| Some(c));
+                let widest =
+                    self.columns.entries().into_iter().map(|(_, c)| c).chain(filtering).filter_map(|c| match c {
+                        Some(ColumnRef::Index(i)) => Some(*i + 1),
+                        _ => None,
+                    });
                 Ok((0..widest.max().unwrap_or(1)).map(|i| format!("#{i}")).collect())
             }
             names => names,
@@ -444,6 +470,7 @@ impl ReadTableConfig {
             }
         }
         let mut filter = Filter::new();
+        let filter_columns = if named { self.filter_columns(&names) } else { filter_columns };
         for (key, col) in &filter_columns {
             if let Some(i) = locate(key, col, problems) {
                 filter.push((i, self.keep_where[&key["keep_where.".len()..]].clone()));
@@ -462,12 +489,15 @@ impl ReadTableConfig {
                 return None;
             }
         };
-        let need = indexes.iter().flatten().chain(filter.iter().map(|(i, _)| i)).max().map_or(0, |m| m + 1);
+        let mapped = indexes.iter().flatten().max().map_or(0, |m| m + 1);
+        let filtered = filter.iter().map(|(i, _)| i + 1).max().unwrap_or(0);
+        let (need, key, what) =
+            if filtered > mapped { (filtered, "keep_where", "filtered on") } else { (mapped, "columns", "mapped") };
         if ok && format != Format::Parquet && width < need {
             problems.push(
-                "columns",
+                key,
                 format!(
-                    "column #{} is mapped, but most of the first lines of `{}` have {width} field(s)",
+                    "column #{} is {what}, but most of the first lines of `{}` have {width} field(s)",
                     need - 1,
                     file_name(file)
                 ),
@@ -845,11 +875,13 @@ impl Reader for ReadTable {
                         if n != width {
                             return reject("wrong_field_count", format!("{n} fields, expected {width}"));
                         }
+                        // The filter before the UTF-8 check: a row not kept is not looked at (a filter
+                        // cell that is not UTF-8 is no value, and not kept).
+                        if !keeps(&self.filters[k], |i| std::str::from_utf8(fields[i]).ok()) {
+                            return LineOutcome::Skip(KEEP_WHERE);
+                        }
                         if line.as_text().is_none() {
                             return reject("invalid_utf8", "line is not valid UTF-8".into());
-                        }
-                        if !keeps(&self.filters[k], |i| line.text(fields[i])) {
-                            return LineOutcome::Skip(KEEP_WHERE);
                         }
                         let values = indexes.map(|i| i.map(|i| line.text(fields[i]).expect("line checked as UTF-8")));
                         let mut maker = RowMaker { t: self, id: String::new(), path: String::new() };
@@ -1010,15 +1042,16 @@ impl ReadTable {
                 rejects.push(self.reject(path, line, id, "wrong_field_count", d, raw));
                 continue;
             }
+            // The filter before the UTF-8 check, as for TSV.
+            if !keeps(filter, |i| record.get(i).and_then(|f| std::str::from_utf8(f).ok())) {
+                skipped += 1;
+                continue;
+            }
             let Ok(fields) = record.iter().map(std::str::from_utf8).collect::<std::result::Result<Vec<&str>, _>>()
             else {
                 rejects.push(self.reject(path, line, id, "invalid_utf8", "record is not valid UTF-8".into(), raw));
                 continue;
             };
-            if !keeps(filter, |i| fields.get(i).copied()) {
-                skipped += 1;
-                continue;
-            }
             let values = indexes.map(|i| i.and_then(|i| fields.get(i).copied()));
             if let Some(r) = self.emit_unique(&mut maker, unique, path, line, values, &mut out, || raw) {
                 rejects.push(r);
