@@ -2585,6 +2585,45 @@ fn the_cusa_and_pcmepp_clip_presets_are_valid_training_files() {
 }
 
 #[test]
+fn the_otter_preset_is_a_valid_training_file_that_trains() {
+    // `pipelines/train_otter_paper.toml` with tiny stand-ins for the checkpoints and CC3M it
+    // names (the tiny ResNet as a `.pth.tar` training checkpoint is not bundled, so the
+    // safetensors one; the tiny BERT for DeCLUTR-Sci-base, a BERT too): every other key as the
+    // preset sets it, then two steps of the OTTER loss.
+    use curate::losses::LossConfig;
+    use curate::train::config::Schedule;
+    let dir = tempfile::tempdir().unwrap();
+    let sets: Vec<String> = [
+        "model.image.preset=tiny",
+        "model.image.checkpoint=tests/fixtures/models/tiny_resnet.safetensors",
+        "model.text.dir=tests/fixtures/models/tiny_bert",
+        "model.text.max_tokens=16",
+        "model.image_size_px=32",
+        r#"data.tables=["data/train_sample/train.parquet"]"#,
+    ]
+    .map(String::from)
+    .to_vec();
+    let c = TrainConfig::load(Path::new("pipelines/train_otter_paper.toml"), &sets).unwrap_or_else(|e| panic!("{e}"));
+    let LossConfig::Otter(o) = &c.loss else { panic!("{:?}", c.loss) };
+    assert_eq!((o.alpha, o.gamma_v, o.gamma_t, o.sinkhorn_lambda, o.sinkhorn_iterations), (0.5, 1.0, 1.0, 0.15, 5));
+    assert_eq!(o.teacher_momentum, 0.999);
+    assert_eq!((c.batch_size, c.epochs, c.optim.lr, c.optim.weight_decay), (512, Some(10), 3e-3, 0.0));
+    assert_eq!(c.optim.schedule, Schedule::CosinePerEpoch);
+    assert_eq!(c.model.embed_dim, 768);
+    // Two steps instead of its ten epochs (`steps` and `epochs` exclude each other).
+    let file = dir.path().join("otter.toml");
+    let text = std::fs::read_to_string("pipelines/train_otter_paper.toml").unwrap();
+    assert!(text.contains("epochs = 10\n"));
+    std::fs::write(&file, text.replace("epochs = 10\n", "steps = 2\n")).unwrap();
+    let mut sets = sets;
+    sets.extend([format!("output_dir={}", dir.path().join("out").display()), "batch_size=64".into()]);
+    let c = TrainConfig::load(&file, &sets).unwrap_or_else(|e| panic!("{e}"));
+    let s = train(&c, &TrainOptions::default()).unwrap();
+    assert_eq!(s.steps, 2);
+    assert!(s.last_loss.is_finite(), "{}", s.last_loss);
+}
+
+#[test]
 fn zero_shot_labels_name_one_class_by_a_synonym_or_by_number() {
     // A name two classes list (OTTER's GOI list repeats names) would have sent every such label
     // to the first class unsaid; it is refused, and `#N` names a class by its number.
