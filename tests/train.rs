@@ -2585,7 +2585,7 @@ fn the_cusa_and_pcmepp_clip_presets_are_valid_training_files() {
 }
 
 #[test]
-fn the_otter_preset_is_a_valid_training_file_that_trains() {
+fn the_otter_and_fistful_presets_are_valid_training_files_that_train() {
     // `pipelines/train_otter_paper.toml` with tiny stand-ins for the checkpoints and CC3M it
     // names (the tiny ResNet as a `.pth.tar` training checkpoint is not bundled, so the
     // safetensors one; the tiny BERT for DeCLUTR-Sci-base, a BERT too): every other key as the
@@ -2618,6 +2618,20 @@ fn the_otter_preset_is_a_valid_training_file_that_trains() {
     let mut sets = sets;
     sets.extend([format!("output_dir={}", dir.path().join("out").display()), "batch_size=64".into()]);
     let c = TrainConfig::load(&file, &sets).unwrap_or_else(|e| panic!("{e}"));
+    let s = train(&c, &TrainOptions::default()).unwrap();
+    assert_eq!(s.steps, 2);
+    assert!(s.last_loss.is_finite(), "{}", s.last_loss);
+
+    // The Fistful preset likewise (its `epochs = 20` taken out the same way).
+    let text = std::fs::read_to_string("pipelines/train_paper.toml").unwrap();
+    assert!(text.contains("epochs = 20\n"));
+    let file = dir.path().join("fistful.toml");
+    std::fs::write(&file, text.replace("epochs = 20\n", "steps = 2\n")).unwrap();
+    let mut sets = sets;
+    sets.push(format!("output_dir={}", dir.path().join("fistful").display()));
+    let c = TrainConfig::load(&file, &sets).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.loss.loss_type(), LossType::MemoryBank);
+    assert_eq!((c.optim.lr, c.optim.schedule), (3e-3, Schedule::CosinePerEpoch));
     let s = train(&c, &TrainOptions::default()).unwrap();
     assert_eq!(s.steps, 2);
     assert!(s.last_loss.is_finite(), "{}", s.last_loss);
