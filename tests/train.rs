@@ -2627,7 +2627,6 @@ fn the_otter_and_fistful_presets_are_valid_training_files_that_train() {
     assert!(text.contains("epochs = 20\n"));
     let file = dir.path().join("fistful.toml");
     std::fs::write(&file, text.replace("epochs = 20\n", "steps = 2\n")).unwrap();
-    let mut sets = sets;
     sets.push(format!("output_dir={}", dir.path().join("fistful").display()));
     let c = TrainConfig::load(&file, &sets).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.loss.loss_type(), LossType::MemoryBank);
