@@ -6,7 +6,8 @@
 //!
 //! [`OpenClipConfig`] reads the sizes of both towers from an open_clip model folder's
 //! `open_clip_config.json` (open_clip's Hugging Face repositories ship that file beside
-//! `open_clip_model.safetensors` and a `tokenizer.json` of CLIP's BPE). A whole CLIP state dict
+//! `open_clip_model.safetensors` or `open_clip_pytorch_model.bin` and a `tokenizer.json` of CLIP's
+//! BPE). A whole CLIP state dict
 //! is accepted: the image tower's tensors (`visual.`) and `logit_scale` are left to others.
 //!
 //! Pooling takes the token at `length − 1` of each row, the end-of-text token of CLIP's

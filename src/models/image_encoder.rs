@@ -1,6 +1,6 @@
 //! An image encoder: an architecture name (`resnet18`, `resnet34`, `resnet50`, `resnet101`,
-//! `wide_resnet50_2`, `tiny_resnet`, `vit_b32_clip`, `vit_b32_unicom`), a checkpoint (safetensors or PyTorch) and its preprocessing preset,
-//! giving one feature vector per image. Used by the `encode_image` stage (frozen ResNet-50
+//! `wide_resnet50_2`, `tiny_resnet`, `vit_b32_clip`, `vit_b32_unicom`), a checkpoint
+//! (safetensors or PyTorch) and its preprocessing preset, giving one feature vector per image. Used by the `encode_image` stage (frozen ResNet-50
 //! features, spec `bow-and-otter.md` §4; the Unicom image teacher, `cusa-and-pcmepp.md` §1.1).
 //!
 //! Adding an architecture is one [`ImageArch`] variant and one line in [`ImageArch::spec`]

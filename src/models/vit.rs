@@ -388,7 +388,7 @@ impl Vit {
         }
     }
 
-    /// Loads a safetensors state dict in the layout of `c`.
+    /// Loads a state dict (safetensors or PyTorch, TorchScript included) in the layout of `c`.
     pub fn load(path: &Path, c: &VitConfig, device: &Device) -> Result<Vit> {
         Weights::load_model(path, |w| Vit::from_weights(c, w, device), Vit::ignored)
     }

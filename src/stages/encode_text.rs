@@ -24,8 +24,8 @@ pub const TYPE: &str = "encode_text";
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EncodeTextConfig {
-    /// A Hugging Face / sentence-transformers model folder (`config.json`,
-    /// `model.safetensors`, `tokenizer.json`).
+    /// A Hugging Face / sentence-transformers model folder (`config.json`, `model.safetensors`
+    /// or `pytorch_model.bin` or a sharded checkpoint, `tokenizer.json` or a BERT `vocab.txt`).
     pub model: String,
     /// The text column to embed.
     #[serde(default = "default_column")]
