@@ -450,6 +450,51 @@ fn tiny_resnet_matches_torchvision() {
 }
 
 #[test]
+fn a_resnet_loads_from_under_a_prefix_of_a_self_supervised_checkpoint() {
+    // A MoCo-style checkpoint: the query encoder under `module.encoder_q.`, the key encoder
+    // under `module.encoder_k.` and the queue beside them. Under the prefix, the same model as
+    // the bare state dict; the rest is left out, not reported unused. A prefix naming nothing
+    // is refused with the names' first parts.
+    use burn::tensor::{Tensor, TensorData};
+    use curate::models::resnet::{ResNet, ResNetConfig};
+    let bytes = std::fs::read(fixtures().join("tiny_resnet.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let queue_data = vec![0u8; 4 * 8];
+    let queue = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 4], &queue_data).unwrap();
+    let mut parts: Vec<(String, safetensors::tensor::TensorView)> = Vec::new();
+    for (n, v) in st.tensors() {
+        parts.push((format!("module.encoder_q.{n}"), v.clone()));
+        parts.push((format!("module.encoder_k.{n}"), v));
+    }
+    parts.push(("module.queue".into(), queue));
+    let dir = tempfile::tempdir().unwrap();
+    let moco = dir.path().join("moco.safetensors");
+    std::fs::write(&moco, safetensors::serialize(parts, None).unwrap()).unwrap();
+    let device = Device::flex();
+    let c = ResNetConfig::tiny();
+    let bare = ResNet::load(&fixtures().join("tiny_resnet.safetensors"), &c, &device).unwrap();
+    let under = ResNet::load_under(&moco, Some("module.encoder_q."), &c, &device).unwrap();
+    let x = || {
+        Tensor::<4>::from_data(
+            TensorData::new((0..2 * 3 * 32 * 32).map(|i| (i % 17) as f32 / 17.0).collect::<Vec<_>>(), [2, 3, 32, 32]),
+            &device,
+        )
+    };
+    assert_eq!(
+        under.forward(x()).into_data().try_to_vec::<f32>().unwrap(),
+        bare.forward(x()).into_data().try_to_vec::<f32>().unwrap()
+    );
+    let e = ResNet::load(&moco, &c, &device).err().unwrap().to_string();
+    assert!(e.contains("does not fit"), "without the prefix: {e}");
+    assert!(
+        e.contains("under `module.encoder_k.`, `module.encoder_q.`: read one with `checkpoint_prefix`"),
+        "the hint names where the model is: {e}"
+    );
+    let e = ResNet::load_under(&moco, Some("backbone."), &c, &device).err().unwrap().to_string();
+    assert!(e.contains("has no tensor under `backbone.`") && e.contains("module.encoder_q."), "{e}");
+}
+
+#[test]
 fn resnet50_has_torchvisions_exact_layout() {
     // Every tensor of torchvision's resnet50() state dict, by name and shape
     // (resnet50_layout.json): loading zeros of exactly those shapes must leave nothing

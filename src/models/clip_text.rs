@@ -283,7 +283,7 @@ impl ClipText {
 
     /// Loads the tower from a state dict (safetensors or PyTorch; a whole CLIP or the text tower alone).
     pub fn load(path: &Path, c: &ClipTextConfig, device: &Device) -> Result<ClipText> {
-        Weights::load_model(path, |w| ClipText::from_weights(c, w, device), ClipText::ignored)
+        Weights::load_model(path, None, |w| ClipText::from_weights(c, w, device), ClipText::ignored)
     }
 
     /// The transformer blocks, first to last (for per-block learning rates).

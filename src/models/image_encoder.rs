@@ -74,10 +74,10 @@ pub enum Net {
 
 impl Net {
     /// Loads a checkpoint of `family`; refuses one whose tensors do not fit.
-    pub fn load(family: &Family, path: &Path, device: &Device) -> Result<Net> {
+    pub fn load(family: &Family, path: &Path, prefix: Option<&str>, device: &Device) -> Result<Net> {
         Ok(match family {
-            Family::ResNet(c) => Net::ResNet(Box::new(ResNet::load(path, c, device)?)),
-            Family::Vit(c) => Net::Vit(Box::new(Vit::load(path, c, device)?)),
+            Family::ResNet(c) => Net::ResNet(Box::new(ResNet::load_under(path, prefix, c, device)?)),
+            Family::Vit(c) => Net::Vit(Box::new(Vit::load_under(path, prefix, c, device)?)),
         })
     }
 
@@ -109,9 +109,21 @@ pub struct ImageEncoder {
 }
 
 impl ImageEncoder {
-    /// Loads `arch` from a checkpoint (safetensors or PyTorch), preprocessing with `preset` (default: the
-    /// architecture's own).
+    /// Loads `arch` from a checkpoint (safetensors or PyTorch), preprocessing with `preset`
+    /// (default: the architecture's own).
     pub fn load(path: &Path, arch: ImageArch, preset: Option<PreprocessPreset>, device: &Device) -> Result<Self> {
+        Self::load_under(path, None, arch, preset, device)
+    }
+
+    /// [`ImageEncoder::load`] of the checkpoint's tensors under `prefix`
+    /// ([`super::weights::Weights::under_prefix`]: an SSL checkpoint's encoder).
+    pub fn load_under(
+        path: &Path,
+        prefix: Option<&str>,
+        arch: ImageArch,
+        preset: Option<PreprocessPreset>,
+        device: &Device,
+    ) -> Result<Self> {
         let (family, default_preset) = arch.spec();
         let preprocess = preset.unwrap_or(default_preset).build();
         // A ViT's learned position table fixes its input size; a ResNet pools any size.
@@ -128,7 +140,7 @@ impl ImageEncoder {
                 });
             }
         }
-        let net = Net::load(&family, path, device)?;
+        let net = Net::load(&family, path, prefix, device)?;
         let dim = net.feature_dim();
         Ok(ImageEncoder { net, arch, preprocess, device: device.clone(), dim })
     }

@@ -397,7 +397,13 @@ impl ResNet {
 
     /// Loads a torchvision-layout state dict (safetensors, or torchvision's own `.pth`).
     pub fn load(path: &Path, c: &ResNetConfig, device: &Device) -> Result<ResNet> {
-        Weights::load_model(path, |w| ResNet::from_weights(c, w, device), |_| &Self::IGNORED)
+        Self::load_under(path, None, c, device)
+    }
+
+    /// [`ResNet::load`] of the tensors under `prefix` (an SSL checkpoint's encoder:
+    /// [`Weights::under_prefix`]).
+    pub fn load_under(path: &Path, prefix: Option<&str>, c: &ResNetConfig, device: &Device) -> Result<ResNet> {
+        Weights::load_model(path, prefix, |w| ResNet::from_weights(c, w, device), |_| &Self::IGNORED)
     }
 
     pub fn feature_dim(&self) -> usize {

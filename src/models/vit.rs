@@ -390,7 +390,12 @@ impl Vit {
 
     /// Loads a state dict (safetensors or PyTorch, TorchScript included) in the layout of `c`.
     pub fn load(path: &Path, c: &VitConfig, device: &Device) -> Result<Vit> {
-        Weights::load_model(path, |w| Vit::from_weights(c, w, device), Vit::ignored)
+        Self::load_under(path, None, c, device)
+    }
+
+    /// [`Vit::load`] of the tensors under `prefix` ([`Weights::under_prefix`]).
+    pub fn load_under(path: &Path, prefix: Option<&str>, c: &VitConfig, device: &Device) -> Result<Vit> {
+        Weights::load_model(path, prefix, |w| Vit::from_weights(c, w, device), Vit::ignored)
     }
 
     pub fn output_dim(&self) -> usize {

@@ -565,14 +565,52 @@ impl Weights {
         bn
     }
 
-    /// A model built by `build` from the checkpoint `path` (safetensors or PyTorch), checked by
+    /// The tensors under `prefix` (`module.encoder_q.` in a MoCo checkpoint, `online_backbone.`
+    /// in some BYOL conversions), named without it; the others are left out, not reported as
+    /// unused. A `module.` the reader removed from every name (see [`torch_checkpoint`]) need
+    /// not be repeated: `module.encoder_q.` also finds `encoder_q.`.
+    pub fn under_prefix(mut self, prefix: &str) -> Result<Weights> {
+        let take = |names: Vec<&String>| -> Option<String> {
+            let alt = prefix.strip_prefix("module.");
+            [Some(prefix), alt]
+                .into_iter()
+                .flatten()
+                .find(|p| names.iter().any(|n| n.starts_with(p)))
+                .map(str::to_owned)
+        };
+        let Some(found) = take(self.tensors.keys().chain(self.other_dtypes.keys()).collect()) else {
+            // The names' first parts, to choose a prefix from.
+            let mut heads: Vec<String> =
+                self.tensors.keys().map(|n| n.split('.').take(2).collect::<Vec<_>>().join(".") + ".").collect();
+            heads.dedup();
+            heads.truncate(12);
+            return Err(Error::Model {
+                message: format!("checkpoint `{}` has no tensor under `{prefix}`", self.source),
+                hint: Some(format!("its names start with: {}", heads.join(", "))),
+            });
+        };
+        fn strip<V>(m: BTreeMap<String, V>, prefix: &str) -> BTreeMap<String, V> {
+            m.into_iter().filter_map(|(n, v)| n.strip_prefix(prefix).map(|s| (s.to_owned(), v))).collect()
+        }
+        self.tensors = strip(std::mem::take(&mut self.tensors), &found);
+        self.other_dtypes = strip(std::mem::take(&mut self.other_dtypes), &found);
+        self.source = format!("{} (under `{found}`)", self.source);
+        Ok(self)
+    }
+
+    /// A model built by `build` from the checkpoint `path` (safetensors or PyTorch; with
+    /// `prefix`, the tensors under it: [`Weights::under_prefix`]), checked by
     /// [`Weights::finish`] with the names `ignored` gives for it.
     pub fn load_model<M>(
         path: &Path,
+        prefix: Option<&str>,
         build: impl FnOnce(&Weights) -> M,
         ignored: impl FnOnce(&M) -> &'static [&'static str],
     ) -> Result<M> {
-        let w = Weights::from_checkpoint(path)?;
+        let mut w = Weights::from_checkpoint(path)?;
+        if let Some(prefix) = prefix {
+            w = w.under_prefix(prefix)?;
+        }
         let model = build(&w);
         w.finish(ignored(&model))?;
         Ok(model)
@@ -589,12 +627,22 @@ impl Weights {
             .filter(|k| !used.contains(*k) && !ignored.iter().any(|p| k.starts_with(p)))
             .cloned()
             .collect();
+        let missing = self.missing.into_inner();
+        // The model under a prefix of the checkpoint (an SSL training checkpoint's encoder): an
+        // unused tensor named as a missing one, with something before it.
+        let under: Vec<String> = match missing.shown.first().and_then(|m| m.split(' ').next()) {
+            Some(name) => unexpected
+                .iter()
+                .filter(|k| k.ends_with(&format!(".{name}")))
+                .map(|k| k[..k.len() - name.len()].to_owned())
+                .collect(),
+            None => Vec::new(),
+        };
         let mut unexpected_problems = Problems::default();
         for k in unexpected {
             unexpected_problems.push(|| k);
         }
         let unexpected = unexpected_problems;
-        let missing = self.missing.into_inner();
         let misshaped = self.misshaped.into_inner();
         let wrong_dtype = self.wrong_dtype.into_inner();
         if missing.count + misshaped.count + unexpected.count + wrong_dtype.count == 0 {
@@ -616,6 +664,20 @@ impl Weights {
             }
         }
         let mut hint = Vec::new();
+        let prefix_hint = match &under[..] {
+            [] => None,
+            [p] => {
+                Some(format!("the checkpoint holds the model under `{p}`: read it with `checkpoint_prefix = \"{p}\"`"))
+            }
+            more => Some(format!(
+                "the checkpoint holds the model under {}: read one with `checkpoint_prefix` (MoCo's query encoder is \
+                 `encoder_q.`)",
+                more.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", ")
+            )),
+        };
+        if let Some(h) = &prefix_hint {
+            hint.push(h.as_str());
+        }
         if wrong_dtype.count > 0 {
             hint.push("save the weights as floats (`model.float()` before saving, or a dequantised checkpoint)");
         }
@@ -668,6 +730,20 @@ fn random_values(seed: u64, name: &str, n: usize, init: Init) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prefix_the_reader_removed_module_from_still_finds_its_tensors() {
+        // A `torch.save` checkpoint of a DataParallel MoCo reads as `encoder_q.*` (`module.`
+        // removed from every name); the prefix as its script names it still finds them.
+        let w = Weights::from_parts(vec![
+            ("encoder_q.a".into(), vec![1], vec![1.0]),
+            ("encoder_k.a".into(), vec![1], vec![2.0]),
+        ]);
+        let w = w.under_prefix("module.encoder_q.").unwrap();
+        assert_eq!(w.tensors.keys().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(w.tensors["a"].data, [1.0]);
+        assert!(w.source.ends_with("(under `encoder_q.`)"), "{}", w.source);
+    }
 
     #[test]
     fn pytorch_checkpoints_load_as_safetensors_do() {

@@ -51,6 +51,12 @@ pub struct EncodeImageConfig {
     /// Folder holding img2dataset's `<shard>.tar` files, for rows without a `path`.
     #[serde(default)]
     pub shards_dir: Option<String>,
+    /// Read only the checkpoint's tensors under this prefix, without it: the encoder of a
+    /// self-supervised training checkpoint (`module.encoder_q.` for MoCo, `online_backbone.`
+    /// for some BYOL conversions). Left out of `config.json` when absent (config hashes of runs
+    /// without it stay as they were).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_prefix: Option<String>,
 }
 
 fn default_batch() -> usize {
@@ -90,7 +96,8 @@ impl EncodeImageConfig {
         if !problems.is_empty() {
             return None;
         }
-        match ImageEncoder::load(Path::new(&self.model), arch, self.preprocess, device) {
+        let prefix = self.checkpoint_prefix.as_deref();
+        match ImageEncoder::load_under(Path::new(&self.model), prefix, arch, self.preprocess, device) {
             Ok(encoder) => {
                 let mut fields = vec![Field::new(schema::SAMPLE_ID, DataType::Utf8, false)];
                 fields.extend(references.iter().map(|c| Field::new(*c, DataType::Utf8, true)));

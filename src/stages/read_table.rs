@@ -143,8 +143,9 @@ pub struct ReadTableConfig {
     pub source: String,
     /// Keep only rows whose column (a name, or a 0-based index in a table without a header)
     /// holds one of the listed values, exactly; for several columns, all must. Other rows are
-    /// skipped before any check of theirs.
-    #[serde(default, deserialize_with = "keep_table")]
+    /// skipped before any check of theirs. Left out of `config.json` when empty (config hashes
+    /// of runs without it stay as they were).
+    #[serde(default, deserialize_with = "keep_table", skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub keep_where: std::collections::BTreeMap<String, Vec<String>>,
 }
 

@@ -167,6 +167,10 @@ pub struct ImageModelConfig {
     /// ImageNet or BYOL ResNet-50); absent: random initialisation from `seed`.
     #[serde(default)]
     pub checkpoint: Option<PathBuf>,
+    /// Read only `checkpoint`'s tensors under this prefix, without it (a MoCo checkpoint's
+    /// `module.encoder_q.`). Left out of `config.json` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_prefix: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -183,7 +187,13 @@ pub enum ImagePreset {
 
 impl Default for ImageModelConfig {
     fn default() -> Self {
-        ImageModelConfig { preset: default_image_preset(), layers: None, width: None, checkpoint: None }
+        ImageModelConfig {
+            preset: default_image_preset(),
+            layers: None,
+            width: None,
+            checkpoint: None,
+            checkpoint_prefix: None,
+        }
     }
 }
 

@@ -181,7 +181,7 @@ impl Towers {
     ) -> Result<Towers> {
         let rc = resnet_config(&c.image);
         let image = match &c.image.checkpoint {
-            Some(path) => ResNet::load(path, &rc, device)?,
+            Some(path) => ResNet::load_under(path, c.image.checkpoint_prefix.as_deref(), &rc, device)?,
             None => ResNet::from_weights(&rc, &Weights::random(seed), device),
         };
         let bc = BertConfig::from_file(&text.dir.join("config.json"))?;
