@@ -2386,13 +2386,7 @@ fn keep_where_keeps_the_rows_a_column_allows_in_every_format() {
              \"caption_reference_description\", url = \"image_url\" }}\n{keep}",
             dir.path().join(file).display()
         );
-        let out = tempfile::tempdir().unwrap();
-        let toml = read_only(&stage).replace("{out}", &out.path().join("out").to_string_lossy());
-        let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
-        let plan = curate::pipeline::plan::compile_doc(&doc).unwrap_or_else(|e| panic!("{file}: {e}"));
-        curate::pipeline::run(plan, &curate::pipeline::RunOptions::default()).unwrap();
-        let data = read_dir(&out.path().join("out/data"));
-        let rejects = read_dir(&out.path().join("out/rejects"));
+        let (out, data, rejects) = run_pipeline(&read_only(&stage));
         let gb = keep.contains("en-GB");
         let want: Vec<&str> = if gb { vec!["a", "e", "g"] } else { vec!["a", "g"] };
         assert_eq!(strs(&data, "sample_id"), want, "{file} {keep}");
@@ -2416,13 +2410,7 @@ fn keep_where_comes_before_every_check_of_a_row_but_its_field_count() {
     // column with digits is matched by name.
     let dir = tempfile::tempdir().unwrap();
     let run = |stage: String| {
-        let out = tempfile::tempdir().unwrap();
-        let toml = read_only(&stage).replace("{out}", &out.path().join("out").to_string_lossy());
-        let doc = curate::pipeline::config::ConfigDoc::parse(std::path::Path::new("t.toml"), toml, &[]).unwrap();
-        let plan = curate::pipeline::plan::compile_doc(&doc).unwrap_or_else(|e| panic!("{e}"));
-        curate::pipeline::run(plan, &curate::pipeline::RunOptions::default()).unwrap();
-        let data = read_dir(&out.path().join("out/data"));
-        let rejects = read_dir(&out.path().join("out/rejects"));
+        let (out, data, rejects) = run_pipeline(&read_only(&stage));
         let manifest = json_file(&out.path().join("out/manifest.json"));
         (strs(&data, "sample_id"), reasons(&rejects).into_iter().map(|x| x.0).collect::<Vec<_>>(), manifest)
     };
