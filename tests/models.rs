@@ -14,6 +14,16 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models")
 }
 
+/// A temporary copy of the tiny BERT's folder without its weights file (config, tokenizer,
+/// sentence-transformers settings), for a test to put weights of its own in.
+fn tiny_bert_without_weights() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "tokenizer.json", "sentence_bert_config.json"] {
+        std::fs::copy(fixtures().join("tiny_bert").join(f), dir.path().join(f)).unwrap();
+    }
+    dir
+}
+
 fn expected() -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(fixtures().join("tiny_bert_expected.json")).unwrap()).unwrap()
 }
@@ -130,10 +140,7 @@ fn a_sharded_model_folder_loads_the_same_model() {
     // a checkpoint past its shard size: the same embeddings, bit for bit. A tensor listed in
     // two shards is refused.
     let src = fixtures().join("tiny_bert");
-    let dir = tempfile::tempdir().unwrap();
-    for f in ["config.json", "tokenizer.json", "sentence_bert_config.json"] {
-        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
-    }
+    let dir = tiny_bert_without_weights();
     let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let mut tensors = st.tensors();
@@ -247,10 +254,7 @@ fn a_model_folder_with_only_pytorch_model_bin_loads_the_same_model() {
     // Older Hugging Face models (DeCLUTR's among them) ship `pytorch_model.bin`, not
     // safetensors: the tiny BERT's tensors saved so (legacy `torch.save` format,
     // torch/make_torch_checkpoints.py) give the same embeddings, bit for bit.
-    let dir = tempfile::tempdir().unwrap();
-    for f in ["config.json", "tokenizer.json", "sentence_bert_config.json"] {
-        std::fs::copy(fixtures().join("tiny_bert").join(f), dir.path().join(f)).unwrap();
-    }
+    let dir = tiny_bert_without_weights();
     std::fs::copy(fixtures().join("torch/tiny_bert_pytorch_model.bin"), dir.path().join("pytorch_model.bin")).unwrap();
     let captions = ["a dog runs on the beach", "two red birds"];
     let device = Device::flex();
@@ -826,10 +830,7 @@ fn a_checkpoint_saved_in_double_precision_loads_as_its_float_one() {
     // torch.save of a `.double()` model: every weight F64. It was reported as every tensor
     // missing; read as f32 it is the f32 checkpoint exactly (f32 → f64 → f32 is lossless).
     let src = fixtures().join("tiny_bert");
-    let dir = tempfile::tempdir().unwrap();
-    for f in ["config.json", "sentence_bert_config.json", "tokenizer.json"] {
-        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
-    }
+    let dir = tiny_bert_without_weights();
     let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let doubled: Vec<(String, Vec<usize>, Vec<u8>)> = st
