@@ -2002,6 +2002,68 @@ captions = "data/train_sample/retrieval_captions.parquet"
     }
 
     #[test]
+    fn the_uni_modal_and_compositionality_tables_take_their_own_image_roots() {
+        // The bundled zero-shot and attribute tables with paths relative to
+        // `data/train_sample`: each table's own root wins over `--image-root` (another set's
+        // folder), and without it the shared one is used (and the images are not there).
+        use arrow_array::{ArrayRef, RecordBatch, StringArray};
+        use curate::eval::compositionality::ComposeConfig;
+        use std::sync::Arc;
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let run_dir = crate::common::train_run(d, crate::common::TINY_RUN);
+        let device = Device::flex();
+        let root = "data/train_sample/";
+        // A copy of `table` with `root` cut from its `path` column.
+        let relative = |table: &str, name: &str| {
+            let batches = curate::io::parquet::read_file(Path::new(table)).unwrap();
+            let batch = arrow_select::concat::concat_batches(&batches[0].schema(), &batches).unwrap();
+            let i = batch.schema().index_of("path").unwrap();
+            let paths: StringArray = batch
+                .column(i)
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .unwrap()
+                .iter()
+                .map(|p| p.map(|p| p.strip_prefix(root).unwrap().to_owned()))
+                .collect();
+            let mut cols: Vec<ArrayRef> = batch.columns().to_vec();
+            cols[i] = Arc::new(paths);
+            let path = d.join(name);
+            crate::common::write_parquet(&path, &RecordBatch::try_new(batch.schema(), cols).unwrap());
+            path
+        };
+        let uni = relative("data/train_sample/zeroshot.parquet", "uni.parquet");
+        let compose = relative("data/train_sample/attributes.parquet", "compose.parquet");
+        let base = RunEval {
+            run: run_dir,
+            image_root: Some(d.join("another_set")),
+            uni_images: Some(uni),
+            compose: Some(compose),
+            compose_config: ComposeConfig { queries: 20, min_shared: 2, seed: 0 },
+            out: Some(d.join("eval")),
+            ..Default::default()
+        };
+        let e = run_trained(&base, &device).unwrap_err().to_string();
+        assert!(e.contains("another_set"), "{e}");
+        let e = run_trained(&RunEval { uni_images_root: Some(root.into()), ..base.clone() }, &device)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("compose.parquet") && e.contains("another_set"),
+            "the compose table still needs its own: {e}"
+        );
+        let own = RunEval { uni_images_root: Some(root.into()), compose_image_root: Some(root.into()), ..base };
+        let ev = run_trained(&own, &device).unwrap_or_else(|e| panic!("{e}"));
+        assert!(ev.unimodal.is_some() && ev.compositionality.is_some());
+        let config = json(&d.join("eval/config.json"));
+        assert_eq!(
+            (config["uni_images_root"].as_str(), config["compose_image_root"].as_str()),
+            (Some(root), Some(root))
+        );
+    }
+
+    #[test]
     fn a_failed_evaluation_keeps_the_earlier_one_and_a_run_folder_is_not_written_over() {
         let dir = tempfile::tempdir().unwrap();
         let run_dir = crate::common::train_run(dir.path(), crate::common::TINY_RUN);
