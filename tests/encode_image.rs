@@ -419,3 +419,39 @@ fn rows_that_share_an_image_get_its_one_embedding_and_its_one_failure() {
     );
     assert!(r[1].2.contains("gone.jpg"), "{}", r[1].2);
 }
+
+#[test]
+fn checkpoint_prefix_reads_the_encoder_of_a_training_checkpoint() {
+    // The tiny ResNet under `backbone.` beside other tensors, as a self-supervised training
+    // checkpoint keeps its encoder: with `checkpoint_prefix` the stage writes the embeddings of
+    // the bare model; without it the stage is refused, the hint naming the prefix.
+    let bytes = std::fs::read(model()).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let head = vec![0u8; 16];
+    let mut parts: Vec<(String, safetensors::tensor::TensorView)> =
+        st.tensors().into_iter().map(|(n, v)| (format!("backbone.{n}"), v)).collect();
+    parts.push((
+        "head.weight".into(),
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &head).unwrap(),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let ssl = dir.path().join("ssl.safetensors");
+    std::fs::write(&ssl, safetensors::serialize(parts, None).unwrap()).unwrap();
+    let pipeline = |prefix: &str| {
+        format!(
+            "output_dir = \"{{out}}\"\n[[stage]]\ntype = \"read_imagenet21k\"\nroot = {:?}\n\
+             [[stage]]\ntype = \"encode_image\"\nmodel = {:?}\narch = \"tiny_resnet\"\n{prefix}\
+             [[stage]]\ntype = \"write_parquet\"\n",
+            repo("data/imagenet21k_sample").to_string_lossy(),
+            ssl.to_string_lossy()
+        )
+    };
+    let (_d, data, _) = common::run_pipeline(&pipeline("checkpoint_prefix = \"backbone.\"\n"));
+    let files: Vec<PathBuf> = common::strs(&data, "path").iter().map(PathBuf::from).collect();
+    assert_same(&embeddings(&data), &direct(&files));
+
+    let toml = pipeline("").replace("{out}", &dir.path().join("out").to_string_lossy());
+    let doc = curate::pipeline::config::ConfigDoc::parse(Path::new("p.toml"), toml, &[]).unwrap();
+    let e = curate::pipeline::plan::compile_doc(&doc).err().unwrap().to_string();
+    assert!(e.contains("does not fit") && e.contains("checkpoint_prefix = \"backbone.\""), "{e}");
+}

@@ -2637,6 +2637,38 @@ fn the_otter_and_fistful_presets_are_valid_training_files_that_train() {
 }
 
 #[test]
+fn model_image_checkpoint_prefix_reads_the_tower_from_under_it() {
+    // The tiny ResNet under `module.encoder_q.` beside a key encoder, as MoCo saves it: with
+    // `model.image.checkpoint_prefix` the run's image tower is the bare model's (same pooled
+    // features before any step); without it the checkpoint does not fit.
+    let src = Path::new("tests/fixtures/models/tiny_resnet.safetensors");
+    let bytes = std::fs::read(src).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut parts: Vec<(String, safetensors::tensor::TensorView)> = Vec::new();
+    for (n, v) in st.tensors() {
+        parts.push((format!("module.encoder_q.{n}"), v.clone()));
+        parts.push((format!("module.encoder_k.{n}"), v));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let moco = dir.path().join("moco.safetensors");
+    std::fs::write(&moco, safetensors::serialize(parts, None).unwrap()).unwrap();
+    let device = Device::flex();
+    let tower = |checkpoint: &Path, prefix: Option<&str>| {
+        let mut sets = vec![format!("model.image.checkpoint={}", checkpoint.display())];
+        sets.extend(prefix.map(|p| format!("model.image.checkpoint_prefix={p}")));
+        let c = TrainConfig::load(Path::new("pipelines/train.toml"), &sets).unwrap_or_else(|e| panic!("{e}"));
+        DualEncoder::init(&c.model, Heads::default(), c.seed, &device).map(|m| {
+            let x = Tensor::<4>::ones([1, 3, 32, 32], &device);
+            m.image_features(x).into_data().try_to_vec::<f32>().unwrap()
+        })
+    };
+    let bare = tower(src, None).unwrap();
+    assert_eq!(tower(&moco, Some("module.encoder_q.")).unwrap(), bare);
+    let e = tower(&moco, None).err().unwrap().to_string();
+    assert!(e.contains("does not fit"), "{e}");
+}
+
+#[test]
 fn zero_shot_labels_name_one_class_by_a_synonym_or_by_number() {
     // A name two classes list (OTTER's GOI list repeats names) would have sent every such label
     // to the first class unsaid; it is refused, and `#N` names a class by its number.
