@@ -2331,6 +2331,67 @@ fn clip_config(dir: &Path, sets: &[&str]) -> TrainConfig {
 }
 
 #[test]
+fn an_open_clip_folder_with_open_clip_pytorch_model_bin_loads_the_same_towers() {
+    // open_clip's Hugging Face folders ship `open_clip_pytorch_model.bin` (older ones only that):
+    // the tiny CLIP's tensors saved so (torch/make_torch_checkpoints.py) give the same towers.
+    let src = Path::new("tests/fixtures/models/tiny_open_clip");
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("clip");
+    std::fs::create_dir(&folder).unwrap();
+    for f in ["open_clip_config.json", "tokenizer.json"] {
+        std::fs::copy(src.join(f), folder.join(f)).unwrap();
+    }
+    std::fs::copy(
+        "tests/fixtures/models/torch/tiny_open_clip_pytorch_model.bin",
+        folder.join("open_clip_pytorch_model.bin"),
+    )
+    .unwrap();
+    let device = Device::flex();
+    let features = |clip_dir: &Path| {
+        let c = clip_config(dir.path(), &[&format!("model.clip.dir={}", clip_dir.display())]);
+        let m = DualEncoder::init(&c.model, Heads::default(), c.seed, &device).unwrap();
+        let x = Tensor::<4>::ones([1, 3, 32, 32], &device);
+        m.image_features(x).into_data().try_to_vec::<f32>().unwrap()
+    };
+    assert_eq!(features(&folder), features(src));
+}
+
+#[test]
+fn a_bert_tower_with_only_vocab_txt_trains() {
+    // The tiny BERT with its WordPiece vocabulary as `vocab.txt` (ids in order, from its
+    // tokenizer.json) and no tokenizer.json: the training config accepts the folder, and the run
+    // tokenises as the tokenizer.json would (the same loss after two steps).
+    let src = Path::new("tests/fixtures/models/tiny_bert");
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("bert");
+    std::fs::create_dir(&folder).unwrap();
+    for f in ["config.json", "model.safetensors", "sentence_bert_config.json"] {
+        std::fs::copy(src.join(f), folder.join(f)).unwrap();
+    }
+    let tok: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer.json")).unwrap()).unwrap();
+    let mut vocab: Vec<(&String, u64)> =
+        tok["model"]["vocab"].as_object().unwrap().iter().map(|(k, v)| (k, v.as_u64().unwrap())).collect();
+    vocab.sort_by_key(|(_, i)| *i);
+    assert!(vocab.iter().enumerate().all(|(i, (_, id))| i as u64 == *id), "ids 0..n");
+    let lines: Vec<&str> = vocab.iter().map(|(k, _)| k.as_str()).collect();
+    std::fs::write(folder.join("vocab.txt"), lines.join("\n") + "\n").unwrap();
+    std::fs::write(folder.join("tokenizer_config.json"), r#"{"do_lower_case": true}"#).unwrap();
+    let loss = |text_dir: &Path, out: &str| {
+        let sets: Vec<String> = vec![
+            format!("model.text.dir={}", text_dir.display()),
+            "model.text.pretrained=true".into(),
+            "model.text.max_tokens=16".into(),
+            "steps=2".into(),
+            format!("output_dir={}", dir.path().join(out).display()),
+        ];
+        let c = TrainConfig::load(Path::new("pipelines/train.toml"), &sets).unwrap_or_else(|e| panic!("{e}"));
+        train(&c, &TrainOptions::default()).unwrap().last_loss
+    };
+    assert_eq!(loss(&folder, "vocab"), loss(src, "json"));
+}
+
+#[test]
 fn clip_towers_load_as_open_clip_and_train_and_resume() {
     // The towers' pooled features are open_clip's `encode_image` / `encode_text` of the
     // fixture's inputs (so the checkpoint went where it belongs), with the tokenizer's mask.
