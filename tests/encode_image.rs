@@ -455,3 +455,34 @@ fn checkpoint_prefix_reads_the_encoder_of_a_training_checkpoint() {
     let e = curate::pipeline::plan::compile_doc(&doc).err().unwrap().to_string();
     assert!(e.contains("does not fit") && e.contains("checkpoint_prefix = \"backbone.\""), "{e}");
 }
+
+#[test]
+fn an_fbnet_from_its_model_zoo_checkpoint_encodes_the_sample() {
+    // `arch = "tiny_fbnet"` with mobile-vision's model zoo `model.pth` form: 64-d rows, each the
+    // model's own features of its preprocessed image (ImageNet preprocessing by default).
+    let root = repo("data/imagenet21k_sample");
+    let pth = repo("tests/fixtures/models/fbnet/tiny_fbnet_model.pth");
+    let toml = format!(
+        "output_dir = \"{{out}}\"\n[[stage]]\ntype = \"read_imagenet21k\"\nroot = {:?}\n\
+         [[stage]]\ntype = \"encode_image\"\nmodel = {:?}\narch = \"tiny_fbnet\"\nbatch_size = 4\n\
+         [[stage]]\ntype = \"write_parquet\"\n",
+        root.to_string_lossy(),
+        pth.to_string_lossy()
+    );
+    let (dir, data, _) = common::run_pipeline(&toml);
+    let got = embeddings(&data);
+    assert_eq!(got.len(), 9);
+    assert!(got.iter().all(|e| e.len() == 64));
+    let files: Vec<PathBuf> = common::strs(&data, "path").iter().map(PathBuf::from).collect();
+    let enc = ImageEncoder::load(&pth, ImageArch::TinyFbnet, None, &Device::flex()).unwrap();
+    assert_eq!(enc.preprocess.crop_px, 224);
+    let mut pixels = Vec::new();
+    for f in &files {
+        pixels.extend(enc.preprocess.bytes_to_chw(&std::fs::read(f).unwrap()).unwrap());
+    }
+    let want: Vec<Vec<f32>> = enc.encode(pixels).unwrap().chunks(64).map(<[f32]>::to_vec).collect();
+    assert_same(&got, &want);
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("out/manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["metadata"]["curate.image_arch"], "tiny_fbnet");
+}

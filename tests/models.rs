@@ -928,3 +928,82 @@ fn a_broken_sentence_transformers_file_is_refused_by_name() {
         assert!(e.contains(&format!("{file}` is not valid JSON")), "{file}: {e}");
     }
 }
+
+#[test]
+fn fbnetv3_a_and_c_have_mobile_visions_exact_layouts() {
+    // Every tensor of mobile-vision's `fbnet("FBNetV3_A")` and `fbnet("FBNetV3_C")` by name and
+    // shape (make_fbnet_fixture.py), nothing missing, mis-shaped or unexpected but the ImageNet
+    // classifier `head.conv`; 1984-d features.
+    use curate::models::fbnet::{FbNet, FbNetConfig};
+    for (file, config) in
+        [("fbnetv3_a_layout.json", FbNetConfig::fbnetv3_a()), ("fbnetv3_c_layout.json", FbNetConfig::fbnetv3_c())]
+    {
+        let layout: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(fixtures().join("fbnet").join(file)).unwrap()).unwrap();
+        let w = common::zeros_of_layout(&layout);
+        let model = FbNet::from_weights(&config, &w, &Device::flex());
+        w.finish(&FbNet::IGNORED).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(model.feature_dim(), 1984, "{file}");
+    }
+}
+
+/// A float32 tensor of a safetensors file, with its shape.
+fn safetensor(path: &Path, name: &str) -> (Vec<usize>, Vec<f32>) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let v = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let data = v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    (v.shape().to_vec(), data)
+}
+
+#[test]
+fn tiny_fbnet_matches_mobile_vision() {
+    // make_fbnet_fixture.py: mobile-vision's builder on a tiny FBNetV3 (every kind of block:
+    // without expansion, residual, squeeze-excitation, both kernels, the padding overrides of
+    // FBNetV3-A), random weights and BatchNorm statistics, eval mode; its backbone's pooled
+    // features for a 72² batch and a 61×67 image (odd, not square), from the safetensors state
+    // dict, on both convolution lowerings.
+    use burn::tensor::{Tensor, TensorData};
+    use curate::models::fbnet::{FbNet, FbNetConfig};
+    use curate::models::resnet::ConvLowering;
+    let dir = fixtures().join("fbnet");
+    let io = dir.join("tiny_fbnet_io.safetensors");
+    let device = Device::flex();
+    let model = FbNet::load(&dir.join("tiny_fbnet.safetensors"), &FbNetConfig::tiny(), &device).unwrap();
+    assert_eq!(model.feature_dim(), 64);
+    for lowering in [ConvLowering::Native, ConvLowering::Im2col] {
+        let model = model.clone().with_conv_lowering(lowering);
+        for (input, features) in [("input", "features"), ("input_odd", "features_odd")] {
+            let (shape, x) = safetensor(&io, input);
+            let (want_shape, want) = safetensor(&io, features);
+            let x = Tensor::<4>::from_data(TensorData::new(x, [shape[0], shape[1], shape[2], shape[3]]), &device);
+            let got = model.forward(x);
+            assert_eq!(got.dims().to_vec(), want_shape, "{input}");
+            let got = got.into_data().try_to_vec::<f32>().unwrap();
+            let worst = common::assert_close(&got, &want, 1e-4, &format!("{lowering:?} {input}"));
+            assert!(worst > 0.0 || got == want, "{worst}");
+        }
+    }
+}
+
+#[test]
+fn a_mobile_vision_model_zoo_checkpoint_gives_its_moving_average() {
+    // The model zoo's `model.pth`: `{"model_ema": {...}, "state_dict": {...}, "epoch": 42}`,
+    // both under `module.`; mobile-vision's loader reads `model_ema`, and so does curate (the
+    // fixture's trained weights differ, and give `features_state_dict`).
+    use burn::tensor::{Tensor, TensorData};
+    use curate::models::fbnet::{FbNet, FbNetConfig};
+    let dir = fixtures().join("fbnet");
+    let io = dir.join("tiny_fbnet_io.safetensors");
+    let device = Device::flex();
+    let pth = dir.join("tiny_fbnet_model.pth");
+    let model = FbNet::load(&pth, &FbNetConfig::tiny(), &device).unwrap();
+    let (shape, x) = safetensor(&io, "input");
+    let x = Tensor::<4>::from_data(TensorData::new(x, [shape[0], shape[1], shape[2], shape[3]]), &device);
+    let got = model.forward(x).into_data().try_to_vec::<f32>().unwrap();
+    common::assert_close(&got, &safetensor(&io, "features").1, 1e-4, "model_ema");
+    let (_, other) = safetensor(&io, "features_state_dict");
+    assert!(got.iter().zip(&other).any(|(a, b)| (a - b).abs() > 1e-2), "not the trained weights");
+    let c = curate::models::torch_checkpoint::read(&pth).unwrap();
+    assert_eq!(c.entry.as_deref(), Some("model_ema"));
+}

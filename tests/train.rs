@@ -2671,6 +2671,13 @@ fn the_otter_and_fistful_presets_are_valid_training_files_that_train() {
     assert_eq!((c.batch_size, c.epochs, c.optim.lr, c.optim.weight_decay), (512, Some(10), 3e-3, 0.0));
     assert_eq!(c.optim.schedule, Schedule::CosinePerEpoch);
     assert_eq!(c.model.embed_dim, 768);
+    // Table 2's FBNetV3 rows, as the header's `--set` lines give them.
+    let mut fbnet = sets.clone();
+    fbnet[0] = "model.image.preset=tiny_fbnet".into();
+    fbnet[1] = "model.image.checkpoint=tests/fixtures/models/fbnet/tiny_fbnet_model.pth".into();
+    let f = TrainConfig::load(Path::new("pipelines/train_otter_paper.toml"), &fbnet).unwrap_or_else(|e| panic!("{e}"));
+    assert!(f.model.image.preset.fbnet().is_some());
+    assert!(std::fs::read_to_string("pipelines/train_otter_paper.toml").unwrap().contains("preset=fbnetv3_a"));
     // Two steps instead of its ten epochs (`steps` and `epochs` exclude each other).
     let file = dir.path().join("otter.toml");
     let text = std::fs::read_to_string("pipelines/train_otter_paper.toml").unwrap();
@@ -2787,4 +2794,57 @@ fn keep_prompts_needs_a_pcmepp_run_and_a_count_within_the_templates() {
     }
     let c = load(&["loss.type=pcmepp", "eval.keep_prompts=1"]).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.eval.unwrap().keep_prompts, Some(1));
+}
+
+#[test]
+fn an_fbnetv3_image_tower_starts_from_its_model_zoo_checkpoint_and_trains() {
+    // `model.image.preset = "tiny_fbnet"` with mobile-vision's model zoo `model.pth` form (the
+    // moving average and the trained weights under `module.`): the tower before any step is
+    // `FbNet::load`'s (the average), it trains, and the saved run gives the trained tower's
+    // features back. `width`/`layers` (a ResNet's sizes) and GPO (no grid) are refused.
+    use curate::models::fbnet::{FbNet, FbNetConfig};
+    let pth = Path::new("tests/fixtures/models/fbnet/tiny_fbnet_model.pth");
+    let device = Device::flex();
+    let dir = tempfile::tempdir().unwrap();
+    let sets = [
+        "model.image.preset=tiny_fbnet".to_string(),
+        format!("model.image.checkpoint={}", pth.display()),
+        format!("output_dir={}", dir.path().join("out").display()),
+        "steps=3".into(),
+        "checkpoint_every=3".into(),
+    ];
+    let c = TrainConfig::load(Path::new("pipelines/train.toml"), &sets).unwrap_or_else(|e| panic!("{e}"));
+    let x = || {
+        Tensor::<4>::from_data(
+            TensorData::new(
+                (0..2 * 3 * 32 * 32).map(|i| ((i % 29) as f32 - 14.0) / 9.0).collect::<Vec<_>>(),
+                [2, 3, 32, 32],
+            ),
+            &device,
+        )
+    };
+    let init = DualEncoder::init(&c.model, Heads::default(), c.seed, &device).unwrap();
+    let direct = FbNet::load(pth, &FbNetConfig::tiny(), &device).unwrap();
+    let start = init.image_features(x()).into_data().try_to_vec::<f32>().unwrap();
+    assert_eq!(start, direct.forward(x()).into_data().try_to_vec::<f32>().unwrap());
+    assert_eq!(start.len(), 2 * 64);
+    let s = train(&c, &TrainOptions::default()).unwrap();
+    assert_eq!(s.steps, 3);
+    assert!(s.last_loss.is_finite(), "{}", s.last_loss);
+    let run = curate::train::trained::TrainedRun::load(&dir.path().join("out"), &device).unwrap();
+    let pixels = x().into_data().try_to_vec::<f32>().unwrap();
+    let (end, width) = run.image_features(pixels, 2).unwrap();
+    assert_eq!(width, 64);
+    assert!(end.iter().zip(&start).any(|(a, b)| (a - b).abs() > 1e-4), "the tower trained");
+
+    for (set, want) in [
+        ("model.image.width=16", "`width` and `layers` size a ResNet"),
+        ("model.gpo=true", "FBNetV3 pools inside its head"),
+    ] {
+        let mut sets = sets.to_vec();
+        sets.push(set.into());
+        let Err(e) = TrainConfig::load(Path::new("pipelines/train.toml"), &sets) else { panic!("{set} was taken") };
+        let e = e.to_string();
+        assert!(e.contains(want), "{set}: {e}");
+    }
 }

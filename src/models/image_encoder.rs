@@ -1,5 +1,6 @@
 //! An image encoder: an architecture name (`resnet18`, `resnet34`, `resnet50`, `resnet101`,
-//! `wide_resnet50_2`, `tiny_resnet`, `vit_b32_clip`, `vit_b32_unicom`), a checkpoint
+//! `wide_resnet50_2`, `tiny_resnet`, `fbnetv3_a`, `fbnetv3_c`, `tiny_fbnet`, `vit_b32_clip`,
+//! `vit_b32_unicom`), a checkpoint
 //! (safetensors or PyTorch) and its preprocessing preset, giving one feature vector per image. Used by the `encode_image` stage (frozen ResNet-50
 //! features, spec `bow-and-otter.md` §4; the Unicom image teacher, `cusa-and-pcmepp.md` §1.1).
 //!
@@ -11,6 +12,7 @@ use std::path::Path;
 use burn::tensor::{Device, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
+use super::fbnet::{FbNet, FbNetConfig};
 use super::preprocess::{Preprocess, PreprocessPreset};
 use super::resnet::{ResNet, ResNetConfig};
 use super::vit::{Vit, VitConfig};
@@ -33,6 +35,14 @@ pub enum ImageArch {
     WideResnet50_2,
     /// The tiny ResNet of the test fixtures (one block per stage, width 8: 256-d).
     TinyResnet,
+    /// mobile-vision's FBNetV3-A (1984-d; OTTER's FBNetV3-A).
+    #[serde(rename = "fbnetv3_a")]
+    FbnetV3A,
+    /// mobile-vision's FBNetV3-C (1984-d; OTTER's FBNetV3-C).
+    #[serde(rename = "fbnetv3_c")]
+    FbnetV3C,
+    /// The tiny FBNetV3 of the test fixtures (64-d).
+    TinyFbnet,
     /// OpenAI CLIP ViT-B/32 image tower (512-d; a whole CLIP state dict is accepted).
     VitB32Clip,
     /// Unicom ViT-B/32, CUSA's image teacher (512-d).
@@ -43,6 +53,7 @@ pub enum ImageArch {
 #[derive(Debug, Clone)]
 pub enum Family {
     ResNet(ResNetConfig),
+    FbNet(FbNetConfig),
     Vit(VitConfig),
 }
 
@@ -56,6 +67,9 @@ impl ImageArch {
             ImageArch::WideResnet50_2 => (Family::ResNet(ResNetConfig::wide_resnet50_2()), PreprocessPreset::Imagenet),
             ImageArch::Resnet101 => (Family::ResNet(ResNetConfig::resnet101()), PreprocessPreset::Imagenet),
             ImageArch::TinyResnet => (Family::ResNet(ResNetConfig::tiny()), PreprocessPreset::Imagenet),
+            ImageArch::FbnetV3A => (Family::FbNet(FbNetConfig::fbnetv3_a()), PreprocessPreset::Imagenet),
+            ImageArch::FbnetV3C => (Family::FbNet(FbNetConfig::fbnetv3_c()), PreprocessPreset::Imagenet),
+            ImageArch::TinyFbnet => (Family::FbNet(FbNetConfig::tiny()), PreprocessPreset::Imagenet),
             ImageArch::VitB32Clip => (Family::Vit(VitConfig::vit_b32_clip()), PreprocessPreset::Clip),
             ImageArch::VitB32Unicom => (Family::Vit(VitConfig::vit_b32_unicom()), PreprocessPreset::Clip),
         }
@@ -69,6 +83,7 @@ impl ImageArch {
 /// The loaded network.
 pub enum Net {
     ResNet(Box<ResNet>),
+    FbNet(Box<FbNet>),
     Vit(Box<Vit>),
 }
 
@@ -77,6 +92,7 @@ impl Net {
     pub fn load(family: &Family, path: &Path, prefix: Option<&str>, device: &Device) -> Result<Net> {
         Ok(match family {
             Family::ResNet(c) => Net::ResNet(Box::new(ResNet::load_under(path, prefix, c, device)?)),
+            Family::FbNet(c) => Net::FbNet(Box::new(FbNet::load_under(path, prefix, c, device)?)),
             Family::Vit(c) => Net::Vit(Box::new(Vit::load_under(path, prefix, c, device)?)),
         })
     }
@@ -84,6 +100,7 @@ impl Net {
     pub fn feature_dim(&self) -> usize {
         match self {
             Net::ResNet(m) => m.feature_dim(),
+            Net::FbNet(m) => m.feature_dim(),
             Net::Vit(m) => m.output_dim(),
         }
     }
@@ -94,6 +111,7 @@ impl Net {
     pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
         match self {
             Net::ResNet(m) => m.forward(images),
+            Net::FbNet(m) => m.forward(images),
             Net::Vit(m) => m.forward(images),
         }
     }
@@ -126,7 +144,7 @@ impl ImageEncoder {
     ) -> Result<Self> {
         let (family, default_preset) = arch.spec();
         let preprocess = preset.unwrap_or(default_preset).build();
-        // A ViT's learned position table fixes its input size; a ResNet pools any size.
+        // A ViT's learned position table fixes its input size; a ResNet or FBNet pools any size.
         if let Family::Vit(c) = &family {
             if c.image_size != preprocess.crop_px {
                 return Err(Error::Model {

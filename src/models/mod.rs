@@ -1,6 +1,6 @@
 //! Encoders in burn that load published checkpoints (issue 3): one module per model family,
 //! each a config + module — `bert` (BERT, MiniLM, DistilBERT), `mpnet` (all-mpnet-base-v2, the
-//! CUSA text teacher), `resnet` (torchvision ResNet-50), `vit` (ViT-B/32 in OpenAI CLIP's and
+//! CUSA text teacher), `resnet` (torchvision ResNets), `fbnet` (mobile-vision's FBNetV3-A/C), `vit` (ViT-B/32 in OpenAI CLIP's and
 //! Unicom's layouts: the CLIP image tower and the CUSA image teacher), `clip_text` (CLIP's text
 //! transformer, and the sizes of an open_clip model folder). `weights` reads
 //! safetensors (and, through `torch_checkpoint`, PyTorch `torch.save` files) and checks every
@@ -15,6 +15,7 @@
 pub mod activation;
 pub mod bert;
 pub mod clip_text;
+pub mod fbnet;
 pub mod gpo;
 pub mod image_encoder;
 pub mod mpnet;

@@ -119,7 +119,7 @@ impl ConvLowering {
 
 /// `conv` applied to `x` (`[batch, C, H, W]`) with `lowering`. Im2col needs symmetric padding,
 /// no dilation and no groups (all of ResNet's convolutions); anything else takes burn's kernel.
-fn convolve(conv: &Conv2d, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
+pub(crate) fn convolve(conv: &Conv2d, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
     let [k, kw] = conv.kernel_size;
     let p = match conv.padding {
         PaddingConfig2d::Explicit(t, l, b, r) if t == l && l == b && b == r => Some(t),

@@ -18,7 +18,9 @@
 //!   "optimizer": {...}}`) gives the tensors of the string-keyed entry that holds the most, when
 //!   that is more than the top level holds itself; an optimizer's state (`state` beside
 //!   `param_groups`) never counts, and two entries holding as many (a student and a teacher)
-//!   are refused rather than guessed; [`Checkpoint::entry`] says which was read;
+//!   are refused rather than guessed, except a `state_dict` beside its moving average
+//!   (`model_ema` in mobile-vision's model zoo, `state_dict_ema` in timm's), which gives the
+//!   average, as those publishers' loaders do; [`Checkpoint::entry`] says which was read;
 //! - a pickled module (`torch.save(model)`) gives what its `state_dict()` would: parameters,
 //!   persistent buffers and those of its submodules (a plain tensor attribute, such as a cached
 //!   attention mask, is not a weight); a TorchScript archive gives what its `state_dict()`
@@ -997,8 +999,16 @@ impl Finder {
             if most == 0 || most <= direct {
                 break;
             }
-            let best: Vec<&str> =
+            let mut best: Vec<&str> =
                 entries.iter().zip(&counts).filter(|(_, &c)| c == most).map(|((k, _), _)| k.as_str()).collect();
+            // The weights' moving average beside the trained ones: the publishers' loaders read
+            // the average (mobile-vision's model zoo `model_ema`, timm's `state_dict_ema`).
+            if let [a, b] = best[..] {
+                let ema = |k: &str| k == "model_ema" || k == "state_dict_ema";
+                if ema(a) != ema(b) && [a, b].contains(&"state_dict") {
+                    best = vec![if ema(a) { a } else { b }];
+                }
+            }
             if best.len() > 1 {
                 return Err(format!(
                     "its entries {} hold as many tensors ({most} each), and curate will not guess which is the model \
@@ -1007,7 +1017,7 @@ impl Finder {
                     best[0]
                 ));
             }
-            let i = counts.iter().position(|&c| c == most).expect("a most");
+            let i = entries.iter().position(|(k, _)| k == best[0]).expect("a most");
             path.push(entries[i].0.clone());
             node = entries[i].1.clone();
         }

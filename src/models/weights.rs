@@ -537,14 +537,22 @@ impl Weights {
     }
 
     fn conv2d_inner(&self, prefix: &str, spec: ConvSpec, bias: bool, device: &Device) -> Conv2d {
+        self.conv2d_grouped(prefix, spec, 1, bias, device)
+    }
+
+    /// A PyTorch `nn.Conv2d` of `groups` groups (`groups = d_in = d_out`: a depthwise
+    /// convolution), weight `[out, in / groups, k, k]`, with `{prefix}.bias` when `bias`.
+    pub fn conv2d_grouped(&self, prefix: &str, spec: ConvSpec, groups: usize, bias: bool, device: &Device) -> Conv2d {
         let ConvSpec { d_in, d_out, kernel, stride, padding } = spec;
         let mut conv = Conv2dConfig::new([d_in, d_out], [kernel, kernel])
             .with_stride([stride, stride])
             .with_padding(PaddingConfig2d::Explicit(padding, padding, padding, padding))
+            .with_groups(groups)
             .with_bias(bias)
             .init(device);
-        let bound = Init::Uniform(((d_in * kernel * kernel) as f64).sqrt().recip());
-        conv.weight = self.param_init(&format!("{prefix}.weight"), [d_out, d_in, kernel, kernel], bound, device);
+        let per_group = d_in / groups;
+        let bound = Init::Uniform(((per_group * kernel * kernel) as f64).sqrt().recip());
+        conv.weight = self.param_init(&format!("{prefix}.weight"), [d_out, per_group, kernel, kernel], bound, device);
         if bias {
             conv.bias = Some(self.param_init(&format!("{prefix}.bias"), [d_out], bound, device));
         }

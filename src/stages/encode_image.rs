@@ -32,17 +32,17 @@ pub const TYPE: &str = "encode_image";
 #[serde(deny_unknown_fields)]
 pub struct EncodeImageConfig {
     /// The checkpoint: a safetensors file or a PyTorch `torch.save` file (`.pth`, `.pt`) in the
-    /// architecture's published layout (torchvision for ResNets).
+    /// architecture's published layout (torchvision for ResNets, mobile-vision for FBNetV3).
     pub model: String,
     /// `resnet18`, `resnet34`, `resnet50`, `resnet101`, `wide_resnet50_2`, `tiny_resnet`,
-    /// `vit_b32_clip` or `vit_b32_unicom`. Required;
+    /// `fbnetv3_a`, `fbnetv3_c`, `tiny_fbnet`, `vit_b32_clip` or `vit_b32_unicom`. Required;
     /// optional to serde only, so that a misspelt one does not keep `validate` from checking
     /// the rest of the stage (the model file above all).
     #[serde(default)]
     pub arch: Option<ImageArch>,
     /// `imagenet` (Resize 256 bilinear + CenterCrop 224, ImageNet mean/std) or `clip` (Resize
     /// 224 bicubic + CenterCrop 224, CLIP mean/std); default: the architecture's own
-    /// (`imagenet` for ResNets, `clip` for the ViTs).
+    /// (`imagenet` for ResNets and FBNetV3, `clip` for the ViTs).
     #[serde(default)]
     pub preprocess: Option<PreprocessPreset>,
     /// Images per forward pass.
@@ -87,7 +87,7 @@ impl EncodeImageConfig {
                 "missing required key `arch`",
                 Some(
                     "add `arch = ...`: `resnet18`, `resnet34`, `resnet50`, `resnet101`, `wide_resnet50_2`, \
-                     `tiny_resnet`, `vit_b32_clip` or `vit_b32_unicom`"
+                     `tiny_resnet`, `fbnetv3_a`, `fbnetv3_c`, `tiny_fbnet`, `vit_b32_clip` or `vit_b32_unicom`"
                         .into(),
                 ),
             );

@@ -149,22 +149,24 @@ fn default_image_size() -> usize {
     224
 }
 
-/// A torchvision-layout ResNet.
+/// A torchvision-layout ResNet or a mobile-vision FBNetV3.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ImageModelConfig {
     /// `tiny` (one Bottleneck per stage, stem width 8: 256-d), `resnet18`, `resnet34` (512-d),
-    /// `resnet50`, `resnet101`, `wide_resnet50_2` (2048-d).
+    /// `resnet50`, `resnet101`, `wide_resnet50_2` (2048-d), `fbnetv3_a`, `fbnetv3_c` (1984-d),
+    /// `tiny_fbnet` (64-d).
     #[serde(default = "default_image_preset")]
     pub preset: ImagePreset,
-    /// Overrides the preset's blocks per stage.
+    /// Overrides a ResNet preset's blocks per stage.
     #[serde(default)]
     pub layers: Option<[usize; 4]>,
-    /// Overrides the preset's stem width (features: 32 × width).
+    /// Overrides a ResNet preset's stem width (features: 32 × width).
     #[serde(default)]
     pub width: Option<usize>,
     /// A torchvision-layout state dict (safetensors or a PyTorch `.pth`/`.pth.tar`, e.g.
-    /// ImageNet or BYOL ResNet-50); absent: random initialisation from `seed`.
+    /// ImageNet or BYOL ResNet-50), or for FBNetV3 mobile-vision's model zoo `model.pth`;
+    /// absent: random initialisation from `seed`.
     #[serde(default)]
     pub checkpoint: Option<PathBuf>,
     /// Read only `checkpoint`'s tensors under this prefix, without it (a MoCo checkpoint's
@@ -183,6 +185,24 @@ pub enum ImagePreset {
     Resnet101,
     #[serde(rename = "wide_resnet50_2")]
     WideResnet50_2,
+    #[serde(rename = "fbnetv3_a")]
+    FbnetV3A,
+    #[serde(rename = "fbnetv3_c")]
+    FbnetV3C,
+    TinyFbnet,
+}
+
+impl ImagePreset {
+    /// The FBNetV3 architecture of an FBNetV3 preset; `None` for the ResNets.
+    pub fn fbnet(self) -> Option<crate::models::fbnet::FbNetConfig> {
+        use crate::models::fbnet::FbNetConfig;
+        match self {
+            ImagePreset::FbnetV3A => Some(FbNetConfig::fbnetv3_a()),
+            ImagePreset::FbnetV3C => Some(FbNetConfig::fbnetv3_c()),
+            ImagePreset::TinyFbnet => Some(FbNetConfig::tiny()),
+            _ => None,
+        }
+    }
 }
 
 impl Default for ImageModelConfig {
@@ -1206,6 +1226,24 @@ impl TrainConfig {
         }
         if m.image.width == Some(0) || m.image.layers.is_some_and(|l| l.contains(&0)) {
             bad("model.image", "a ResNet needs a width and blocks in every stage".into(), "all at least 1");
+        }
+        if m.image.preset.fbnet().is_some() {
+            if m.image.width.is_some() || m.image.layers.is_some() {
+                bad(
+                    "model.image",
+                    "`width` and `layers` size a ResNet; an FBNetV3 preset is one fixed architecture".into(),
+                    "remove `width` and `layers`",
+                );
+            }
+            if m.gpo {
+                bad(
+                    "model.gpo",
+                    "GPO pools a grid of features, and FBNetV3 pools inside its head (its 1984-d features \
+                     have no grid)"
+                        .into(),
+                    "use a ResNet preset with `gpo`, or set `model.gpo = false`",
+                );
+            }
         }
         let Some(text) = &m.text else { return };
         // Longer token sequences than the text model has positions for cannot be embedded.

@@ -1,6 +1,6 @@
 //! The CLIP-style dual encoder that `curate train` optimises (spec `bow-and-otter.md` §4, §5.8):
-//! a ResNet image tower (global-average-pooled) with a new linear projection to `embed_dim`
-//! (the paper: ResNet-50, 2048 → 768), and a BERT-family text tower with mean pooling over the
+//! a ResNet image tower (global-average-pooled; or OTTER's FBNetV3-A/C, 1984-d) with a new
+//! linear projection to `embed_dim` (the paper: ResNet-50, 2048 → 768), and a BERT-family text tower with mean pooling over the
 //! attention mask and an optional projection (none in the paper: DistilBERT is 768-d). Loss
 //! specific heads sit beside the projections: CUSA's uni-modal heads (`cusa-and-pcmepp.md`
 //! §2.1) and PCME++'s log-variance heads (§3.1; one linear layer on μ's tokens, or, with
@@ -18,7 +18,8 @@
 //!
 //! Towers come from published checkpoints ([`Weights::from_checkpoint`]) or from
 //! [`Weights::random`] (training from scratch); the new heads are always random, seeded.
-//! Exactly one tower of each kind is there: `image` or `image_vit`, `text` or `text_clip`
+//! Exactly one tower of each kind is there: `image`, `image_fbnet` or `image_vit`, `text` or
+//! `text_clip`
 //! (optional fields leave the checkpoint paths of the ResNet + BERT runs as they were).
 
 use burn::module::Module;
@@ -29,6 +30,7 @@ use super::config::{HeadStyle, ImagePreset, ModelConfig};
 use crate::error::Result;
 use crate::models::bert::{Bert, BertConfig};
 use crate::models::clip_text::ClipText;
+use crate::models::fbnet::FbNet;
 use crate::models::gpo::{Gpo, TokenDrop};
 use crate::models::pooling::{pool, Pooling};
 use crate::models::resnet::{ResNet, ResNetConfig};
@@ -50,6 +52,8 @@ pub struct DualEncoder {
     pub image: Option<ResNet>,
     /// CLIP's ViT (`[model.clip]`).
     pub image_vit: Option<Vit>,
+    /// An FBNetV3 image tower (`model.image.preset = "fbnetv3_a"`, ...), in `image`'s place.
+    pub image_fbnet: Option<FbNet>,
     pub image_proj: Linear,
     /// The BERT-family text tower (absent with `[model.clip]`).
     pub text: Option<Bert>,
@@ -140,6 +144,9 @@ fn resnet_config(c: &super::config::ImageModelConfig) -> ResNetConfig {
             ImagePreset::Resnet18 => ResNetConfig::resnet18(),
             ImagePreset::Resnet34 => ResNetConfig::resnet34(),
             ImagePreset::WideResnet50_2 => ResNetConfig::wide_resnet50_2(),
+            ImagePreset::FbnetV3A | ImagePreset::FbnetV3C | ImagePreset::TinyFbnet => {
+                unreachable!("FBNetV3 presets are built by `FbNet`")
+            }
         };
         if let Some(l) = c.layers {
             r.layers = l;
@@ -162,6 +169,7 @@ fn log_var_bias(mut head: Linear, c: &ModelConfig, device: &Device) -> Linear {
 struct Towers {
     image: Option<ResNet>,
     image_vit: Option<Vit>,
+    image_fbnet: Option<FbNet>,
     text: Option<Bert>,
     text_clip: Option<ClipText>,
     /// Pooled image features, and the image tokens GPO pools.
@@ -179,10 +187,23 @@ impl Towers {
         seed: u64,
         device: &Device,
     ) -> Result<Towers> {
-        let rc = resnet_config(&c.image);
-        let image = match &c.image.checkpoint {
-            Some(path) => ResNet::load_under(path, c.image.checkpoint_prefix.as_deref(), &rc, device)?,
-            None => ResNet::from_weights(&rc, &Weights::random(seed), device),
+        let prefix = c.image.checkpoint_prefix.as_deref();
+        let (image, image_fbnet, fi) = match c.image.preset.fbnet() {
+            Some(fc) => {
+                let fbnet = match &c.image.checkpoint {
+                    Some(path) => FbNet::load_under(path, prefix, &fc, device)?,
+                    None => FbNet::from_weights(&fc, &Weights::random(seed), device),
+                };
+                (None, Some(fbnet), fc.feature_dim)
+            }
+            None => {
+                let rc = resnet_config(&c.image);
+                let resnet = match &c.image.checkpoint {
+                    Some(path) => ResNet::load_under(path, prefix, &rc, device)?,
+                    None => ResNet::from_weights(&rc, &Weights::random(seed), device),
+                };
+                (Some(resnet), None, rc.feature_dim())
+            }
         };
         let bc = BertConfig::from_file(&text.dir.join("config.json"))?;
         let bert = if text.pretrained {
@@ -194,10 +215,11 @@ impl Towers {
             Some(p) => bert.with_dropout(p, p),
             None => bert,
         };
-        let (fi, ft) = (rc.feature_dim(), bc.hidden_size);
+        let ft = bc.hidden_size;
         Ok(Towers {
-            image: Some(image),
+            image,
             image_vit: None,
+            image_fbnet,
             text: Some(bert),
             text_clip: None,
             image_dims: (fi, fi),
@@ -226,6 +248,7 @@ impl Towers {
             text_dims: (text.output_dim(), text.width()),
             image: None,
             image_vit: Some(vit),
+            image_fbnet: None,
             text: None,
             text_clip: Some(text),
             // CLIP's embeddings are the towers' own; the heads project them as any tower's.
@@ -288,6 +311,7 @@ impl DualEncoder {
         Ok(DualEncoder {
             image: towers.image,
             image_vit: towers.image_vit,
+            image_fbnet: towers.image_fbnet,
             image_proj: image_head("image_proj"),
             text: towers.text,
             text_clip: towers.text_clip,
@@ -315,6 +339,7 @@ impl DualEncoder {
     pub fn image_tower_ids(&self) -> Vec<burn::module::ParamId> {
         let mut ids = super::optim::param_ids(&self.image);
         ids.extend(super::optim::param_ids(&self.image_vit));
+        ids.extend(super::optim::param_ids(&self.image_fbnet));
         ids
     }
 
@@ -361,10 +386,11 @@ impl DualEncoder {
     /// # Shapes
     /// - `images`: `[B, 3, H, W]` → `[B, feature_dim]`
     pub fn image_features(&self, images: Tensor<4>) -> Tensor<2> {
-        match (&self.image, &self.image_vit) {
-            (Some(resnet), _) => resnet.forward(images),
-            (None, Some(vit)) => vit.forward(images),
-            (None, None) => unreachable!("a dual encoder has an image tower"),
+        match (&self.image, &self.image_vit, &self.image_fbnet) {
+            (Some(resnet), _, _) => resnet.forward(images),
+            (None, Some(vit), _) => vit.forward(images),
+            (None, None, Some(fbnet)) => fbnet.forward(images),
+            (None, None, None) => unreachable!("a dual encoder has an image tower"),
         }
     }
 
@@ -421,7 +447,7 @@ impl DualEncoder {
                 let log_var = self.image_log_var_block.as_ref().map(|block| vit.run_block(block, before));
                 (tokens.clone(), vit.pool(tokens), log_var)
             }
-            (None, None) => unreachable!("a dual encoder has an image tower"),
+            (None, None) => unreachable!("GPO on an FBNetV3 tower is a config error"),
         };
         let [b, n, _] = tokens.dims();
         // Both branches keep the same tokens (the drops are drawn per row, not per tensor).

@@ -1119,6 +1119,7 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             // Taken out of `grads` and dropped: the image tower gets no update.
             let _ = GradientsParams::from_module(&mut grads, &run.trainee.encoder.image);
             let _ = GradientsParams::from_module(&mut grads, &run.trainee.encoder.image_vit);
+            let _ = GradientsParams::from_module(&mut grads, &run.trainee.encoder.image_fbnet);
         }
         let mut g_enc = GradientsParams::from_module(&mut grads, &run.trainee.encoder);
         let mut g_loss = GradientsParams::from_module(&mut grads, &run.trainee.loss);
