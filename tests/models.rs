@@ -1007,3 +1007,77 @@ fn a_mobile_vision_model_zoo_checkpoint_gives_its_moving_average() {
     let c = curate::models::torch_checkpoint::read(&pth).unwrap();
     assert_eq!(c.entry.as_deref(), Some("model_ema"));
 }
+
+/// The gradients of a module's parameters by their path in the module (`blocks.2.se.expand.weight`).
+struct NamedGrads<'a> {
+    grads: &'a burn::tensor::Gradients,
+    path: Vec<String>,
+    out: std::collections::BTreeMap<String, Vec<f32>>,
+}
+
+impl burn::module::ModuleVisitor for NamedGrads<'_> {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.path.push(name.to_string());
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.path.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<burn::tensor::Tensor<D>>) {
+        if let Some(g) = param.val().grad(self.grads) {
+            self.out.insert(self.path.join("."), g.into_data().try_to_vec::<f32>().unwrap());
+        }
+    }
+}
+
+#[test]
+fn tiny_fbnet_trains_as_mobile_vision() {
+    // make_fbnet_fixture.py, training mode: the features with BatchNorm on the batch's
+    // statistics, the gradients of `(features · direction).sum()` for the input and for
+    // parameters of the stem, a squeeze-excitation, a depthwise convolution, a BatchNorm and
+    // the head, then eval-mode features with the running statistics that pass updated
+    // (PyTorch's momentum 0.1 and unbiased variance); on both convolution lowerings.
+    use burn::module::Module;
+    use burn::tensor::{Tensor, TensorData};
+    use curate::models::fbnet::{FbNet, FbNetConfig};
+    use curate::models::resnet::ConvLowering;
+    let dir = fixtures().join("fbnet");
+    let (io, train) = (dir.join("tiny_fbnet_io.safetensors"), dir.join("tiny_fbnet_train.safetensors"));
+    let device = Device::flex().autodiff();
+    let (shape, x) = safetensor(&io, "input");
+    let shape = [shape[0], shape[1], shape[2], shape[3]];
+    let (_, direction) = safetensor(&train, "direction");
+    for lowering in [ConvLowering::Native, ConvLowering::Im2col] {
+        let model = FbNet::load(&dir.join("tiny_fbnet.safetensors"), &FbNetConfig::tiny(), &device)
+            .unwrap()
+            .with_conv_lowering(lowering);
+        let input = Tensor::<4>::from_data(TensorData::new(x.clone(), shape), &device).require_grad();
+        let y = model.forward(input.clone());
+        let values = y.clone().into_data().try_to_vec::<f32>().unwrap();
+        common::assert_close(&values, &safetensor(&train, "features").1, 1e-4, &format!("{lowering:?} features"));
+        let grads = (y * Tensor::<2>::from_data(TensorData::new(direction.clone(), [2, 64]), &device)).sum().backward();
+        let input_grad = input.grad(&grads).unwrap().into_data().try_to_vec::<f32>().unwrap();
+        common::assert_close(&input_grad, &safetensor(&train, "grad.input").1, 1e-4, "input gradient");
+        let mut named = NamedGrads { grads: &grads, path: Vec::new(), out: Default::default() };
+        model.visit(&mut named);
+        for (ours, theirs) in [
+            ("stem.conv.weight", "backbone.stages.xif0_0.conv.weight"),
+            ("blocks.2.se.expand.weight", "backbone.stages.xif2_1.se.se.1.weight"),
+            ("blocks.2.se.reduce.bias", "backbone.stages.xif2_1.se.se.0.conv.bias"),
+            ("blocks.3.dw.conv.weight", "backbone.stages.xif3_0.dw.conv.weight"),
+            ("blocks.2.pwl.bn.gamma", "backbone.stages.xif2_1.pwl.bn.weight"),
+            ("head_conv.weight", "backbone.stages.xif5_0.pwl.conv.weight"),
+        ] {
+            let got = named.out.get(ours).unwrap_or_else(|| panic!("{ours}: {:?}", named.out.keys()));
+            let (_, want) = safetensor(&train, &format!("grad.{theirs}"));
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert!(scale > 1e-3, "{theirs} has a gradient");
+            common::assert_close(got, &want, 1e-4 * scale.max(1.0), &format!("{lowering:?} {ours}"));
+        }
+        let after = model.valid().forward(Tensor::<4>::from_data(TensorData::new(x.clone(), shape), &Device::flex()));
+        let after = after.into_data().try_to_vec::<f32>().unwrap();
+        let (_, want_after) = safetensor(&train, "eval_after");
+        common::assert_close(&after, &want_after, 1e-4, &format!("{lowering:?} eval after"));
+        let (_, before) = safetensor(&io, "features");
+        assert!(want_after.iter().zip(&before).any(|(a, b)| (a - b).abs() > 1e-2), "the running statistics moved");
+    }
+}
