@@ -983,6 +983,10 @@ fn tiny_fbnet_matches_mobile_vision() {
             let worst = common::assert_close(&got, &want, 1e-4, &format!("{lowering:?} {input}"));
             assert!(worst > 0.0 || got == want, "{worst}");
         }
+        // The smallest input it takes runs through.
+        let side = FbNetConfig::tiny().min_side();
+        let y = model.forward(Tensor::<4>::ones([1, 3, side, side], &device));
+        assert_eq!(y.dims(), [1, 64]);
     }
 }
 
@@ -1080,4 +1084,27 @@ fn tiny_fbnet_trains_as_mobile_vision() {
         let (_, before) = safetensor(&io, "features");
         assert!(want_after.iter().zip(&before).any(|(a, b)| (a - b).abs() > 1e-2), "the running statistics moved");
     }
+}
+
+#[test]
+fn an_fbnet_backbone_state_dict_without_its_classifier_loads_the_same_model() {
+    // mobile-vision's `fbnet_backbone(...)` (its detection models' trunk) names the stages at the
+    // top (`stages.xif0_0.conv.weight`), with no `backbone.` and no `head`: the same model.
+    use burn::tensor::{Tensor, TensorData};
+    use curate::models::fbnet::{FbNet, FbNetConfig};
+    let dir = fixtures().join("fbnet");
+    let bytes = std::fs::read(dir.join("tiny_fbnet.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let parts: Vec<(String, safetensors::tensor::TensorView)> =
+        st.tensors().into_iter().filter_map(|(n, v)| n.strip_prefix("backbone.").map(|n| (n.to_string(), v))).collect();
+    assert!(parts.iter().any(|(n, _)| n == "stages.xif0_0.conv.weight"));
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("backbone.safetensors");
+    std::fs::write(&file, safetensors::serialize(parts, None).unwrap()).unwrap();
+    let device = Device::flex();
+    let (shape, x) = safetensor(&dir.join("tiny_fbnet_io.safetensors"), "input");
+    let x = || Tensor::<4>::from_data(TensorData::new(x.clone(), [shape[0], shape[1], shape[2], shape[3]]), &device);
+    let bare = FbNet::load(&file, &FbNetConfig::tiny(), &device).unwrap().forward(x());
+    let whole = FbNet::load(&dir.join("tiny_fbnet.safetensors"), &FbNetConfig::tiny(), &device).unwrap().forward(x());
+    assert_eq!(bare.into_data().try_to_vec::<f32>().unwrap(), whole.into_data().try_to_vec::<f32>().unwrap());
 }

@@ -2582,7 +2582,10 @@ fn clip_config_errors_name_their_keys() {
     };
     let e = load(&["model.image_size_px=64", "model.image.preset=resnet50", "model.clip.max_tokens=17"]);
     assert!(e.contains("`model.image_size_px`: is 64, and the CLIP ViT's positions are for 32 px"), "{e}");
-    assert!(e.contains("`model.image`: is a ResNet's, and `[model.clip]` brings CLIP's ViT"), "{e}");
+    assert!(
+        e.contains("`model.image`: sets a ResNet or FBNet image tower, and `[model.clip]` brings CLIP's ViT"),
+        "{e}"
+    );
     assert!(e.contains("`model.clip.max_tokens`: 17 tokens do not fit the text tower"), "{e}");
     let e = load(&["model.text.dir=data/train_sample/text_model"]);
     assert!(e.contains("`model.clip`: brings its own text tower: `[model.text]` is set too"), "{e}");
@@ -2838,8 +2841,10 @@ fn an_fbnetv3_image_tower_starts_from_its_model_zoo_checkpoint_and_trains() {
     assert!(end.iter().zip(&start).any(|(a, b)| (a - b).abs() > 1e-4), "the tower trained");
 
     for (set, want) in [
-        ("model.image.width=16", "`width` and `layers` size a ResNet"),
+        ("model.image.width=16", "`model.image.width`: sizes a ResNet; an FBNetV3 preset is one fixed"),
+        ("model.image.layers=[1, 1, 1, 1]", "`model.image.layers`: sizes a ResNet"),
         ("model.gpo=true", "FBNetV3 pools inside its head"),
+        ("model.image_size_px=24", "24 pixels are too few for FBNetV3: its strided convolutions need at least 25"),
     ] {
         let mut sets = sets.to_vec();
         sets.push(set.into());

@@ -3,8 +3,9 @@
 //! residual blocks ("IRF": 1×1 expansion, depthwise k×k, optional squeeze-excitation with a
 //! hard-sigmoid gate, 1×1 projection) and mobile-vision's pooling head, giving 1984-d pooled
 //! features. Tensor names are those of mobile-vision's `fbnet("FBNetV3_A")`
-//! (`backbone.stages.xif{stage}_{block}.{pw,dw,se,pwl}`); its ImageNet classifier `head.conv`
-//! is left out (a new projection replaces it).
+//! (`backbone.stages.xif{stage}_{block}.{pw,dw,se,pwl}`), or of its backbone alone
+//! (`stages.xif...`); the classifier's ImageNet head `head.conv` is left out (a new projection
+//! replaces it). The input must be at least [`FbNetConfig::min_side`] pixels a side.
 //!
 //! Each IRF block, from `in` to `out` channels at stride `s`:
 //! - `pw`: 1×1 convolution to `mid = divisible(in · expansion, 8)` channels, BatchNorm,
@@ -130,6 +131,34 @@ impl FbNetConfig {
     }
 }
 
+impl FbNetConfig {
+    /// The smallest square input every convolution has a window for: each stride-2 convolution
+    /// halves the side (rounding up), and one padded by less than `kernel / 2` needs at least
+    /// `kernel − 2 · padding` pixels (49 for FBNetV3-A and -C: 7 pixels reach stage 4, 13²
+    /// at 224).
+    pub fn min_side(&self) -> usize {
+        // The side after each layer, as a function of the side before it; `None`: no window.
+        let out = |side: usize, kernel: usize, stride: usize, padding: usize| {
+            (side + 2 * padding).checked_sub(kernel).map(|d| d / stride + 1)
+        };
+        let fits = |mut side: usize| -> bool {
+            let Some(s) = out(side, 3, 2, 1) else { return false };
+            side = s;
+            for row in &self.rows {
+                for r in 0..row.repeats {
+                    let stride = if r == 0 { row.stride } else { 1 };
+                    match out(side, row.kernel, stride, row.dw_padding.unwrap_or(row.kernel / 2)) {
+                        Some(s) if s > 0 => side = s,
+                        _ => return false,
+                    }
+                }
+            }
+            true
+        };
+        (1..4096).find(|&s| fits(s)).unwrap_or(4096)
+    }
+}
+
 /// mobile-vision's `get_divisible_by(x, 8)` (see the module documentation).
 pub fn divisible(x: f64, by: usize) -> usize {
     let by_f = by as f64;
@@ -225,9 +254,15 @@ impl FbNet {
             conv: w.conv2d_grouped(&format!("{prefix}.conv"), s, groups, false, device),
             bn: w.batch_norm(&format!("{prefix}.bn"), s.d_out, BN_EPS, device),
         };
+        // mobile-vision's classifier (`fbnet(...)`) holds the stages under `backbone.`; its
+        // backbone alone (`fbnet_backbone(...)`, detection models) holds them at the top.
+        let root = match w.contains("stages.xif0_0.conv.weight") && !w.contains("backbone.stages.xif0_0.conv.weight") {
+            true => "stages",
+            false => "backbone.stages",
+        };
         let stem = ConvBn {
-            conv: w.conv2d_with_bias("backbone.stages.xif0_0.conv", spec(3, c.stem, 3, 2, 1), device),
-            bn: w.batch_norm("backbone.stages.xif0_0.bn", c.stem, BN_EPS, device),
+            conv: w.conv2d_with_bias(&format!("{root}.xif0_0.conv"), spec(3, c.stem, 3, 2, 1), device),
+            bn: w.batch_norm(&format!("{root}.xif0_0.bn"), c.stem, BN_EPS, device),
         };
         let mut blocks = Vec::new();
         let mut d_in = c.stem;
@@ -236,7 +271,7 @@ impl FbNet {
             for r in 0..row.repeats {
                 // Blocks are numbered within their stage, across rows.
                 index = if index.0 == row.stage { (row.stage, index.1 + 1) } else { (row.stage, 0) };
-                let p = format!("backbone.stages.xif{}_{}", index.0, index.1);
+                let p = format!("{root}.xif{}_{}", index.0, index.1);
                 let stride = if r == 0 { row.stride } else { 1 };
                 let mid = divisible(d_in as f64 * row.expansion, 8);
                 let padding = row.dw_padding.unwrap_or(row.kernel / 2);
@@ -257,7 +292,7 @@ impl FbNet {
                 d_in = row.out;
             }
         }
-        let head = format!("backbone.stages.xif{}_0", index.0 + 1);
+        let head = format!("{root}.xif{}_0", index.0 + 1);
         let mid = d_in * c.head_expansion;
         FbNet {
             stem,
@@ -326,6 +361,16 @@ mod tests {
         for (x, want) in [(0.0, 8), (3.0, 8), (64.0, 64), (1104.0, 1104), (10.0, 16), (36.0, 40)] {
             assert_eq!(divisible(x, 8), want, "{x}");
         }
+    }
+
+    #[test]
+    fn the_smallest_input_has_a_window_for_every_convolution() {
+        // FBNetV3-A at 49²: 25, 13, 7 at stage 4's input, then (7 + 2 − 5) / 2 + 1 = 3 and
+        // stage 5's unpadded 3×3 gives 1. At 48²: 6 there, 2, and no 3×3 window.
+        assert_eq!(FbNetConfig::fbnetv3_a().min_side(), 49);
+        assert_eq!(FbNetConfig::fbnetv3_c().min_side(), 49);
+        // The tiny one: 13, 7, 3 (5×5 padded by 1), 1 (3×3 unpadded); at 24², 2 before the last.
+        assert_eq!(FbNetConfig::tiny().min_side(), 25);
     }
 
     #[test]

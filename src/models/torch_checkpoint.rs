@@ -18,9 +18,10 @@
 //!   "optimizer": {...}}`) gives the tensors of the string-keyed entry that holds the most, when
 //!   that is more than the top level holds itself; an optimizer's state (`state` beside
 //!   `param_groups`) never counts, and two entries holding as many (a student and a teacher)
-//!   are refused rather than guessed, except a `state_dict` beside its moving average
-//!   (`model_ema` in mobile-vision's model zoo, `state_dict_ema` in timm's), which gives the
-//!   average, as those publishers' loaders do; [`Checkpoint::entry`] says which was read;
+//!   are refused rather than guessed; a `state_dict` beside its moving average (`model_ema`
+//!   in mobile-vision's model zoo, `state_dict_ema` in timm's) gives the average, whichever
+//!   holds more, as those publishers' loaders read it; [`Checkpoint::entry`] says which was
+//!   read;
 //! - a pickled module (`torch.save(model)`) gives what its `state_dict()` would: parameters,
 //!   persistent buffers and those of its submodules (a plain tensor attribute, such as a cached
 //!   attention mask, is not a weight); a TorchScript archive gives what its `state_dict()`
@@ -1002,11 +1003,12 @@ impl Finder {
             let mut best: Vec<&str> =
                 entries.iter().zip(&counts).filter(|(_, &c)| c == most).map(|((k, _), _)| k.as_str()).collect();
             // The weights' moving average beside the trained ones: the publishers' loaders read
-            // the average (mobile-vision's model zoo `model_ema`, timm's `state_dict_ema`).
-            if let [a, b] = best[..] {
-                let ema = |k: &str| k == "model_ema" || k == "state_dict_ema";
-                if ema(a) != ema(b) && [a, b].contains(&"state_dict") {
-                    best = vec![if ema(a) { a } else { b }];
+            // the average whenever it holds tensors, whatever either holds (mobile-vision's model
+            // zoo `model_ema`, timm's `state_dict_ema`).
+            let holds = |name: &str| entries.iter().zip(&counts).any(|((k, _), &c)| k == name && c > direct);
+            if holds("state_dict") {
+                if let Some(ema) = ["model_ema", "state_dict_ema"].into_iter().find(|k| holds(k)) {
+                    best = vec![ema];
                 }
             }
             if best.len() > 1 {

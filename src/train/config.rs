@@ -1227,13 +1227,18 @@ impl TrainConfig {
         if m.image.width == Some(0) || m.image.layers.is_some_and(|l| l.contains(&0)) {
             bad("model.image", "a ResNet needs a width and blocks in every stage".into(), "all at least 1");
         }
-        if m.image.preset.fbnet().is_some() {
-            if m.image.width.is_some() || m.image.layers.is_some() {
-                bad(
-                    "model.image",
-                    "`width` and `layers` size a ResNet; an FBNetV3 preset is one fixed architecture".into(),
-                    "remove `width` and `layers`",
-                );
+        // (With `[model.clip]` the image tower is CLIP's, and `[model.image]` is refused as such.)
+        if let Some(fbnet) = m.image.preset.fbnet().filter(|_| m.clip.is_none()) {
+            for (key, set) in
+                [("model.image.width", m.image.width.is_some()), ("model.image.layers", m.image.layers.is_some())]
+            {
+                if set {
+                    bad(
+                        key,
+                        "sizes a ResNet; an FBNetV3 preset is one fixed architecture".into(),
+                        "remove it, or use a ResNet preset",
+                    );
+                }
             }
             if m.gpo {
                 bad(
@@ -1242,6 +1247,17 @@ impl TrainConfig {
                      have no grid)"
                         .into(),
                     "use a ResNet preset with `gpo`, or set `model.gpo = false`",
+                );
+            }
+            let min = fbnet.min_side();
+            if m.image_size_px < min {
+                bad(
+                    "model.image_size_px",
+                    format!(
+                        "{} pixels are too few for FBNetV3: its strided convolutions need at least {min}",
+                        m.image_size_px
+                    ),
+                    &format!("`image_size_px = {min}` or more (OTTER trains at 224)"),
                 );
             }
         }
@@ -1285,7 +1301,11 @@ impl TrainConfig {
             );
         }
         if self.model.image != ImageModelConfig::default() {
-            bad("model.image", "is a ResNet's, and `[model.clip]` brings CLIP's ViT".into(), "remove `[model.image]`");
+            bad(
+                "model.image",
+                "sets a ResNet or FBNet image tower, and `[model.clip]` brings CLIP's ViT".into(),
+                "remove `[model.image]`",
+            );
         }
         let Ok(oc) = clip.open_clip() else {
             if dir.join(OpenClipConfig::FILE).is_file() {
