@@ -194,10 +194,10 @@ pub struct SqueezeExcite {
 }
 
 impl SqueezeExcite {
-    fn forward(&self, x: Tensor<4>) -> Tensor<4> {
+    fn forward(&self, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
         let gate = x.clone().mean_dim(3).mean_dim(2);
-        let gate = hard_swish(self.reduce.forward(gate));
-        let gate = hard_sigmoid(self.expand.forward(gate), 1.0 / 6.0, 0.5);
+        let gate = hard_swish(convolve(&self.reduce, gate, lowering));
+        let gate = hard_sigmoid(convolve(&self.expand, gate, lowering), 1.0 / 6.0, 0.5);
         x * gate
     }
 }
@@ -221,7 +221,7 @@ impl Irf {
         };
         y = hard_swish(self.dw.forward(y, lowering));
         if let Some(se) = &self.se {
-            y = se.forward(y);
+            y = se.forward(y, lowering);
         }
         y = self.pwl.forward(y, lowering);
         if self.residual {
