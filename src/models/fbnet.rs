@@ -129,9 +129,7 @@ impl FbNetConfig {
         ];
         FbNetConfig { stem: 8, rows: rows(&table, &[(3, 1), (5, 0)]), head_expansion: 2, feature_dim: 64 }
     }
-}
 
-impl FbNetConfig {
     /// The smallest square input every convolution has a window for: each stride-2 convolution
     /// halves the side (rounding up), and one padded by less than `kernel / 2` needs at least
     /// `kernel − 2 · padding` pixels (49 for FBNetV3-A and -C: 7 pixels reach stage 4, 13²
@@ -256,10 +254,9 @@ impl FbNet {
         };
         // mobile-vision's classifier (`fbnet(...)`) holds the stages under `backbone.`; its
         // backbone alone (`fbnet_backbone(...)`, detection models) holds them at the top.
-        let root = match w.contains("stages.xif0_0.conv.weight") && !w.contains("backbone.stages.xif0_0.conv.weight") {
-            true => "stages",
-            false => "backbone.stages",
-        };
+        let backbone_only =
+            w.contains("stages.xif0_0.conv.weight") && !w.contains("backbone.stages.xif0_0.conv.weight");
+        let root = if backbone_only { "stages" } else { "backbone.stages" };
         let stem = ConvBn {
             conv: w.conv2d_with_bias(&format!("{root}.xif0_0.conv"), spec(3, c.stem, 3, 2, 1), device),
             bn: w.batch_norm(&format!("{root}.xif0_0.bn"), c.stem, BN_EPS, device),
