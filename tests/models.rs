@@ -962,31 +962,32 @@ fn tiny_fbnet_matches_mobile_vision() {
     // without expansion, residual, squeeze-excitation, both kernels, the padding overrides of
     // FBNetV3-A), random weights and BatchNorm statistics, eval mode; its backbone's pooled
     // features for a 72² batch and a 61×67 image (odd, not square), from the safetensors state
-    // dict, on both convolution lowerings.
+    // dict, on both convolution lowerings and every CPU backend.
     use burn::tensor::{Tensor, TensorData};
     use curate::models::fbnet::{FbNet, FbNetConfig};
     use curate::models::resnet::ConvLowering;
     let dir = fixtures().join("fbnet");
     let io = dir.join("tiny_fbnet_io.safetensors");
-    let device = Device::flex();
-    let model = FbNet::load(&dir.join("tiny_fbnet.safetensors"), &FbNetConfig::tiny(), &device).unwrap();
-    assert_eq!(model.feature_dim(), 64);
-    for lowering in [ConvLowering::Native, ConvLowering::Im2col] {
-        let model = model.clone().with_conv_lowering(lowering);
-        for (input, features) in [("input", "features"), ("input_odd", "features_odd")] {
-            let (shape, x) = safetensor(&io, input);
-            let (want_shape, want) = safetensor(&io, features);
-            let x = Tensor::<4>::from_data(TensorData::new(x, [shape[0], shape[1], shape[2], shape[3]]), &device);
-            let got = model.forward(x);
-            assert_eq!(got.dims().to_vec(), want_shape, "{input}");
-            let got = got.into_data().try_to_vec::<f32>().unwrap();
-            let worst = common::assert_close(&got, &want, 1e-4, &format!("{lowering:?} {input}"));
-            assert!(worst > 0.0 || got == want, "{worst}");
+    for (name, device) in common::test_devices() {
+        let model = FbNet::load(&dir.join("tiny_fbnet.safetensors"), &FbNetConfig::tiny(), &device).unwrap();
+        assert_eq!(model.feature_dim(), 64);
+        for lowering in [ConvLowering::Native, ConvLowering::Im2col] {
+            let model = model.clone().with_conv_lowering(lowering);
+            for (input, features) in [("input", "features"), ("input_odd", "features_odd")] {
+                let (shape, x) = safetensor(&io, input);
+                let (want_shape, want) = safetensor(&io, features);
+                let x = Tensor::<4>::from_data(TensorData::new(x, [shape[0], shape[1], shape[2], shape[3]]), &device);
+                let got = model.forward(x);
+                assert_eq!(got.dims().to_vec(), want_shape, "{input}");
+                let got = got.into_data().try_to_vec::<f32>().unwrap();
+                let worst = common::assert_close(&got, &want, 1e-4, &format!("{name} {lowering:?} {input}"));
+                assert!(worst > 0.0 || got == want, "{worst}");
+            }
+            // The smallest input it takes runs through.
+            let side = FbNetConfig::tiny().min_side();
+            let y = model.forward(Tensor::<4>::ones([1, 3, side, side], &device));
+            assert_eq!(y.dims(), [1, 64]);
         }
-        // The smallest input it takes runs through.
-        let side = FbNetConfig::tiny().min_side();
-        let y = model.forward(Tensor::<4>::ones([1, 3, side, side], &device));
-        assert_eq!(y.dims(), [1, 64]);
     }
 }
 
