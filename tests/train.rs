@@ -2853,3 +2853,39 @@ fn an_fbnetv3_image_tower_starts_from_its_model_zoo_checkpoint_and_trains() {
         assert!(e.contains(want), "{set}: {e}");
     }
 }
+
+#[test]
+fn a_finished_run_is_evaluated_without_the_checkpoints_it_started_from() {
+    // A run from a pretrained image checkpoint and a pretrained BERT folder: once it has
+    // finished, its model.bpk holds every tensor, so loading it reads neither checkpoint. With
+    // both removed (the BERT folder keeps its config.json and tokenizer.json), the run gives
+    // the same embeddings as before.
+    let dir = tempfile::tempdir().unwrap();
+    let bert = dir.path().join("bert");
+    std::fs::create_dir(&bert).unwrap();
+    for f in ["config.json", "tokenizer.json", "model.safetensors"] {
+        std::fs::copy(Path::new("tests/fixtures/models/tiny_bert").join(f), bert.join(f)).unwrap();
+    }
+    let image = dir.path().join("resnet.safetensors");
+    std::fs::copy("tests/fixtures/models/tiny_resnet.safetensors", &image).unwrap();
+    let sets = [
+        format!("model.image.checkpoint={}", image.display()),
+        format!("model.text.dir={}", bert.display()),
+        "model.text.pretrained=true".into(),
+        "model.text.max_tokens=16".into(),
+        format!("output_dir={}", dir.path().join("out").display()),
+        "steps=2".into(),
+    ];
+    let c = TrainConfig::load(Path::new("pipelines/train.toml"), &sets).unwrap_or_else(|e| panic!("{e}"));
+    train(&c, &TrainOptions::default()).unwrap();
+    let device = Device::flex();
+    let pixels: Vec<f32> = (0..2 * 3 * 32 * 32).map(|i| ((i % 23) as f32 - 11.0) / 7.0).collect();
+    let embed = || {
+        let run = curate::train::trained::TrainedRun::load(&dir.path().join("out"), &device).unwrap();
+        (run.embed_images(pixels.clone(), 2).unwrap(), run.embed_texts(&["a red circle", "two blue squares"]).unwrap())
+    };
+    let before = embed();
+    std::fs::remove_file(&image).unwrap();
+    std::fs::remove_file(bert.join("model.safetensors")).unwrap();
+    assert_eq!(embed(), before);
+}

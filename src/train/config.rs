@@ -286,6 +286,24 @@ impl ClipModelConfig {
 }
 
 impl ModelConfig {
+    /// The same model with every tower drawn at random instead of read from its checkpoint:
+    /// what a finished run's saved weights are loaded into (they replace every tensor), so that
+    /// evaluating a run needs neither the checkpoints it started from nor the time to read them.
+    /// The model folders' `config.json` / `open_clip_config.json` (the sizes) and tokenizers
+    /// are still read.
+    pub fn architecture_only(&self) -> ModelConfig {
+        let mut m = self.clone();
+        m.image.checkpoint = None;
+        m.image.checkpoint_prefix = None;
+        if let Some(t) = &mut m.text {
+            t.pretrained = false;
+        }
+        if let Some(c) = &mut m.clip {
+            c.pretrained = false;
+        }
+        m
+    }
+
     /// The folder of the text tower's `tokenizer.json`.
     pub fn tokenizer_dir(&self) -> &Path {
         match (&self.text, &self.clip) {

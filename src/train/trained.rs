@@ -120,7 +120,8 @@ impl TrainedRun {
             message: format!("`{}` is not a curate training config: {e}", config_path.display()),
             hint: Some("it was written by another curate version; train again".into()),
         })?;
-        let model = DualEncoder::init(&config.model, heads(&config.loss), config.seed, device)?
+        // The saved weights replace every tensor: the towers' checkpoints are not read.
+        let model = DualEncoder::init(&config.model.architecture_only(), heads(&config.loss), config.seed, device)?
             .try_load_file(&model_path)
             .map_err(|e| {
                 let hint = match e {
