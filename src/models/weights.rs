@@ -263,6 +263,10 @@ impl Weights {
     /// names, as [`Weights::from_safetensors`] reads its file.
     pub fn from_torch(path: &Path) -> Result<Weights> {
         let c = torch_checkpoint::read(path)?;
+        // A training checkpoint with a moving average of its weights: which set is read is said.
+        if let Some(e) = c.entry.as_deref().filter(|e| matches!(*e, "model_ema" | "state_dict_ema")) {
+            say!("note: `{}`: the weights' moving average (its `{e}`) is read", path.display());
+        }
         let mut source = path.display().to_string();
         match (&c.entry, c.stripped_module) {
             (Some(e), true) => source += &format!(" (its `{e}`, `module.` removed)"),
