@@ -22,6 +22,18 @@ fn model() -> PathBuf {
     repo("tests/fixtures/models/tiny_resnet.safetensors")
 }
 
+/// A pipeline that reads the bundled ImageNet-21k sample and encodes it with `model` as `arch`,
+/// 4 images a batch.
+fn imagenet21k_pipeline(model: &Path, arch: &str) -> String {
+    format!(
+        "output_dir = \"{{out}}\"\n[[stage]]\ntype = \"read_imagenet21k\"\nroot = {:?}\n\
+         [[stage]]\ntype = \"encode_image\"\nmodel = {:?}\narch = \"{arch}\"\nbatch_size = 4\n\
+         [[stage]]\ntype = \"write_parquet\"\n",
+        repo("data/imagenet21k_sample").to_string_lossy(),
+        model.to_string_lossy()
+    )
+}
+
 /// Embedding rows of all batches.
 fn embeddings(batches: &[RecordBatch]) -> Vec<Vec<f32>> {
     let mut out = Vec::new();
@@ -71,13 +83,7 @@ fn rejects(batches: &[RecordBatch]) -> Vec<(String, String, String)> {
 #[test]
 fn imagenet21k_sample_is_encoded_in_order_with_the_corrupt_file_rejected() {
     let root = repo("data/imagenet21k_sample");
-    let toml = format!(
-        "output_dir = \"{{out}}\"\n[[stage]]\ntype = \"read_imagenet21k\"\nroot = {:?}\n\
-         [[stage]]\ntype = \"encode_image\"\nmodel = {:?}\narch = \"tiny_resnet\"\nbatch_size = 4\n\
-         [[stage]]\ntype = \"write_parquet\"\n",
-        root.to_string_lossy(),
-        model().to_string_lossy()
-    );
+    let toml = imagenet21k_pipeline(&model(), "tiny_resnet");
     let (dir, data, rej) = common::run_pipeline(&toml);
     let ids = common::strs(&data, "sample_id");
     let want_ids: Vec<String> = ["n01440764", "n02102040", "n03000684"]
@@ -460,15 +466,8 @@ fn checkpoint_prefix_reads_the_encoder_of_a_training_checkpoint() {
 fn an_fbnet_from_its_model_zoo_checkpoint_encodes_the_sample() {
     // `arch = "tiny_fbnet"` with mobile-vision's model zoo `model.pth` form: 64-d rows, each the
     // model's own features of its preprocessed image (ImageNet preprocessing by default).
-    let root = repo("data/imagenet21k_sample");
     let pth = repo("tests/fixtures/models/fbnet/tiny_fbnet_model.pth");
-    let toml = format!(
-        "output_dir = \"{{out}}\"\n[[stage]]\ntype = \"read_imagenet21k\"\nroot = {:?}\n\
-         [[stage]]\ntype = \"encode_image\"\nmodel = {:?}\narch = \"tiny_fbnet\"\nbatch_size = 4\n\
-         [[stage]]\ntype = \"write_parquet\"\n",
-        root.to_string_lossy(),
-        pth.to_string_lossy()
-    );
+    let toml = imagenet21k_pipeline(&pth, "tiny_fbnet");
     let (dir, data, _) = common::run_pipeline(&toml);
     let got = embeddings(&data);
     assert_eq!(got.len(), 9);
