@@ -1073,3 +1073,35 @@ fn training_progress_in_a_log_is_lines() {
     assert_eq!(code, 0, "{stderr}");
     assert!(stderr.contains("step 3/3 loss "), "{stderr}");
 }
+
+#[test]
+fn reading_a_checkpoints_moving_average_is_said() {
+    // mobile-vision's model zoo form holds `model_ema` beside `state_dict`: the run says which
+    // one it read; a plain state dict gets no such note.
+    let dir = tempfile::tempdir().unwrap();
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let run = |model: &str, out: &str| {
+        let file = dir.path().join(format!("{out}.toml"));
+        std::fs::write(
+            &file,
+            format!(
+                "output_dir = {:?}\n[[stage]]\ntype = \"read_imagenet21k\"\nroot = {:?}\n[[stage]]\n\
+                 type = \"encode_image\"\nmodel = {:?}\narch = \"tiny_fbnet\"\n[[stage]]\ntype = \"write_parquet\"\n",
+                dir.path().join(out),
+                repo.join("data/imagenet21k_sample"),
+                repo.join("tests/fixtures/models/fbnet").join(model)
+            ),
+        )
+        .unwrap();
+        curate(&["run", file.to_str().unwrap()])
+    };
+    let (code, _, stderr) = run("tiny_fbnet_model.pth", "ema");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("tiny_fbnet_model.pth`: the weights' moving average (its `model_ema`) is read"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run("tiny_fbnet.safetensors", "plain");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("moving average"), "{stderr}");
+}
