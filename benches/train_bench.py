@@ -13,7 +13,11 @@ a learnable temperature, AdamW, batch 64, 32-px images).
   in memory (random pixels, token ids of typical caption length) — no data loading at all, so
   the ratio is conservative for curate.
 
-Usage: python3 benches/train_bench.py [--steps 200] [--threads 2]
+The two sides alternate for `--rounds` rounds (the machine's speed drifts between runs: one
+side measured once after the other can move the ratio by a third); the figures are the medians
+over the rounds, and each round's ratio is printed too.
+
+Usage: python3 benches/train_bench.py [--steps 200] [--threads 2] [--rounds 3]
 """
 
 import argparse
@@ -147,14 +151,19 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     with open("data/train_sample/text_model/config.json") as f:
         vocab = json.load(f)["vocab_size"]
-    c = curate_samples_per_s(a.steps, a.threads)
-    t = torch_samples_per_s(a.steps, 64, vocab)
-    print(f"curate train : {c:8.1f} samples/s (whole pipeline: decode, augment, tokenise, step)")
-    print(f"PyTorch {torch.__version__}: {t:8.1f} samples/s (training step only, tensors in memory)")
+    cs, ts = [], []
+    for r in range(a.rounds):
+        cs.append(curate_samples_per_s(a.steps, a.threads))
+        ts.append(torch_samples_per_s(a.steps, 64, vocab))
+        print(f"round {r + 1}: curate {cs[-1]:8.1f}, PyTorch {ts[-1]:8.1f} samples/s, ratio {cs[-1] / ts[-1]:.2f}")
+    c, t = statistics.median(cs), statistics.median(ts)
+    print(f"curate train : {c:8.1f} samples/s (whole pipeline: decode, augment, tokenise, step; median of {a.rounds})")
+    print(f"PyTorch {torch.__version__}: {t:8.1f} samples/s (training step only, tensors in memory; median of {a.rounds})")
     print(f"ratio curate/PyTorch: {c / t:.2f} ({a.threads} threads, batch 64, {a.steps} steps)")
 
 
