@@ -1,0 +1,162 @@
+//! Throughput of curate's ResNet-50 forward pass (random weights, burn's CPU backend or
+//! `CURATE_BENCH_DEVICE=cuda` with the `cuda` feature): images/s at a batch size, after warm-up;
+//! `--conv native|im2col` overrides the device's way of convolving; `--check N` first compares
+//! the features of N images with burn's CPU backend (burn's own convolutions). Run by
+//! `benches/resnet_bench.py`, which times torchvision on the same shapes and prints the ratio;
+//! standalone: `cargo run --release --example resnet_bench -- --batch 32 --iters 5`.
+//! `--train 1` times a training step's forward and backward instead (an autodiff device,
+//! BatchNorm on batch statistics; no optimizer step).
+//!
+//! The last line of stdout is `images_per_s <value>`.
+
+use std::time::Instant;
+
+use burn::tensor::{Device, Tensor, TensorData};
+use curate::models::resnet::{ConvLowering, ResNet, ResNetConfig};
+use curate::models::weights::Weights;
+
+struct Args {
+    batch: usize,
+    iters: usize,
+    warmup: usize,
+    side: usize,
+    lowering: Option<ConvLowering>,
+    check: usize,
+    train: bool,
+}
+
+fn parse() -> Args {
+    let mut a = Args { batch: 32, iters: 5, warmup: 1, side: 224, lowering: None, check: 0, train: false };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    for pair in argv.chunks(2) {
+        let v = || pair.get(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("`{}` needs a number", pair[0]));
+        match pair[0].as_str() {
+            "--batch" => a.batch = v(),
+            "--iters" => a.iters = v(),
+            "--warmup" => a.warmup = v(),
+            "--side" => a.side = v(),
+            "--check" => a.check = v(),
+            "--train" => a.train = v() != 0,
+            "--conv" => {
+                a.lowering = Some(match pair.get(1).map(String::as_str) {
+                    Some("native") => ConvLowering::Native,
+                    Some("im2col") => ConvLowering::Im2col,
+                    _ => panic!("`--conv` needs `native` or `im2col`"),
+                })
+            }
+            other => {
+                panic!("unknown argument `{other}` (--batch, --iters, --warmup, --side, --conv, --check, --train)")
+            }
+        }
+    }
+    a
+}
+
+/// xorshift64*: uniform in [-1, 1), enough for weights whose values do not matter.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        ((self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+    }
+}
+
+/// Every tensor of torchvision's `resnet50()` state dict (names and shapes from the committed
+/// layout fixture), filled so activations stay finite: convolutions uniform with He scale,
+/// BatchNorm the identity.
+fn random_weights(rng: &mut Rng) -> Weights {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/models/resnet50_layout.json");
+    let layout: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("layout fixture")).expect("layout JSON");
+    let parts = layout
+        .into_iter()
+        .filter(|(k, _)| !k.ends_with("num_batches_tracked"))
+        .map(|(k, v)| {
+            let shape: Vec<usize> = v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+            let n: usize = shape.iter().product();
+            let data = if shape.len() == 4 {
+                let scale = (6.0 / shape[1..].iter().product::<usize>() as f32).sqrt();
+                (0..n).map(|_| rng.next() * scale).collect()
+            } else if k.ends_with("running_var") || (k.ends_with("weight") && shape.len() == 1) {
+                vec![1.0; n]
+            } else {
+                vec![0.0; n]
+            };
+            (k, shape, data)
+        })
+        .collect();
+    Weights::from_parts(parts)
+}
+
+fn main() {
+    let args = parse();
+    // Training BatchNorm normalises by the batch's statistics, the CPU reference by its running
+    // ones: their features differ whatever the convolutions do.
+    assert!(!(args.train && args.check > 0), "`--check` compares inference features: leave out `--train`");
+    let device = match std::env::var("CURATE_BENCH_DEVICE").as_deref() {
+        #[cfg(feature = "cuda")]
+        Ok("cuda") => Device::cuda(0),
+        _ => Device::flex(),
+    };
+    let device = if args.train { device.autodiff() } else { device };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let w = random_weights(&mut rng);
+    let mut model = ResNet::from_weights(&ResNetConfig::resnet50(), &w, &device);
+    let reference = (args.check > 0).then(|| ResNet::from_weights(&ResNetConfig::resnet50(), &w, &Device::flex()));
+    w.finish(&ResNet::IGNORED).expect("resnet50 layout");
+    let lowering = args.lowering.unwrap_or(ConvLowering::for_device(&device));
+    model = model.with_conv_lowering(lowering);
+    let n = args.batch * 3 * args.side * args.side;
+    let input: Vec<f32> = (0..n).map(|_| rng.next()).collect();
+    if let Some(reference) = reference {
+        let shape = [args.check.min(args.batch), 3, args.side, args.side];
+        let part = input[..shape.iter().product::<usize>()].to_vec();
+        let features = |m: &ResNet, d: &Device| {
+            m.forward(Tensor::<4>::from_data(TensorData::new(part.clone(), shape), d))
+                .into_data()
+                .try_to_vec::<f32>()
+                .expect("features")
+        };
+        let (got, want) = (features(&model, &device), features(&reference, &Device::flex()));
+        let (mut abs, mut rel) = (0f32, 0f32);
+        for (g, r) in got.iter().zip(&want) {
+            abs = abs.max((g - r).abs());
+            rel = rel.max((g - r).abs() / (1.0 + r.abs()));
+        }
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        println!("check {} images against the CPU: max |diff| {abs:.3e}, max |diff|/(1+|cpu|) {rel:.3e}, max |cpu| {scale:.3e}", shape[0]);
+    }
+    let run = || {
+        let x = Tensor::<4>::from_data(TensorData::new(input.clone(), [args.batch, 3, args.side, args.side]), &device);
+        if args.train {
+            let loss = model.forward(x).powi_scalar(2).mean();
+            assert!(loss.clone().into_scalar::<f32>().is_finite());
+            let _grads = loss.backward();
+            // Wait for the device to finish the backward pass.
+            device.sync().expect("the device runs the backward pass");
+        } else {
+            let out = model.forward(x).into_data().try_to_vec::<f32>().expect("features");
+            assert!(out.iter().all(|v| v.is_finite()));
+        }
+    };
+    for _ in 0..args.warmup {
+        run();
+    }
+    let t = Instant::now();
+    for _ in 0..args.iters {
+        run();
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let rate = (args.batch * args.iters) as f64 / secs;
+    eprintln!(
+        "curate resnet50{}: batch {}, {lowering:?} convolutions, {} iterations in {secs:.2} s, {} threads",
+        if args.train { " training (forward + backward)" } else { "" },
+        args.batch,
+        args.iters,
+        rayon::current_num_threads()
+    );
+    println!("images_per_s {rate:.2}");
+}
