@@ -44,70 +44,49 @@ pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
 /// [`gelu_f32`] over a slice, in the widest vectors the CPU has (the same operations in the
 /// same order at every width, so the same bits).
 fn gelu_slice(values: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked above).
-            unsafe { gelu_avx512(values) };
-            return;
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked above).
-            unsafe { gelu_avx2(values) };
-            return;
-        }
-    }
-    values.iter_mut().for_each(|v| *v = gelu_f32(*v));
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn gelu_avx512(values: &mut [f32]) {
-    values.iter_mut().for_each(|v| *v = gelu_f32(*v));
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn gelu_avx2(values: &mut [f32]) {
-    values.iter_mut().for_each(|v| *v = gelu_f32(*v));
+    in_widest_vectors(|| values.iter_mut().for_each(|v| *v = gelu_f32(*v)));
 }
 
 /// GELU in place of each value of `values`, and its slope `Φ(x) + x·φ(x)` into `slopes`
 /// ([`gelu_slope_f32`]), in the widest vectors the CPU has.
 fn gelu_slope_slice(values: &mut [f32], slopes: &mut [f32]) {
+    in_widest_vectors(|| {
+        for (v, d) in values.iter_mut().zip(slopes.iter_mut()) {
+            (*v, *d) = gelu_slope_f32(*v);
+        }
+    });
+}
+
+/// Runs `f` compiled for the widest vectors this CPU has: AVX-512F, else AVX2, else the
+/// baseline. `f` is inlined into each wrapper, so its loops vectorise at that width.
+#[inline(always)]
+fn in_widest_vectors(f: impl FnOnce()) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512F (checked above).
-            unsafe { gelu_slope_avx512(values, slopes) };
+            unsafe { with_avx512(f) };
             return;
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked above).
-            unsafe { gelu_slope_avx2(values, slopes) };
+            unsafe { with_avx2(f) };
             return;
         }
     }
-    gelu_slope_scalar(values, slopes);
-}
-
-#[inline(always)]
-fn gelu_slope_scalar(values: &mut [f32], slopes: &mut [f32]) {
-    for (v, d) in values.iter_mut().zip(slopes.iter_mut()) {
-        (*v, *d) = gelu_slope_f32(*v);
-    }
+    f()
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn gelu_slope_avx512(values: &mut [f32], slopes: &mut [f32]) {
-    gelu_slope_scalar(values, slopes);
+unsafe fn with_avx512(f: impl FnOnce()) {
+    f()
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn gelu_slope_avx2(values: &mut [f32], slopes: &mut [f32]) {
-    gelu_slope_scalar(values, slopes);
+unsafe fn with_avx2(f: impl FnOnce()) {
+    f()
 }
 
 /// Whether `device` computes on this machine's CPU (flex, or ndarray when compiled in).
@@ -295,7 +274,7 @@ mod tests {
         if std::arch::is_x86_feature_detected!("avx2") {
             let mut v = xs.clone();
             // SAFETY: AVX2 checked above.
-            unsafe { gelu_avx2(&mut v) };
+            unsafe { with_avx2(|| v.iter_mut().for_each(|x| *x = gelu_f32(*x))) };
             assert_eq!(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), scalar);
         }
     }
