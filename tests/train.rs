@@ -2889,3 +2889,137 @@ fn a_finished_run_is_evaluated_without_the_checkpoints_it_started_from() {
     std::fs::remove_file(bert.join("model.safetensors")).unwrap();
     assert_eq!(embed(), before);
 }
+
+/// A parameter's gradient in two sets, flat; `None` where a set has none.
+type GradientPair = (Option<Vec<f32>>, Option<Vec<f32>>);
+
+/// Every parameter gradient of `model` in `a` and in `b`, in the module's order.
+fn paired_gradients(model: &DualEncoder, a: &GradientsParams, b: &GradientsParams) -> Vec<GradientPair> {
+    struct Pair<'a> {
+        a: &'a GradientsParams,
+        b: &'a GradientsParams,
+        out: Vec<GradientPair>,
+    }
+    impl burn::module::ModuleVisitor for Pair<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
+            let flat = |g: Option<Tensor<D>>| g.map(|g| g.into_data().try_to_vec::<f32>().unwrap());
+            self.out.push((flat(self.a.get::<D>(param.id)), flat(self.b.get::<D>(param.id))));
+        }
+    }
+    let mut v = Pair { a, b, out: Vec::new() };
+    model.visit(&mut v);
+    v.out
+}
+
+/// A loss on every embedding there is, each used more than once (as the papers' losses do).
+fn loss_on_all(e: curate::train::dual_encoder::Embeddings, device: &Device) -> Tensor<1> {
+    let scale = || curate::losses::common::scalar(10.0, device);
+    let mut loss = infonce(e.image.clone(), e.text.clone(), scale(), DirectionReduction::Mean)
+        + e.image.clone().mul(e.text.clone()).sum().mul_scalar(1e-3);
+    if let (Some(i), Some(t)) = (e.image_uni, e.text_uni) {
+        loss = loss + infonce(i.clone(), t, scale(), DirectionReduction::Mean) + i.square().mean();
+    }
+    if let (Some(i), Some(t)) = (e.image_log_var, e.text_log_var) {
+        loss = loss + (i.exp().mean() + t.exp().mean()).mul_scalar(0.5);
+    }
+    loss
+}
+
+/// On the CPU `curate train` cuts the graph at the embeddings and runs the towers' backward
+/// passes side by side (`Embeddings::cut`, `TowerCut::backward`): every parameter gets the
+/// gradient of one backward pass through everything — bit for bit where each tower's output is
+/// one embedding, to rounding where the heads share a tower's features (the sums at the shared
+/// features are added in another order) — and a frozen image tower gets none while its heads do.
+#[test]
+fn the_towers_backward_passes_give_one_passs_gradients() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = Device::flex().autodiff();
+    let (c, inputs) = first_batch(dir.path(), &device);
+    for heads in [Heads::default(), Heads { uni: true, log_variance: true }] {
+        let model = DualEncoder::init(&c.model, heads, 0, &device).unwrap();
+        let (images, ids, mask) = inputs();
+        let whole =
+            GradientsParams::from_grads(loss_on_all(model.forward(images, ids, mask), &device).backward(), &model);
+        let cut_grads = |freeze_image: bool| {
+            let (images, ids, mask) = inputs();
+            let (leaves, cut) = model.forward(images, ids, mask).cut();
+            let grads = loss_on_all(leaves, &device).backward();
+            let mut into = GradientsParams::new();
+            cut.backward(&grads, freeze_image, &model, &mut into);
+            into
+        };
+        let cut = cut_grads(false);
+        let pairs = paired_gradients(&model, &whole, &cut);
+        assert!(pairs.iter().filter(|(a, _)| a.is_some()).count() > 20, "too few parameters with gradients");
+        for (i, (a, b)) in pairs.iter().enumerate() {
+            let (Some(a), Some(b)) = (a, b) else {
+                assert_eq!(a.is_some(), b.is_some(), "parameter {i}: a gradient on one side only ({heads:?})");
+                continue;
+            };
+            let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            if heads == Heads::default() {
+                assert!(a == b, "parameter {i}: gradients differ by up to {worst} (of {scale})");
+            } else {
+                assert!(worst <= 1e-5 * scale + 1e-12, "parameter {i}: gradients differ by up to {worst} (of {scale})");
+            }
+        }
+        // PCME++'s frozen image tower: none for the tower's own parameters, the same for the rest.
+        let frozen = cut_grads(true);
+        let tower: std::collections::HashSet<_> = model.image_tower_ids().into_iter().collect();
+        struct Check<'a> {
+            tower: &'a std::collections::HashSet<burn::module::ParamId>,
+            frozen: &'a GradientsParams,
+            cut: &'a GradientsParams,
+            seen: [usize; 2],
+        }
+        impl burn::module::ModuleVisitor for Check<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
+                let (f, c) = (self.frozen.get::<D>(param.id), self.cut.get::<D>(param.id));
+                if self.tower.contains(&param.id) {
+                    assert!(f.is_none(), "a frozen image tower's parameter has a gradient");
+                    self.seen[0] += c.is_some() as usize;
+                } else {
+                    assert_eq!(f.is_some(), c.is_some());
+                    if let (Some(f), Some(c)) = (f, c) {
+                        assert_eq!(
+                            f.into_data().try_to_vec::<f32>().unwrap(),
+                            c.into_data().try_to_vec::<f32>().unwrap()
+                        );
+                        self.seen[1] += 1;
+                    }
+                }
+            }
+        }
+        let mut check = Check { tower: &tower, frozen: &frozen, cut: &cut, seen: [0, 0] };
+        model.visit(&mut check);
+        assert!(check.seen[0] > 5 && check.seen[1] > 5, "{:?}", check.seen);
+    }
+}
+
+/// A BatchNorm's running statistics come out the same whichever threads run the training
+/// forward passes (the towers run on pool threads on the CPU; burn keeps an update per thread).
+#[test]
+fn running_statistics_do_not_depend_on_the_forward_passes_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = Device::flex().autodiff();
+    let (c, inputs) = first_batch(dir.path(), &device);
+    let one = DualEncoder::init(&c.model, Heads::default(), 0, &device).unwrap();
+    let two = DualEncoder::init(&c.model, Heads::default(), 0, &device).unwrap();
+    for _ in 0..2 {
+        let _ = one.image_features(inputs().0);
+    }
+    for _ in 0..2 {
+        let images = inputs().0;
+        std::thread::scope(|s| {
+            s.spawn(|| two.image_features(images).into_data());
+        });
+    }
+    let (_, eval_inputs) = first_batch(dir.path(), &Device::flex());
+    let (images, _, _) = eval_inputs();
+    let encode = |m: &DualEncoder| m.valid().encode_image(images.clone()).into_data().try_to_vec::<f32>().unwrap();
+    let (a, b) = (encode(&one), encode(&two));
+    let init = DualEncoder::init(&c.model, Heads::default(), 0, &device).unwrap();
+    assert_ne!(a, encode(&init), "the training passes changed no running statistics");
+    assert!(a == b, "the running statistics depend on the threads that ran the forward passes");
+}

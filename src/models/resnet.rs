@@ -338,6 +338,10 @@ fn update_running_stats(bn: &BatchNorm, mean: Tensor<1>, biased_variance: Tensor
     let update = |state: &burn::module::RunningState<Tensor<1>>, batch: Tensor<1>| {
         let old = state.value_sync().to_device(&device);
         state.update(old.mul_scalar(1.0 - m).add(batch.detach().mul_scalar(m)).detach());
+        // burn keeps an update pending per thread and averages the threads' pending values
+        // when they are read; folded in at once, the update is the same whichever thread ran
+        // this forward pass (the towers may run on two, see `DualEncoder::forward_dropping`).
+        let _ = state.value_sync();
     };
     update(&bn.running_mean, mean);
     let count = count as f64;

@@ -24,7 +24,8 @@
 
 use burn::module::Module;
 use burn::nn::{LayerNorm, Linear};
-use burn::tensor::{Device, Int, Tensor};
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Gradients, Int, Tensor};
 
 use super::config::{HeadStyle, ImagePreset, ModelConfig};
 use crate::error::Result;
@@ -132,6 +133,115 @@ pub struct Embeddings {
     /// PCME++ log-variances, `[B, embed_dim]`.
     pub image_log_var: Option<Tensor<2>>,
     pub text_log_var: Option<Tensor<2>>,
+}
+
+/// One tower's half of [`Embeddings`].
+#[derive(Clone)]
+struct Side {
+    main: Tensor<2>,
+    uni: Option<Tensor<2>>,
+    log_var: Option<Tensor<2>>,
+}
+
+impl Side {
+    fn tensors(&self) -> impl Iterator<Item = &Tensor<2>> {
+        std::iter::once(&self.main).chain(&self.uni).chain(&self.log_var)
+    }
+
+    fn map(self, f: impl Fn(Tensor<2>) -> Tensor<2>) -> Side {
+        Side { main: f(self.main), uni: self.uni.map(&f), log_var: self.log_var.map(&f) }
+    }
+}
+
+impl Embeddings {
+    fn from_sides(image: Side, text: Side) -> Embeddings {
+        Embeddings {
+            image: image.main,
+            text: text.main,
+            image_uni: image.uni,
+            text_uni: text.uni,
+            image_log_var: image.log_var,
+            text_log_var: text.log_var,
+        }
+    }
+
+    fn into_sides(self) -> (Side, Side) {
+        (
+            Side { main: self.image, uni: self.image_uni, log_var: self.image_log_var },
+            Side { main: self.text, uni: self.text_uni, log_var: self.text_log_var },
+        )
+    }
+
+    /// Cuts the autodiff graph at the embeddings. The embeddings returned have the same values
+    /// as new leaves (detached, requiring gradients), so that the loss's backward pass stops
+    /// there; [`TowerCut::backward`] then carries their gradients through the two towers, side
+    /// by side. Each tower's pass starts from `Σ sum(output ⊙ g)`, whose gradient at each
+    /// output is its leaf's gradient `g` bit for bit, so the parameters get the gradients of
+    /// one pass through everything.
+    pub fn cut(self) -> (Embeddings, TowerCut) {
+        let (image, text) = self.into_sides();
+        let leaf = |t: Tensor<2>| t.detach().require_grad();
+        let leaves = Embeddings::from_sides(image.clone().map(leaf), text.clone().map(leaf));
+        (leaves.clone(), TowerCut { image, text, leaves })
+    }
+}
+
+/// The towers' outputs behind the leaves of [`Embeddings::cut`].
+pub struct TowerCut {
+    image: Side,
+    text: Side,
+    leaves: Embeddings,
+}
+
+impl TowerCut {
+    /// The towers' backward passes from the leaves' gradients in `grads` (the loss's backward
+    /// pass), on two threads, their parameter gradients added to `into`. With `freeze_image`
+    /// (PCME++'s first epochs) the image tower's own parameters get none; its heads do.
+    pub fn backward(self, grads: &Gradients, freeze_image: bool, encoder: &DualEncoder, into: &mut GradientsParams) {
+        let (image_leaves, text_leaves) = self.leaves.into_sides();
+        let seeds = |outputs: Side, leaves: Side| -> Vec<(Tensor<2>, Tensor<2>)> {
+            let leaves: Vec<Tensor<2>> = leaves.tensors().cloned().collect();
+            let outputs: Vec<Tensor<2>> = outputs.tensors().cloned().collect();
+            outputs
+                .into_iter()
+                .zip(leaves)
+                .filter_map(|(out, leaf)| leaf.grad(grads).map(|g| (out, Tensor::from_inner(g))))
+                .collect()
+        };
+        let (image_seeds, text_seeds) = (seeds(self.image, image_leaves), seeds(self.text, text_leaves));
+        let pass = |seeds: Vec<(Tensor<2>, Tensor<2>)>, freeze: bool| {
+            let surrogate = seeds.into_iter().map(|(out, g)| (out * g).sum()).reduce(|a, b| a + b)?;
+            let mut grads = surrogate.backward();
+            if freeze {
+                encoder.drop_image_tower_gradients(&mut grads);
+            }
+            Some(GradientsParams::from_grads(grads, encoder))
+        };
+        let (i, t) = rayon::join(|| pass(image_seeds, freeze_image), || pass(text_seeds, false));
+        for g in [i, t].into_iter().flatten() {
+            merge_gradients(into, g, encoder);
+        }
+    }
+}
+
+/// Moves `from`'s gradients of `module`'s parameters into `into`, added where both have one.
+pub fn merge_gradients<M: Module>(into: &mut GradientsParams, from: GradientsParams, module: &M) {
+    struct Merge<'a> {
+        into: &'a mut GradientsParams,
+        from: GradientsParams,
+    }
+    impl burn::module::ModuleVisitor for Merge<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
+            if let Some(g) = self.from.remove::<D>(param.id) {
+                let g = match self.into.remove::<D>(param.id) {
+                    Some(earlier) => earlier + g,
+                    None => g,
+                };
+                self.into.register(param.id, g);
+            }
+        }
+    }
+    module.visit(&mut Merge { into, from });
 }
 
 /// The ResNet sizes of an image preset, with the config's overrides.
@@ -333,6 +443,14 @@ impl DualEncoder {
             text_uni_norm: if heads.uni { norm("text_uni", ft_pooled) } else { None },
             pooling: towers.pooling,
         })
+    }
+
+    /// Takes the image tower's own parameters' gradients out of `grads` (its heads' stay):
+    /// PCME++'s frozen image tower.
+    pub fn drop_image_tower_gradients(&self, grads: &mut Gradients) {
+        let _ = GradientsParams::from_module(grads, &self.image);
+        let _ = GradientsParams::from_module(grads, &self.image_vit);
+        let _ = GradientsParams::from_module(grads, &self.image_fbnet);
     }
 
     /// The parameters of the image tower (not its heads).
@@ -554,18 +672,36 @@ impl DualEncoder {
         mask: Tensor<2, Int>,
         drop: Option<&TokenDrop>,
     ) -> Embeddings {
-        let (i, t) = (self.image_out(images, drop), self.text_out(ids, mask));
+        let device = images.device();
         // CUSA's uni-modal heads project the pooled features (no GPO).
         let uni = |n: &Option<LayerNorm>, h: &Option<Linear>, o: &TowerOut| {
             h.as_ref().map(|h| o.head(n.as_ref(), Some(h), None))
         };
-        Embeddings {
-            image: i.head(self.image_proj_norm.as_ref(), Some(&self.image_proj), self.image_gpo.as_ref()),
-            text: t.head(self.text_proj_norm.as_ref(), self.text_proj.as_ref(), self.text_gpo.as_ref()),
-            image_uni: uni(&self.image_uni_norm, &self.image_uni, &i),
-            text_uni: uni(&self.text_uni_norm, &self.text_uni, &t),
-            image_log_var: self.image_log_var.as_ref().map(|h| i.log_var_head(h, self.image_log_var_gpo.as_ref())),
-            text_log_var: self.text_log_var.as_ref().map(|h| t.log_var_head(h, self.text_log_var_gpo.as_ref())),
-        }
+        let image_side = || {
+            let i = self.image_out(images, drop);
+            Side {
+                main: i.head(self.image_proj_norm.as_ref(), Some(&self.image_proj), self.image_gpo.as_ref()),
+                uni: uni(&self.image_uni_norm, &self.image_uni, &i),
+                log_var: self.image_log_var.as_ref().map(|h| i.log_var_head(h, self.image_log_var_gpo.as_ref())),
+            }
+        };
+        let text_side = || {
+            let t = self.text_out(ids, mask);
+            Side {
+                main: t.head(self.text_proj_norm.as_ref(), self.text_proj.as_ref(), self.text_gpo.as_ref()),
+                uni: uni(&self.text_uni_norm, &self.text_uni, &t),
+                log_var: self.text_log_var.as_ref().map(|h| t.log_var_head(h, self.text_log_var_gpo.as_ref())),
+            }
+        };
+        // On the CPU the towers run side by side on the pool: a small model's step is mostly
+        // per-operation overhead, which one operation's threads do not share out. Only the text
+        // tower draws random numbers (dropout), so the draws keep their order; BatchNorm's
+        // running statistics do not depend on the thread (`resnet::batch_norm`).
+        let (i, t) = if crate::models::activation::is_host(&device) {
+            rayon::join(image_side, text_side)
+        } else {
+            (image_side(), text_side())
+        };
+        Embeddings::from_sides(i, t)
     }
 }

@@ -31,7 +31,7 @@ use serde_json::json;
 
 use super::config::{ClipScope, OptimConfig, TrainConfig};
 use super::data::{Batch, BatchMaker, Loader, TrainSet};
-use super::dual_encoder::{DualEncoder, Embeddings, Heads};
+use super::dual_encoder::{merge_gradients, DualEncoder, Embeddings, Heads};
 use super::optim::{clip_global, linear_weights, LrGroups};
 use super::zeroshot::{ZeroShot, ZeroShotScores};
 use crate::error::{Error, Result};
@@ -418,8 +418,9 @@ pub fn last_checkpoint(output: &Path) -> Option<(u64, PathBuf)> {
 
 /// burn keeps a BatchNorm's last running-statistics update pending (per thread) until the
 /// next training step reads the statistics; a saved model would hold the step before's.
-/// `valid()` folds the pending update in, in place (the module's running states are shared by
-/// its clones), and changes nothing else: training reads them through the same fold.
+/// curate's training BatchNorm folds its own updates in at once (`resnet::batch_norm`); this
+/// makes sure of it for any other: `valid()` folds pending updates in, in place (the module's
+/// running states are shared by its clones), and changes nothing else.
 fn fold_pending_running_stats(model: &DualEncoder) {
     let _ = model.valid();
 }
@@ -765,7 +766,23 @@ fn earlier_config(text: &str) -> Option<TrainConfig> {
 }
 
 /// Trains as `config` says. See the module documentation for what lands in `output_dir`.
+///
+/// The run goes on a thread of its own with a large stack (reserved, not used): a debug build's
+/// frames of this function and of burn's derived module code (loading a CLIP tower) take more
+/// than the 2 MiB of a test's or a library caller's thread.
 pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> {
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("curate-train".into())
+            .stack_size(32 << 20)
+            .spawn_scoped(s, || train_here(config, opts))
+            .map_err(|e| Error::data(format!("cannot start the training thread: {e}")))?
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })
+}
+
+fn train_here(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> {
     let started = Instant::now();
     let mut sampler = opts.sample_profile.clone().map(super::sampling_profile::Sampler::new).transpose()?;
     let out = config.output_dir.clone();
@@ -1084,6 +1101,15 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
             step: batch.step,
         });
         let emb = run.trainee.encoder.forward_dropping(images, ids, mask, drop.as_ref());
+        // On the CPU the graph is cut at the embeddings, so that the two towers' backward passes
+        // can run side by side (`TowerCut`); the gradients are the same.
+        let (emb, cut) = match crate::models::activation::is_host(&device) {
+            true => {
+                let (emb, cut) = emb.cut();
+                (emb, Some(cut))
+            }
+            false => (emb, None),
+        };
         // The step's last mask is drawn.
         std::mem::drop(masks);
         let loss = loss_of(&config.loss, &run.trainee.loss, emb, teacher_emb, run.bank.as_mut(), &batch, &device)?;
@@ -1114,14 +1140,17 @@ pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> 
         let (frozen, loss_scale) = super::optim::image_freeze(&config.optim, batch.step, per_epoch);
         let loss = if loss_scale != 1.0 { loss.mul_scalar(loss_scale) } else { loss };
         let mut grads = loss.backward();
+        let mut g_enc = GradientsParams::new();
+        if let Some(cut) = cut {
+            cut.backward(&grads, frozen, &run.trainee.encoder, &mut g_enc);
+        }
         trace.lap("backward");
         if frozen {
             // Taken out of `grads` and dropped: the image tower gets no update.
-            let _ = GradientsParams::from_module(&mut grads, &run.trainee.encoder.image);
-            let _ = GradientsParams::from_module(&mut grads, &run.trainee.encoder.image_vit);
-            let _ = GradientsParams::from_module(&mut grads, &run.trainee.encoder.image_fbnet);
+            run.trainee.encoder.drop_image_tower_gradients(&mut grads);
         }
-        let mut g_enc = GradientsParams::from_module(&mut grads, &run.trainee.encoder);
+        let g = GradientsParams::from_module(&mut grads, &run.trainee.encoder);
+        merge_gradients(&mut g_enc, g, &run.trainee.encoder);
         let mut g_loss = GradientsParams::from_module(&mut grads, &run.trainee.loss);
         if let (Some(max), ClipScope::Global) = (config.optim.grad_clip_norm, config.optim.grad_clip_scope) {
             let Trainee { encoder, loss } = &run.trainee;
