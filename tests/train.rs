@@ -3023,3 +3023,26 @@ fn running_statistics_do_not_depend_on_the_forward_passes_threads() {
     assert_ne!(a, encode(&init), "the training passes changed no running statistics");
     assert!(a == b, "the running statistics depend on the threads that ran the forward passes");
 }
+
+/// A run's losses do not depend on the number of threads. On the CPU the two towers run side by
+/// side, and so do the EMA teacher's forward pass and the trainee's where no dropout draws random
+/// numbers (with dropout the teacher's pass goes first, so that the draws keep their order).
+#[test]
+fn training_gives_the_same_losses_on_one_thread_and_on_three() {
+    for sets in
+        [&["loss.type=memory_bank"][..], &["loss.type=memory_bank", "model.text.dropout=0.1"], &["loss.type=pcmepp"]]
+    {
+        let run = |threads: usize| {
+            let dir = tempfile::tempdir().unwrap();
+            let mut all = vec!["steps=4"];
+            all.extend_from_slice(sets);
+            let c = config(dir.path(), &all);
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| train(&c, &TrainOptions::default())).unwrap();
+            losses(&dir.path().join("out"))
+        };
+        let one = run(1);
+        assert_eq!(one.len(), 4, "{sets:?}");
+        assert_eq!(one, run(3), "{sets:?}");
+    }
+}

@@ -81,7 +81,8 @@ fn above_bar(bar: &Option<indicatif::ProgressBar>, say: impl FnOnce()) {
 
 /// Where a training step's wall time goes, for `curate train --trace-steps`: one stderr line per
 /// step with the milliseconds of each phase, in order: `batch` (waiting for the data workers),
-/// `upload` (the batch to the device), `teacher` (EMA update and teacher forward), `forward`
+/// `upload` (the batch to the device), `teacher` (EMA update and teacher forward; on the CPU
+/// without dropout the teacher's forward runs beside the trainee's, in `forward`), `forward`
 /// (the forward pass and the loss; on a GPU, launching their kernels, which returns before they
 /// finish unless something waits for them), `loss_read` (waiting for the loss value), `backward`,
 /// `optim`, and `drain` (waiting for the device to finish the step: only when tracing, so a
@@ -767,19 +768,12 @@ fn earlier_config(text: &str) -> Option<TrainConfig> {
 
 /// Trains as `config` says. See the module documentation for what lands in `output_dir`.
 ///
-/// The run goes on a thread of its own with a large stack (reserved, not used): a debug build's
-/// frames of this function and of burn's derived module code (loading a CLIP tower) take more
-/// than the 2 MiB of a test's or a library caller's thread.
+/// The run goes on a large stack of its own (allocated for it, on the caller's thread, so that
+/// the caller's rayon pool stays the one it uses): a debug build's frames of this function and
+/// of burn's derived module code (loading a CLIP tower) take more than the 2 MiB of a test's or
+/// a library caller's thread.
 pub fn train(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> {
-    std::thread::scope(|s| {
-        std::thread::Builder::new()
-            .name("curate-train".into())
-            .stack_size(32 << 20)
-            .spawn_scoped(s, || train_here(config, opts))
-            .map_err(|e| Error::data(format!("cannot start the training thread: {e}")))?
-            .join()
-            .unwrap_or_else(|e| std::panic::resume_unwind(e))
-    })
+    stacker::grow(32 << 20, || train_here(config, opts))
 }
 
 fn train_here(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary> {
@@ -1080,27 +1074,46 @@ fn train_here(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary>
             guard
         });
         // EMA teacher first (spec §4 step 2, §5.6), then its forward without gradient.
-        let teacher_emb = match (&mut run.teacher, ema) {
+        let teacher = match (&mut run.teacher, ema) {
             (Some(t), Some((m, warmup))) => {
                 run.ema_updates += 1;
                 let decay = ema_decay(run.ema_updates, m, warmup);
-                let updated = ema_update(t.clone(), &run.trainee.encoder, decay);
-                *t = updated;
-                let e = t.forward(images.clone(), ids.clone(), mask.clone());
-                Some(Embeddings { image: e.image.detach(), text: e.text.detach(), ..e })
+                *t = ema_update(t.clone(), &run.trainee.encoder, decay);
+                Some(&*t)
             }
             _ => None,
+        };
+        let teacher_forward = |t: &DualEncoder, images: Tensor<4>, ids: Tensor<2, Int>, mask: Tensor<2, Int>| {
+            let e = t.forward(images, ids, mask);
+            Embeddings { image: e.image.detach(), text: e.text.detach(), ..e }
         };
         if let (Some(c), LossConfig::Cusa(cc)) = (run.trainee.loss.cusa.take(), &config.loss) {
             run.trainee.loss.cusa = Some(c.clamp(cc));
         }
-        trace.lap("teacher");
         let drop = (config.model.image_token_drop > 0.0).then_some(crate::models::gpo::TokenDrop {
             rate: config.model.image_token_drop,
             seed: config.seed,
             step: batch.step,
         });
-        let emb = run.trainee.encoder.forward_dropping(images, ids, mask, drop.as_ref());
+        let trainee = &run.trainee.encoder;
+        // On the CPU, and where no dropout draws random numbers (their order would depend on the
+        // threads), the teacher's forward pass runs beside the trainee's.
+        let (teacher_emb, emb) = match teacher {
+            Some(t) if !dropout && crate::models::activation::is_host(&device) => {
+                let inputs = (images.clone(), ids.clone(), mask.clone());
+                trace.lap("teacher");
+                let (te, e) = rayon::join(
+                    || teacher_forward(t, inputs.0, inputs.1, inputs.2),
+                    || trainee.forward_dropping(images, ids, mask, drop.as_ref()),
+                );
+                (Some(te), e)
+            }
+            _ => {
+                let te = teacher.map(|t| teacher_forward(t, images.clone(), ids.clone(), mask.clone()));
+                trace.lap("teacher");
+                (te, trainee.forward_dropping(images, ids, mask, drop.as_ref()))
+            }
+        };
         // On the CPU the graph is cut at the embeddings, so that the two towers' backward passes
         // can run side by side (`TowerCut`); the gradients are the same.
         let (emb, cut) = match crate::models::activation::is_host(&device) {
