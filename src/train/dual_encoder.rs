@@ -199,16 +199,15 @@ impl TowerCut {
     /// (PCME++'s first epochs) the image tower's own parameters get none; its heads do.
     pub fn backward(self, grads: &Gradients, freeze_image: bool, encoder: &DualEncoder, into: &mut GradientsParams) {
         let (image_leaves, text_leaves) = self.leaves.into_sides();
-        let seeds = |outputs: Side, leaves: Side| -> Vec<(Tensor<2>, Tensor<2>)> {
-            let leaves: Vec<Tensor<2>> = leaves.tensors().cloned().collect();
-            let outputs: Vec<Tensor<2>> = outputs.tensors().cloned().collect();
+        // Each output with its leaf's gradient (none where the loss did not use it).
+        let seeds = |outputs: &Side, leaves: &Side| -> Vec<(Tensor<2>, Tensor<2>)> {
             outputs
-                .into_iter()
-                .zip(leaves)
-                .filter_map(|(out, leaf)| leaf.grad(grads).map(|g| (out, Tensor::from_inner(g))))
+                .tensors()
+                .zip(leaves.tensors())
+                .filter_map(|(out, leaf)| leaf.grad(grads).map(|g| (out.clone(), Tensor::from_inner(g))))
                 .collect()
         };
-        let (image_seeds, text_seeds) = (seeds(self.image, image_leaves), seeds(self.text, text_leaves));
+        let (image_seeds, text_seeds) = (seeds(&self.image, &image_leaves), seeds(&self.text, &text_leaves));
         let pass = |seeds: Vec<(Tensor<2>, Tensor<2>)>, freeze: bool| {
             let surrogate = seeds.into_iter().map(|(out, g)| (out * g).sum()).reduce(|a, b| a + b)?;
             let mut grads = surrogate.backward();

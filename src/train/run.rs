@@ -1095,11 +1095,11 @@ fn train_here(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary>
             seed: config.seed,
             step: batch.step,
         });
-        let trainee = &run.trainee.encoder;
+        let (trainee, host) = (&run.trainee.encoder, crate::models::activation::is_host(&device));
         // On the CPU, and where no dropout draws random numbers (their order would depend on the
         // threads), the teacher's forward pass runs beside the trainee's.
         let (teacher_emb, emb) = match teacher {
-            Some(t) if !dropout && crate::models::activation::is_host(&device) => {
+            Some(t) if !dropout && host => {
                 let inputs = (images.clone(), ids.clone(), mask.clone());
                 trace.lap("teacher");
                 let (te, e) = rayon::join(
@@ -1116,12 +1116,11 @@ fn train_here(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary>
         };
         // On the CPU the graph is cut at the embeddings, so that the two towers' backward passes
         // can run side by side (`TowerCut`); the gradients are the same.
-        let (emb, cut) = match crate::models::activation::is_host(&device) {
-            true => {
-                let (emb, cut) = emb.cut();
-                (emb, Some(cut))
-            }
-            false => (emb, None),
+        let (emb, cut) = if host {
+            let (emb, cut) = emb.cut();
+            (emb, Some(cut))
+        } else {
+            (emb, None)
         };
         // The step's last mask is drawn.
         std::mem::drop(masks);
