@@ -17,6 +17,12 @@
 //! in training mode (BatchNorm on batch statistics, as the reference). The teacher's BatchNorm
 //! running statistics are its own (`ema_teacher`; burn's `clone` would share the student's, and
 //! the teacher's forwards would move them) and are not averaged.
+//!
+//! On the CPU a step runs its independent halves side by side on rayon's pool: the two towers
+//! (`DualEncoder::forward_dropping`), their backward passes from the graph cut at the embeddings
+//! (`Embeddings::cut`, `TowerCut::backward`: the same gradients as one pass) and, where no dropout
+//! draws random numbers, the EMA teacher's forward beside the trainee's. Losses do not depend on
+//! the number of threads.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
