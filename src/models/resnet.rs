@@ -9,7 +9,8 @@
 //!
 //! On the CPU backends the convolutions are burn's own kernels, except in training, where a 1×1
 //! convolution is one matrix product over the batch and the stem's patches are built on the host
-//! ([`convolve`], [`convolve_images`]). On a GPU they are lowered to one
+//! ([`convolve`], [`convolve_images`]), and a BatchNorm is one operation of fused host loops
+//! ([`super::host_batch_norm`]). On a GPU they are lowered to one
 //! matrix product over the input's patches ([`ConvLowering::Im2col`]): without burn's autotuning
 //! (plain `--features cuda`), burn-cubecl convolves with a direct kernel, which gave ResNet-50 85
 //! images/s on an H100 at batch 32 against 927 with im2col (README, "GPU build"). The GPU's
@@ -311,9 +312,10 @@ fn zero_pad(x: Tensor<4>, p: usize) -> Tensor<4> {
 /// channel's `batch·H·W` values in one row, which burn-cubecl gives to one GPU thread: 8.5 to
 /// 32 ms per reduction at batch 64 on an H100, 80% of a ResNet-50 training step (with staged
 /// sums, ResNet-50 trained at 62–65 samples/s there instead of 40–45). With the CPU's lowering
-/// a training BatchNorm is burn's fused `batch_norm_train` with the running statistics updated
-/// here (PyTorch's way, not burn's `BatchNorm`'s biased one); in inference it is
-/// `bn.forward(x)`.
+/// a training BatchNorm is one operation with fused host loops on burn's CPU backend
+/// ([`super::host_batch_norm`]) and burn's `batch_norm_train` on another (ndarray), with the
+/// running statistics updated here (PyTorch's way, not burn's `BatchNorm`'s biased one); in
+/// inference it is `bn.forward(x)`.
 pub fn batch_norm(bn: &BatchNorm, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
     if !(x.device().is_autodiff() && bn.training.is_enabled()) {
         return bn.forward(x);
@@ -321,11 +323,35 @@ pub fn batch_norm(bn: &BatchNorm, x: Tensor<4>, lowering: ConvLowering) -> Tenso
     if lowering == ConvLowering::Im2col {
         return staged_batch_norm(bn, x);
     }
-    // burn's fused training kernel; the running statistics updated here, as PyTorch does.
+    // The running statistics are updated here, as PyTorch does.
     let [b, c, h, w] = x.dims();
+    // On burn's CPU backend, one operation with fused loops (see `host_batch_norm`).
+    if let Some(r) = super::host_batch_norm::train(&x, &bn.gamma.val(), &bn.beta.val(), bn.epsilon) {
+        update_running_stats_on_host(bn, r.mean, r.biased_variance, b * h * w);
+        return r.output;
+    }
     let r = burn::tensor::module::batch_norm_train(x, bn.gamma.val(), bn.beta.val(), bn.epsilon);
     update_running_stats(bn, r.mean.reshape([c]), r.variance.reshape([c]), b * h * w);
     r.output
+}
+
+/// [`update_running_stats`] from statistics already on the host: the same arithmetic in `f32`,
+/// without the dozen tensor operations (each a dispatch and an allocation) it takes on a device.
+fn update_running_stats_on_host(bn: &BatchNorm, mean: Vec<f32>, biased_variance: Vec<f32>, count: usize) {
+    let m = bn.momentum;
+    let (keep, take) = ((1.0 - m) as f32, m as f32);
+    let update = |state: &burn::module::RunningState<Tensor<1>>, batch: Vec<f32>| {
+        let old = state.value_sync();
+        let device = old.device();
+        let old = old.into_data().try_into_vec::<f32>().expect("f32 running statistics");
+        let new: Vec<f32> = old.iter().zip(&batch).map(|(o, b)| o * keep + b * take).collect();
+        state.update(Tensor::from_data(TensorData::new(new, [batch.len()]), &device));
+        // Folded in at once, as in `update_running_stats`.
+        let _ = state.value_sync();
+    };
+    update(&bn.running_mean, mean);
+    let unbias = (count as f64 / (count as f64 - 1.0).max(1.0)) as f32;
+    update(&bn.running_var, biased_variance.into_iter().map(|v| v * unbias).collect());
 }
 
 /// PyTorch's running-statistics update of a training BatchNorm from a batch of `count` values
