@@ -1,0 +1,495 @@
+//! A convolution in training on the host (burn's CPU backend under autodiff) as one autodiff
+//! operation: the batch's images are taken in fixed groups; a group's patches form one
+//! `[C·k·k, images·Ho·Wo]` matrix, and each of the three products (the output, the weights'
+//! gradient, the patches' gradient) is one matrix product per group, in parallel over the groups.
+//! burn-flex convolves image by image, one small product each with its operands packed anew, and
+//! takes the weights' gradient as a convolution over the batch axis (for the tiny training
+//! preset's 7×7 stem, 9.8 of the 13.4 ms its forward and backward passes took); the stem's
+//! `[batch·Ho·Wo, C·k·k]` patch matrix built once for the whole batch (`resnet::host_patches`,
+//! 9.6 MB at batch 64) left it at about 4 ms. Here a group's patches are built again in the
+//! backward pass rather than kept, and stay in the cache.
+//!
+//! The weights' gradient sums the groups' products in group order, so it does not depend on the
+//! number of threads. Only what ResNet needs: a square kernel and stride, the same padding on
+//! every side, no dilation, groups or bias (the caller takes burn's convolution otherwise).
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::flex::FlexTensor;
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::{DType, Tensor, TensorData};
+use rayon::prelude::*;
+
+/// `x` (`[batch, C, H, W]`) convolved with `weight` (`[out, C, k, k]`) at stride `stride`
+/// with `padding` zeros on each side, when both are `f32` tensors of burn's CPU backend under
+/// autodiff (what `Device::flex().autodiff()` makes); `None` otherwise, so that the caller takes
+/// burn's convolution.
+pub fn conv2d(x: &Tensor<4>, weight: &Tensor<4>, stride: usize, padding: usize) -> Option<Tensor<4>> {
+    let xa = x.clone().try_into_primitive::<Autodiff<Flex>>().ok()?;
+    let wa = weight.clone().try_into_primitive::<Autodiff<Flex>>().ok()?;
+    if xa.primitive().dtype() != DType::F32 || wa.primitive().dtype() != DType::F32 {
+        return None;
+    }
+    let [n, c, h, w] = x.dims();
+    let [o, wc, k, kw] = weight.dims();
+    if wc != c || kw != k || stride == 0 || h + 2 * padding < k || w + 2 * padding < k {
+        return None;
+    }
+    let geo = Geometry::new(n, c, h, w, o, k, stride, padding);
+    let input = contiguous(xa.primitive());
+    let weights = contiguous(wa.primitive()).as_slice::<f32>().expect("contiguous").to_vec();
+    let out = forward(input.as_slice::<f32>().expect("contiguous"), &weights, geo);
+    let out = FlexTensor::from_data(TensorData::new(out, [n, o, geo.ho, geo.wo]));
+    let nodes = [xa.node(), wa.node()];
+    let output = match HostConv.prepare::<NoCheckpointing>(nodes).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish(State { input, weights, geo }, out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    };
+    Some(Tensor::from_primitive::<Autodiff<Flex>>(output))
+}
+
+/// `t` with its values in one contiguous run (a copy only where `t` is a strided view).
+fn contiguous(t: &FlexTensor) -> FlexTensor {
+    if t.as_slice::<f32>().is_some() {
+        t.clone()
+    } else {
+        t.to_contiguous()
+    }
+}
+
+/// A convolution's sizes: input `[n, c, h, w]`, `o` outputs, a `k×k` kernel at stride `s` with
+/// `p` zeros on each side, output `[n, o, ho, wo]`.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    o: usize,
+    k: usize,
+    s: usize,
+    p: usize,
+    ho: usize,
+    wo: usize,
+}
+
+impl Geometry {
+    #[allow(clippy::too_many_arguments)]
+    fn new(n: usize, c: usize, h: usize, w: usize, o: usize, k: usize, s: usize, p: usize) -> Geometry {
+        let (ho, wo) = ((h + 2 * p - k) / s + 1, (w + 2 * p - k) / s + 1);
+        Geometry { n, c, h, w, o, k, s, p, ho, wo }
+    }
+
+    /// The rows of the patch matrix: `C·k·k`, in the weights' `(c, i, j)` order.
+    fn patch(&self) -> usize {
+        self.c * self.k * self.k
+    }
+
+    /// Images per group: enough for [`GROUP_VALUES`] input values (at least one image). Fixed by
+    /// the shapes alone, so that the groups (and the order of the weights' gradient sums) do not
+    /// depend on the number of threads.
+    fn images_per_group(&self) -> usize {
+        GROUP_VALUES.div_ceil((self.c * self.h * self.w).max(1)).min(self.n).max(1)
+    }
+}
+
+/// The input values of one group of images.
+const GROUP_VALUES: usize = 16_384;
+
+/// `dst (m×n, rows dst_rs apart) = [dst +] a (m×k) · b (k×n)`, `a` and `b` given by their row
+/// and column strides.
+#[allow(clippy::too_many_arguments)]
+fn product(
+    dst: &mut [f32],
+    dst_rs: usize,
+    accumulate: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: (&[f32], usize, usize),
+    b: (&[f32], usize, usize),
+) {
+    let last = |rows: usize, cols: usize, rs: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(last(m, n, dst_rs, 1) < dst.len(), "product: dst out of bounds");
+    if k == 0 {
+        if !accumulate {
+            for r in 0..m {
+                dst[r * dst_rs..r * dst_rs + n].fill(0.0);
+            }
+        }
+        return;
+    }
+    assert!(last(m, k, a.1, a.2) < a.0.len() && last(k, n, b.1, b.2) < b.0.len(), "product: an operand out of bounds");
+    // SAFETY: every element gemm reads (a: r·a_rs + i·a_cs, b: i·b_rs + j·b_cs) and writes (dst:
+    // r·dst_rs + j) lies within its slice by the asserts above; `dst` is a distinct `&mut` and so
+    // aliases neither operand.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            accumulate,
+            a.0.as_ptr(),
+            a.2 as isize,
+            a.1 as isize,
+            b.0.as_ptr(),
+            b.2 as isize,
+            b.1 as isize,
+            1.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// Input columns `[x0, x1)` of output pixels `0..wo` whose tap `j` falls inside the image
+/// (column `s·x + j − p`); the others read the padding's zeros.
+fn inside(g: &Geometry, j: usize) -> (usize, usize) {
+    let first = g.p.saturating_sub(j).div_ceil(g.s);
+    let last = (g.w + g.p).saturating_sub(j).div_ceil(g.s).min(g.wo);
+    (first.min(last), last)
+}
+
+/// The patch matrix of `images` (a group's `[m, c, h, w]` values): `[C·k·k, m·Ho·Wo]`, row
+/// `(c, i, j)`, column `(image, y, x)` holding input pixel `(s·y + i − p, s·x + j − p)` of
+/// channel `c` (zero outside the image).
+fn patches(images: &[f32], g: &Geometry, cols: &mut [f32]) {
+    let m = images.len() / (g.c * g.h * g.w);
+    let pixels = g.ho * g.wo;
+    let width = m * pixels;
+    for ch in 0..g.c {
+        for i in 0..g.k {
+            for j in 0..g.k {
+                let row = &mut cols[((ch * g.k + i) * g.k + j) * width..][..width];
+                let (x0, x1) = inside(g, j);
+                for b in 0..m {
+                    let plane = &images[(b * g.c + ch) * g.h * g.w..][..g.h * g.w];
+                    for y in 0..g.ho {
+                        let out = &mut row[b * pixels + y * g.wo..][..g.wo];
+                        let iy = (g.s * y + i) as isize - g.p as isize;
+                        if iy < 0 || iy >= g.h as isize || x0 >= x1 {
+                            out.fill(0.0);
+                            continue;
+                        }
+                        let line = &plane[iy as usize * g.w..][..g.w];
+                        out[..x0].fill(0.0);
+                        out[x1..].fill(0.0);
+                        let start = g.s * x0 + j - g.p;
+                        if g.s == 1 {
+                            out[x0..x1].copy_from_slice(&line[start..start + (x1 - x0)]);
+                        } else {
+                            for (o, v) in out[x0..x1].iter_mut().zip(line[start..].iter().step_by(g.s)) {
+                                *o = *v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The adjoint of [`patches`]: each patch entry's gradient added to its input pixel's (`grad`, a
+/// group's `[m, c, h, w]`, starts at zero).
+fn unpatch(cols: &[f32], g: &Geometry, grad: &mut [f32]) {
+    let m = grad.len() / (g.c * g.h * g.w);
+    let pixels = g.ho * g.wo;
+    let width = m * pixels;
+    for ch in 0..g.c {
+        for i in 0..g.k {
+            for j in 0..g.k {
+                let row = &cols[((ch * g.k + i) * g.k + j) * width..][..width];
+                let (x0, x1) = inside(g, j);
+                if x0 >= x1 {
+                    continue;
+                }
+                for b in 0..m {
+                    let plane = &mut grad[(b * g.c + ch) * g.h * g.w..][..g.h * g.w];
+                    for y in 0..g.ho {
+                        let iy = (g.s * y + i) as isize - g.p as isize;
+                        if iy < 0 || iy >= g.h as isize {
+                            continue;
+                        }
+                        let from = &row[b * pixels + y * g.wo..][x0..x1];
+                        let line = &mut plane[iy as usize * g.w..][..g.w];
+                        let start = g.s * x0 + j - g.p;
+                        if g.s == 1 {
+                            for (l, v) in line[start..start + from.len()].iter_mut().zip(from) {
+                                *l += v;
+                            }
+                        } else {
+                            for (l, v) in line[start..].iter_mut().step_by(g.s).zip(from) {
+                                *l += v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `[o, m·pixels]` (channel-major, a product's layout) to `[m, o, pixels]` (NCHW), or back.
+fn to_images(from: &[f32], o: usize, pixels: usize, to: &mut [f32]) {
+    let m = to.len() / (o * pixels);
+    for b in 0..m {
+        for oc in 0..o {
+            to[(b * o + oc) * pixels..][..pixels].copy_from_slice(&from[oc * m * pixels + b * pixels..][..pixels]);
+        }
+    }
+}
+
+fn from_images(from: &[f32], o: usize, pixels: usize, to: &mut [f32]) {
+    let m = from.len() / (o * pixels);
+    for b in 0..m {
+        for oc in 0..o {
+            to[oc * m * pixels + b * pixels..][..pixels].copy_from_slice(&from[(b * o + oc) * pixels..][..pixels]);
+        }
+    }
+}
+
+/// The convolution's output, `[n, o, ho, wo]`.
+fn forward(x: &[f32], weights: &[f32], g: Geometry) -> Vec<f32> {
+    let group = g.images_per_group();
+    let (image_in, pixels) = (g.c * g.h * g.w, g.ho * g.wo);
+    let mut out = vec![0f32; g.n * g.o * pixels];
+    out.par_chunks_mut(group * g.o * pixels).zip(x.par_chunks(group * image_in)).for_each(|(out, images)| {
+        let m = images.len() / image_in;
+        let width = m * pixels;
+        let mut cols = vec![0f32; g.patch() * width];
+        patches(images, &g, &mut cols);
+        let mut product_out = vec![0f32; g.o * width];
+        product(&mut product_out, width, false, g.o, width, g.patch(), (weights, g.patch(), 1), (&cols, width, 1));
+        to_images(&product_out, g.o, pixels, out);
+    });
+    out
+}
+
+/// The backward step of [`conv2d`].
+#[derive(Debug)]
+struct HostConv;
+
+/// What the backward pass needs: the input (contiguous; its patches are built again), the
+/// weights' values (`[o, C·k·k]`) and the sizes.
+#[derive(Debug, Clone)]
+struct State {
+    input: FlexTensor,
+    weights: Vec<f32>,
+    geo: Geometry,
+}
+
+impl Backward<Flex, 2> for HostConv {
+    type State = State;
+
+    fn backward(self, ops: Ops<State, 2>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_x, node_w] = ops.parents;
+        let grad = contiguous(&grads.consume::<Flex>(&ops.node));
+        let State { input, weights, geo: g } = ops.state;
+        let x = input.as_slice::<f32>().expect("contiguous");
+        let gy = grad.as_slice::<f32>().expect("contiguous");
+        let (x_grad, w_grad) = gradients(x, gy, &weights, g, node_x.is_some(), node_w.is_some());
+        if let (Some(node), Some(v)) = (node_x, x_grad) {
+            grads.register::<Flex>(node.id, FlexTensor::from_data(TensorData::new(v, [g.n, g.c, g.h, g.w])));
+        }
+        if let (Some(node), Some(v)) = (node_w, w_grad) {
+            grads.register::<Flex>(node.id, FlexTensor::from_data(TensorData::new(v, [g.o, g.c, g.k, g.k])));
+        }
+    }
+}
+
+/// The gradients of the input (when `with_x`) and of the weights (when `with_w`), given the
+/// output's gradient `gy`: per group, the patches' gradient `Wᵀ · gy` folded back onto the input
+/// ([`unpatch`]) and the weights' share `gy · patchesᵀ`, the shares summed in group order.
+fn gradients(
+    x: &[f32],
+    gy: &[f32],
+    weights: &[f32],
+    g: Geometry,
+    with_x: bool,
+    with_w: bool,
+) -> (Option<Vec<f32>>, Option<Vec<f32>>) {
+    let group = g.images_per_group();
+    let (image_in, pixels, patch) = (g.c * g.h * g.w, g.ho * g.wo, g.patch());
+    let mut x_grad = if with_x { vec![0f32; x.len()] } else { Vec::new() };
+    let work = |(images, gy, x_grad): (&[f32], &[f32], &mut [f32])| -> Option<Vec<f32>> {
+        let m = images.len() / image_in;
+        let width = m * pixels;
+        let mut g_cols = vec![0f32; g.o * width];
+        from_images(gy, g.o, pixels, &mut g_cols);
+        let mut w_share = None;
+        if with_w {
+            let mut cols = vec![0f32; patch * width];
+            patches(images, &g, &mut cols);
+            let mut share = vec![0f32; g.o * patch];
+            // gy [o, width] · colsᵀ [width, patch].
+            product(&mut share, patch, false, g.o, patch, width, (&g_cols, width, 1), (&cols, 1, width));
+            w_share = Some(share);
+        }
+        if with_x {
+            let mut d_cols = vec![0f32; patch * width];
+            // Wᵀ [patch, o] · gy [o, width].
+            product(&mut d_cols, width, false, patch, width, g.o, (weights, 1, patch), (&g_cols, width, 1));
+            unpatch(&d_cols, &g, x_grad);
+        }
+        w_share
+    };
+    let x_chunks: Vec<&mut [f32]> = if with_x {
+        x_grad.chunks_mut(group * image_in).collect()
+    } else {
+        (0..g.n.div_ceil(group)).map(|_| &mut [][..]).collect()
+    };
+    let shares: Vec<Option<Vec<f32>>> = x
+        .par_chunks(group * image_in)
+        .zip(gy.par_chunks(group * g.o * pixels))
+        .zip(x_chunks.into_par_iter())
+        .map(|((images, gy), x_grad)| work((images, gy, x_grad)))
+        .collect();
+    let w_grad = with_w.then(|| {
+        let mut total = vec![0f32; g.o * patch];
+        for share in shares.into_iter().flatten() {
+            for (t, s) in total.iter_mut().zip(share) {
+                *t += s;
+            }
+        }
+        total
+    });
+    (with_x.then_some(x_grad), w_grad)
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::nn::conv::Conv2dConfig;
+    use burn::nn::PaddingConfig2d;
+    use burn::tensor::{Device, Distribution, Tensor};
+
+    fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+        t.into_data().try_to_vec::<f32>().unwrap()
+    }
+
+    fn assert_close(got: &[f32], want: &[f32], what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+            assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{what} [{i}]: {a} vs {b}");
+        }
+    }
+
+    /// The output and the gradients of the input and the weights (of a weighted sum of the
+    /// output) equal those of burn's convolution: ResNet's kernels (1×1, 3×3, 7×7), strides 1
+    /// and 2, odd sizes where the last tap falls off the edge, a strided input, an input without
+    /// a gradient (the stem's images), and batches of one group and of several.
+    #[test]
+    fn trains_as_burns_convolution() {
+        let device = Device::flex().autodiff();
+        for (n, c, o, h, w, k, s, p, grad_x) in [
+            (3, 2, 4, 5, 5, 1, 1, 0, true),
+            (2, 3, 2, 7, 6, 3, 1, 1, true),
+            (3, 2, 3, 7, 8, 3, 2, 1, true),
+            (2, 4, 2, 6, 5, 1, 2, 0, true),
+            (2, 3, 4, 11, 9, 7, 2, 3, false),
+            (2, 3, 4, 11, 9, 7, 2, 3, true),
+            (40, 8, 4, 9, 9, 3, 2, 1, true),
+            (70, 16, 3, 4, 4, 3, 1, 1, true),
+        ] {
+            let conv = Conv2dConfig::new([c, o], [k, k])
+                .with_stride([s, s])
+                .with_padding(PaddingConfig2d::Explicit(p, p, p, p))
+                .with_bias(false)
+                .init(&device);
+            let base = Tensor::<4>::random([n, c, w, h], Distribution::Normal(0.0, 1.0), &device);
+            let mut x = base.swap_dims(2, 3);
+            if grad_x {
+                x = x.detach().require_grad();
+            }
+            let want = conv.forward(x.clone());
+            let got = super::conv2d(&x, &conv.weight.val(), s, p).expect("the host path on a flex autodiff device");
+            let what = format!("n{n} c{c} o{o} {h}x{w} k{k} s{s} p{p} grad_x {grad_x}");
+            assert_eq!(got.dims(), want.dims(), "{what}");
+            assert_close(&values(got.clone()), &values(want.clone()), &format!("output {what}"));
+            let weights = Tensor::<4>::random(want.dims(), Distribution::Normal(0.0, 1.0), &device);
+            let gradients = |out: Tensor<4>| {
+                let g = (out * weights.clone()).sum().backward();
+                (x.grad(&g).map(values), conv.weight.grad(&g).map(values))
+            };
+            let ((gx, gw), (wx, ww)) = (gradients(got), gradients(want));
+            assert_close(
+                &gw.expect("a weight gradient"),
+                &ww.expect("a weight gradient"),
+                &format!("weight gradient {what}"),
+            );
+            assert_eq!(gx.is_some(), grad_x, "{what}");
+            if let (Some(a), Some(b)) = (gx, wx) {
+                assert_close(&a, &b, &format!("input gradient {what}"));
+            }
+        }
+    }
+
+    /// Off burn's CPU backend under autodiff (here: without autodiff) the host path declines.
+    #[test]
+    fn declines_tensors_outside_flex_autodiff() {
+        let device = Device::flex();
+        let x = Tensor::<4>::random([1, 2, 4, 4], Distribution::Normal(0.0, 1.0), &device);
+        let w = Tensor::<4>::random([3, 2, 3, 3], Distribution::Normal(0.0, 1.0), &device);
+        assert!(super::conv2d(&x, &w, 1, 1).is_none());
+    }
+
+    /// Timing probe (not a test): `cargo test --release --lib host_conv::tests::probe -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn probe() {
+        let device = Device::flex().autodiff();
+        for (n, ci, co, side, k, s, p, xg) in [
+            (64, 3, 8, 32, 7, 2, 3, false),
+            (64, 8, 8, 8, 1, 1, 0, true),
+            (64, 8, 8, 8, 3, 1, 1, true),
+            (64, 8, 32, 8, 1, 1, 0, true),
+            (64, 32, 16, 8, 1, 1, 0, true),
+            (64, 16, 16, 8, 3, 2, 1, true),
+            (64, 32, 64, 8, 1, 2, 0, true),
+            (64, 64, 32, 4, 1, 1, 0, true),
+            (64, 32, 32, 4, 3, 2, 1, true),
+            (64, 128, 64, 2, 1, 1, 0, true),
+            (64, 64, 64, 2, 3, 2, 1, true),
+            (64, 128, 256, 2, 1, 2, 0, true),
+        ] {
+            let conv = Conv2dConfig::new([ci, co], [k, k])
+                .with_stride([s, s])
+                .with_padding(PaddingConfig2d::Explicit(p, p, p, p))
+                .with_bias(false)
+                .init(&device);
+            let mut x = Tensor::<4>::random([n, ci, side, side], Distribution::Normal(0.0, 1.0), &device);
+            if xg {
+                x = x.require_grad();
+            }
+            let mut line = format!("n{n} {ci}->{co} {side}px k{k} s{s}:");
+            for host in [false, true] {
+                let mut best = f64::MAX;
+                for _ in 0..3 {
+                    let t = std::time::Instant::now();
+                    for _ in 0..50 {
+                        let out = if host {
+                            super::conv2d(&x, &conv.weight.val(), s, p).unwrap()
+                        } else {
+                            conv.forward(x.clone())
+                        };
+                        let g = out.sum().backward();
+                        let _ = conv.weight.grad(&g);
+                    }
+                    best = best.min(t.elapsed().as_secs_f64() * 1e6 / 50.0);
+                }
+                line += &format!(" {} {best:.0} us", if host { "host" } else { "burn" });
+            }
+            eprintln!("{line}");
+        }
+    }
+}
