@@ -39,7 +39,7 @@ use burn::nn::BatchNorm;
 use burn::tensor::activation::{hard_sigmoid, hard_swish};
 use burn::tensor::{Device, Tensor};
 
-use super::resnet::{batch_norm, convolve, convolve_images, ConvLowering};
+use super::resnet::{batch_norm, convolve, ConvLowering};
 use super::weights::{ConvSpec, Weights};
 use crate::error::Result;
 
@@ -181,11 +181,6 @@ pub struct ConvBn {
 impl ConvBn {
     fn forward(&self, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
         batch_norm(&self.bn, convolve(&self.conv, x, lowering), lowering)
-    }
-
-    /// [`ConvBn::forward`] as a model's first layer, on the image batch ([`convolve_images`]).
-    fn forward_images(&self, images: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
-        batch_norm(&self.bn, convolve_images(&self.conv, images, lowering), lowering)
     }
 }
 
@@ -336,7 +331,7 @@ impl FbNet {
     /// - output: `[batch, feature_dim]`
     pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
         let l = self.lowering;
-        let mut x = hard_swish(self.stem.forward_images(images, l));
+        let mut x = hard_swish(self.stem.forward(images, l));
         for block in &self.blocks {
             x = block.forward(x, l);
         }

@@ -8,9 +8,8 @@
 //! `fc` is left out (a new projection replaces it).
 //!
 //! On the CPU backends the convolutions are burn's own kernels, except in training, where a 1×1
-//! convolution is one operation of matrix products over groups of images
-//! ([`super::host_conv`]), the stem's patches are built on the host ([`convolve`],
-//! [`convolve_images`]), and a BatchNorm is one operation of fused host loops
+//! convolution is one operation of matrix products over groups of images ([`convolve`],
+//! [`super::host_conv`]) and a BatchNorm one operation of fused host loops
 //! ([`super::host_batch_norm`]). On a GPU they are lowered to one
 //! matrix product over the input's patches ([`ConvLowering::Im2col`]): without burn's autotuning
 //! (plain `--features cuda`), burn-cubecl convolves with a direct kernel, which gave ResNet-50 85
@@ -28,7 +27,7 @@ use burn::nn::{BatchNorm, PaddingConfig2d};
 use burn::tensor::activation::relu;
 use burn::tensor::module::{adaptive_avg_pool2d, max_pool2d};
 use burn::tensor::ops::MaxPoolOptions;
-use burn::tensor::{DType, Device, Slice, Tensor, TensorData};
+use burn::tensor::{Device, Slice, Tensor, TensorData};
 
 use super::weights::{ConvSpec, Weights};
 use crate::error::Result;
@@ -102,7 +101,7 @@ impl ResNetConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConvLowering {
     /// burn's convolution kernel (the CPU default); in training, 1×1 convolutions and the stem
-    /// as matrix products (see [`convolve`] and [`convolve_images`]).
+    /// as matrix products (see [`convolve`]).
     Native,
     /// Each output pixel's `k×k×C` patch as a column, times the weights as a `[out, C·k·k]`
     /// matrix: one batched matrix product per convolution, over the images or, in training, over
@@ -140,10 +139,9 @@ pub(crate) fn convolve(conv: &Conv2d, x: Tensor<4>, lowering: ConvLowering) -> T
         // burn-flex convolves image by image, one small matrix product each with its operands
         // packed anew, and takes the weights' gradient as a convolution over the batch axis. In
         // training on burn's CPU backend a convolution is one operation with a product per group
-        // of images (`host_conv`; forward and backward at batch 64 on the development machine:
-        // 16 → 16 channels 3×3 at stride 2 on 8×8 0.84 → 0.42 ms, 32 → 64 1×1 at stride 2 1.05
-        // → 0.25 ms, 128 → 64 1×1 at 2×2 0.74 → 0.22 ms); elsewhere (ndarray) a 1×1 convolution
-        // is one product over the whole batch (8 → 32 channels at 8×8 0.55 → 0.40 ms).
+        // of images (`host_conv`, which gives figures); elsewhere (ndarray) a 1×1 convolution
+        // is one product over the whole batch (8 → 32 channels at 8×8, batch 64, forward and
+        // backward: 0.55 → 0.40 ms).
         ConvLowering::Native if training => match super::host_conv::conv2d(&x, &conv.weight.val(), s, p) {
             Some(out) => match &conv.bias {
                 Some(bias) => out + bias.val().reshape([1, conv.weight.dims()[0], 1, 1]),
@@ -166,73 +164,6 @@ fn square_geometry(conv: &Conv2d) -> Option<(usize, usize, usize)> {
     };
     let ([k, kw], [s, sw]) = (conv.kernel_size, conv.stride);
     (k == kw && s == sw && conv.dilation == [1, 1] && conv.groups == 1).then_some((k, s, p))
-}
-
-/// [`convolve`] for a model's first convolution, whose input is the image batch. In training on
-/// the CPU, where the images carry no gradient (they are data, not marked `require_grad`), the
-/// patches are built on the host ([`host_patches`]).
-pub(crate) fn convolve_images(conv: &Conv2d, images: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
-    let host_training = lowering == ConvLowering::Native
-        && images.device().is_autodiff()
-        && conv.weight.val().is_require_grad()
-        && !images.is_require_grad()
-        && images.dtype() == DType::F32;
-    match square_geometry(conv) {
-        Some((_, _, p)) if host_training => host_patches(conv, images, p),
-        _ => convolve(conv, images, lowering),
-    }
-}
-
-/// `conv` (square kernel and stride, no dilation or groups, symmetric padding `p`) applied to an
-/// `x` that needs no gradient, as one matrix product of the weights with `x`'s patches built on
-/// the host: row `(image, y, x)` of a `[batch·Ho·Wo, C·k·k]` matrix holds the patch of output
-/// pixel `(y, x)` in the weights' `(c, i, j)` order. Only the weights' gradient flows back (one
-/// product). burn-flex takes a weight's gradient as a convolution over the batch axis, here with
-/// three "images" (the input channels), each one product with the whole output gradient packed
-/// anew. On the 2-core development machine, forward and backward: the tiny training preset's stem
-/// (3 → 8 channels, 7×7, stride 2, batch 64 at 32 px) took 13.4 ms with burn's kernel (9.8 ms of
-/// it the weight gradient) and 4.1 ms this way; ResNet-50's (3 → 64, batch 16 at 224 px) 394–414
-/// ms against 276–278 ms, with a lower peak memory (254–257 MB against 294 MB).
-fn host_patches(conv: &Conv2d, x: Tensor<4>, p: usize) -> Tensor<4> {
-    use rayon::prelude::*;
-    let (k, s) = (conv.kernel_size[0], conv.stride[0]);
-    let [n, c, h, w] = x.dims();
-    let (ho, wo) = (output_len(h, k, s, p), output_len(w, k, s, p));
-    let device = x.device();
-    let data = x.into_data();
-    let input = data.as_slice::<f32>().expect("host_patches: an f32 input");
-    let patch = c * k * k;
-    let mut columns = vec![0f32; n * ho * wo * patch];
-    columns.par_chunks_mut(ho * wo * patch).enumerate().for_each(|(b, rows)| {
-        let image = &input[b * c * h * w..(b + 1) * c * h * w];
-        for (pixel, row) in rows.chunks_exact_mut(patch).enumerate() {
-            let (y, x) = (pixel / wo, pixel % wo);
-            // Taps j of a patch row are consecutive input pixels: columns s·x − p + j, the part
-            // inside the image copied at once (outside, the patch keeps its zeros).
-            let x0 = (s * x) as isize - p as isize;
-            let (j0, j1) = ((-x0).max(0) as usize, (w as isize - x0).clamp(0, k as isize) as usize);
-            for (ch, taps) in row.chunks_exact_mut(k * k).enumerate() {
-                let plane = &image[ch * h * w..(ch + 1) * h * w];
-                for (i, tap_row) in taps.chunks_exact_mut(k).enumerate() {
-                    let iy = (s * y + i) as isize - p as isize;
-                    if iy < 0 || iy >= h as isize || j0 >= j1 {
-                        continue;
-                    }
-                    let start = iy as usize * w + (x0 + j0 as isize) as usize;
-                    tap_row[j0..j1].copy_from_slice(&plane[start..start + (j1 - j0)]);
-                }
-            }
-        }
-    });
-    let columns = Tensor::<2>::from_data(TensorData::new(columns, [n * ho * wo, patch]), &device);
-    let d_out = conv.weight.dims()[0];
-    let weights = conv.weight.val().reshape([d_out, patch]);
-    let out =
-        columns.matmul(weights.transpose()).reshape([n, ho * wo, d_out]).swap_dims(1, 2).reshape([n, d_out, ho, wo]);
-    match &conv.bias {
-        Some(bias) => out + bias.val().reshape([1, d_out, 1, 1]),
-        None => out,
-    }
 }
 
 /// The most columns (output pixels) one group of a training convolution's product holds.
@@ -551,7 +482,7 @@ impl ResNet {
     /// - `images`: `[batch, 3, height, width]` (normalised)
     /// - output: `[batch, feature_dim, height / 32, width / 32]` (rounded up)
     pub fn forward_grid(&self, images: Tensor<4>) -> Tensor<4> {
-        let x = relu(batch_norm(&self.bn1, convolve_images(&self.conv1, images, self.lowering), self.lowering));
+        let x = relu(batch_norm(&self.bn1, convolve(&self.conv1, images, self.lowering), self.lowering));
         let pool = MaxPoolOptions {
             kernel_size: [3, 3],
             stride: [2, 2],
@@ -574,7 +505,7 @@ mod tests {
     use burn::tensor::ops::PadMode;
     use burn::tensor::{Device, Distribution, Tensor};
 
-    use super::{column_groups, convolve, convolve_images, im2col, zero_pad, ConvLowering, MAX_GROUP_COLUMNS};
+    use super::{column_groups, convolve, im2col, zero_pad, ConvLowering, MAX_GROUP_COLUMNS};
 
     fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         t.into_data().try_to_vec::<f32>().unwrap()
@@ -633,12 +564,11 @@ mod tests {
 
     #[test]
     fn the_cpu_training_paths_train_as_burns_convolution() {
-        // In training on the CPU a model's first convolution, on images without a gradient, is
-        // one product with patches built on the host (`host_patches`), and a 1×1 convolution at
-        // stride 1 one product over the batch: output, weight and bias gradients (and, for the
-        // 1×1, the input's) equal those through burn's kernel. The shapes are odd and the
-        // patches cross every border: the 7×7 stem at stride 2, 3×3 at strides 1 and 2, a 5×5
-        // with less padding than its half-width, and 1×1.
+        // In training on the CPU a convolution is `host_conv`'s operation, with the bias added
+        // after it: output, weight and bias gradients, on images without a gradient (a model's
+        // first convolution) and with one, equal those through burn's kernel. The shapes are
+        // odd and the patches cross every border: the 7×7 stem at stride 2, 3×3 at strides 1
+        // and 2, a 5×5 with less padding than its half-width, and 1×1.
         let device = Device::flex().autodiff();
         for (k, s, p, bias) in [(7, 2, 3, false), (3, 2, 1, true), (3, 1, 1, false), (5, 2, 1, true), (1, 1, 0, true)] {
             let conv = Conv2dConfig::new([3, 5], [k, k])
@@ -655,7 +585,7 @@ mod tests {
                 (values(conv.weight.val().grad(&g).unwrap()), bias)
             };
             let what = format!("k {k} s {s} p {p}");
-            let got = convolve_images(&conv, x.clone(), ConvLowering::Native);
+            let got = convolve(&conv, x.clone(), ConvLowering::Native);
             assert_close(&values(got.clone()), &values(want.clone()), &format!("{what}: output"));
             let ((got_w, got_b), (want_w, want_b)) = (grads(got), grads(want));
             assert_close(&got_w, &want_w, &format!("{what}: weights"));
@@ -663,19 +593,13 @@ mod tests {
             if let (Some(got_b), Some(want_b)) = (got_b, want_b) {
                 assert_close(&got_b, &want_b, &format!("{what}: bias"));
             }
-            // Images marked `require_grad` get their gradient, through burn's kernel or the 1×1
-            // product: the same as burn's convolution gives.
+            // Images marked `require_grad` get their gradient: the same as burn's convolution
+            // gives.
             let x = x.require_grad();
-            for first in [true, false] {
-                let y = if first {
-                    convolve_images(&conv, x.clone(), ConvLowering::Native)
-                } else {
-                    convolve(&conv, x.clone(), ConvLowering::Native)
-                };
-                let got = x.grad(&(y * weights.clone()).sum().backward()).unwrap();
-                let want = x.grad(&(conv.forward(x.clone()) * weights.clone()).sum().backward()).unwrap();
-                assert_close(&values(got), &values(want), &format!("{what}: input gradient"));
-            }
+            let got =
+                x.grad(&(convolve(&conv, x.clone(), ConvLowering::Native) * weights.clone()).sum().backward()).unwrap();
+            let want = x.grad(&(conv.forward(x.clone()) * weights.clone()).sum().backward()).unwrap();
+            assert_close(&values(got), &values(want), &format!("{what}: input gradient"));
         }
     }
 
