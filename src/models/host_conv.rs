@@ -449,6 +449,19 @@ mod tests {
         }
     }
 
+    /// Without any gradient to track (an EMA teacher's forward pass: neither the weights nor the
+    /// input require one), the output equals burn's convolution.
+    #[test]
+    fn a_forward_pass_without_gradients_equals_burns() {
+        use burn::tensor::ops::ConvOptions;
+        let device = Device::flex().autodiff();
+        let x = Tensor::<4>::random([3, 3, 7, 6], Distribution::Normal(0.0, 1.0), &device);
+        let w = Tensor::<4>::random([4, 3, 3, 3], Distribution::Normal(0.0, 1.0), &device);
+        let got = super::conv2d(&x, &w, 2, 1).expect("the host path on a flex autodiff device");
+        let want = burn::tensor::module::conv2d(x, w, None, ConvOptions::new([2, 2], [1, 1], [1, 1], 1));
+        assert_close(&values(got), &values(want), "output");
+    }
+
     /// Off burn's CPU backend under autodiff (here: without autodiff) the host path declines.
     #[test]
     fn declines_tensors_outside_flex_autodiff() {

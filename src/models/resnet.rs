@@ -139,17 +139,20 @@ pub(crate) fn convolve(conv: &Conv2d, x: Tensor<4>, lowering: ConvLowering) -> T
         // burn-flex convolves image by image, one small matrix product each with its operands
         // packed anew, and takes the weights' gradient as a convolution over the batch axis. In
         // training on burn's CPU backend a convolution is one operation with a product per group
-        // of images (`host_conv`, which gives figures); elsewhere (ndarray) a 1×1 convolution
-        // is one product over the whole batch (8 → 32 channels at 8×8, batch 64, forward and
-        // backward: 0.55 → 0.40 ms).
-        ConvLowering::Native if training => match super::host_conv::conv2d(&x, &conv.weight.val(), s, p) {
-            Some(out) => match &conv.bias {
-                Some(bias) => out + bias.val().reshape([1, conv.weight.dims()[0], 1, 1]),
-                None => out,
-            },
-            None if k == 1 && s == 1 => im2col(conv, x, p, 1),
-            None => conv.forward(x),
-        },
+        // of images (`host_conv`, which gives figures), and so is the forward pass of a model
+        // without gradients beside it (an EMA teacher's); elsewhere (ndarray) a training 1×1
+        // convolution is one product over the whole batch (8 → 32 channels at 8×8, batch 64,
+        // forward and backward: 0.55 → 0.40 ms).
+        ConvLowering::Native if x.device().is_autodiff() => {
+            match super::host_conv::conv2d(&x, &conv.weight.val(), s, p) {
+                Some(out) => match &conv.bias {
+                    Some(bias) => out + bias.val().reshape([1, conv.weight.dims()[0], 1, 1]),
+                    None => out,
+                },
+                None if training && k == 1 && s == 1 => im2col(conv, x, p, 1),
+                None => conv.forward(x),
+            }
+        }
         ConvLowering::Native => conv.forward(x),
     }
 }
