@@ -18,6 +18,8 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::{Tensor, TensorData};
 use rayon::prelude::*;
 
+use super::host_autodiff::{contiguous, primitive};
+
 /// The output of [`train`]: the normalised values (on the autodiff device, differentiable with
 /// respect to the input, `gamma` and `beta`) and the batch's per-channel mean and biased
 /// variance (what a training path feeds its running statistics).
@@ -33,13 +35,7 @@ pub struct BatchNormTrain {
 /// `Device::flex().autodiff()` makes); `None` otherwise, with nothing consumed, so that the
 /// caller takes burn's operation.
 pub fn train(x: &Tensor<4>, gamma: &Tensor<1>, beta: &Tensor<1>, epsilon: f64) -> Option<BatchNormTrain> {
-    let primitive = |t: Tensor<1>| t.try_into_primitive::<Autodiff<Flex>>().ok();
-    let x4 = x.clone().try_into_primitive::<Autodiff<Flex>>().ok()?;
-    let (gamma, beta) = (primitive(gamma.clone())?, primitive(beta.clone())?);
-    let f32_values = |t: &FlexTensor| t.dtype() == burn::tensor::DType::F32;
-    if !(f32_values(x4.primitive()) && f32_values(gamma.primitive()) && f32_values(beta.primitive())) {
-        return None;
-    }
+    let (x4, gamma, beta) = (primitive(x)?, primitive(gamma)?, primitive(beta)?);
     let [n, c, h, w] = x.dims();
     let shape = Shape { n, c, hw: h * w };
     let input = contiguous(x4.primitive());
@@ -60,15 +56,6 @@ pub fn train(x: &Tensor<4>, gamma: &Tensor<1>, beta: &Tensor<1>, epsilon: f64) -
         OpsKind::UnTracked(prep) => prep.finish(out),
     };
     Some(BatchNormTrain { output: Tensor::from_primitive::<Autodiff<Flex>>(output), mean, biased_variance: variance })
-}
-
-/// `t` with its values in one contiguous run (a copy only where `t` is a strided view).
-fn contiguous(t: &FlexTensor) -> FlexTensor {
-    if t.as_slice::<f32>().is_some() {
-        t.clone()
-    } else {
-        t.to_contiguous()
-    }
 }
 
 /// A `[batch, C, H·W]` layout.

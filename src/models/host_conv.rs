@@ -22,19 +22,17 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 use rayon::prelude::*;
+
+use super::host_autodiff::{contiguous, primitive};
 
 /// `x` (`[batch, C, H, W]`) convolved with `weight` (`[out, C, k, k]`) at stride `stride`
 /// with `padding` zeros on each side, when both are `f32` tensors of burn's CPU backend under
 /// autodiff (what `Device::flex().autodiff()` makes); `None` otherwise, so that the caller takes
 /// burn's convolution.
 pub fn conv2d(x: &Tensor<4>, weight: &Tensor<4>, stride: usize, padding: usize) -> Option<Tensor<4>> {
-    let xa = x.clone().try_into_primitive::<Autodiff<Flex>>().ok()?;
-    let wa = weight.clone().try_into_primitive::<Autodiff<Flex>>().ok()?;
-    if xa.primitive().dtype() != DType::F32 || wa.primitive().dtype() != DType::F32 {
-        return None;
-    }
+    let (xa, wa) = (primitive(x)?, primitive(weight)?);
     let [n, c, h, w] = x.dims();
     let [o, wc, k, kw] = weight.dims();
     if wc != c || kw != k || stride == 0 || h + 2 * padding < k || w + 2 * padding < k {
@@ -51,15 +49,6 @@ pub fn conv2d(x: &Tensor<4>, weight: &Tensor<4>, stride: usize, padding: usize) 
         OpsKind::UnTracked(prep) => prep.finish(out),
     };
     Some(Tensor::from_primitive::<Autodiff<Flex>>(output))
-}
-
-/// `t` with its values in one contiguous run (a copy only where `t` is a strided view).
-fn contiguous(t: &FlexTensor) -> FlexTensor {
-    if t.as_slice::<f32>().is_some() {
-        t.clone()
-    } else {
-        t.to_contiguous()
-    }
 }
 
 /// A convolution's sizes: input `[n, c, h, w]`, `o` outputs, a `k×k` kernel at stride `s` with

@@ -8,7 +8,8 @@
 //! sentence embeddings; `text_encoder` adds the tokenizer and picks the text model from
 //! `config.json`; `gpo` is VSE∞'s generalised pooling (PCME++'s heads);
 //! `host_batch_norm` and `host_conv` are a training BatchNorm and convolution as single
-//! operations on the CPU (fused loops; matrix products over groups of images);
+//! operations on the CPU (fused loops; matrix products over groups of images; `host_autodiff`
+//! holds what they share);
 //! `preprocess` turns image bytes into normalised tensors and `image_encoder` runs the image
 //! models on them.
 //! Models run on any burn device (`Device::flex()` on CPU, `Device::cuda(0)` with the `cuda`
@@ -19,6 +20,7 @@ pub mod bert;
 pub mod clip_text;
 pub mod fbnet;
 pub mod gpo;
+mod host_autodiff;
 pub mod host_batch_norm;
 pub mod host_conv;
 pub mod image_encoder;
