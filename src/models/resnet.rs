@@ -7,10 +7,10 @@
 //! global-average-pooled features, 2048-d for ResNet-50, 512-d for ResNet-34; the classifier
 //! `fc` is left out (a new projection replaces it).
 //!
-//! On the CPU backends the convolutions are burn's own kernels, except in training, where a 1×1
-//! convolution is one operation of matrix products over groups of images ([`convolve`],
-//! [`super::host_conv`]) and a BatchNorm one operation of fused host loops
-//! ([`super::host_batch_norm`]). On a GPU they are lowered to one
+//! On the CPU backends the convolutions are burn's own kernels, except under autodiff (training,
+//! and an EMA teacher's forward pass beside it), where on burn's CPU backend a convolution is one
+//! operation of matrix products over groups of images ([`convolve`], [`super::host_conv`]) and a
+//! training BatchNorm one operation of fused host loops ([`super::host_batch_norm`]). On a GPU they are lowered to one
 //! matrix product over the input's patches ([`ConvLowering::Im2col`]): without burn's autotuning
 //! (plain `--features cuda`), burn-cubecl convolves with a direct kernel, which gave ResNet-50 85
 //! images/s on an H100 at batch 32 against 927 with im2col (README, "GPU build"). The GPU's
@@ -100,8 +100,8 @@ impl ResNetConfig {
 /// How the convolutions are computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConvLowering {
-    /// burn's convolution kernel (the CPU default); in training, 1×1 convolutions and the stem
-    /// as matrix products (see [`convolve`]).
+    /// burn's convolution kernel (the CPU default); under autodiff on burn's CPU backend,
+    /// `host_conv`'s matrix products over groups of images (see [`convolve`]).
     Native,
     /// Each output pixel's `k×k×C` patch as a column, times the weights as a `[out, C·k·k]`
     /// matrix: one batched matrix product per convolution, over the images or, in training, over
