@@ -280,16 +280,7 @@ fn gradients(x: &[f32], g: &[f32], shape: Shape, mean: &[f32], inv_std: &[f32], 
 mod tests {
     use burn::tensor::{Device, Distribution, Tensor};
 
-    fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().try_to_vec::<f32>().unwrap()
-    }
-
-    fn assert_close(got: &[f32], want: &[f32], tolerance: f32, what: &str) {
-        assert_eq!(got.len(), want.len(), "{what}");
-        for (i, (a, b)) in got.iter().zip(want).enumerate() {
-            assert!((a - b).abs() <= tolerance * (1.0 + b.abs()), "{what} [{i}]: {a} vs {b}");
-        }
-    }
+    use crate::models::test_support::{assert_close, values};
 
     /// The output, the statistics and the gradients of the input, `gamma` and `beta` (of a
     /// weighted sum of the output, so that every position's gradient differs) equal those of

@@ -377,15 +377,10 @@ mod tests {
     use burn::nn::PaddingConfig2d;
     use burn::tensor::{Device, Distribution, Tensor};
 
-    fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().try_to_vec::<f32>().unwrap()
-    }
+    use crate::models::test_support::values;
 
     fn assert_close(got: &[f32], want: &[f32], what: &str) {
-        assert_eq!(got.len(), want.len(), "{what}");
-        for (i, (a, b)) in got.iter().zip(want).enumerate() {
-            assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{what} [{i}]: {a} vs {b}");
-        }
+        crate::models::test_support::assert_close(got, want, 1e-4, what);
     }
 
     /// The output and the gradients of the input and the weights (of a weighted sum of the

@@ -28,6 +28,8 @@ pub mod mpnet;
 pub mod pooling;
 pub mod preprocess;
 pub mod resnet;
+#[cfg(test)]
+mod test_support;
 pub mod text_encoder;
 pub mod torch_checkpoint;
 pub mod vit;
