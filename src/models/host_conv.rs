@@ -155,35 +155,33 @@ fn inside(g: &Geometry, j: usize) -> (usize, usize) {
 
 /// The patch matrix of `images` (a group's `[m, c, h, w]` values): `[C·k·k, m·Ho·Wo]`, row
 /// `(c, i, j)`, column `(image, y, x)` holding input pixel `(s·y + i − p, s·x + j − p)` of
-/// channel `c` (zero outside the image).
+/// channel `c` (zero outside the image). The images are first copied into a zero frame `p` wide,
+/// so that every patch run is a plain copy (stride 1) or gather (stride `s`) without edge cases:
+/// the runs are short (`Wo` values), and their bounds logic cost more than their values.
 fn patches(images: &[f32], g: &Geometry, cols: &mut [f32]) {
     let m = images.len() / (g.c * g.h * g.w);
-    let pixels = g.ho * g.wo;
-    let width = m * pixels;
+    let (pixels, width) = (g.ho * g.wo, m * g.ho * g.wo);
+    let framed;
+    let (source, ph, pw) = if g.p == 0 {
+        (images, g.h, g.w)
+    } else {
+        framed = frame(images, m, g);
+        (&framed[..], g.h + 2 * g.p, g.w + 2 * g.p)
+    };
     for ch in 0..g.c {
         for i in 0..g.k {
             for j in 0..g.k {
                 let row = &mut cols[((ch * g.k + i) * g.k + j) * width..][..width];
-                let (x0, x1) = inside(g, j);
                 for b in 0..m {
-                    let plane = &images[(b * g.c + ch) * g.h * g.w..][..g.h * g.w];
-                    for y in 0..g.ho {
-                        let out = &mut row[b * pixels + y * g.wo..][..g.wo];
-                        let iy = (g.s * y + i) as isize - g.p as isize;
-                        if iy < 0 || iy >= g.h as isize || x0 >= x1 {
-                            out.fill(0.0);
-                            continue;
-                        }
-                        let line = &plane[iy as usize * g.w..][..g.w];
-                        out[..x0].fill(0.0);
-                        out[x1..].fill(0.0);
-                        let start = g.s * x0 + j - g.p;
+                    let plane = &source[(b * g.c + ch) * ph * pw..][..ph * pw];
+                    for (y, out) in row[b * pixels..][..pixels].chunks_exact_mut(g.wo).enumerate() {
+                        let line = &plane[(g.s * y + i) * pw + j..];
                         if g.s == 1 {
-                            out[x0..x1].copy_from_slice(&line[start..start + (x1 - x0)]);
+                            out.copy_from_slice(&line[..g.wo]);
                         } else {
-                            let source = &line[start..start + g.s * (x1 - x0 - 1) + 1];
-                            for (t, o) in out[x0..x1].iter_mut().enumerate() {
-                                *o = source[g.s * t];
+                            let line = &line[..g.s * (g.wo - 1) + 1];
+                            for (t, o) in out.iter_mut().enumerate() {
+                                *o = line[g.s * t];
                             }
                         }
                     }
@@ -191,6 +189,18 @@ fn patches(images: &[f32], g: &Geometry, cols: &mut [f32]) {
             }
         }
     }
+}
+
+/// `images` (`m` images of `[c, h, w]`) inside a zero frame `p` wide: `[m, c, h + 2p, w + 2p]`.
+fn frame(images: &[f32], m: usize, g: &Geometry) -> Vec<f32> {
+    let (ph, pw) = (g.h + 2 * g.p, g.w + 2 * g.p);
+    let mut framed = vec![0f32; m * g.c * ph * pw];
+    for (plane, framed) in images.chunks_exact(g.h * g.w).zip(framed.chunks_exact_mut(ph * pw)) {
+        for (line, target) in plane.chunks_exact(g.w).zip(framed[g.p * pw..].chunks_exact_mut(pw)) {
+            target[g.p..g.p + g.w].copy_from_slice(line);
+        }
+    }
+    framed
 }
 
 /// The adjoint of [`patches`]: each patch entry's gradient added to its input pixel's (`grad`, a
