@@ -6,11 +6,11 @@
 //! takes the weights' gradient as a convolution over the batch axis (for the tiny training
 //! preset's 7×7 stem, 9.8 of the 13.4 ms its forward and backward passes took); a
 //! `[batch·Ho·Wo, C·k·k]` patch matrix built once for the whole batch (9.6 MB for that stem at
-//! batch 64) took it to 3.9 ms, and this operation to 2.4 ms. A group's patches are built again
-//! in the backward pass rather than kept, and stay in the cache. Forward and backward at batch
-//! 64 on the 2-core development machine, against burn's kernel: 8 → 8 channels 3×3 at 8×8 0.89
-//! → 0.49 ms, 16 → 16 3×3 at stride 2 0.75 → 0.35 ms, 32 → 64 1×1 at stride 2 0.92 → 0.25 ms,
-//! 128 → 64 1×1 at 2×2 0.75 → 0.24 ms.
+//! batch 64) took it to 3.9 ms, and this operation to 1.9–2.1 ms. A group's patches are built
+//! again in the backward pass rather than kept, and stay in the cache. Forward and backward at
+//! batch 64 on the 2-core development machine, against burn's kernel: 8 → 8 channels 3×3 at 8×8
+//! 0.89 → 0.38 ms, 16 → 16 3×3 at stride 2 0.75 → 0.33 ms, 32 → 64 1×1 at stride 2 0.92 → 0.23
+//! ms, 128 → 64 1×1 at 2×2 0.75 → 0.22 ms (the `probe` test prints them).
 //!
 //! The weights' gradient sums the groups' products in group order, so it does not depend on the
 //! number of threads. Only what ResNet needs: a square kernel and stride, the same padding on
