@@ -21,10 +21,11 @@
 use std::ops::Range;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::common::{l2_normalize, scale_by, soft_cross_entropy, DirectionReduction, LogitScale};
+use super::bank_log_sum_exp::log_sum_exp;
+use super::common::{l2_normalize, DirectionReduction, LogitScale};
 use crate::error::{Error, Result};
 
 /// `loss.type = "memory_bank"`.
@@ -200,17 +201,18 @@ pub fn memory_bank_infonce(
     scale: Tensor<1>,
     reduction: DirectionReduction,
 ) -> Tensor<1> {
-    let [b, _] = image.dims();
+    let [b, d] = image.dims();
     let n = bank_image.dims()[0];
     assert!(positive_start + b <= n, "positives {positive_start}..{} outside a bank of {n}", positive_start + b);
-    let mut onehot = vec![0f32; b * n];
-    for i in 0..b {
-        onehot[i * n + positive_start + i] = 1.0;
-    }
-    let targets = Tensor::<2>::from_data(TensorData::new(onehot, [b, n]), &image.device());
-    let img_logits = scale_by(l2_normalize(image).matmul(bank_text.detach().transpose()), scale.clone());
-    let txt_logits = scale_by(l2_normalize(text).matmul(bank_image.detach().transpose()), scale);
-    reduction.combine(soft_cross_entropy(img_logits, targets.clone()), soft_cross_entropy(txt_logits, targets))
+    // −log softmax at the positive: the log-sum-exp over the bank less the positive's logit,
+    // `s·q_i·k_{start+i}` (the positives are consecutive slots, so no one-hot matrix is needed).
+    let direction = |q: Tensor<2>, bank: Tensor<2>| {
+        let q = l2_normalize(q);
+        let positives = bank.clone().detach().slice([positive_start..positive_start + b, 0..d]);
+        let positive_logits = (q.clone() * positives).sum_dim(1).reshape([b]) * scale.clone();
+        (log_sum_exp(q, bank, scale.clone()) - positive_logits).mean()
+    };
+    reduction.combine(direction(image, bank_text), direction(text, bank_image))
 }
 
 /// OTTER's EMA decay with warm-up, `min(momentum, (1+n)/(10+n))` after `n` updates (spec §5.6);
@@ -330,6 +332,7 @@ mod tests {
     use super::*;
     use crate::losses::common::{scalar, value};
     use burn::nn::LinearConfig;
+    use burn::tensor::TensorData;
 
     #[test]
     fn fifo_wraps_and_masks_unwritten_slots() {

@@ -14,9 +14,11 @@
 //! learnable scalars) that returns a scalar tensor of shape `[1]`, works on any burn device and
 //! backpropagates when the inputs live on an autodiff device (`Device::flex().autodiff()`).
 //! [`common`] holds the shared pieces (soft cross entropy, KL with `0·log 0 = 0`, the clamped
-//! log logit scale). The trainer (`train/`) picks a loss with [`LossConfig`], the `[loss]` table
+//! log logit scale); [`bank_log_sum_exp`] the memory bank's denominator, one autodiff operation on
+//! the CPU. The trainer (`train/`) picks a loss with [`LossConfig`], the `[loss]` table
 //! of a training config, tagged by `type`.
 
+pub mod bank_log_sum_exp;
 pub mod common;
 pub mod cusa;
 pub mod infonce;

@@ -1,6 +1,6 @@
-//! What the host operations (`host_batch_norm`, `host_conv`) share: a tensor of burn's CPU backend
-//! under autodiff taken as its primitive (the values and the autodiff node), and a primitive's
-//! values in one contiguous run.
+//! What the host operations (`host_batch_norm`, `host_conv`, `losses::bank_log_sum_exp`) share: a
+//! tensor of burn's CPU backend under autodiff taken as its primitive (the values and the autodiff
+//! node), a primitive's values in one contiguous run, and a matrix product on the calling thread.
 
 use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::FloatTensor;
@@ -8,21 +8,72 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::{DType, Tensor};
 
 /// A float tensor of burn's CPU backend under autodiff (without gradient checkpointing).
-pub(super) type Primitive = FloatTensor<Autodiff<Flex>>;
+pub(crate) type Primitive = FloatTensor<Autodiff<Flex>>;
 
 /// `t`'s primitive when `t` is an `f32` tensor of burn's CPU backend under autodiff (what
 /// `Device::flex().autodiff()` makes); `None` otherwise (another device, no autodiff, another
 /// type), so that the caller takes burn's operation.
-pub(super) fn primitive<const D: usize>(t: &Tensor<D>) -> Option<Primitive> {
+pub(crate) fn primitive<const D: usize>(t: &Tensor<D>) -> Option<Primitive> {
     let p = t.clone().try_into_primitive::<Autodiff<Flex>>().ok()?;
     (p.primitive().dtype() == DType::F32).then_some(p)
 }
 
 /// `t` with its values in one contiguous run (a copy only where `t` is a strided view).
-pub(super) fn contiguous(t: &FlexTensor) -> FlexTensor {
+pub(crate) fn contiguous(t: &FlexTensor) -> FlexTensor {
     if t.as_slice::<f32>().is_some() {
         t.clone()
     } else {
         t.to_contiguous()
+    }
+}
+
+/// `dst (m×n, rows dst_rs apart) = a (m×k) · b (k×n)`, `a` and `b` given by their row and
+/// column strides.
+pub(crate) fn product(
+    dst: &mut [f32],
+    dst_rs: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: (&[f32], usize, usize),
+    b: (&[f32], usize, usize),
+) {
+    let last = |rows: usize, cols: usize, rs: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(last(m, n, dst_rs, 1) < dst.len(), "product: dst out of bounds");
+    if k == 0 {
+        for r in 0..m {
+            dst[r * dst_rs..r * dst_rs + n].fill(0.0);
+        }
+        return;
+    }
+    assert!(last(m, k, a.1, a.2) < a.0.len() && last(k, n, b.1, b.2) < b.0.len(), "product: an operand out of bounds");
+    // SAFETY: every element gemm reads (a: r·a_rs + i·a_cs, b: i·b_rs + j·b_cs) and writes (dst:
+    // r·dst_rs + j) lies within its slice by the asserts above; `dst` is a distinct `&mut` and so
+    // aliases neither operand; it is written only (read_dst = false, so alpha is ignored).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            false,
+            a.0.as_ptr(),
+            a.2 as isize,
+            a.1 as isize,
+            b.0.as_ptr(),
+            b.2 as isize,
+            b.1 as isize,
+            1.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
     }
 }

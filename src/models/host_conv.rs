@@ -25,7 +25,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::{Tensor, TensorData};
 use rayon::prelude::*;
 
-use super::host_autodiff::{contiguous, primitive};
+use super::host_autodiff::{contiguous, primitive, product};
 
 /// `x` (`[batch, C, H, W]`) convolved with `weight` (`[out, C, k, k]`) at stride `stride`
 /// with `padding` zeros on each side, when both are `f32` tensors of burn's CPU backend under
@@ -89,57 +89,6 @@ impl Geometry {
 
 /// The input values of one group of images.
 const GROUP_VALUES: usize = 16_384;
-
-/// `dst (m×n, rows dst_rs apart) = a (m×k) · b (k×n)`, `a` and `b` given by their row and
-/// column strides.
-fn product(
-    dst: &mut [f32],
-    dst_rs: usize,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: (&[f32], usize, usize),
-    b: (&[f32], usize, usize),
-) {
-    let last = |rows: usize, cols: usize, rs: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
-    if m == 0 || n == 0 {
-        return;
-    }
-    assert!(last(m, n, dst_rs, 1) < dst.len(), "product: dst out of bounds");
-    if k == 0 {
-        for r in 0..m {
-            dst[r * dst_rs..r * dst_rs + n].fill(0.0);
-        }
-        return;
-    }
-    assert!(last(m, k, a.1, a.2) < a.0.len() && last(k, n, b.1, b.2) < b.0.len(), "product: an operand out of bounds");
-    // SAFETY: every element gemm reads (a: r·a_rs + i·a_cs, b: i·b_rs + j·b_cs) and writes (dst:
-    // r·dst_rs + j) lies within its slice by the asserts above; `dst` is a distinct `&mut` and so
-    // aliases neither operand; it is written only (read_dst = false, so alpha is ignored).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            dst_rs as isize,
-            false,
-            a.0.as_ptr(),
-            a.2 as isize,
-            a.1 as isize,
-            b.0.as_ptr(),
-            b.2 as isize,
-            b.1 as isize,
-            1.0f32,
-            1.0f32,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
-}
 
 /// Input columns `[x0, x1)` of output pixels `0..wo` whose tap `j` falls inside the image
 /// (column `s·x + j − p`); the others read the padding's zeros.

@@ -20,7 +20,7 @@ pub mod bert;
 pub mod clip_text;
 pub mod fbnet;
 pub mod gpo;
-mod host_autodiff;
+pub(crate) mod host_autodiff;
 pub mod host_batch_norm;
 pub mod host_conv;
 pub mod image_encoder;
@@ -29,7 +29,7 @@ pub mod pooling;
 pub mod preprocess;
 pub mod resnet;
 #[cfg(test)]
-mod test_support;
+pub(crate) mod test_support;
 pub mod text_encoder;
 pub mod torch_checkpoint;
 pub mod vit;
