@@ -1,7 +1,7 @@
 //! Throughput of curate's ResNet-50 forward pass (random weights, burn's CPU backend or
 //! `CURATE_BENCH_DEVICE=cuda` with the `cuda` feature): images/s at a batch size, after warm-up;
 //! `--conv native|im2col` overrides the device's way of convolving; `--check N` first compares
-//! the features of N images with burn's CPU backend (burn's own convolutions). Run by
+//! the features of N images with burn's CPU backend (`host_conv`'s convolutions). Run by
 //! `benches/resnet_bench.py`, which times torchvision on the same shapes and prints the ratio;
 //! standalone: `cargo run --release --example resnet_bench -- --batch 32 --iters 5`.
 //! `--train 1` times a training step's forward and backward instead (an autodiff device,
