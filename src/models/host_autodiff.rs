@@ -28,8 +28,37 @@ pub(crate) fn contiguous(t: &FlexTensor) -> FlexTensor {
 }
 
 /// `dst (m×n, rows dst_rs apart) = a (m×k) · b (k×n)`, `a` and `b` given by their row and
-/// column strides.
+/// column strides, on the calling thread.
 pub(crate) fn product(
+    dst: &mut [f32],
+    dst_rs: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: (&[f32], usize, usize),
+    b: (&[f32], usize, usize),
+) {
+    product_on(gemm::Parallelism::None, dst, dst_rs, m, n, k, a, b)
+}
+
+/// [`product`] on rayon's threads: gemm splits the output into tiles among them, and each tile
+/// sums over the whole inner dimension in the same blocks, so the values do not depend on the
+/// number of threads (tested in `host_linear`).
+pub(crate) fn parallel_product(
+    dst: &mut [f32],
+    dst_rs: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: (&[f32], usize, usize),
+    b: (&[f32], usize, usize),
+) {
+    product_on(gemm::Parallelism::Rayon(0), dst, dst_rs, m, n, k, a, b)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn product_on(
+    parallelism: gemm::Parallelism,
     dst: &mut [f32],
     dst_rs: usize,
     m: usize,
@@ -73,7 +102,7 @@ pub(crate) fn product(
             false,
             false,
             false,
-            gemm::Parallelism::None,
+            parallelism,
         );
     }
 }

@@ -23,6 +23,7 @@ pub mod gpo;
 pub(crate) mod host_autodiff;
 pub mod host_batch_norm;
 pub mod host_conv;
+pub mod host_linear;
 pub mod image_encoder;
 pub mod mpnet;
 pub mod pooling;
