@@ -290,59 +290,36 @@ mod tests {
 
     /// Timing probe (not a test of anything): the demo text tower's linear layers (batch 64, 32
     /// tokens, width 64, feed-forward 256) and MiniLM's (width 384, feed-forward 1536), forward
-    /// and backward, this operation against burn's `linear`: `cargo test --release --lib
+    /// and backward, then forward alone without autodiff, this operation against burn's `linear`: `cargo test --release --lib
     /// host_linear::tests::probe -- --ignored --nocapture`.
     #[test]
     #[ignore]
-    fn probe_inference() {
-        let device = Device::flex();
-        for (rows, d_in, d_out) in [(2048, 64, 256), (4096, 384, 384), (4096, 384, 1536), (4096, 1536, 384)] {
-            let x = Tensor::<2>::random([rows, d_in], Distribution::Normal(0.0, 1.0), &device);
-            let w = Tensor::<2>::random([d_in, d_out], Distribution::Normal(0.0, 0.1), &device);
-            let b = Tensor::<1>::random([d_out], Distribution::Normal(0.0, 0.1), &device);
-            for host in [true, false, true, false] {
-                let t = std::time::Instant::now();
-                let iters = 20;
-                for _ in 0..iters {
-                    let out = if host {
-                        super::linear(&x, &w, Some(&b)).unwrap()
-                    } else {
-                        burn::tensor::module::linear(x.clone(), w.clone(), Some(b.clone()))
-                    };
-                    drop(out);
-                }
-                eprintln!(
-                    "inference [{rows}, {d_in}] -> {d_out} host {host}: {:.3} ms",
-                    t.elapsed().as_secs_f64() * 1e3 / iters as f64
-                );
-            }
-        }
-    }
-
-    #[test]
-    #[ignore]
     fn probe() {
-        let device = Device::flex().autodiff();
-        for (rows, d_in, d_out) in [(2048, 64, 64), (2048, 64, 256), (2048, 256, 64), (4096, 384, 1536)] {
-            let x = Tensor::<2>::random([rows, d_in], Distribution::Normal(0.0, 1.0), &device).require_grad();
-            let w = Tensor::<2>::random([d_in, d_out], Distribution::Normal(0.0, 0.1), &device).require_grad();
-            let b = Tensor::<1>::random([d_out], Distribution::Normal(0.0, 0.1), &device).require_grad();
-            for host in [true, false, true, false] {
-                let t = std::time::Instant::now();
-                let iters = 20;
-                for _ in 0..iters {
-                    let out = if host {
-                        super::linear(&x, &w, Some(&b)).unwrap()
-                    } else {
-                        burn::tensor::module::linear(x.clone(), w.clone(), Some(b.clone()))
-                    };
-                    let g = out.sum().backward();
-                    let _ = w.grad(&g);
+        for training in [true, false] {
+            let device = if training { Device::flex().autodiff() } else { Device::flex() };
+            for (rows, d_in, d_out) in [(2048, 64, 64), (2048, 64, 256), (2048, 256, 64), (4096, 384, 1536)] {
+                let tracked = |t: Tensor<2>| if training { t.require_grad() } else { t };
+                let x = tracked(Tensor::<2>::random([rows, d_in], Distribution::Normal(0.0, 1.0), &device));
+                let w = tracked(Tensor::<2>::random([d_in, d_out], Distribution::Normal(0.0, 0.1), &device));
+                let b = Tensor::<1>::random([d_out], Distribution::Normal(0.0, 0.1), &device);
+                let b = if training { b.require_grad() } else { b };
+                for host in [true, false, true, false] {
+                    let t = std::time::Instant::now();
+                    let iters = 20;
+                    for _ in 0..iters {
+                        let out = if host {
+                            super::linear(&x, &w, Some(&b)).unwrap()
+                        } else {
+                            burn::tensor::module::linear(x.clone(), w.clone(), Some(b.clone()))
+                        };
+                        if training {
+                            let g = out.sum().backward();
+                            let _ = w.grad(&g);
+                        }
+                    }
+                    let ms = t.elapsed().as_secs_f64() * 1e3 / iters as f64;
+                    eprintln!("[{rows}, {d_in}] -> {d_out} training {training} host {host}: {ms:.3} ms");
                 }
-                eprintln!(
-                    "[{rows}, {d_in}] -> {d_out} host {host}: {:.3} ms",
-                    t.elapsed().as_secs_f64() * 1e3 / iters as f64
-                );
             }
         }
     }
