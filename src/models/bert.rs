@@ -23,6 +23,7 @@ use burn::nn::{LayerNorm, Linear};
 use burn::tensor::activation::softmax;
 
 use super::activation::gelu;
+use super::host_linear::apply;
 use burn::tensor::{Device, Int, Tensor};
 use serde::Deserialize;
 
@@ -357,26 +358,20 @@ impl Bert {
         let scale = (dh as f64).sqrt().recip();
         for layer in &self.layers {
             let split = |t: Tensor<3>| t.reshape([b, s, self.heads, dh]).swap_dims(1, 2);
-            let q = split(linear(&layer.query, x.clone()));
-            let k = split(linear(&layer.key, x.clone()));
-            let v = split(linear(&layer.value, x.clone()));
+            let q = split(apply(&layer.query, x.clone()));
+            let k = split(apply(&layer.key, x.clone()));
+            let v = split(apply(&layer.value, x.clone()));
             let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale) + pad.clone();
             let probs = dropout(softmax(scores, 3), p_attention);
             let context = probs.matmul(v).swap_dims(1, 2).reshape([b, s, hidden]);
-            let attended = linear(&layer.attention_out, context);
+            let attended = apply(&layer.attention_out, context);
             let attended = if self.attention_output_dropout { dropout(attended, p_hidden) } else { attended };
             x = layer.attention_norm.forward(attended + x);
-            let h = gelu(linear(&layer.intermediate, x.clone()));
-            x = layer.output_norm.forward(dropout(linear(&layer.output, h), p_hidden) + x);
+            let h = gelu(apply(&layer.intermediate, x.clone()));
+            x = layer.output_norm.forward(dropout(apply(&layer.output, h), p_hidden) + x);
         }
         x
     }
-}
-
-/// `l` applied to `x`: on burn's CPU backend one operation (`host_linear`), elsewhere burn's.
-fn linear(l: &Linear, x: Tensor<3>) -> Tensor<3> {
-    let bias = l.bias.as_ref().map(|b| b.val());
-    super::host_linear::linear(&x, &l.weight.val(), bias.as_ref()).unwrap_or_else(|| l.forward(x))
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! operation): the output, the input's gradient and the weights' gradient are one matrix product
 //! each, on rayon's threads, with the bias added (and its gradient summed) on the host. burn's
 //! `linear` is a product, whose output buffer burn-flex zeroes and copies, then a broadcast
-//! addition, each allocating. See the `probe` tests for figures.
+//! addition, each allocating. See the `probe` test for figures. Used by the transformers' linear
+//! layers (BERT, MPNet, ViT, CLIP's text tower) through [`apply`].
 //!
 //! The values do not depend on the number of threads (tested), and a row's output does not depend
 //! on the other rows.
@@ -13,6 +14,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
+use burn::nn::Linear;
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
@@ -69,6 +71,12 @@ pub fn linear<const D: usize>(x: &Tensor<D>, weight: &Tensor<2>, bias: Option<&T
         },
     };
     Some(Tensor::from_primitive::<Autodiff<Flex>>(output))
+}
+
+/// `l` applied to `x`: [`linear`] on burn's CPU backend, burn's `Linear::forward` elsewhere.
+pub fn apply<const D: usize>(l: &Linear, x: Tensor<D>) -> Tensor<D> {
+    let bias = l.bias.as_ref().map(|b| b.val());
+    linear(&x, &l.weight.val(), bias.as_ref()).unwrap_or_else(|| l.forward(x))
 }
 
 /// `rows` rows of `d_in` values in, `d_out` out.

@@ -19,6 +19,7 @@ use burn::nn::{LayerNorm, Linear};
 use burn::tensor::activation::softmax;
 
 use super::activation::gelu;
+use super::host_linear::apply;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use serde::Deserialize;
 
@@ -273,14 +274,14 @@ impl MpNet {
         let scale = (dh as f64).sqrt().recip();
         for layer in &self.layers {
             let split = |t: Tensor<3>| t.reshape([b, s, self.heads, dh]).swap_dims(1, 2);
-            let q = split(layer.q.forward(x.clone()));
-            let k = split(layer.k.forward(x.clone()));
-            let v = split(layer.v.forward(x.clone()));
+            let q = split(apply(&layer.q, x.clone()));
+            let k = split(apply(&layer.k, x.clone()));
+            let v = split(apply(&layer.v, x.clone()));
             let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale) + bias.clone() + pad.clone();
             let context = softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([b, s, hidden]);
-            x = layer.attention_norm.forward(layer.o.forward(context) + x);
-            let h = gelu(layer.intermediate.forward(x.clone()));
-            x = layer.output_norm.forward(layer.output.forward(h) + x);
+            x = layer.attention_norm.forward(apply(&layer.o, context) + x);
+            let h = gelu(apply(&layer.intermediate, x.clone()));
+            x = layer.output_norm.forward(apply(&layer.output, h) + x);
         }
         x
     }

@@ -27,6 +27,7 @@ use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
+use super::host_linear::apply;
 use super::weights::{ConvSpec, Weights};
 use crate::error::Result;
 
@@ -244,8 +245,8 @@ impl VitBlock {
         mask: Option<&Tensor<2>>,
     ) -> Tensor<3> {
         let x = x.clone() + self.attention(self.norm1.forward(x), heads, mask);
-        let h = activation.apply(self.fc1.forward(self.norm2.forward(x.clone())));
-        x + self.fc2.forward(h)
+        let h = activation.apply(apply(&self.fc1, self.norm2.forward(x.clone())));
+        x + apply(&self.fc2, h)
     }
 
     /// Multi-head self-attention.
@@ -255,7 +256,7 @@ impl VitBlock {
     fn attention(&self, x: Tensor<3>, heads: usize, mask: Option<&Tensor<2>>) -> Tensor<3> {
         let [b, n, d] = x.dims();
         let dh = d / heads;
-        let qkv = self.qkv.forward(x);
+        let qkv = apply(&self.qkv, x);
         let split = |i: usize| qkv.clone().narrow(2, i * d, d).reshape([b, n, heads, dh]).swap_dims(1, 2);
         let (q, k, v) = (split(0), split(1), split(2));
         let mut scores = q.matmul(k.swap_dims(2, 3)).mul_scalar((dh as f64).sqrt().recip());
@@ -263,7 +264,7 @@ impl VitBlock {
             scores = scores + m.clone().unsqueeze_dim::<3>(0).unsqueeze_dim::<4>(0);
         }
         let context = softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([b, n, d]);
-        self.out.forward(context)
+        apply(&self.out, context)
     }
 }
 
