@@ -275,6 +275,22 @@ mod tests {
         }
     }
 
+    /// Weights of another width, a bias of another length and tensors that are not `f32` are
+    /// declined, and [`super::apply`] then takes burn's `Linear::forward`.
+    #[test]
+    fn declines_what_it_does_not_cover() {
+        for device in [Device::flex(), Device::flex().autodiff()] {
+            let x = Tensor::<2>::random([3, 4], Distribution::Normal(0.0, 1.0), &device);
+            let w = Tensor::<2>::random([4, 2], Distribution::Normal(0.0, 1.0), &device);
+            let b = Tensor::<1>::random([2], Distribution::Normal(0.0, 1.0), &device);
+            assert!(super::linear(&x, &w, Some(&b)).is_some());
+            assert!(super::linear(&x, &w.clone().slice([0..3, 0..2]), Some(&b)).is_none());
+            assert!(super::linear(&x, &w, Some(&b.clone().narrow(0, 0, 1))).is_none());
+            let half = burn::tensor::DType::F16;
+            assert!(super::linear(&x.clone().cast(half), &w.clone().cast(half), None).is_none());
+        }
+    }
+
     /// The output and every gradient are the same, bit for bit, on 1 and on 3 threads (gemm
     /// splits the products among the threads by output tiles), on shapes large enough for gemm to
     /// split them.
