@@ -23,7 +23,7 @@ use std::path::Path;
 use burn::module::{Module, Param};
 use burn::nn::conv::Conv2d;
 use burn::nn::{BatchNorm, LayerNorm, Linear};
-use burn::tensor::activation::{sigmoid, softmax};
+use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
@@ -55,7 +55,7 @@ pub enum MlpActivation {
 impl MlpActivation {
     pub(crate) fn apply<const D: usize>(self, h: Tensor<D>) -> Tensor<D> {
         match self {
-            MlpActivation::QuickGelu => h.clone() * sigmoid(h.mul_scalar(1.702)),
+            MlpActivation::QuickGelu => super::activation::quick_gelu(h),
             MlpActivation::Gelu => super::activation::gelu(h),
             MlpActivation::Relu6 => h.clamp(0.0, 6.0),
         }
