@@ -13,7 +13,10 @@ use std::time::Instant;
 
 use burn::tensor::{Device, Tensor, TensorData};
 use curate::models::resnet::{ConvLowering, ResNet, ResNetConfig};
-use curate::models::weights::Weights;
+
+#[path = "support/mod.rs"]
+mod support;
+use support::{layout, random_weights, Rng};
 
 struct Args {
     batch: usize,
@@ -52,45 +55,6 @@ fn parse() -> Args {
     a
 }
 
-/// xorshift64*: uniform in [-1, 1), enough for weights whose values do not matter.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        ((self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 23) as f32) - 1.0
-    }
-}
-
-/// Every tensor of torchvision's `resnet50()` state dict (names and shapes from the committed
-/// layout fixture), filled so activations stay finite: convolutions uniform with He scale,
-/// BatchNorm the identity.
-fn random_weights(rng: &mut Rng) -> Weights {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/models/resnet50_layout.json");
-    let layout: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(&std::fs::read_to_string(path).expect("layout fixture")).expect("layout JSON");
-    let parts = layout
-        .into_iter()
-        .filter(|(k, _)| !k.ends_with("num_batches_tracked"))
-        .map(|(k, v)| {
-            let shape: Vec<usize> = v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
-            let n: usize = shape.iter().product();
-            let data = if shape.len() == 4 {
-                let scale = (6.0 / shape[1..].iter().product::<usize>() as f32).sqrt();
-                (0..n).map(|_| rng.next() * scale).collect()
-            } else if k.ends_with("running_var") || (k.ends_with("weight") && shape.len() == 1) {
-                vec![1.0; n]
-            } else {
-                vec![0.0; n]
-            };
-            (k, shape, data)
-        })
-        .collect();
-    Weights::from_parts(parts)
-}
-
 fn main() {
     let args = parse();
     // Training BatchNorm normalises by the batch's statistics, the CPU reference by its running
@@ -103,7 +67,8 @@ fn main() {
     };
     let device = if args.train { device.autodiff() } else { device };
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let w = random_weights(&mut rng);
+    // torchvision's `resnet50()` state dict, BatchNorm the identity.
+    let w = random_weights(layout("resnet50_layout.json", None), &mut rng);
     let mut model = ResNet::from_weights(&ResNetConfig::resnet50(), &w, &device);
     let reference = (args.check > 0).then(|| ResNet::from_weights(&ResNetConfig::resnet50(), &w, &Device::flex()));
     w.finish(&ResNet::IGNORED).expect("resnet50 layout");

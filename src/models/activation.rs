@@ -19,14 +19,14 @@ use rayon::prelude::*;
 /// call forward and erf and exp again backward: for the tiny training preset's BERT (2 layers,
 /// FFN 128, batch 64 of 12 tokens) that was about 6% of a training step's CPU time.
 pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    on_host(x, Activation::Gelu).unwrap_or_else(burn::tensor::activation::gelu)
+    on_host(x, Activation::Gelu, burn::tensor::activation::gelu)
 }
 
 /// QuickGELU, `x·σ(1.702·x)`, within 2e-7·(1 + |x|) of the exact value; on the CPU as [`gelu`]
 /// (values and slopes `σ(a) + 1.702·x·σ(a)·(1 − σ(a))`, `a = 1.702·x`, in training), elsewhere
 /// burn's `x·sigmoid(1.702·x)`.
 pub fn quick_gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    on_host(x, Activation::QuickGelu).unwrap_or_else(|x| x.clone() * sigmoid(x.mul_scalar(QUICK_GELU_SCALE)))
+    on_host(x, Activation::QuickGelu, |x| x.clone() * sigmoid(x.mul_scalar(QUICK_GELU_SCALE)))
 }
 
 /// QuickGELU's sigmoid scale (OpenAI CLIP's `x * torch.sigmoid(1.702 * x)`).
@@ -57,12 +57,16 @@ impl Activation {
     }
 }
 
-/// `activation` of `x` on the host, or `Err(x)` where the device is not this CPU or the values are
-/// not f32 (the caller then uses burn's operations).
-fn on_host<const D: usize>(x: Tensor<D>, activation: Activation) -> Result<Tensor<D>, Tensor<D>> {
+/// `activation` of `x` on the host, or `elsewhere(x)` (burn's operations) where the device is not
+/// this CPU or the values are not f32.
+fn on_host<const D: usize>(
+    x: Tensor<D>,
+    activation: Activation,
+    elsewhere: impl FnOnce(Tensor<D>) -> Tensor<D>,
+) -> Tensor<D> {
     let device = x.device();
     if !is_host(&device) || x.dtype() != burn::tensor::DType::F32 {
-        return Err(x);
+        return elsewhere(x);
     }
     if device.is_autodiff() {
         let shape = x.shape();
@@ -71,19 +75,19 @@ fn on_host<const D: usize>(x: Tensor<D>, activation: Activation) -> Result<Tenso
         values_and_slopes(activation, &mut values, &mut slopes);
         let values = Tensor::<D>::from_data(TensorData::new(values, shape.clone()), &device);
         let slopes = Tensor::<D>::from_data(TensorData::new(slopes, shape), &device);
-        return Ok((x.clone() - x.detach()) * slopes + values);
+        return (x.clone() - x.detach()) * slopes + values;
     }
     if device == Device::flex() {
         // In place in the tensor's own buffer (copied first only if shared). The activation is
         // elementwise, so a view's layout still reads the right values.
         let mut t = x.try_into_primitive::<Flex>().expect("a float tensor on the flex device");
         values_in_place(activation, t.storage_mut::<f32>());
-        return Ok(Tensor::from_primitive::<Flex>(t));
+        return Tensor::from_primitive::<Flex>(t);
     }
     let shape = x.shape();
     let mut values = x.into_data().try_into_vec::<f32>().expect("checked to be f32");
     values_in_place(activation, &mut values);
-    Ok(Tensor::from_data(TensorData::new(values, shape), &device))
+    Tensor::from_data(TensorData::new(values, shape), &device)
 }
 
 /// Values per rayon task of the host activations: a task's overhead is then noise (a 32 Ki-value

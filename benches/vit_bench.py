@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""ViT-B/32 inference throughput on the CPU: PyTorch vs curate (both use every core).
+
+`--model unicom` (CUSA's image teacher, the default): PyTorch runs `UnicomViT` from
+`tests/fixtures/models/make_vit_fixtures.py` (Unicom's ViT as spec `cusa-and-pcmepp.md` §1.1
+describes it: the module curate's ViT is checked against) at ViT-B/32 sizes; `--model clip`:
+open_clip's `ViT-B-32-quickgelu` image tower (OpenAI CLIP's). Both random init, eval mode,
+`torch.no_grad()`, float32, `torch.set_num_threads(os.cpu_count())`. curate:
+`examples/vit_bench.rs` (the same network, random weights in the checkpoint layout, burn's CPU
+backend). Same batch and iteration counts, 224-px images; each side warms up first. Prints
+images/s for both and curate / PyTorch.
+
+    python3 benches/vit_bench.py                        # Unicom, batch 32, 5 timed iterations
+    python3 benches/vit_bench.py --model clip
+    python3 benches/vit_bench.py --batch 4 --iters 2    # smoke run
+
+Builds the example with `cargo build --release --example vit_bench` first.
+"""
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def torch_model(name):
+    if name == "clip":
+        import open_clip
+        return open_clip.create_model("ViT-B-32-quickgelu", pretrained=None).visual
+    path = os.path.join(ROOT, "tests", "fixtures", "models", "make_vit_fixtures.py")
+    spec = importlib.util.spec_from_file_location("make_vit_fixtures", path)
+    fixtures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fixtures)
+    return fixtures.UnicomViT(image_size=224, patch_size=32, width=768, layers=12, heads=12, output_dim=512)
+
+
+def torch_rate(name, batch, iters, warmup):
+    torch.set_num_threads(os.cpu_count())
+    torch.manual_seed(0)
+    model = torch_model(name).eval()
+    x = torch.randn(batch, 3, 224, 224)
+    with torch.no_grad():
+        for _ in range(warmup):
+            model(x)
+        t = time.perf_counter()
+        for _ in range(iters):
+            model(x)
+        secs = time.perf_counter() - t
+    return batch * iters / secs
+
+
+def curate_rate(name, batch, iters, warmup):
+    subprocess.run(["cargo", "build", "--release", "--quiet", "--example", "vit_bench"], cwd=ROOT, check=True)
+    exe = os.path.join(ROOT, "target", "release", "examples", "vit_bench")
+    out = subprocess.run([exe, "--model", name, "--batch", str(batch), "--iters", str(iters),
+                          "--warmup", str(warmup)], cwd=ROOT, check=True, capture_output=True, text=True)
+    sys.stderr.write(out.stderr)
+    last = out.stdout.strip().splitlines()[-1].split()
+    assert last[0] == "images_per_s", out.stdout
+    return float(last[1])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=["unicom", "clip"], default="unicom")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    a = p.parse_args()
+    pt = torch_rate(a.model, a.batch, a.iters, a.warmup)
+    print(f"PyTorch {torch.__version__} ({a.model}): {pt:.1f} images/s ({torch.get_num_threads()} threads)")
+    cu = curate_rate(a.model, a.batch, a.iters, a.warmup)
+    print(f"curate ({a.model}): {cu:.1f} images/s")
+    print(f"ratio curate / PyTorch: {cu / pt:.2f}x  (batch {a.batch}, 224x224, {os.cpu_count()} cores)")
+
+
+if __name__ == "__main__":
+    main()
