@@ -330,12 +330,12 @@ mod tests {
         assert_eq!(v.iter().zip(&d).map(|(v, d)| (v.to_bits(), d.to_bits())).collect::<Vec<_>>(), scalar);
     }
 
-    #[test]
-    fn training_gelu_has_burns_values_and_gradient() {
-        // On an autodiff CPU device: the values of the inference path, and the input's gradient
-        // (upstream gradients that differ per element) equal to that through burn's own `gelu`.
+    /// `ours` against burn's composition `burns` on the CPU: in training, the values (equal to
+    /// `ours` in inference, bit for bit) and the input's gradient under upstream gradients that
+    /// differ per element.
+    fn check_against_burn(ours: fn(Tensor<2>) -> Tensor<2>, burns: fn(Tensor<2>) -> Tensor<2>, step: f32, what: &str) {
         let device = Device::flex().autodiff();
-        let data: Vec<f32> = (0..96).map(|i| (i as f32 - 48.0) * 0.13).collect();
+        let data: Vec<f32> = (0..96).map(|i| (i as f32 - 48.0) * step).collect();
         let upstream: Vec<f32> = (0..96).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.3).collect();
         let x = Tensor::<2>::from_data(TensorData::new(data.clone(), [8, 12]), &device).require_grad();
         let up = Tensor::<2>::from_data(TensorData::new(upstream, [8, 12]), &device);
@@ -346,15 +346,25 @@ mod tests {
                 x.grad(&grads).unwrap().into_data().try_into_vec::<f32>().unwrap(),
             )
         };
-        let (ours, our_grad) = run(gelu(x.clone()));
-        let (burns, burn_grad) = run(burn::tensor::activation::gelu(x.clone()));
-        let inference = gelu(Tensor::<2>::from_data(TensorData::new(data.clone(), [8, 12]), &Device::flex()));
-        assert_eq!(ours, inference.into_data().try_into_vec::<f32>().unwrap());
+        let (got, got_grad) = run(ours(x.clone()));
+        let (want, want_grad) = run(burns(x.clone()));
+        let inference = ours(Tensor::<2>::from_data(TensorData::new(data.clone(), [8, 12]), &Device::flex()));
+        assert_eq!(got, inference.into_data().try_into_vec::<f32>().unwrap(), "{what}: training and inference values");
         for (i, x) in data.iter().enumerate() {
-            assert!((ours[i] - burns[i]).abs() <= 3e-7 * (1.0 + x.abs()), "gelu({x}): {} vs {}", ours[i], burns[i]);
-            assert!((our_grad[i] - burn_grad[i]).abs() <= 2e-6, "gradient at {x}: {} vs {}", our_grad[i], burn_grad[i]);
+            assert!((got[i] - want[i]).abs() <= 3e-7 * (1.0 + x.abs()), "{what}({x}): {} vs {}", got[i], want[i]);
+            assert!(
+                (got_grad[i] - want_grad[i]).abs() <= 2e-6,
+                "{what} gradient at {x}: {} vs {}",
+                got_grad[i],
+                want_grad[i]
+            );
         }
-        assert!(burn_grad.iter().any(|g| g.abs() > 0.5), "an upstream gradient that shows");
+        assert!(want_grad.iter().any(|g| g.abs() > 0.5), "an upstream gradient that shows");
+    }
+
+    #[test]
+    fn training_gelu_has_burns_values_and_gradient() {
+        check_against_burn(gelu, burn::tensor::activation::gelu, 0.13, "gelu");
     }
 
     #[test]
@@ -454,32 +464,6 @@ mod tests {
 
     #[test]
     fn quick_gelu_has_burns_values_and_gradient() {
-        // Inference and training on the CPU against burn's `x·sigmoid(1.702x)`.
-        let device = Device::flex().autodiff();
-        let data: Vec<f32> = (0..96).map(|i| (i as f32 - 48.0) * 0.17).collect();
-        let upstream: Vec<f32> = (0..96).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.3).collect();
-        let x = Tensor::<2>::from_data(TensorData::new(data.clone(), [8, 12]), &device).require_grad();
-        let up = Tensor::<2>::from_data(TensorData::new(upstream, [8, 12]), &device);
-        let run = |y: Tensor<2>| {
-            let grads = (y.clone() * up.clone()).sum().backward();
-            (
-                y.into_data().try_into_vec::<f32>().unwrap(),
-                x.grad(&grads).unwrap().into_data().try_into_vec::<f32>().unwrap(),
-            )
-        };
-        let (ours, our_grad) = run(quick_gelu(x.clone()));
-        let (burns, burn_grad) = run(x.clone() * sigmoid(x.clone().mul_scalar(1.702)));
-        let inference = quick_gelu(Tensor::<2>::from_data(TensorData::new(data.clone(), [8, 12]), &Device::flex()));
-        assert_eq!(ours, inference.into_data().try_into_vec::<f32>().unwrap());
-        for (i, x) in data.iter().enumerate() {
-            assert!(
-                (ours[i] - burns[i]).abs() <= 3e-7 * (1.0 + x.abs()),
-                "quick_gelu({x}): {} vs {}",
-                ours[i],
-                burns[i]
-            );
-            assert!((our_grad[i] - burn_grad[i]).abs() <= 2e-6, "gradient at {x}: {} vs {}", our_grad[i], burn_grad[i]);
-        }
-        assert!(burn_grad.iter().any(|g| g.abs() > 0.5), "an upstream gradient that shows");
+        check_against_burn(quick_gelu, |x| x.clone() * sigmoid(x.mul_scalar(1.702)), 0.17, "quick_gelu");
     }
 }
