@@ -9,14 +9,12 @@
 //!
 //! The last line of stdout is `images_per_s <value>`.
 
-use std::time::Instant;
-
 use burn::tensor::{Device, Tensor, TensorData};
 use curate::models::resnet::{ConvLowering, ResNet, ResNetConfig};
 
 #[path = "support/mod.rs"]
 mod support;
-use support::{layout, random_weights, Rng};
+use support::{layout, random_weights, time_runs, Rng};
 
 struct Args {
     batch: usize,
@@ -107,14 +105,7 @@ fn main() {
             assert!(out.iter().all(|v| v.is_finite()));
         }
     };
-    for _ in 0..args.warmup {
-        run();
-    }
-    let t = Instant::now();
-    for _ in 0..args.iters {
-        run();
-    }
-    let secs = t.elapsed().as_secs_f64();
+    let secs = time_runs(args.warmup, args.iters, run);
     let rate = (args.batch * args.iters) as f64 / secs;
     eprintln!(
         "curate resnet50{}: batch {}, {lowering:?} convolutions, {} iterations in {secs:.2} s, {} threads",

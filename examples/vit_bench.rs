@@ -7,14 +7,12 @@
 //!
 //! The last line of stdout is `images_per_s <value>`.
 
-use std::time::Instant;
-
 use burn::tensor::{Device, Tensor, TensorData};
 use curate::models::vit::{Vit, VitConfig};
 
 #[path = "support/mod.rs"]
 mod support;
-use support::{layout, random_weights, Rng};
+use support::{layout, random_weights, time_runs, Rng};
 
 struct Args {
     model: String,
@@ -58,14 +56,7 @@ fn main() {
         let out = model.forward(x).into_data().try_to_vec::<f32>().expect("features");
         assert!(out.iter().all(|v| v.is_finite()), "features are finite");
     };
-    for _ in 0..args.warmup {
-        run();
-    }
-    let t = Instant::now();
-    for _ in 0..args.iters {
-        run();
-    }
-    let secs = t.elapsed().as_secs_f64();
+    let secs = time_runs(args.warmup, args.iters, run);
     eprintln!(
         "curate ViT-B/32 ({}): batch {}, {} iterations in {secs:.2} s, {} threads",
         args.model,

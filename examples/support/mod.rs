@@ -1,7 +1,21 @@
 //! What the image-encoder benchmarks (`resnet_bench`, `vit_bench`) share: a seeded generator for
 //! values that do not matter, and random weights in a published checkpoint's layout.
 
+use std::time::Instant;
+
 use curate::models::weights::Weights;
+
+/// Runs `run` `warmup` times untimed, then `iters` times; returns the seconds of the timed runs.
+pub fn time_runs(warmup: usize, iters: usize, run: impl Fn()) -> f64 {
+    for _ in 0..warmup {
+        run();
+    }
+    let t = Instant::now();
+    for _ in 0..iters {
+        run();
+    }
+    t.elapsed().as_secs_f64()
+}
 
 /// xorshift64*: uniform in [-1, 1), enough for weights and pixels whose values do not matter.
 pub struct Rng(pub u64);
