@@ -14,7 +14,7 @@ use curate::models::resnet::{ConvLowering, ResNet, ResNetConfig};
 
 #[path = "support/mod.rs"]
 mod support;
-use support::{layout, random_weights, time_runs, Rng};
+use support::{flag_pairs, layout, number, random_weights, time_runs, Rng};
 
 struct Args {
     batch: usize,
@@ -28,10 +28,9 @@ struct Args {
 
 fn parse() -> Args {
     let mut a = Args { batch: 32, iters: 5, warmup: 1, side: 224, lowering: None, check: 0, train: false };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    for pair in argv.chunks(2) {
-        let v = || pair.get(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("`{}` needs a number", pair[0]));
-        match pair[0].as_str() {
+    for (flag, value) in flag_pairs() {
+        let v = || number(&flag, value.as_deref());
+        match flag.as_str() {
             "--batch" => a.batch = v(),
             "--iters" => a.iters = v(),
             "--warmup" => a.warmup = v(),
@@ -39,7 +38,7 @@ fn parse() -> Args {
             "--check" => a.check = v(),
             "--train" => a.train = v() != 0,
             "--conv" => {
-                a.lowering = Some(match pair.get(1).map(String::as_str) {
+                a.lowering = Some(match value.as_deref() {
                     Some("native") => ConvLowering::Native,
                     Some("im2col") => ConvLowering::Im2col,
                     _ => panic!("`--conv` needs `native` or `im2col`"),

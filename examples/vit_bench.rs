@@ -12,7 +12,7 @@ use curate::models::vit::{Vit, VitConfig};
 
 #[path = "support/mod.rs"]
 mod support;
-use support::{layout, random_weights, time_runs, Rng};
+use support::{flag_pairs, layout, number, random_weights, time_runs, Rng};
 
 struct Args {
     model: String,
@@ -23,14 +23,13 @@ struct Args {
 
 fn parse() -> Args {
     let mut a = Args { model: "unicom".into(), batch: 32, iters: 5, warmup: 1 };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    for pair in argv.chunks(2) {
-        let v = || pair.get(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("`{}` needs a number", pair[0]));
-        match pair[0].as_str() {
+    for (flag, value) in flag_pairs() {
+        let v = || number(&flag, value.as_deref());
+        match flag.as_str() {
             "--batch" => a.batch = v(),
             "--iters" => a.iters = v(),
             "--warmup" => a.warmup = v(),
-            "--model" => a.model = pair.get(1).cloned().unwrap_or_default(),
+            "--model" => a.model = value.clone().unwrap_or_default(),
             other => panic!("unknown argument `{other}` (--model unicom|clip, --batch, --iters, --warmup)"),
         }
     }

@@ -5,6 +5,17 @@ use std::time::Instant;
 
 use curate::models::weights::Weights;
 
+/// The command line after the program name as `(flag, value)` pairs (`--batch 32 --iters 5`).
+pub fn flag_pairs() -> Vec<(String, Option<String>)> {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    argv.chunks(2).map(|pair| (pair[0].clone(), pair.get(1).cloned())).collect()
+}
+
+/// `value` of `flag` as a count; panics naming the flag where it is missing or not a number.
+pub fn number(flag: &str, value: Option<&str>) -> usize {
+    value.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("`{flag}` needs a number"))
+}
+
 /// Runs `run` `warmup` times untimed, then `iters` times; returns the seconds of the timed runs.
 pub fn time_runs(warmup: usize, iters: usize, run: impl Fn()) -> f64 {
     for _ in 0..warmup {
