@@ -1,5 +1,6 @@
-//! The transformers' MLP activations on the CPU: GELU (the exact, erf form BERT and MPNet use)
-//! and QuickGELU `x·σ(1.702x)` (OpenAI CLIP's ViT and text tower). burn's CPU backend evaluates
+//! The transformers' MLP activations on the CPU: GELU (the exact, erf form BERT and MPNet use),
+//! QuickGELU `x·σ(1.702x)` (OpenAI CLIP's ViT and text tower) and ReLU6 (Unicom's ViT, in
+//! inference only, see [`relu6`]). burn's CPU backend evaluates
 //! them with a scalar libm call per element (`erf`; `exp` in the sigmoid) on one pass per
 //! operation: a fifth of a MiniLM forward pass, about 12% of a CLIP ViT-B/32 one. Here each is
 //! one pass of a branch-free formula the compiler vectorises, split over rayon's threads. In
@@ -29,6 +30,17 @@ pub fn quick_gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     on_host(x, Activation::QuickGelu, |x| x.clone() * sigmoid(x.mul_scalar(QUICK_GELU_SCALE)))
 }
 
+/// ReLU6, `min(max(x, 0), 6)` (Unicom's MLP), NaN kept as in PyTorch. On the CPU without autodiff
+/// one pass in place on rayon's threads (burn's `clamp` is a scalar loop on one thread: 6% of a
+/// Unicom ViT-B/32 forward pass); in training, and on other devices, burn's `clamp`, whose
+/// gradient needs no host values.
+pub fn relu6<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    if x.device().is_autodiff() {
+        return x.clamp(0.0, 6.0);
+    }
+    on_host(x, Activation::Relu6, |x| x.clamp(0.0, 6.0))
+}
+
 /// QuickGELU's sigmoid scale (OpenAI CLIP's `x * torch.sigmoid(1.702 * x)`).
 const QUICK_GELU_SCALE: f32 = 1.702;
 
@@ -37,6 +49,7 @@ const QUICK_GELU_SCALE: f32 = 1.702;
 enum Activation {
     Gelu,
     QuickGelu,
+    Relu6,
 }
 
 impl Activation {
@@ -45,6 +58,7 @@ impl Activation {
         match self {
             Activation::Gelu => gelu_f32(x),
             Activation::QuickGelu => quick_gelu_f32(x),
+            Activation::Relu6 => x.clamp(0.0, 6.0),
         }
     }
 
@@ -53,6 +67,7 @@ impl Activation {
         match self {
             Activation::Gelu => gelu_slope_f32(x),
             Activation::QuickGelu => quick_gelu_slope_f32(x),
+            Activation::Relu6 => unreachable!("relu6 trains through burn's clamp"),
         }
     }
 }
@@ -111,7 +126,7 @@ fn values_and_slopes(activation: Activation, values: &mut [f32], slopes: &mut [f
 /// A loop to compile for several vector widths. Its `run` is `#[inline(always)]`, so that it is
 /// compiled inside each wrapper of [`in_widest_vectors`] with that wrapper's features (a closure
 /// can be left out of line, compiled for the baseline: this happened to `values_in_place`).
-trait Kernel {
+pub(super) trait Kernel {
     fn run(self);
 }
 
@@ -142,7 +157,7 @@ impl Kernel for WithSlopes<'_> {
 /// Runs `kernel` compiled for the widest vectors this CPU has: AVX-512F, else AVX2, else the
 /// baseline.
 #[inline(always)]
-fn in_widest_vectors(kernel: impl Kernel) {
+pub(super) fn in_widest_vectors(kernel: impl Kernel) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
@@ -245,7 +260,7 @@ fn quick_sigmoid(x: f32) -> (f32, f32) {
 /// `n` is rounded by adding and subtracting 1.5·2²³ (exact for |n| < 2²²; `round` would be a
 /// libm call that keeps the loop from vectorising on baseline x86-64), and `n ≥ −126` here.
 #[inline(always)]
-fn exp_neg(y: f32) -> f32 {
+pub(super) fn exp_neg(y: f32) -> f32 {
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
     const ROUND: f32 = 12_582_912.0;
@@ -465,5 +480,27 @@ mod tests {
     #[test]
     fn quick_gelu_has_burns_values_and_gradient() {
         check_against_burn(quick_gelu, |x| x.clone() * sigmoid(x.mul_scalar(1.702)), 0.17, "quick_gelu");
+    }
+
+    #[test]
+    fn relu6_is_burns_clamp_bit_for_bit_and_keeps_nan() {
+        let xs: Vec<f32> = (0..70_001)
+            .map(|i| (i as f32 - 35_000.0) * 3e-4)
+            .chain([-0.0, 0.0, 6.0, 6.000_001, f32::INFINITY, f32::NEG_INFINITY, f32::NAN])
+            .collect();
+        let n = xs.len();
+        let device = Device::flex();
+        let x = Tensor::<1>::from_data(TensorData::new(xs.clone(), [n]), &device);
+        let ours = relu6(x.clone()).into_data().try_into_vec::<f32>().unwrap();
+        let burns = x.clamp(0.0, 6.0).into_data().try_into_vec::<f32>().unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&ours[..n - 1]), bits(&burns[..n - 1]));
+        assert!(ours[n - 1].is_nan(), "NaN stays NaN, as torch.nn.functional.relu6 keeps it");
+        assert_eq!((ours[n - 4], ours[n - 3], ours[n - 2]), (6.0, 6.0, 0.0));
+        assert!(ours.iter().all(|v| v.is_nan() || (0.0..=6.0).contains(v)));
+        // Training keeps burn's clamp, with its gradient.
+        let tracked = Tensor::<1>::from_data(TensorData::new(xs[..n - 1].to_vec(), [n - 1]), &device.autodiff());
+        let trained = relu6(tracked).into_data().try_into_vec::<f32>().unwrap();
+        assert_eq!(bits(&trained), bits(&burns[..n - 1]));
     }
 }

@@ -20,6 +20,7 @@ pub mod bert;
 pub mod clip_text;
 pub mod fbnet;
 pub mod gpo;
+pub mod host_attention;
 pub(crate) mod host_autodiff;
 pub mod host_batch_norm;
 pub mod host_conv;

@@ -27,6 +27,7 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
+use super::host_attention;
 use super::host_linear::apply;
 use super::weights::{ConvSpec, Weights};
 use crate::error::Result;
@@ -57,7 +58,7 @@ impl MlpActivation {
         match self {
             MlpActivation::QuickGelu => super::activation::quick_gelu(h),
             MlpActivation::Gelu => super::activation::gelu(h),
-            MlpActivation::Relu6 => h.clamp(0.0, 6.0),
+            MlpActivation::Relu6 => super::activation::relu6(h),
         }
     }
 }
@@ -249,23 +250,35 @@ impl VitBlock {
         x + apply(&self.fc2, h)
     }
 
-    /// Multi-head self-attention.
+    /// Multi-head self-attention: on the host ([`host_attention::attention`]) in inference on the
+    /// CPU, [`burn_attention`] elsewhere.
     ///
     /// # Shapes
     /// - `x`: `[batch, tokens, width]` → `[batch, tokens, width]`
     fn attention(&self, x: Tensor<3>, heads: usize, mask: Option<&Tensor<2>>) -> Tensor<3> {
-        let [b, n, d] = x.dims();
-        let dh = d / heads;
         let qkv = apply(&self.qkv, x);
-        let split = |i: usize| qkv.clone().narrow(2, i * d, d).reshape([b, n, heads, dh]).swap_dims(1, 2);
-        let (q, k, v) = (split(0), split(1), split(2));
-        let mut scores = q.matmul(k.swap_dims(2, 3)).mul_scalar((dh as f64).sqrt().recip());
-        if let Some(m) = mask {
-            scores = scores + m.clone().unsqueeze_dim::<3>(0).unsqueeze_dim::<4>(0);
-        }
-        let context = softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([b, n, d]);
+        let context = host_attention::attention(&qkv, heads, mask).unwrap_or_else(|| burn_attention(qkv, heads, mask));
         apply(&self.out, context)
     }
+}
+
+/// `softmax(Q·Kᵀ/√d_h + mask)·V` per head, from the fused projection, in burn's operations (with
+/// autodiff, and on every device).
+///
+/// # Shapes
+/// - `qkv`: `[batch, tokens, 3·width]` (Q, K, V side by side) → `[batch, tokens, width]`
+/// - `mask`: `[tokens, tokens]`, added to the scores
+pub(crate) fn burn_attention(qkv: Tensor<3>, heads: usize, mask: Option<&Tensor<2>>) -> Tensor<3> {
+    let [b, n, three_d] = qkv.dims();
+    let d = three_d / 3;
+    let dh = d / heads;
+    let split = |i: usize| qkv.clone().narrow(2, i * d, d).reshape([b, n, heads, dh]).swap_dims(1, 2);
+    let (q, k, v) = (split(0), split(1), split(2));
+    let mut scores = q.matmul(k.swap_dims(2, 3)).mul_scalar((dh as f64).sqrt().recip());
+    if let Some(m) = mask {
+        scores = scores + m.clone().unsqueeze_dim::<3>(0).unsqueeze_dim::<4>(0);
+    }
+    softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([b, n, d])
 }
 
 /// Unicom's `feature` head.
