@@ -7,12 +7,13 @@ describes it: the module curate's ViT is checked against) at ViT-B/32 sizes; `--
 open_clip's `ViT-B-32-quickgelu` image tower (OpenAI CLIP's). Both random init, eval mode,
 `torch.no_grad()`, float32, `torch.set_num_threads(os.cpu_count())`. curate:
 `examples/vit_bench.rs` (the same network, random weights in the checkpoint layout, burn's CPU
-backend). Same batch and iteration counts, 224-px images; each side warms up first. Prints
-images/s for both and curate / PyTorch.
+backend). Same batch and iteration counts, 224-px images; each side warms up first. The two
+sides run in alternation, `--repeat` times each (this machine's speed drifts within minutes);
+prints every run's images/s and the ratio of the best runs.
 
     python3 benches/vit_bench.py                        # Unicom, batch 32, 5 timed iterations
     python3 benches/vit_bench.py --model clip
-    python3 benches/vit_bench.py --batch 4 --iters 2    # smoke run
+    python3 benches/vit_bench.py --batch 4 --iters 2 --repeat 1   # smoke run
 
 Builds the example with `cargo build --release --example vit_bench` first.
 """
@@ -39,23 +40,27 @@ def torch_model(name):
     return fixtures.UnicomViT(image_size=224, patch_size=32, width=768, layers=12, heads=12, output_dim=512)
 
 
-def torch_rate(name, batch, iters, warmup):
+def torch_runner(name, batch, iters, warmup):
+    """A function that times the PyTorch model (built once) and returns images/s."""
     torch.set_num_threads(os.cpu_count())
     torch.manual_seed(0)
     model = torch_model(name).eval()
     x = torch.randn(batch, 3, 224, 224)
-    with torch.no_grad():
-        for _ in range(warmup):
-            model(x)
-        t = time.perf_counter()
-        for _ in range(iters):
-            model(x)
-        secs = time.perf_counter() - t
-    return batch * iters / secs
+
+    def rate():
+        with torch.no_grad():
+            for _ in range(warmup):
+                model(x)
+            t = time.perf_counter()
+            for _ in range(iters):
+                model(x)
+            secs = time.perf_counter() - t
+        return batch * iters / secs
+
+    return rate
 
 
 def curate_rate(name, batch, iters, warmup):
-    subprocess.run(["cargo", "build", "--release", "--quiet", "--example", "vit_bench"], cwd=ROOT, check=True)
     exe = os.path.join(ROOT, "target", "release", "examples", "vit_bench")
     out = subprocess.run([exe, "--model", name, "--batch", str(batch), "--iters", str(iters),
                           "--warmup", str(warmup)], cwd=ROOT, check=True, capture_output=True, text=True)
@@ -71,12 +76,20 @@ def main():
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=3, help="runs of each side, in alternation")
     a = p.parse_args()
-    pt = torch_rate(a.model, a.batch, a.iters, a.warmup)
-    print(f"PyTorch {torch.__version__} ({a.model}): {pt:.1f} images/s ({torch.get_num_threads()} threads)")
-    cu = curate_rate(a.model, a.batch, a.iters, a.warmup)
-    print(f"curate ({a.model}): {cu:.1f} images/s")
-    print(f"ratio curate / PyTorch: {cu / pt:.2f}x  (batch {a.batch}, 224x224, {os.cpu_count()} cores)")
+    subprocess.run(["cargo", "build", "--release", "--quiet", "--example", "vit_bench"], cwd=ROOT, check=True)
+    torch_rate = torch_runner(a.model, a.batch, a.iters, a.warmup)
+    pts, cus = [], []
+    for _ in range(a.repeat):
+        pts.append(torch_rate())
+        cus.append(curate_rate(a.model, a.batch, a.iters, a.warmup))
+    runs = lambda rates: ", ".join(f"{r:.1f}" for r in rates)
+    print(f"PyTorch {torch.__version__} ({a.model}): best {max(pts):.1f} images/s ({torch.get_num_threads()} threads;"
+          f" runs {runs(pts)})")
+    print(f"curate ({a.model}): best {max(cus):.1f} images/s (runs {runs(cus)})")
+    print(f"ratio curate / PyTorch, best of {a.repeat} each: {max(cus) / max(pts):.2f}x  (batch {a.batch}, 224x224,"
+          f" {os.cpu_count()} cores)")
 
 
 if __name__ == "__main__":
