@@ -109,10 +109,11 @@ impl Kernel for SoftmaxRows<'_> {
     }
 }
 
-/// `s ← softmax(s·scale + mask)` in place, as `exp(x − max) / Σ exp(x − max)` (burn's and PyTorch's
-/// form). A masked `-inf` gets exactly 0; a row masked throughout, or with a NaN score (masked or
-/// not), is NaN, as in PyTorch. The maximum and the sum run in [`LANES`] partial results, so that
-/// they vectorise.
+/// `s ← softmax(s·scale + mask)` in place, as `exp(x − max) / Σ exp(x − max)` (burn's and
+/// PyTorch's form). A masked `-inf` gets exactly 0, and so does a score 87 or more below the
+/// row's maximum (transformers' `f32::MIN` padding mask); a row masked throughout, or with a NaN
+/// score (masked or not), is NaN, as in PyTorch. The maximum and the sum run in [`LANES`] partial
+/// results, so that they vectorise.
 #[inline(always)]
 fn softmax_row(s: &mut [f32], scale: f32, mask: Option<&[f32]>) {
     match mask {
@@ -130,12 +131,14 @@ fn softmax_row(s: &mut [f32], scale: f32, mask: Option<&[f32]>) {
         *m = if x > *m { x } else { *m };
     }
     let max = max.into_iter().fold(f32::NEG_INFINITY, f32::max);
+    // `exp_neg` stops at e^−87; beyond it (a masked `-inf`, or a score far below the maximum)
+    // the weight is 0, where f32's `exp` gives at most 1.7e-38: nothing beside the row's sum,
+    // which is at least 1 (the maximum's own weight).
     let exp = |x: f32| {
         let y = max - x;
-        let e = exp_neg(y);
-        let e = if y.is_nan() { y } else { e };
-        if x == f32::NEG_INFINITY {
-            0.0
+        let e = if y > 87.0 { 0.0 } else { exp_neg(y) };
+        if y.is_nan() {
+            y
         } else {
             e
         }
@@ -219,6 +222,12 @@ mod tests {
         let qkv = Tensor::<3>::from_data(TensorData::new(qkv, [1, 3, 3]), &device);
         let out = attention(&qkv, 1, Some(&causal(3, &device))).unwrap().into_data().try_into_vec::<f32>().unwrap();
         assert_eq!(out[0], 1.0);
+        // transformers' padding mask, the most negative finite f32, weighs exactly 0 too, as does
+        // a score far below the maximum (e^−87 and less).
+        let mut row = [0.5, 0.0, 0.2, -100.0];
+        softmax_row(&mut row, 1.0, Some(&[0.0, f32::MIN, 0.0, 0.0]));
+        assert_eq!((row[1], row[3]), (0.0, 0.0), "{row:?}");
+        assert!((row[0] + row[2] - 1.0).abs() < 1e-7 && row[0] > row[2], "{row:?}");
         assert!(out[1] > 1.0 && out[1] < 2.0 && out[2] > 1.0 && out[2] < 3.0, "{out:?}");
         let mut all = vec![0f32; 9];
         all[..3].fill(f32::NEG_INFINITY);
