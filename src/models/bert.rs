@@ -23,6 +23,7 @@ use burn::nn::{LayerNorm, Linear};
 use burn::tensor::activation::softmax;
 
 use super::activation::gelu;
+use super::host_attention;
 use super::host_linear::apply;
 use burn::tensor::{Device, Int, Tensor};
 use serde::Deserialize;
@@ -351,19 +352,13 @@ impl Bert {
         }
         let (p_hidden, p_attention) = self.dropout;
         let mut x = dropout(self.embeddings_norm.forward(x), p_hidden);
-        // Additive attention mask, as transformers builds it: 0 for tokens, the most negative
-        // f32 for padding, broadcast over heads and query positions.
-        let pad = mask.float().neg().add_scalar(1.0).mul_scalar(f32::MIN).reshape([b, 1, 1, s]);
-        let dh = hidden / self.heads;
-        let scale = (dh as f64).sqrt().recip();
+        let pad = padding_mask(mask.clone());
         for layer in &self.layers {
-            let split = |t: Tensor<3>| t.reshape([b, s, self.heads, dh]).swap_dims(1, 2);
-            let q = split(apply(&layer.query, x.clone()));
-            let k = split(apply(&layer.key, x.clone()));
-            let v = split(apply(&layer.value, x.clone()));
-            let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale) + pad.clone();
-            let probs = dropout(softmax(scores, 3), p_attention);
-            let context = probs.matmul(v).swap_dims(1, 2).reshape([b, s, hidden]);
+            let q = apply(&layer.query, x.clone());
+            let k = apply(&layer.key, x.clone());
+            let v = apply(&layer.value, x.clone());
+            let context = host_attention::attention_padded(&q, &k, &v, self.heads, &mask)
+                .unwrap_or_else(|| burn_attention(q, k, v, self.heads, &pad, p_attention));
             let attended = apply(&layer.attention_out, context);
             let attended = if self.attention_output_dropout { dropout(attended, p_hidden) } else { attended };
             x = layer.attention_norm.forward(attended + x);
@@ -372,6 +367,34 @@ impl Bert {
         }
         x
     }
+}
+
+/// The additive attention mask, as transformers builds it from `mask` (`[batch, tokens]`, 1 for a
+/// token, 0 for padding): 0 for tokens, the most negative f32 for padding, as `[batch, 1, 1,
+/// tokens]` to broadcast over heads and query positions.
+pub(crate) fn padding_mask(mask: Tensor<2, Int>) -> Tensor<4> {
+    let [b, s] = mask.dims();
+    mask.float().neg().add_scalar(1.0).mul_scalar(f32::MIN).reshape([b, 1, 1, s])
+}
+
+/// Multi-head attention of `q`, `k` and `v` (`[batch, tokens, width]`) in burn's operations, `pad`
+/// ([`padding_mask`]) added to the scores and dropout at rate `p` on the probabilities in
+/// training: with autodiff, and on every device ([`host_attention::attention_padded`] in CPU
+/// inference).
+pub(crate) fn burn_attention(
+    q: Tensor<3>,
+    k: Tensor<3>,
+    v: Tensor<3>,
+    heads: usize,
+    pad: &Tensor<4>,
+    p: f64,
+) -> Tensor<3> {
+    let [b, s, hidden] = q.dims();
+    let dh = hidden / heads;
+    let split = |t: Tensor<3>| t.reshape([b, s, heads, dh]).swap_dims(1, 2);
+    let scores = split(q).matmul(split(k).swap_dims(2, 3)).mul_scalar((dh as f64).sqrt().recip()) + pad.clone();
+    let probs = dropout(softmax(scores, 3), p);
+    probs.matmul(split(v)).swap_dims(1, 2).reshape([b, s, hidden])
 }
 
 #[cfg(test)]

@@ -1,17 +1,18 @@
-//! Multi-head scaled dot-product attention for inference on burn's CPU backend, straight from the
-//! fused `qkv` projection: `softmax(Q·Kᵀ/√d_h + mask)·V` per (item, head), with Q, K and V read in
-//! place through their strides (no split, transpose or copy of them), each item and head one task
-//! on rayon's threads. burn's path (narrow, reshape, swap, batched products that copy their strided
-//! operands, a softmax of four passes with a scalar `exp`) took 7–10% of a ViT-B/32 forward pass,
-//! this 2.5 times less. Used by the ViT and CLIP text blocks ([`super::vit::VitBlock`]); with
-//! autodiff, or on another device, they keep burn's operations.
+//! Multi-head scaled dot-product attention for inference on burn's CPU backend:
+//! `softmax(Q·Kᵀ/√d_h + mask)·V` per (item, head), with Q, K and V read in place through their
+//! strides (no split, transpose or copy of them), each item and head one task on rayon's threads.
+//! burn's path (narrow or reshape, swap, batched products that copy their strided operands, a
+//! softmax of four passes with a scalar `exp`) took 7–10% of a ViT-B/32 forward pass, this 2.5
+//! times less. [`attention`] serves the ViT and CLIP text blocks ([`super::vit::VitBlock`]: one
+//! fused projection, a causal mask or none), [`attention_padded`] BERT's (separate projections,
+//! padding keys masked); with autodiff, or on another device, they keep burn's operations.
 //!
 //! Each (item, head) is computed on one thread in a fixed order, so the values depend neither on
 //! the number of threads nor on the other items of the batch (tested).
 
 use burn::backend::flex::FlexTensor;
 use burn::backend::Flex;
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::activation::{exp_neg, in_widest_vectors, Kernel};
@@ -21,7 +22,7 @@ use super::host_autodiff::{contiguous, product};
 /// of `width / heads`) under an additive `mask` (`[tokens, tokens]`, `-inf` where a query may not
 /// look), as `[batch, tokens, width]` with the heads side by side, when the tensors are `f32`
 /// tensors of burn's CPU backend without autodiff (`Device::flex()`); `None` otherwise, so that
-/// the caller takes burn's operations.
+/// the caller takes burn's operations. The ViT and CLIP text blocks' attention.
 ///
 /// # Shapes
 /// - `qkv`: `[batch, tokens, 3·width]` → `[batch, tokens, width]`
@@ -31,16 +32,100 @@ pub fn attention(qkv: &Tensor<3>, heads: usize, mask: Option<&Tensor<2>>) -> Opt
     if heads == 0 || three_d % 3 != 0 || d % heads != 0 || mask.is_some_and(|m| m.dims() != [n, n]) {
         return None;
     }
-    let plain = |t: FlexTensor| (t.dtype() == DType::F32).then(|| contiguous(&t));
-    let qkv = plain(qkv.clone().try_into_primitive::<Flex>().ok()?)?;
+    let qkv = host_values(qkv)?;
     let mask = match mask {
-        Some(m) => Some(plain(m.clone().try_into_primitive::<Flex>().ok()?)?),
+        Some(m) => Some(host_values(m)?),
         None => None,
     };
     let values = qkv.as_slice::<f32>().expect("contiguous");
-    let mask = mask.as_ref().map(|m| m.as_slice::<f32>().expect("contiguous"));
-    let out = heads_side_by_side(values, mask, Dims { b, n, d, heads });
+    let (row, item) = (3 * d, n * 3 * d);
+    let operand = |at: usize| Operand { values: &values[at..], row, item };
+    let mask = match &mask {
+        Some(m) => Mask::Shared(m.as_slice::<f32>().expect("contiguous")),
+        None => Mask::None,
+    };
+    let out = heads_side_by_side([operand(0), operand(d), operand(2 * d)], mask, Dims { b, n, d, heads });
     Some(Tensor::from_primitive::<Flex>(FlexTensor::from_data(TensorData::new(out, [b, n, d]))))
+}
+
+/// The attention of separate `q`, `k` and `v` (`[batch, tokens, width]` each, `heads` blocks of
+/// `width / heads`) with padding keys masked out (`keys`: 1 for a token, 0 for padding), as
+/// transformers' BERT does it: the most negative `f32` added to a padding key's scores, so that it
+/// weighs exactly 0. `None` where [`attention`] gives `None`. BERT's attention.
+///
+/// # Shapes
+/// - `q`, `k`, `v`: `[batch, tokens, width]` → `[batch, tokens, width]`
+/// - `keys`: `[batch, tokens]`
+pub fn attention_padded(
+    q: &Tensor<3>,
+    k: &Tensor<3>,
+    v: &Tensor<3>,
+    heads: usize,
+    keys: &Tensor<2, Int>,
+) -> Option<Tensor<3>> {
+    let [b, n, d] = q.dims();
+    if heads == 0 || d % heads != 0 || k.dims() != [b, n, d] || v.dims() != [b, n, d] || keys.dims() != [b, n] {
+        return None;
+    }
+    let (q, k, v) = (host_values(q)?, host_values(k)?, host_values(v)?);
+    let pad: Vec<f32> = keys
+        .clone()
+        .into_data()
+        .convert::<i64>()
+        .try_into_vec::<i64>()
+        .ok()?
+        .into_iter()
+        .map(|m| if m == 0 { f32::MIN } else { 0.0 })
+        .collect();
+    fn operand(t: &FlexTensor, row: usize, item: usize) -> Operand<'_> {
+        Operand { values: t.as_slice::<f32>().expect("contiguous"), row, item }
+    }
+    let [q, k, v] = [&q, &k, &v].map(|t| operand(t, d, n * d));
+    let out = heads_side_by_side([q, k, v], Mask::Keys(&pad), Dims { b, n, d, heads });
+    Some(Tensor::from_primitive::<Flex>(FlexTensor::from_data(TensorData::new(out, [b, n, d]))))
+}
+
+/// `t`'s values in one contiguous run, when `t` is an `f32` tensor of burn's CPU backend without
+/// autodiff.
+fn host_values<const D: usize>(t: &Tensor<D>) -> Option<FlexTensor> {
+    let p = t.clone().try_into_primitive::<Flex>().ok()?;
+    (p.dtype() == DType::F32).then(|| contiguous(&p))
+}
+
+/// One of Q, K and V: the values from head 0 of item 0 on, rows `row` apart and items `item`.
+#[derive(Debug, Clone, Copy)]
+struct Operand<'a> {
+    values: &'a [f32],
+    row: usize,
+    item: usize,
+}
+
+impl<'a> Operand<'a> {
+    /// The values from `head` of `item` on.
+    fn at(&self, item: usize, head: usize, dh: usize) -> &'a [f32] {
+        &self.values[item * self.item + head * dh..]
+    }
+}
+
+/// What is added to the scores before the softmax.
+#[derive(Debug, Clone, Copy)]
+enum Mask<'a> {
+    None,
+    /// `[tokens, tokens]`, the same for every item.
+    Shared(&'a [f32]),
+    /// `[batch, tokens]`: per item, one value per key, the same for every query.
+    Keys(&'a [f32]),
+}
+
+impl<'a> Mask<'a> {
+    /// Item `item`'s mask as (the values of its first query's row, the step to the next row).
+    fn rows(&self, item: usize, n: usize) -> Option<(&'a [f32], usize)> {
+        match *self {
+            Mask::None => None,
+            Mask::Shared(m) => Some((m, n)),
+            Mask::Keys(m) => Some((&m[item * n..(item + 1) * n], 0)),
+        }
+    }
 }
 
 /// Batch, tokens, width and heads of one [`attention`] call.
@@ -52,9 +137,9 @@ struct Dims {
     heads: usize,
 }
 
-/// [`attention`] on the values: each (item, head) into its own `[tokens, d_h]` block of a
+/// The attention on the values: each (item, head) into its own `[tokens, d_h]` block of a
 /// `[batch, heads, tokens, d_h]` buffer, then the blocks interleaved into `[batch, tokens, width]`.
-fn heads_side_by_side(qkv: &[f32], mask: Option<&[f32]>, s: Dims) -> Vec<f32> {
+fn heads_side_by_side(qkv: [Operand; 3], mask: Mask, s: Dims) -> Vec<f32> {
     let Dims { b, n, d, heads } = s;
     let dh = d / heads;
     if n == 0 || dh == 0 {
@@ -65,8 +150,9 @@ fn heads_side_by_side(qkv: &[f32], mask: Option<&[f32]>, s: Dims) -> Vec<f32> {
         || vec![0f32; n * n],
         |scores, (task, context)| {
             let (item, head) = (task / heads, task % heads);
-            let at = item * n * 3 * d + head * dh;
-            one_head(&qkv[at..], mask, scores, context, n, d, dh);
+            let [q, k, v] = qkv;
+            let [q, k, v] = [q, k, v].map(|o| (o.at(item, head, dh), o.row));
+            one_head([q, k, v], mask.rows(item, n), scores, context, n, dh);
         },
     );
     let mut out = vec![0f32; b * n * d];
@@ -80,15 +166,22 @@ fn heads_side_by_side(qkv: &[f32], mask: Option<&[f32]>, s: Dims) -> Vec<f32> {
     out
 }
 
-/// One head of one item: `qkv` starts at its Q block (K is `width` further, V `2·width`; rows
-/// `3·width` apart); `context` (`[tokens, d_h]`) gets the result, `scores` is scratch.
-fn one_head(qkv: &[f32], mask: Option<&[f32]>, scores: &mut [f32], context: &mut [f32], n: usize, d: usize, dh: usize) {
-    let row = 3 * d;
+/// One head of one item: Q, K and V as (values from the head's first row, row stride); the mask
+/// as (its first row, the step between rows); `context` (`[tokens, d_h]`) gets the result,
+/// `scores` is scratch.
+fn one_head(
+    [(q, q_row), (k, k_row), (v, v_row)]: [(&[f32], usize); 3],
+    mask: Option<(&[f32], usize)>,
+    scores: &mut [f32],
+    context: &mut [f32],
+    n: usize,
+    dh: usize,
+) {
     // scores[i][j] = Σ_c Q[i][c]·K[j][c]: Kᵀ read through its strides.
-    product(scores, n, n, n, dh, (qkv, row, 1), (&qkv[d..], 1, row));
+    product(scores, n, n, n, dh, (q, q_row, 1), (k, 1, k_row));
     let scale = (dh as f32).sqrt().recip();
     in_widest_vectors(SoftmaxRows { scores, n, scale, mask });
-    product(context, dh, n, dh, n, (scores, n, 1), (&qkv[2 * d..], row, 1));
+    product(context, dh, n, dh, n, (scores, n, 1), (v, v_row, 1));
 }
 
 /// [`softmax_row`] on each row of a `[tokens, tokens]` score matrix, as one [`Kernel`].
@@ -96,7 +189,8 @@ struct SoftmaxRows<'a> {
     scores: &'a mut [f32],
     n: usize,
     scale: f32,
-    mask: Option<&'a [f32]>,
+    /// The mask's first row and the step to the next (0: the same row for every query).
+    mask: Option<(&'a [f32], usize)>,
 }
 
 impl Kernel for SoftmaxRows<'_> {
@@ -104,7 +198,7 @@ impl Kernel for SoftmaxRows<'_> {
     fn run(self) {
         let n = self.n;
         for (i, s) in self.scores.chunks_exact_mut(n).enumerate() {
-            softmax_row(s, self.scale, self.mask.map(|m| &m[i * n..(i + 1) * n]));
+            softmax_row(s, self.scale, self.mask.map(|(m, step)| &m[i * step..i * step + n]));
         }
     }
 }
@@ -246,22 +340,72 @@ mod tests {
         assert!(out.iter().all(|x| x.is_finite()), "{out:?}");
     }
 
+    fn bits(t: Tensor<3>) -> Vec<u32> {
+        t.into_data().try_into_vec::<f32>().unwrap().iter().map(|x| x.to_bits()).collect()
+    }
+
     #[test]
     fn an_items_output_depends_neither_on_the_batch_nor_on_the_threads() {
         let (b, n, d, heads) = (5, 33, 64, 4);
+        let device = Device::flex();
+        let tensor = |v: Vec<f32>, dims: [usize; 3]| Tensor::<3>::from_data(TensorData::new(v, dims), &device);
         let qkv = values(b * n * 3 * d, 7);
-        let dims = Dims { b, n, d, heads };
-        let whole = heads_side_by_side(&qkv, None, dims);
+        let (q, k, v) = (values(b * n * d, 8), values(b * n * d, 9), values(b * n * d, 10));
+        // Item i has n − 3·i tokens, then padding.
+        let keys: Vec<i64> = (0..b * n).map(|j| i64::from(j % n < n - 3 * (j / n))).collect();
+        let key_mask = |from: usize, items: usize| {
+            Tensor::<2, Int>::from_data(
+                TensorData::new(keys[from * n..(from + items) * n].to_vec(), [items, n]),
+                &device,
+            )
+        };
+        let causal = causal(n, &device);
+        let runs = || {
+            let fused = attention(&tensor(qkv.clone(), [b, n, 3 * d]), heads, Some(&causal)).unwrap();
+            let [q, k, v] = [&q, &k, &v].map(|x| tensor(x.clone(), [b, n, d]));
+            (bits(fused), bits(attention_padded(&q, &k, &v, heads, &key_mask(0, b)).unwrap()))
+        };
+        let whole = runs();
         let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-        let serial = one.install(|| heads_side_by_side(&qkv, None, dims));
-        assert_eq!(
-            whole.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            serial.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-        );
+        assert_eq!(one.install(runs), whole, "one thread");
         for item in 0..b {
-            let alone = heads_side_by_side(&qkv[item * n * 3 * d..][..n * 3 * d], None, Dims { b: 1, ..dims });
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&alone), bits(&whole[item * n * d..][..n * d]), "item {item}");
+            let part = |x: &[f32], width: usize| tensor(x[item * n * width..][..n * width].to_vec(), [1, n, width]);
+            let fused = bits(attention(&part(&qkv, 3 * d), heads, Some(&causal)).unwrap());
+            assert_eq!(fused, whole.0[item * n * d..][..n * d], "item {item}, fused");
+            let [q, k, v] = [&q, &k, &v].map(|x| part(x, d));
+            let padded = bits(attention_padded(&q, &k, &v, heads, &key_mask(item, 1)).unwrap());
+            assert_eq!(padded, whole.1[item * n * d..][..n * d], "item {item}, padded");
+        }
+    }
+
+    #[test]
+    fn the_padded_attention_is_berts_within_float_error_and_padding_keys_weigh_nothing() {
+        let device = Device::flex();
+        for (b, n, d, heads) in [(3, 9, 48, 4), (2, 20, 384, 12), (1, 1, 8, 2)] {
+            let tensor =
+                |seed: u64| Tensor::<3>::from_data(TensorData::new(values(b * n * d, seed), [b, n, d]), &device);
+            let (q, k, v) = (tensor(1), tensor(2), tensor(3));
+            // The last item is all tokens; the others end in padding (at least one token each).
+            let keys: Vec<i64> = (0..b * n).map(|j| i64::from(j / n == b - 1 || j % n <= (j / n) * 2)).collect();
+            let keys = Tensor::<2, Int>::from_data(TensorData::new(keys, [b, n]), &device);
+            let got = attention_padded(&q, &k, &v, heads, &keys).expect("flex f32");
+            let pad = crate::models::bert::padding_mask(keys.clone());
+            let want = crate::models::bert::burn_attention(q.clone(), k.clone(), v.clone(), heads, &pad, 0.0);
+            let (got, want) =
+                (got.into_data().try_into_vec::<f32>().unwrap(), want.into_data().try_into_vec::<f32>().unwrap());
+            let diff = max_diff(&got, &want);
+            assert!(diff < 2e-6, "b {b} n {n} d {d} heads {heads}: max diff {diff}");
+            // A padding key's value changes nothing, to the bit.
+            let mut v2 = v.clone().into_data().try_into_vec::<f32>().unwrap();
+            let kd = keys.clone().into_data().convert::<i64>().try_into_vec::<i64>().unwrap();
+            for (j, m) in kd.iter().enumerate() {
+                if *m == 0 {
+                    v2[j * d..(j + 1) * d].fill(1e6);
+                }
+            }
+            let v2 = Tensor::<3>::from_data(TensorData::new(v2, [b, n, d]), &device);
+            let again = attention_padded(&q, &k, &v2, heads, &keys).unwrap().into_data().try_into_vec::<f32>().unwrap();
+            assert_eq!(again, got, "b {b} n {n}: a padding value leaked");
         }
     }
 
@@ -272,8 +416,19 @@ mod tests {
         assert!(attention(&qkv, 3, None).is_none(), "width 4 does not split into 3 heads");
         let wrong_mask = causal(3, &device);
         assert!(attention(&qkv, 2, Some(&wrong_mask)).is_none(), "mask of another size");
-        let tracked = Tensor::<3>::from_data(TensorData::new(values(2 * 4 * 12, 3), [2, 4, 12]), &device.autodiff());
+        let tracked =
+            Tensor::<3>::from_data(TensorData::new(values(2 * 4 * 12, 3), [2, 4, 12]), &device.clone().autodiff());
         assert!(attention(&tracked, 2, None).is_none(), "autodiff keeps burn's operations");
         assert!(attention(&qkv, 2, None).is_some());
+        let q = Tensor::<3>::from_data(TensorData::new(values(2 * 4 * 6, 4), [2, 4, 6]), &device);
+        let keys = Tensor::<2, Int>::ones([2, 4], &device);
+        assert!(attention_padded(&q, &q, &q, 4, &keys).is_none(), "width 6 does not split into 4 heads");
+        assert!(
+            attention_padded(&q, &q, &q, 2, &Tensor::<2, Int>::ones([2, 3], &device)).is_none(),
+            "keys of another size"
+        );
+        let tracked = Tensor::<3>::from_data(TensorData::new(values(2 * 4 * 6, 4), [2, 4, 6]), &device.autodiff());
+        assert!(attention_padded(&tracked, &tracked, &tracked, 2, &keys).is_none(), "autodiff keeps burn's operations");
+        assert!(attention_padded(&q, &q, &q, 2, &keys).is_some());
     }
 }
