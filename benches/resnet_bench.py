@@ -16,46 +16,11 @@ Builds the example with `cargo build --release --example resnet_bench` first.
 """
 import argparse
 import os
-import subprocess
-import sys
-import time
 
 import torch
 import torchvision
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def torchvision_runner(batch, side, iters, warmup):
-    """A function that times the torchvision model (built once) and returns images/s."""
-    torch.set_num_threads(os.cpu_count())
-    torch.manual_seed(0)
-    model = torchvision.models.resnet50(weights=None)
-    model.fc = torch.nn.Identity()
-    model.eval()
-    x = torch.randn(batch, 3, side, side)
-
-    def rate():
-        with torch.no_grad():
-            for _ in range(warmup):
-                model(x)
-            t = time.perf_counter()
-            for _ in range(iters):
-                model(x)
-            secs = time.perf_counter() - t
-        return batch * iters / secs
-
-    return rate
-
-
-def curate_rate(batch, side, iters, warmup):
-    exe = os.path.join(ROOT, "target", "release", "examples", "resnet_bench")
-    out = subprocess.run([exe, "--batch", str(batch), "--side", str(side), "--iters", str(iters),
-                          "--warmup", str(warmup)], cwd=ROOT, check=True, capture_output=True, text=True)
-    sys.stderr.write(out.stderr)
-    last = out.stdout.strip().splitlines()[-1].split()
-    assert last[0] == "images_per_s", out.stdout
-    return float(last[1])
+from example_rates import alternate, build_example, example_rate, runs, torch_rate
 
 
 def main():
@@ -66,13 +31,16 @@ def main():
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3, help="runs of each side, in alternation")
     a = p.parse_args()
-    subprocess.run(["cargo", "build", "--release", "--quiet", "--example", "resnet_bench"], cwd=ROOT, check=True)
-    torchvision_rate = torchvision_runner(a.batch, a.side, a.iters, a.warmup)
-    tvs, cus = [], []
-    for _ in range(a.repeat):
-        tvs.append(torchvision_rate())
-        cus.append(curate_rate(a.batch, a.side, a.iters, a.warmup))
-    runs = lambda rates: ", ".join(f"{r:.1f}" for r in rates)
+    build_example("resnet_bench")
+    torch.set_num_threads(os.cpu_count())
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None)
+    model.fc = torch.nn.Identity()
+    model.eval()
+    x = torch.randn(a.batch, 3, a.side, a.side)
+    args = ["--batch", str(a.batch), "--side", str(a.side), "--iters", str(a.iters), "--warmup", str(a.warmup)]
+    tvs, cus = alternate(lambda: torch_rate(model, x, a.iters, a.warmup), lambda: example_rate("resnet_bench", args),
+                         a.repeat)
     print(f"torchvision {torchvision.__version__} / torch {torch.__version__}: best {max(tvs):.1f} images/s "
           f"({torch.get_num_threads()} threads; runs {runs(tvs)})")
     print(f"curate: best {max(cus):.1f} images/s (runs {runs(cus)})")

@@ -20,13 +20,10 @@ Builds the example with `cargo build --release --example vit_bench` first.
 import argparse
 import importlib.util
 import os
-import subprocess
-import sys
-import time
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from example_rates import ROOT, alternate, build_example, example_rate, runs, torch_rate
 
 
 def torch_model(name):
@@ -40,36 +37,6 @@ def torch_model(name):
     return fixtures.UnicomViT(image_size=224, patch_size=32, width=768, layers=12, heads=12, output_dim=512)
 
 
-def torch_runner(name, batch, iters, warmup):
-    """A function that times the PyTorch model (built once) and returns images/s."""
-    torch.set_num_threads(os.cpu_count())
-    torch.manual_seed(0)
-    model = torch_model(name).eval()
-    x = torch.randn(batch, 3, 224, 224)
-
-    def rate():
-        with torch.no_grad():
-            for _ in range(warmup):
-                model(x)
-            t = time.perf_counter()
-            for _ in range(iters):
-                model(x)
-            secs = time.perf_counter() - t
-        return batch * iters / secs
-
-    return rate
-
-
-def curate_rate(name, batch, iters, warmup):
-    exe = os.path.join(ROOT, "target", "release", "examples", "vit_bench")
-    out = subprocess.run([exe, "--model", name, "--batch", str(batch), "--iters", str(iters),
-                          "--warmup", str(warmup)], cwd=ROOT, check=True, capture_output=True, text=True)
-    sys.stderr.write(out.stderr)
-    last = out.stdout.strip().splitlines()[-1].split()
-    assert last[0] == "images_per_s", out.stdout
-    return float(last[1])
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=["unicom", "clip"], default="unicom")
@@ -78,13 +45,14 @@ def main():
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3, help="runs of each side, in alternation")
     a = p.parse_args()
-    subprocess.run(["cargo", "build", "--release", "--quiet", "--example", "vit_bench"], cwd=ROOT, check=True)
-    torch_rate = torch_runner(a.model, a.batch, a.iters, a.warmup)
-    pts, cus = [], []
-    for _ in range(a.repeat):
-        pts.append(torch_rate())
-        cus.append(curate_rate(a.model, a.batch, a.iters, a.warmup))
-    runs = lambda rates: ", ".join(f"{r:.1f}" for r in rates)
+    build_example("vit_bench")
+    torch.set_num_threads(os.cpu_count())
+    torch.manual_seed(0)
+    model = torch_model(a.model).eval()
+    x = torch.randn(a.batch, 3, 224, 224)
+    args = ["--model", a.model, "--batch", str(a.batch), "--iters", str(a.iters), "--warmup", str(a.warmup)]
+    pts, cus = alternate(lambda: torch_rate(model, x, a.iters, a.warmup), lambda: example_rate("vit_bench", args),
+                         a.repeat)
     print(f"PyTorch {torch.__version__} ({a.model}): best {max(pts):.1f} images/s ({torch.get_num_threads()} threads;"
           f" runs {runs(pts)})")
     print(f"curate ({a.model}): best {max(cus):.1f} images/s (runs {runs(cus)})")
