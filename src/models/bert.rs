@@ -357,8 +357,8 @@ impl Bert {
             let q = apply(&layer.query, x.clone());
             let k = apply(&layer.key, x.clone());
             let v = apply(&layer.value, x.clone());
-            let context = host_attention::attention_padded(&q, &k, &v, self.heads, &mask)
-                .unwrap_or_else(|| burn_attention(q, k, v, self.heads, &pad, p_attention));
+            let context = host_attention::attention_padded(&q, &k, &v, self.heads, &mask, None)
+                .unwrap_or_else(|| burn_attention(q, k, v, self.heads, None, &pad, p_attention));
             let attended = apply(&layer.attention_out, context);
             let attended = if self.attention_output_dropout { dropout(attended, p_hidden) } else { attended };
             x = layer.attention_norm.forward(attended + x);
@@ -377,23 +377,28 @@ pub(crate) fn padding_mask(mask: Tensor<2, Int>) -> Tensor<4> {
     mask.float().neg().add_scalar(1.0).mul_scalar(f32::MIN).reshape([b, 1, 1, s])
 }
 
-/// Multi-head attention of `q`, `k` and `v` (`[batch, tokens, width]`) in burn's operations, `pad`
-/// ([`padding_mask`]) added to the scores and dropout at rate `p` on the probabilities in
-/// training: with autodiff, and on every device ([`host_attention::attention_padded`] in CPU
-/// inference).
+/// Multi-head attention of `q`, `k` and `v` (`[batch, tokens, width]`) in burn's operations: the
+/// scaled scores plus `bias` (MPNet's relative positions, `[1, heads, tokens, tokens]`) plus `pad`
+/// ([`padding_mask`]), and dropout at rate `p` on the probabilities in training; with autodiff,
+/// and on every device ([`host_attention::attention_padded`] in CPU inference). BERT's and
+/// MPNet's.
 pub(crate) fn burn_attention(
     q: Tensor<3>,
     k: Tensor<3>,
     v: Tensor<3>,
     heads: usize,
+    bias: Option<&Tensor<4>>,
     pad: &Tensor<4>,
     p: f64,
 ) -> Tensor<3> {
     let [b, s, hidden] = q.dims();
     let dh = hidden / heads;
     let split = |t: Tensor<3>| t.reshape([b, s, heads, dh]).swap_dims(1, 2);
-    let scores = split(q).matmul(split(k).swap_dims(2, 3)).mul_scalar((dh as f64).sqrt().recip()) + pad.clone();
-    let probs = dropout(softmax(scores, 3), p);
+    let mut scores = split(q).matmul(split(k).swap_dims(2, 3)).mul_scalar((dh as f64).sqrt().recip());
+    if let Some(bias) = bias {
+        scores = scores + bias.clone();
+    }
+    let probs = dropout(softmax(scores + pad.clone(), 3), p);
     probs.matmul(split(v)).swap_dims(1, 2).reshape([b, s, hidden])
 }
 

@@ -4,8 +4,9 @@
 //! burn's path (narrow or reshape, swap, batched products that copy their strided operands, a
 //! softmax of four passes with a scalar `exp`) took 7–10% of a ViT-B/32 forward pass, this 2.5
 //! times less. [`attention`] serves the ViT and CLIP text blocks ([`super::vit::VitBlock`]: one
-//! fused projection, a causal mask or none), [`attention_padded`] BERT's (separate projections,
-//! padding keys masked); with autodiff, or on another device, they keep burn's operations.
+//! fused projection, a causal mask or none), [`attention_padded`] BERT's and MPNet's (separate
+//! projections, padding keys masked, MPNet's relative position bias); with autodiff, or on another
+//! device, they keep burn's operations.
 //!
 //! Each (item, head) is computed on one thread in a fixed order, so the values depend neither on
 //! the number of threads nor on the other items of the batch (tested).
@@ -40,34 +41,45 @@ pub fn attention(qkv: &Tensor<3>, heads: usize, mask: Option<&Tensor<2>>) -> Opt
     let values = qkv.as_slice::<f32>().expect("contiguous");
     let (row, item) = (3 * d, n * 3 * d);
     let operand = |at: usize| Operand { values: &values[at..], row, item };
-    let mask = match &mask {
-        Some(m) => Mask::Shared(m.as_slice::<f32>().expect("contiguous")),
-        None => Mask::None,
-    };
+    let mask = Mask { scores: mask.as_ref().map(|m| (m.as_slice::<f32>().expect("contiguous"), 0)), keys: None };
     let out = heads_side_by_side([operand(0), operand(d), operand(2 * d)], mask, Dims { b, n, d, heads });
     Some(Tensor::from_primitive::<Flex>(FlexTensor::from_data(TensorData::new(out, [b, n, d]))))
 }
 
 /// The attention of separate `q`, `k` and `v` (`[batch, tokens, width]` each, `heads` blocks of
 /// `width / heads`) with padding keys masked out (`keys`: 1 for a token, 0 for padding), as
-/// transformers' BERT does it: the most negative `f32` added to a padding key's scores, so that it
-/// weighs exactly 0. `None` where [`attention`] gives `None`. BERT's attention.
+/// transformers does it: the most negative `f32` added to a padding key's scores, so that it
+/// weighs exactly 0. MPNet adds its relative position `bias` (`[heads, tokens, tokens]`, the same
+/// for every item) to the scores before the padding. `None` where [`attention`] gives `None`.
+/// BERT's and MPNet's attention.
 ///
 /// # Shapes
 /// - `q`, `k`, `v`: `[batch, tokens, width]` → `[batch, tokens, width]`
 /// - `keys`: `[batch, tokens]`
+/// - `bias`: `[heads, tokens, tokens]`
 pub fn attention_padded(
     q: &Tensor<3>,
     k: &Tensor<3>,
     v: &Tensor<3>,
     heads: usize,
     keys: &Tensor<2, Int>,
+    bias: Option<&Tensor<3>>,
 ) -> Option<Tensor<3>> {
     let [b, n, d] = q.dims();
-    if heads == 0 || d % heads != 0 || k.dims() != [b, n, d] || v.dims() != [b, n, d] || keys.dims() != [b, n] {
+    if heads == 0
+        || d % heads != 0
+        || k.dims() != [b, n, d]
+        || v.dims() != [b, n, d]
+        || keys.dims() != [b, n]
+        || bias.is_some_and(|t| t.dims() != [heads, n, n])
+    {
         return None;
     }
     let (q, k, v) = (host_values(q)?, host_values(k)?, host_values(v)?);
+    let bias = match bias {
+        Some(t) => Some(host_values(t)?),
+        None => None,
+    };
     let pad: Vec<f32> = keys
         .clone()
         .into_data()
@@ -81,7 +93,8 @@ pub fn attention_padded(
         Operand { values: t.as_slice::<f32>().expect("contiguous"), row, item }
     }
     let [q, k, v] = [&q, &k, &v].map(|t| operand(t, d, n * d));
-    let out = heads_side_by_side([q, k, v], Mask::Keys(&pad), Dims { b, n, d, heads });
+    let scores = bias.as_ref().map(|t| (t.as_slice::<f32>().expect("contiguous"), n * n));
+    let out = heads_side_by_side([q, k, v], Mask { scores, keys: Some(&pad) }, Dims { b, n, d, heads });
     Some(Tensor::from_primitive::<Flex>(FlexTensor::from_data(TensorData::new(out, [b, n, d]))))
 }
 
@@ -107,28 +120,27 @@ impl<'a> Operand<'a> {
     }
 }
 
-/// What is added to the scores before the softmax.
+/// What is added to the scaled scores before the softmax, in this order.
 #[derive(Debug, Clone, Copy)]
-enum Mask<'a> {
-    None,
-    /// `[tokens, tokens]`, the same for every item.
-    Shared(&'a [f32]),
+struct Mask<'a> {
+    /// `[tokens, tokens]` matrices, one per head, starting this far apart (0: one for every head);
+    /// the same for every item.
+    scores: Option<(&'a [f32], usize)>,
     /// `[batch, tokens]`: per item, one value per key, the same for every query.
-    Keys(&'a [f32]),
+    keys: Option<&'a [f32]>,
 }
 
 impl<'a> Mask<'a> {
-    /// Item `item`'s mask as (the values of its first query's row, the step to the next row).
-    fn rows(&self, item: usize, n: usize) -> Option<(&'a [f32], usize)> {
-        match *self {
-            Mask::None => None,
-            Mask::Shared(m) => Some((m, n)),
-            Mask::Keys(m) => Some((&m[item * n..(item + 1) * n], 0)),
-        }
+    /// Item `item`'s head `head`: its matrix and its keys' row.
+    fn of(&self, item: usize, head: usize, n: usize) -> (Option<&'a [f32]>, Option<&'a [f32]>) {
+        (
+            self.scores.map(|(m, step)| &m[head * step..head * step + n * n]),
+            self.keys.map(|m| &m[item * n..(item + 1) * n]),
+        )
     }
 }
 
-/// Batch, tokens, width and heads of one [`attention`] call.
+/// Batch, tokens, width and heads of one call.
 #[derive(Debug, Clone, Copy)]
 struct Dims {
     b: usize,
@@ -152,7 +164,7 @@ fn heads_side_by_side(qkv: [Operand; 3], mask: Mask, s: Dims) -> Vec<f32> {
             let (item, head) = (task / heads, task % heads);
             let [q, k, v] = qkv;
             let [q, k, v] = [q, k, v].map(|o| (o.at(item, head, dh), o.row));
-            one_head([q, k, v], mask.rows(item, n), scores, context, n, dh);
+            one_head([q, k, v], mask.of(item, head, n), scores, context, n, dh);
         },
     );
     let mut out = vec![0f32; b * n * d];
@@ -167,11 +179,11 @@ fn heads_side_by_side(qkv: [Operand; 3], mask: Mask, s: Dims) -> Vec<f32> {
 }
 
 /// One head of one item: Q, K and V as (values from the head's first row, row stride); the mask
-/// as (its first row, the step between rows); `context` (`[tokens, d_h]`) gets the result,
-/// `scores` is scratch.
+/// as (its `[tokens, tokens]` matrix, its keys' row), see [`Mask`]; `context` (`[tokens, d_h]`)
+/// gets the result, `scores` is scratch.
 fn one_head(
     [(q, q_row), (k, k_row), (v, v_row)]: [(&[f32], usize); 3],
-    mask: Option<(&[f32], usize)>,
+    (matrix, keys): (Option<&[f32]>, Option<&[f32]>),
     scores: &mut [f32],
     context: &mut [f32],
     n: usize,
@@ -180,7 +192,7 @@ fn one_head(
     // scores[i][j] = Σ_c Q[i][c]·K[j][c]: Kᵀ read through its strides.
     product(scores, n, n, n, dh, (q, q_row, 1), (k, 1, k_row));
     let scale = (dh as f32).sqrt().recip();
-    in_widest_vectors(SoftmaxRows { scores, n, scale, mask });
+    in_widest_vectors(SoftmaxRows { scores, n, scale, matrix, keys });
     product(context, dh, n, dh, n, (scores, n, 1), (v, v_row, 1));
 }
 
@@ -189,8 +201,10 @@ struct SoftmaxRows<'a> {
     scores: &'a mut [f32],
     n: usize,
     scale: f32,
-    /// The mask's first row and the step to the next (0: the same row for every query).
-    mask: Option<(&'a [f32], usize)>,
+    /// `[tokens, tokens]`, added first.
+    matrix: Option<&'a [f32]>,
+    /// `[tokens]`, added to every row then.
+    keys: Option<&'a [f32]>,
 }
 
 impl Kernel for SoftmaxRows<'_> {
@@ -198,21 +212,24 @@ impl Kernel for SoftmaxRows<'_> {
     fn run(self) {
         let n = self.n;
         for (i, s) in self.scores.chunks_exact_mut(n).enumerate() {
-            softmax_row(s, self.scale, self.mask.map(|(m, step)| &m[i * step..i * step + n]));
+            softmax_row(s, self.scale, self.matrix.map(|m| &m[i * n..(i + 1) * n]), self.keys);
         }
     }
 }
 
-/// `s ← softmax(s·scale + mask)` in place, as `exp(x − max) / Σ exp(x − max)` (burn's and
+/// `s ← softmax(s·scale + matrix + keys)` in place (each added where given), as `exp(x − max) / Σ exp(x − max)` (burn's and
 /// PyTorch's form). A masked `-inf` gets exactly 0, and so does a score 87 or more below the
 /// row's maximum (transformers' `f32::MIN` padding mask); a row masked throughout, or with a NaN
 /// score (masked or not), is NaN, as in PyTorch. The maximum and the sum run in [`LANES`] partial
 /// results, so that they vectorise.
 #[inline(always)]
-fn softmax_row(s: &mut [f32], scale: f32, mask: Option<&[f32]>) {
-    match mask {
+fn softmax_row(s: &mut [f32], scale: f32, matrix: Option<&[f32]>, keys: Option<&[f32]>) {
+    match matrix {
         Some(m) => s.iter_mut().zip(m).for_each(|(x, m)| *x = *x * scale + m),
         None => s.iter_mut().for_each(|x| *x *= scale),
+    }
+    if let Some(k) = keys {
+        s.iter_mut().zip(k).for_each(|(x, k)| *x += k);
     }
     let mut max = [f32::NEG_INFINITY; LANES];
     let mut chunks = s.chunks_exact(LANES);
@@ -319,7 +336,7 @@ mod tests {
         // transformers' padding mask, the most negative finite f32, weighs exactly 0 too, as does
         // a score far below the maximum (e^−87 and less).
         let mut row = [0.5, 0.0, 0.2, -100.0];
-        softmax_row(&mut row, 1.0, Some(&[0.0, f32::MIN, 0.0, 0.0]));
+        softmax_row(&mut row, 1.0, None, Some(&[0.0, f32::MIN, 0.0, 0.0]));
         assert_eq!((row[1], row[3]), (0.0, 0.0), "{row:?}");
         assert!((row[0] + row[2] - 1.0).abs() < 1e-7 && row[0] > row[2], "{row:?}");
         assert!(out[1] > 1.0 && out[1] < 2.0 && out[2] > 1.0 && out[2] < 3.0, "{out:?}");
@@ -363,7 +380,7 @@ mod tests {
         let runs = || {
             let fused = attention(&tensor(qkv.clone(), [b, n, 3 * d]), heads, Some(&causal)).unwrap();
             let [q, k, v] = [&q, &k, &v].map(|x| tensor(x.clone(), [b, n, d]));
-            (bits(fused), bits(attention_padded(&q, &k, &v, heads, &key_mask(0, b)).unwrap()))
+            (bits(fused), bits(attention_padded(&q, &k, &v, heads, &key_mask(0, b), None).unwrap()))
         };
         let whole = runs();
         let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
@@ -373,13 +390,13 @@ mod tests {
             let fused = bits(attention(&part(&qkv, 3 * d), heads, Some(&causal)).unwrap());
             assert_eq!(fused, whole.0[item * n * d..][..n * d], "item {item}, fused");
             let [q, k, v] = [&q, &k, &v].map(|x| part(x, d));
-            let padded = bits(attention_padded(&q, &k, &v, heads, &key_mask(item, 1)).unwrap());
+            let padded = bits(attention_padded(&q, &k, &v, heads, &key_mask(item, 1), None).unwrap());
             assert_eq!(padded, whole.1[item * n * d..][..n * d], "item {item}, padded");
         }
     }
 
     #[test]
-    fn the_padded_attention_is_berts_within_float_error_and_padding_keys_weigh_nothing() {
+    fn the_padded_attention_is_bert_and_mpnets_within_float_error_and_padding_keys_weigh_nothing() {
         let device = Device::flex();
         for (b, n, d, heads) in [(3, 9, 48, 4), (2, 20, 384, 12), (1, 1, 8, 2)] {
             let tensor =
@@ -388,9 +405,27 @@ mod tests {
             // The last item is all tokens; the others end in padding (at least one token each).
             let keys: Vec<i64> = (0..b * n).map(|j| i64::from(j / n == b - 1 || j % n <= (j / n) * 2)).collect();
             let keys = Tensor::<2, Int>::from_data(TensorData::new(keys, [b, n]), &device);
-            let got = attention_padded(&q, &k, &v, heads, &keys).expect("flex f32");
             let pad = crate::models::bert::padding_mask(keys.clone());
-            let want = crate::models::bert::burn_attention(q.clone(), k.clone(), v.clone(), heads, &pad, 0.0);
+            // MPNet's form: a relative position bias per head before the padding.
+            let bias = Tensor::<3>::from_data(TensorData::new(values(heads * n * n, 5), [heads, n, n]), &device);
+            let burn_bias = bias.clone().unsqueeze_dim::<4>(0);
+            let got = attention_padded(&q, &k, &v, heads, &keys, Some(&bias)).expect("flex f32");
+            let want = crate::models::bert::burn_attention(
+                q.clone(),
+                k.clone(),
+                v.clone(),
+                heads,
+                Some(&burn_bias),
+                &pad,
+                0.0,
+            );
+            let (got, want) =
+                (got.into_data().try_into_vec::<f32>().unwrap(), want.into_data().try_into_vec::<f32>().unwrap());
+            let diff = max_diff(&got, &want);
+            assert!(diff < 2e-6, "with a bias, b {b} n {n} d {d} heads {heads}: max diff {diff}");
+            // BERT's: the padding alone.
+            let got = attention_padded(&q, &k, &v, heads, &keys, None).expect("flex f32");
+            let want = crate::models::bert::burn_attention(q.clone(), k.clone(), v.clone(), heads, None, &pad, 0.0);
             let (got, want) =
                 (got.into_data().try_into_vec::<f32>().unwrap(), want.into_data().try_into_vec::<f32>().unwrap());
             let diff = max_diff(&got, &want);
@@ -404,7 +439,8 @@ mod tests {
                 }
             }
             let v2 = Tensor::<3>::from_data(TensorData::new(v2, [b, n, d]), &device);
-            let again = attention_padded(&q, &k, &v2, heads, &keys).unwrap().into_data().try_into_vec::<f32>().unwrap();
+            let again =
+                attention_padded(&q, &k, &v2, heads, &keys, None).unwrap().into_data().try_into_vec::<f32>().unwrap();
             assert_eq!(again, got, "b {b} n {n}: a padding value leaked");
         }
     }
@@ -422,13 +458,19 @@ mod tests {
         assert!(attention(&qkv, 2, None).is_some());
         let q = Tensor::<3>::from_data(TensorData::new(values(2 * 4 * 6, 4), [2, 4, 6]), &device);
         let keys = Tensor::<2, Int>::ones([2, 4], &device);
-        assert!(attention_padded(&q, &q, &q, 4, &keys).is_none(), "width 6 does not split into 4 heads");
+        assert!(attention_padded(&q, &q, &q, 4, &keys, None).is_none(), "width 6 does not split into 4 heads");
         assert!(
-            attention_padded(&q, &q, &q, 2, &Tensor::<2, Int>::ones([2, 3], &device)).is_none(),
+            attention_padded(&q, &q, &q, 2, &Tensor::<2, Int>::ones([2, 3], &device), None).is_none(),
             "keys of another size"
         );
-        let tracked = Tensor::<3>::from_data(TensorData::new(values(2 * 4 * 6, 4), [2, 4, 6]), &device.autodiff());
-        assert!(attention_padded(&tracked, &tracked, &tracked, 2, &keys).is_none(), "autodiff keeps burn's operations");
-        assert!(attention_padded(&q, &q, &q, 2, &keys).is_some());
+        let tracked =
+            Tensor::<3>::from_data(TensorData::new(values(2 * 4 * 6, 4), [2, 4, 6]), &device.clone().autodiff());
+        assert!(
+            attention_padded(&tracked, &tracked, &tracked, 2, &keys, None).is_none(),
+            "autodiff keeps burn's operations"
+        );
+        assert!(attention_padded(&q, &q, &q, 2, &keys, None).is_some());
+        let wrong_bias = Tensor::<3>::zeros([2, 4, 3], &device);
+        assert!(attention_padded(&q, &q, &q, 2, &keys, Some(&wrong_bias)).is_none(), "bias of another size");
     }
 }

@@ -16,9 +16,10 @@ use std::path::Path;
 
 use burn::module::{Module, Param};
 use burn::nn::{LayerNorm, Linear};
-use burn::tensor::activation::softmax;
 
 use super::activation::gelu;
+use super::bert::{burn_attention, padding_mask};
+use super::host_attention;
 use super::host_linear::apply;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use serde::Deserialize;
@@ -266,19 +267,16 @@ impl MpNet {
         let tokens = word.select(0, ids.reshape([b * s])).reshape([b, s, hidden]);
         let positions = self.position_embeddings.val().select(0, positions.reshape([b * s])).reshape([b, s, hidden]);
         let mut x = self.embeddings_norm.forward(tokens + positions);
-        // Additive attention mask, as transformers builds it: 0 for tokens, the most negative
-        // f32 for padding, broadcast over heads and query positions.
-        let pad = mask.float().neg().add_scalar(1.0).mul_scalar(f32::MIN).reshape([b, 1, 1, s]);
+        let pad = padding_mask(mask.clone());
         let bias = self.position_bias(s);
-        let dh = hidden / self.heads;
-        let scale = (dh as f64).sqrt().recip();
+        // `[heads, s, s]`, as the host attention takes it.
+        let heads_bias = bias.clone().reshape([self.heads, s, s]);
         for layer in &self.layers {
-            let split = |t: Tensor<3>| t.reshape([b, s, self.heads, dh]).swap_dims(1, 2);
-            let q = split(apply(&layer.q, x.clone()));
-            let k = split(apply(&layer.k, x.clone()));
-            let v = split(apply(&layer.v, x.clone()));
-            let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale) + bias.clone() + pad.clone();
-            let context = softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([b, s, hidden]);
+            let q = apply(&layer.q, x.clone());
+            let k = apply(&layer.k, x.clone());
+            let v = apply(&layer.v, x.clone());
+            let context = host_attention::attention_padded(&q, &k, &v, self.heads, &mask, Some(&heads_bias))
+                .unwrap_or_else(|| burn_attention(q, k, v, self.heads, Some(&bias), &pad, 0.0));
             x = layer.attention_norm.forward(apply(&layer.o, context) + x);
             let h = gelu(apply(&layer.intermediate, x.clone()));
             x = layer.output_norm.forward(apply(&layer.output, h) + x);
