@@ -162,9 +162,8 @@ fn heads_side_by_side(qkv: [Operand; 3], mask: Mask, s: Dims) -> Vec<f32> {
         || vec![0f32; n * n],
         |scores, (task, context)| {
             let (item, head) = (task / heads, task % heads);
-            let [q, k, v] = qkv;
-            let [q, k, v] = [q, k, v].map(|o| (o.at(item, head, dh), o.row));
-            one_head([q, k, v], mask.of(item, head, n), scores, context, n, dh);
+            let operands = qkv.map(|o| (o.at(item, head, dh), o.row));
+            one_head(operands, mask.of(item, head, n), scores, context, n, dh);
         },
     );
     let mut out = vec![0f32; b * n * d];
