@@ -303,6 +303,18 @@ mod tests {
         }
     }
 
+    /// A (value, slope) pair's bits.
+    fn bits((v, d): (f32, f32)) -> (u32, u32) {
+        (v.to_bits(), d.to_bits())
+    }
+
+    /// [`values_and_slopes`] of `xs` (the vector paths, on the pool), as bits.
+    fn vector_values_and_slopes(activation: Activation, xs: &[f32]) -> Vec<(u32, u32)> {
+        let (mut v, mut d) = (xs.to_vec(), vec![0f32; xs.len()]);
+        values_and_slopes(activation, &mut v, &mut d);
+        v.into_iter().zip(d).map(bits).collect()
+    }
+
     #[test]
     fn gelu_matches_the_exact_erf_form() {
         let mut worst: f64 = 0.0;
@@ -338,11 +350,8 @@ mod tests {
         assert_eq!(gelu_slope_f32(100.0).1, 1.0);
         // The vector paths give the scalar bits.
         let xs: Vec<f32> = (0..40_001).map(|i| (i as f32 - 20_000.0) * 6e-4).chain([-100.0, 100.0, -0.0]).collect();
-        let scalar: Vec<(u32, u32)> =
-            xs.iter().map(|&x| gelu_slope_f32(x)).map(|(v, d)| (v.to_bits(), d.to_bits())).collect();
-        let (mut v, mut d) = (xs.clone(), vec![0f32; xs.len()]);
-        values_and_slopes(Activation::Gelu, &mut v, &mut d);
-        assert_eq!(v.iter().zip(&d).map(|(v, d)| (v.to_bits(), d.to_bits())).collect::<Vec<_>>(), scalar);
+        let scalar: Vec<(u32, u32)> = xs.iter().map(|&x| bits(gelu_slope_f32(x))).collect();
+        assert_eq!(vector_values_and_slopes(Activation::Gelu, &xs), scalar);
     }
 
     /// `ours` against burn's composition `burns` on the CPU: in training, the values (equal to
@@ -467,11 +476,8 @@ mod tests {
     fn quick_gelus_vector_paths_give_the_scalar_bits() {
         // More values than one task holds, so that several chunks run on the pool.
         let xs: Vec<f32> = (0..80_001).map(|i| (i as f32 - 40_000.0) * 3e-4).chain([-100.0, 100.0, -0.0]).collect();
-        let scalar: Vec<(u32, u32)> =
-            xs.iter().map(|&x| quick_gelu_slope_f32(x)).map(|(v, d)| (v.to_bits(), d.to_bits())).collect();
-        let (mut v, mut d) = (xs.clone(), vec![0f32; xs.len()]);
-        values_and_slopes(Activation::QuickGelu, &mut v, &mut d);
-        assert_eq!(v.iter().zip(&d).map(|(v, d)| (v.to_bits(), d.to_bits())).collect::<Vec<_>>(), scalar);
+        let scalar: Vec<(u32, u32)> = xs.iter().map(|&x| bits(quick_gelu_slope_f32(x))).collect();
+        assert_eq!(vector_values_and_slopes(Activation::QuickGelu, &xs), scalar);
         let mut v = xs.clone();
         values_in_place(Activation::QuickGelu, &mut v);
         assert_eq!(v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), scalar.iter().map(|s| s.0).collect::<Vec<_>>());

@@ -358,7 +358,7 @@ impl Bert {
             let k = apply(&layer.key, x.clone());
             let v = apply(&layer.value, x.clone());
             let context = host_attention::attention_padded(&q, &k, &v, self.heads, &mask, None)
-                .unwrap_or_else(|| burn_attention(q, k, v, self.heads, None, &pad, p_attention));
+                .unwrap_or_else(|| burn_attention(q, k, v, self.heads, None, Some(&pad), p_attention));
             let attended = apply(&layer.attention_out, context);
             let attended = if self.attention_output_dropout { dropout(attended, p_hidden) } else { attended };
             x = layer.attention_norm.forward(attended + x);
@@ -378,27 +378,27 @@ pub(crate) fn padding_mask(mask: Tensor<2, Int>) -> Tensor<4> {
 }
 
 /// Multi-head attention of `q`, `k` and `v` (`[batch, tokens, width]`) in burn's operations: the
-/// scaled scores plus `bias` (MPNet's relative positions, `[1, heads, tokens, tokens]`) plus `pad`
-/// ([`padding_mask`]), and dropout at rate `p` on the probabilities in training; with autodiff,
-/// and on every device ([`host_attention::attention_padded`] in CPU inference). BERT's and
-/// MPNet's.
+/// scaled scores plus `bias` (broadcast from `[1 or batch, 1 or heads, tokens, tokens]`: MPNet's
+/// relative positions, CLIP text's causal mask) plus `pad` ([`padding_mask`]), and dropout at rate
+/// `p` on the probabilities in training. Every transformer's attention with autodiff, and on every
+/// device ([`host_attention`] in CPU inference).
 pub(crate) fn burn_attention(
     q: Tensor<3>,
     k: Tensor<3>,
     v: Tensor<3>,
     heads: usize,
     bias: Option<&Tensor<4>>,
-    pad: &Tensor<4>,
+    pad: Option<&Tensor<4>>,
     p: f64,
 ) -> Tensor<3> {
     let [b, s, hidden] = q.dims();
     let dh = hidden / heads;
     let split = |t: Tensor<3>| t.reshape([b, s, heads, dh]).swap_dims(1, 2);
     let mut scores = split(q).matmul(split(k).swap_dims(2, 3)).mul_scalar((dh as f64).sqrt().recip());
-    if let Some(bias) = bias {
-        scores = scores + bias.clone();
+    for add in [bias, pad].into_iter().flatten() {
+        scores = scores + add.clone();
     }
-    let probs = dropout(softmax(scores + pad.clone(), 3), p);
+    let probs = dropout(softmax(scores, 3), p);
     probs.matmul(split(v)).swap_dims(1, 2).reshape([b, s, hidden])
 }
 

@@ -276,7 +276,7 @@ impl MpNet {
             let k = apply(&layer.k, x.clone());
             let v = apply(&layer.v, x.clone());
             let context = host_attention::attention_padded(&q, &k, &v, self.heads, &mask, Some(&heads_bias))
-                .unwrap_or_else(|| burn_attention(q, k, v, self.heads, Some(&bias), &pad, 0.0));
+                .unwrap_or_else(|| burn_attention(q, k, v, self.heads, Some(&bias), Some(&pad), 0.0));
             x = layer.attention_norm.forward(apply(&layer.o, context) + x);
             let h = gelu(apply(&layer.intermediate, x.clone()));
             x = layer.output_norm.forward(apply(&layer.output, h) + x);

@@ -23,10 +23,10 @@ use std::path::Path;
 use burn::module::{Module, Param};
 use burn::nn::conv::Conv2d;
 use burn::nn::{BatchNorm, LayerNorm, Linear};
-use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
+use super::bert;
 use super::host_attention;
 use super::host_linear::apply;
 use super::weights::{ConvSpec, Weights};
@@ -263,22 +263,16 @@ impl VitBlock {
 }
 
 /// `softmax(Q·Kᵀ/√d_h + mask)·V` per head, from the fused projection, in burn's operations (with
-/// autodiff, and on every device).
+/// autodiff, and on every device): [`bert::burn_attention`] on its three parts.
 ///
 /// # Shapes
 /// - `qkv`: `[batch, tokens, 3·width]` (Q, K, V side by side) → `[batch, tokens, width]`
 /// - `mask`: `[tokens, tokens]`, added to the scores
 pub(crate) fn burn_attention(qkv: Tensor<3>, heads: usize, mask: Option<&Tensor<2>>) -> Tensor<3> {
-    let [b, n, three_d] = qkv.dims();
-    let d = three_d / 3;
-    let dh = d / heads;
-    let split = |i: usize| qkv.clone().narrow(2, i * d, d).reshape([b, n, heads, dh]).swap_dims(1, 2);
-    let (q, k, v) = (split(0), split(1), split(2));
-    let mut scores = q.matmul(k.swap_dims(2, 3)).mul_scalar((dh as f64).sqrt().recip());
-    if let Some(m) = mask {
-        scores = scores + m.clone().unsqueeze_dim::<3>(0).unsqueeze_dim::<4>(0);
-    }
-    softmax(scores, 3).matmul(v).swap_dims(1, 2).reshape([b, n, d])
+    let d = qkv.dims()[2] / 3;
+    let part = |i: usize| qkv.clone().narrow(2, i * d, d);
+    let mask = mask.map(|m| m.clone().unsqueeze_dim::<3>(0).unsqueeze_dim::<4>(0));
+    bert::burn_attention(part(0), part(1), part(2), heads, mask.as_ref(), None, 0.0)
 }
 
 /// Unicom's `feature` head.
