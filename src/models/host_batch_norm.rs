@@ -1,13 +1,21 @@
-//! A training BatchNorm on the host (burn's CPU backend under autodiff) as one autodiff operation
-//! whose forward and backward passes are each a few fused loops over the `[batch, C, H, W]`
-//! values. burn's own `batch_norm_train` on the CPU is a composition of generic operations (the
-//! batch and channel axes swapped and copied, a mean, a subtraction, a product, another copy and
-//! mean, then the affine map; about twice as many in the backward pass), each allocating its
-//! output: on the tiny training preset, leaving the ResNet's 17 BatchNorms out took a third off
-//! its forward pass and a fifth off its backward pass (12.2 → 7.9 and 13.2 → 10.6 ms a step on
-//! the 2-core development machine); with this operation they took 12.2 → 10.9–11.0 and 14.0 →
-//! 12.0–12.3 ms (medians of 60 steps, alternating runs). The values are the same up to rounding: the channel
-//! sums here are accumulated in `f64` (see the tests against burn's operation).
+//! BatchNorm on the host (burn's CPU backend), in training and in inference.
+//!
+//! Training ([`train`], under autodiff): one autodiff operation whose forward and backward passes
+//! are each a few fused loops over the `[batch, C, H, W]` values. burn's own `batch_norm_train` on
+//! the CPU is a composition of generic operations (the batch and channel axes swapped and copied,
+//! a mean, a subtraction, a product, another copy and mean, then the affine map; about twice as
+//! many in the backward pass), each allocating its output: on the tiny training preset, leaving
+//! the ResNet's 17 BatchNorms out took a third off its forward pass and a fifth off its backward
+//! pass (12.2 → 7.9 and 13.2 → 10.6 ms a step on the 2-core development machine); with this
+//! operation they took 12.2 → 10.9–11.0 and 14.0 → 12.0–12.3 ms (medians of 60 steps, alternating
+//! runs). The values are the same up to rounding: the channel sums here are accumulated in `f64`
+//! (see the tests against burn's operation).
+//!
+//! Inference ([`inference`], without autodiff): the running statistics' affine map and what a
+//! ResNet does next (the residual sum, the ReLU) in one pass over the values, in the tensor's own
+//! buffer, with burn's arithmetic value for value (the same bits). burn's `batch_norm` is four
+//! passes over the tensor (a subtraction, a division, a product and a sum, each broadcasting a
+//! `[C]` parameter), and the residual sum and the ReLU one more each.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
@@ -15,9 +23,12 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
-use burn::tensor::{Tensor, TensorData};
+use burn::nn::BatchNorm;
+use burn::tensor::activation::relu as burn_relu;
+use burn::tensor::{DType, Device, Tensor, TensorData};
 use rayon::prelude::*;
 
+use super::activation::{in_widest_vectors, Kernel};
 use super::host_autodiff::{contiguous, primitive};
 
 /// The output of [`train`]: the normalised values (on the autodiff device, differentiable with
@@ -56,6 +67,120 @@ pub fn train(x: &Tensor<4>, gamma: &Tensor<1>, beta: &Tensor<1>, epsilon: f64) -
         OpsKind::UnTracked(prep) => prep.finish(out),
     };
     Some(BatchNormTrain { output: Tensor::from_primitive::<Autodiff<Flex>>(output), mean, biased_variance: variance })
+}
+
+/// `relu?(batch_norm(x) + residual?)` with `bn`'s running statistics (inference): on burn's CPU
+/// backend without autodiff, when every tensor is `f32` and `residual` has `x`'s shape, one pass
+/// in `x`'s buffer (copied first only if shared or strided) on rayon's threads, each value
+/// `((x − mean) / sqrt(variance + ε)) · gamma + beta`, then `+ residual`, then the ReLU (NaN kept),
+/// in burn's order and precision, so the bits are those of burn's `batch_norm`, `+` and `relu`
+/// (tested); elsewhere those operations.
+///
+/// # Shapes
+/// - `x`, `residual`: `[batch, C, H, W]` → `[batch, C, H, W]`
+pub fn inference(bn: &BatchNorm, x: Tensor<4>, residual: Option<Tensor<4>>, relu: bool) -> Tensor<4> {
+    let f32_values = |t: Tensor<1>| t.into_data().try_into_vec::<f32>().ok();
+    let device = x.device();
+    let on_host = !device.is_autodiff()
+        && device == Device::flex()
+        && x.dtype() == DType::F32
+        && residual.as_ref().is_none_or(|r| r.dims() == x.dims() && r.dtype() == DType::F32);
+    let params = on_host
+        .then(|| {
+            Some(Affine {
+                mean: f32_values(bn.running_mean.value())?,
+                variance: f32_values(bn.running_var.value())?,
+                gamma: f32_values(bn.gamma.val())?,
+                beta: f32_values(bn.beta.val())?,
+                // burn adds ε as an `f32` scalar.
+                epsilon: bn.epsilon as f32,
+            })
+        })
+        .flatten();
+    let Some(params) = params else {
+        let mut y = bn.forward(x);
+        if let Some(r) = residual {
+            y = y + r;
+        }
+        return if relu { burn_relu(y) } else { y };
+    };
+    let [n, c, h, w] = x.dims();
+    let shape = Shape { n, c, hw: h * w };
+    let mut t = x.try_into_primitive::<Flex>().expect("a float tensor on the flex device");
+    if !t.is_contiguous() {
+        t = t.to_contiguous();
+    }
+    let residual =
+        residual.map(|r| contiguous(&r.try_into_primitive::<Flex>().expect("a float tensor on the flex device")));
+    let (start, end) = t.layout().contiguous_offsets().expect("contiguous");
+    let values = &mut t.storage_mut::<f32>()[start..end];
+    let residual = residual.as_ref().map(|r| r.as_slice::<f32>().expect("contiguous"));
+    affine_in_place(values, residual, shape, &params.per_channel(), relu);
+    Tensor::from_primitive::<Flex>(t)
+}
+
+/// An inference BatchNorm's parameters, per channel.
+struct Affine {
+    mean: Vec<f32>,
+    variance: Vec<f32>,
+    gamma: Vec<f32>,
+    beta: Vec<f32>,
+    epsilon: f32,
+}
+
+impl Affine {
+    /// `[mean, sqrt(variance + ε), gamma, beta]` of each channel, in `f32` as burn computes them.
+    fn per_channel(&self) -> Vec<[f32; 4]> {
+        (0..self.mean.len())
+            .map(|ch| [self.mean[ch], (self.variance[ch] + self.epsilon).sqrt(), self.gamma[ch], self.beta[ch]])
+            .collect()
+    }
+}
+
+/// [`inference`]'s pass: each `H·W` plane of `values` with its channel's parameters, plus the
+/// same plane of `residual`, then the ReLU; groups of whole planes on rayon's threads.
+fn affine_in_place(values: &mut [f32], residual: Option<&[f32]>, shape: Shape, params: &[[f32; 4]], relu: bool) {
+    let hw = shape.hw.max(1);
+    let group = GROUP_VALUES.div_ceil(hw) * hw;
+    let run = |(g, values): (usize, &mut [f32])| {
+        let first = g * group;
+        for (i, plane) in values.chunks_mut(hw).enumerate() {
+            let at = first + i * hw;
+            let p = params[(at / hw) % shape.c];
+            let residual = residual.map(|r| &r[at..at + plane.len()]);
+            in_widest_vectors(AffinePlane { plane, residual, p, relu });
+        }
+    };
+    if values.len() <= group {
+        run((0, values));
+    } else {
+        values.par_chunks_mut(group).enumerate().for_each(run);
+    }
+}
+
+/// One plane of [`affine_in_place`], compiled for the widest vectors the CPU has (no fused
+/// multiply-add: Rust does not contract `a * b + c`, so every width gives the same bits).
+struct AffinePlane<'a> {
+    plane: &'a mut [f32],
+    residual: Option<&'a [f32]>,
+    p: [f32; 4],
+    relu: bool,
+}
+
+impl Kernel for AffinePlane<'_> {
+    #[inline(always)]
+    fn run(self) {
+        let [mean, std, gamma, beta] = self.p;
+        let norm = |x: f32| (x - mean) / std * gamma + beta;
+        // burn-flex's `relu`: NaN passes, as in PyTorch.
+        let relu = |y: f32| if y.is_nan() || y > 0.0 { y } else { 0.0 };
+        match (self.residual, self.relu) {
+            (Some(r), true) => self.plane.iter_mut().zip(r).for_each(|(x, r)| *x = relu(norm(*x) + r)),
+            (Some(r), false) => self.plane.iter_mut().zip(r).for_each(|(x, r)| *x = norm(*x) + r),
+            (None, true) => self.plane.iter_mut().for_each(|x| *x = relu(norm(*x))),
+            (None, false) => self.plane.iter_mut().for_each(|x| *x = norm(*x)),
+        }
+    }
 }
 
 /// A `[batch, C, H·W]` layout.
@@ -341,6 +466,114 @@ mod tests {
         let x = Tensor::<4>::random([2, 3, 2, 2], Distribution::Normal(0.0, 1.0), &device);
         let (gamma, beta) = (Tensor::<1>::ones([3], &device), Tensor::<1>::zeros([3], &device));
         assert!(super::train(&x, &gamma, &beta, 1e-5).is_none());
+    }
+
+    /// A BatchNorm of `c` channels with random affine parameters and running statistics (the
+    /// variance positive, some of it below ε's scale).
+    fn random_inference_norm(c: usize, device: &Device) -> burn::nn::BatchNorm {
+        use burn::module::{Param, RunningState};
+        let mut bn = burn::nn::BatchNormConfig::new(c).init(device);
+        let random = |mean, std| Tensor::<1>::random([c], Distribution::Normal(mean, std), device);
+        bn.gamma = Param::from_tensor(random(1.0, 0.5));
+        bn.beta = Param::from_tensor(random(0.0, 0.5));
+        bn.running_mean = RunningState::new(random(0.0, 2.0));
+        bn.running_var = RunningState::new(random(0.0, 1.0).abs() + 1e-6);
+        bn
+    }
+
+    /// Bit patterns, so that NaN compares and the sign of zero counts.
+    fn bits(t: Tensor<4>) -> Vec<u32> {
+        values(t).iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Inference on the host gives burn's `batch_norm` (then `+ residual`, then `relu`) bit for
+    /// bit: with and without a residual and the ReLU, planes of one value, short and long ones,
+    /// several groups of planes (`GROUP_VALUES`), a strided input and residual, an input whose
+    /// buffer another tensor shares (left as it was), NaN and ±0 among the values.
+    #[test]
+    fn inference_gives_burns_bits() {
+        let device = Device::flex();
+        for (dims, transposed) in [
+            ([2, 3, 4, 5], false),
+            ([3, 7, 1, 1], false),
+            ([2, 4, 3, 6], true),
+            ([4, 16, 40, 40], false),
+            ([64, 40, 5, 7], true),
+        ] {
+            let [n, c, h, w] = dims;
+            let bn = random_inference_norm(c, &device);
+            let random = |std| {
+                let t = Tensor::<4>::random(
+                    if transposed { [n, c, w, h] } else { dims },
+                    Distribution::Normal(0.0, std),
+                    &device,
+                );
+                if transposed {
+                    t.swap_dims(2, 3)
+                } else {
+                    t
+                }
+            };
+            let mut x_values = values(random(2.0));
+            x_values[0] = f32::NAN;
+            x_values[1] = -0.0;
+            x_values[2] = 0.0;
+            let x = Tensor::<4>::from_data(burn::tensor::TensorData::new(x_values, dims), &device);
+            // A strided input (its values copied) as well as a contiguous one.
+            let x = if transposed { x.swap_dims(2, 3).swap_dims(2, 3) } else { x };
+            let residual = random(1.0);
+            for (with_residual, relu) in [(false, false), (false, true), (true, false), (true, true)] {
+                let r = with_residual.then(|| residual.clone());
+                let mut want = bn.forward(x.clone());
+                if let Some(r) = r.clone() {
+                    want = want + r;
+                }
+                if relu {
+                    want = burn::tensor::activation::relu(want);
+                }
+                let before = bits(x.clone());
+                // `x` stays alive: its buffer is shared, so the host path writes a copy.
+                let got = super::inference(&bn, x.clone(), r, relu);
+                assert_eq!(bits(x.clone()), before, "{dims:?}: the shared input is unchanged");
+                assert_eq!(
+                    bits(got),
+                    bits(want),
+                    "{dims:?} transposed {transposed} residual {with_residual} relu {relu}"
+                );
+            }
+        }
+    }
+
+    /// The host pass writes into the input's own buffer when nothing else holds it, and the values
+    /// are those of a fresh pass on a shared copy.
+    #[test]
+    fn inference_reuses_an_unshared_buffer() {
+        let device = Device::flex();
+        let bn = random_inference_norm(3, &device);
+        let data = Tensor::<4>::random([2, 3, 4, 4], Distribution::Normal(0.0, 1.0), &device).into_data();
+        let shared = Tensor::<4>::from_data(data.clone(), &device);
+        let want = bits(super::inference(&bn, shared.clone(), None, true));
+        let x = Tensor::<4>::from_data(data, &device);
+        let buffer =
+            |t: &Tensor<4>| t.clone().try_into_primitive::<super::Flex>().expect("flex").bytes().as_ptr() as usize;
+        let at = buffer(&x);
+        let got = super::inference(&bn, x, None, true);
+        assert_eq!(buffer(&got), at, "written in place");
+        assert_eq!(bits(got), want);
+    }
+
+    /// Under autodiff (as on any other device) the result is burn's operations' (`bn.forward`, the
+    /// sum, `relu`), and gradients flow through it.
+    #[test]
+    fn inference_elsewhere_takes_burns_operations() {
+        let device = Device::flex().autodiff();
+        let bn = random_inference_norm(3, &device);
+        let x = Tensor::<4>::random([2, 3, 2, 2], Distribution::Normal(0.0, 1.0), &device).require_grad();
+        let r = Tensor::<4>::random([2, 3, 2, 2], Distribution::Normal(0.0, 1.0), &device);
+        let want = burn::tensor::activation::relu(bn.forward(x.clone()) + r.clone());
+        let got = super::inference(&bn, x.clone(), Some(r), true);
+        assert_eq!(bits(got.clone()), bits(want));
+        assert!(x.grad(&got.sum().backward()).is_some(), "differentiable");
     }
 
     /// Timing probe (not a test of anything): `cargo test --release --lib host_batch_norm::tests::probe -- --ignored --nocapture`.

@@ -7,9 +7,10 @@
 //! tensor name and shape; `pooling` turns token states into
 //! sentence embeddings; `text_encoder` adds the tokenizer and picks the text model from
 //! `config.json`; `gpo` is VSE∞'s generalised pooling (PCME++'s heads);
-//! `host_batch_norm` and `host_conv` are a training BatchNorm and convolution as single
-//! operations on the CPU (fused loops; matrix products over groups of images; `host_autodiff`
-//! holds what they share);
+//! `host_batch_norm` and `host_conv` are BatchNorm (training and inference) and convolution as
+//! single operations on the CPU (fused loops; matrix products over groups of images;
+//! `host_autodiff` holds what they share), `host_max_pool` ResNet's max pooling in inference,
+//! `host_linear` and `host_attention` the transformers' linear layers and attention;
 //! `preprocess` turns image bytes into normalised tensors and `image_encoder` runs the image
 //! models on them.
 //! Models run on any burn device (`Device::flex()` on CPU, `Device::cuda(0)` with the `cuda`
@@ -25,6 +26,7 @@ pub(crate) mod host_autodiff;
 pub mod host_batch_norm;
 pub mod host_conv;
 pub mod host_linear;
+pub mod host_max_pool;
 pub mod image_encoder;
 pub mod mpnet;
 pub mod pooling;

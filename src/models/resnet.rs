@@ -7,10 +7,12 @@
 //! global-average-pooled features, 2048-d for ResNet-50, 512-d for ResNet-34; the classifier
 //! `fc` is left out (a new projection replaces it).
 //!
-//! On the CPU backends the convolutions are burn's own kernels, except under autodiff (training,
-//! and an EMA teacher's forward pass beside it), where on burn's CPU backend a convolution is one
-//! operation of matrix products over groups of images ([`convolve`], [`super::host_conv`]) and a
-//! training BatchNorm one operation of fused host loops ([`super::host_batch_norm`]). On a GPU they are lowered to one
+//! On burn's CPU backend a convolution is one operation of matrix products ([`convolve`],
+//! [`super::host_conv`]: over groups of images in training and in an EMA teacher's forward pass
+//! beside it, image by image in inference), a training BatchNorm one operation of fused host loops
+//! ([`super::host_batch_norm`]), and in inference a BatchNorm with the residual sum and ReLU after
+//! it one pass ([`batch_norm_relu`]) and the stem's max pooling a host loop
+//! ([`super::host_max_pool`]); the ndarray backend takes burn's kernels. On a GPU they are lowered to one
 //! matrix product over the input's patches ([`ConvLowering::Im2col`]): without burn's autotuning
 //! (plain `--features cuda`), burn-cubecl convolves with a direct kernel, which gave ResNet-50 85
 //! images/s on an H100 at batch 32 against 927 with im2col (README, "GPU build"). The GPU's
@@ -25,8 +27,7 @@ use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::{BatchNorm, PaddingConfig2d};
 use burn::tensor::activation::relu;
-use burn::tensor::module::{adaptive_avg_pool2d, max_pool2d};
-use burn::tensor::ops::MaxPoolOptions;
+use burn::tensor::module::adaptive_avg_pool2d;
 use burn::tensor::{Device, Slice, Tensor, TensorData};
 
 use super::weights::{ConvSpec, Weights};
@@ -258,10 +259,10 @@ fn zero_pad(x: Tensor<4>, p: usize) -> Tensor<4> {
 /// a training BatchNorm is one operation with fused host loops on burn's CPU backend
 /// ([`super::host_batch_norm`]) and burn's `batch_norm_train` on another (ndarray), with the
 /// running statistics updated here (PyTorch's way, not burn's `BatchNorm`'s biased one); in
-/// inference it is `bn.forward(x)`.
+/// inference it is [`super::host_batch_norm::inference`] (burn's `bn.forward(x)` off the CPU).
 pub fn batch_norm(bn: &BatchNorm, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
     if !(x.device().is_autodiff() && bn.training.is_enabled()) {
-        return bn.forward(x);
+        return super::host_batch_norm::inference(bn, x, None, false);
     }
     if lowering == ConvLowering::Im2col {
         return staged_batch_norm(bn, x);
@@ -276,6 +277,20 @@ pub fn batch_norm(bn: &BatchNorm, x: Tensor<4>, lowering: ConvLowering) -> Tenso
     let r = burn::tensor::module::batch_norm_train(x, bn.gamma.val(), bn.beta.val(), bn.epsilon);
     update_running_stats(bn, r.mean.reshape([c]), r.variance.reshape([c]), b * h * w);
     r.output
+}
+
+/// `relu(batch_norm(x) + residual)`, or `relu(batch_norm(x))` without a residual: in inference
+/// one pass on the CPU ([`super::host_batch_norm::inference`]); in training [`batch_norm`], then
+/// burn's sum and ReLU.
+pub fn batch_norm_relu(bn: &BatchNorm, x: Tensor<4>, residual: Option<Tensor<4>>, lowering: ConvLowering) -> Tensor<4> {
+    if !(x.device().is_autodiff() && bn.training.is_enabled()) {
+        return super::host_batch_norm::inference(bn, x, residual, true);
+    }
+    let y = batch_norm(bn, x, lowering);
+    relu(match residual {
+        Some(r) => y + r,
+        None => y,
+    })
 }
 
 /// [`update_running_stats`] from statistics already on the host: the same arithmetic in `f32`,
@@ -358,12 +373,14 @@ impl Block {
             Some((conv, bn)) => batch_norm(bn, convolve(conv, x.clone(), lowering), lowering),
             None => x.clone(),
         };
-        let out = relu(batch_norm(&self.bn1, convolve(&self.conv1, x, lowering), lowering));
-        let mut out = batch_norm(&self.bn2, convolve(&self.conv2, out, lowering), lowering);
-        if let (Some(conv3), Some(bn3)) = (&self.conv3, &self.bn3) {
-            out = batch_norm(bn3, convolve(conv3, relu(out), lowering), lowering);
+        let out = batch_norm_relu(&self.bn1, convolve(&self.conv1, x, lowering), None, lowering);
+        match (&self.conv3, &self.bn3) {
+            (Some(conv3), Some(bn3)) => {
+                let out = batch_norm_relu(&self.bn2, convolve(&self.conv2, out, lowering), None, lowering);
+                batch_norm_relu(bn3, convolve(conv3, out, lowering), Some(identity), lowering)
+            }
+            _ => batch_norm_relu(&self.bn2, convolve(&self.conv2, out, lowering), Some(identity), lowering),
         }
-        relu(out + identity)
     }
 }
 
@@ -483,15 +500,9 @@ impl ResNet {
     /// - `images`: `[batch, 3, height, width]` (normalised)
     /// - output: `[batch, feature_dim, height / 32, width / 32]` (rounded up)
     pub fn forward_grid(&self, images: Tensor<4>) -> Tensor<4> {
-        let x = relu(batch_norm(&self.bn1, convolve(&self.conv1, images, self.lowering), self.lowering));
-        let pool = MaxPoolOptions {
-            kernel_size: [3, 3],
-            stride: [2, 2],
-            padding: [(1, 1), (1, 1)],
-            dilation: [1, 1],
-            ceil_mode: false,
-        };
-        let mut x = max_pool2d(x, pool);
+        let x = batch_norm_relu(&self.bn1, convolve(&self.conv1, images, self.lowering), None, self.lowering);
+        // torchvision's `MaxPool2d(kernel_size=3, stride=2, padding=1)`.
+        let mut x = super::host_max_pool::max_pool2d(x, 3, 2, 1);
         for block in &self.blocks {
             x = block.forward(x, self.lowering);
         }
