@@ -18,7 +18,7 @@ use burn::nn::Linear;
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
-use super::host_autodiff::{contiguous, parallel_product, primitive};
+use super::host_autodiff::{contiguous, parallel_product_new, primitive};
 
 /// `x·weight + bias` over the last axis of `x` (`[.., d_in]`, `weight` `[d_in, d_out]`, burn's
 /// `Linear` layout), when every tensor is an `f32` tensor of burn's CPU backend, with autodiff
@@ -134,8 +134,7 @@ impl Weights {
 
 /// `x·W + b`, `[rows, d_out]`: one product on rayon's threads, then the bias.
 fn forward(x: &[f32], w: (&[f32], usize, usize), bias: Option<&[f32]>, s: Shape) -> Vec<f32> {
-    let mut out = vec![0f32; s.rows * s.d_out];
-    parallel_product(&mut out, s.d_out, s.rows, s.d_out, s.d_in, (x, s.d_in, 1), w);
+    let mut out = parallel_product_new(s.rows, s.d_out, s.d_in, (x, s.d_in, 1), w);
     if let Some(b) = bias {
         out.par_chunks_mut(ROWS * s.d_out.max(1)).for_each(|out| {
             for row in out.chunks_exact_mut(s.d_out) {
@@ -168,17 +167,14 @@ impl<const N: usize> Backward<Flex, N> for HostLinear<N> {
         let State { input, weights, shape: s } = ops.state;
         let (g, x) = (values(&grad), values(&input));
         if let Some(node) = &parents[0] {
-            let mut gx = vec![0f32; s.rows * s.d_in];
-            parallel_product(&mut gx, s.d_in, s.rows, s.d_in, s.d_out, (g, s.d_out, 1), weights.transposed());
+            let gx = parallel_product_new(s.rows, s.d_in, s.d_out, (g, s.d_out, 1), weights.transposed());
             grads.register::<Flex>(node.id, FlexTensor::from_data(TensorData::new(gx, input.layout().shape().clone())));
         }
         let weight_node = &parents[1];
         let bias_node = if N == 3 { parents[2].as_ref() } else { None };
         let gw = weight_node.as_ref().map(|_| {
-            let mut gw = vec![0f32; s.d_in * s.d_out];
             // xᵀ: element (i, r) of `[d_in, rows]` at r·d_in + i.
-            parallel_product(&mut gw, s.d_out, s.d_in, s.d_out, s.rows, (x, 1, s.d_in), (g, s.d_out, 1));
-            gw
+            parallel_product_new(s.d_in, s.d_out, s.rows, (x, 1, s.d_in), (g, s.d_out, 1))
         });
         // ∂b: per group of rows its column sums, added in group order.
         let gb = bias_node.map(|_| {
