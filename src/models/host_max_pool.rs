@@ -27,14 +27,7 @@ pub fn max_pool2d(x: Tensor<4>, kernel: usize, stride: usize, padding: usize) ->
     let [n, c, h, w] = x.dims();
     let fits = kernel > 0 && stride > 0 && h + 2 * padding >= kernel && w + 2 * padding >= kernel;
     if !fits || device.is_autodiff() || device != Device::flex() || x.dtype() != DType::F32 {
-        let options = MaxPoolOptions {
-            kernel_size: [kernel, kernel],
-            stride: [stride, stride],
-            padding: [(padding, padding), (padding, padding)],
-            dilation: [1, 1],
-            ceil_mode: false,
-        };
-        return burn_max_pool2d(x, options);
+        return burn_max_pool2d(x, options(kernel, stride, padding));
     }
     let g = Geometry::new(h, w, kernel, stride, padding);
     let input = contiguous(&x.try_into_primitive::<Flex>().expect("a float tensor on the flex device"));
@@ -49,6 +42,17 @@ pub fn max_pool2d(x: Tensor<4>, kernel: usize, stride: usize, padding: usize) ->
             .for_each(|(out, plane)| pool_plane(plane, out, g, w, &columns));
     }
     Tensor::from_data(TensorData::new(out, [n, c, g.ho, g.wo]), &device)
+}
+
+/// burn's options for [`max_pool2d`]'s pooling.
+fn options(kernel: usize, stride: usize, padding: usize) -> MaxPoolOptions<2> {
+    MaxPoolOptions {
+        kernel_size: [kernel, kernel],
+        stride: [stride, stride],
+        padding: [(padding, padding), (padding, padding)],
+        dilation: [1, 1],
+        ceil_mode: false,
+    }
 }
 
 /// A pooling's window and output sizes along the two axes.
@@ -99,20 +103,12 @@ fn pool_plane(plane: &[f32], out: &mut [f32], g: Geometry, w: usize, columns: &[
 #[cfg(test)]
 mod tests {
     use burn::tensor::module::max_pool2d;
-    use burn::tensor::ops::MaxPoolOptions;
     use burn::tensor::{Device, Distribution, Tensor, TensorData};
 
     use crate::models::test_support::values;
 
     fn burns(x: Tensor<4>, kernel: usize, stride: usize, padding: usize) -> Tensor<4> {
-        let options = MaxPoolOptions {
-            kernel_size: [kernel, kernel],
-            stride: [stride, stride],
-            padding: [(padding, padding), (padding, padding)],
-            dilation: [1, 1],
-            ceil_mode: false,
-        };
-        max_pool2d(x, options)
+        max_pool2d(x, super::options(kernel, stride, padding))
     }
 
     fn bits(t: Tensor<4>) -> Vec<u32> {
