@@ -79,25 +79,12 @@ pub fn train(x: &Tensor<4>, gamma: &Tensor<1>, beta: &Tensor<1>, epsilon: f64) -
 /// # Shapes
 /// - `x`, `residual`: `[batch, C, H, W]` → `[batch, C, H, W]`
 pub fn inference(bn: &BatchNorm, x: Tensor<4>, residual: Option<Tensor<4>>, relu: bool) -> Tensor<4> {
-    let f32_values = |t: Tensor<1>| t.into_data().try_into_vec::<f32>().ok();
     let device = x.device();
     let on_host = !device.is_autodiff()
         && device == Device::flex()
         && x.dtype() == DType::F32
         && residual.as_ref().is_none_or(|r| r.dims() == x.dims() && r.dtype() == DType::F32);
-    let params = on_host
-        .then(|| {
-            Some(Affine {
-                mean: f32_values(bn.running_mean.value())?,
-                variance: f32_values(bn.running_var.value())?,
-                gamma: f32_values(bn.gamma.val())?,
-                beta: f32_values(bn.beta.val())?,
-                // burn adds ε as an `f32` scalar.
-                epsilon: bn.epsilon as f32,
-            })
-        })
-        .flatten();
-    let Some(params) = params else {
+    let Some(params) = on_host.then(|| Affine::of(bn)).flatten() else {
         let mut y = bn.forward(x);
         if let Some(r) = residual {
             y = y + r;
@@ -129,6 +116,19 @@ struct Affine {
 }
 
 impl Affine {
+    /// `bn`'s parameters, when they are `f32` values.
+    fn of(bn: &BatchNorm) -> Option<Affine> {
+        let values = |t: Tensor<1>| t.into_data().try_into_vec::<f32>().ok();
+        Some(Affine {
+            mean: values(bn.running_mean.value())?,
+            variance: values(bn.running_var.value())?,
+            gamma: values(bn.gamma.val())?,
+            beta: values(bn.beta.val())?,
+            // burn adds ε as an `f32` scalar.
+            epsilon: bn.epsilon as f32,
+        })
+    }
+
     /// `[mean, sqrt(variance + ε), gamma, beta]` of each channel, in `f32` as burn computes them.
     fn per_channel(&self) -> Vec<[f32; 4]> {
         (0..self.mean.len())
@@ -518,9 +518,12 @@ mod tests {
             x_values[0] = f32::NAN;
             x_values[1] = -0.0;
             x_values[2] = 0.0;
-            let x = Tensor::<4>::from_data(burn::tensor::TensorData::new(x_values, dims), &device);
-            // A strided input (its values copied) as well as a contiguous one.
-            let x = if transposed { x.swap_dims(2, 3).swap_dims(2, 3) } else { x };
+            // A strided input (a transposed view, copied by the host path) as well as contiguous ones.
+            let x = if transposed {
+                Tensor::<4>::from_data(burn::tensor::TensorData::new(x_values, [n, c, w, h]), &device).swap_dims(2, 3)
+            } else {
+                Tensor::<4>::from_data(burn::tensor::TensorData::new(x_values, dims), &device)
+            };
             let residual = random(1.0);
             for (with_residual, relu) in [(false, false), (false, true), (true, false), (true, true)] {
                 let r = with_residual.then(|| residual.clone());
