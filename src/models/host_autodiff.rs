@@ -72,8 +72,8 @@ fn as_uninit(dst: &mut [f32]) -> &mut [MaybeUninit<f32>] {
     unsafe { &mut *(dst as *mut [f32] as *mut [MaybeUninit<f32>]) }
 }
 
-#[allow(clippy::too_many_arguments)]
 /// `dst (m×n, rows dst_rs apart) = a · b`: each of the `m·n` values written, none read.
+#[allow(clippy::too_many_arguments)]
 fn product_on(
     parallelism: gemm::Parallelism,
     dst: &mut [MaybeUninit<f32>],
