@@ -277,6 +277,7 @@ mod tests {
     use burn::tensor::Device;
 
     use super::*;
+    use crate::models::test_support::bits;
     use crate::models::vit::burn_attention;
 
     /// Values in about [-3, 3] from a fixed sequence.
@@ -354,10 +355,6 @@ mod tests {
         let qkv = Tensor::<3>::from_data(TensorData::new(nan_key, [1, 3, 3]), &device);
         let out = attention(&qkv, 1, Some(&causal(3, &device))).unwrap().into_data().try_into_vec::<f32>().unwrap();
         assert!(out.iter().all(|x| x.is_finite()), "{out:?}");
-    }
-
-    fn bits(t: Tensor<3>) -> Vec<u32> {
-        t.into_data().try_into_vec::<f32>().unwrap().iter().map(|x| x.to_bits()).collect()
     }
 
     #[test]

@@ -405,7 +405,7 @@ fn gradients(x: &[f32], g: &[f32], shape: Shape, mean: &[f32], inv_std: &[f32], 
 mod tests {
     use burn::tensor::{Device, Distribution, Tensor};
 
-    use crate::models::test_support::{assert_close, values};
+    use crate::models::test_support::{assert_close, bits, values};
 
     /// The output, the statistics and the gradients of the input, `gamma` and `beta` (of a
     /// weighted sum of the output, so that every position's gradient differs) equal those of
@@ -479,11 +479,6 @@ mod tests {
         bn.running_mean = RunningState::new(random(0.0, 2.0));
         bn.running_var = RunningState::new(random(0.0, 1.0).abs() + 1e-6);
         bn
-    }
-
-    /// Bit patterns, so that NaN compares and the sign of zero counts.
-    fn bits(t: Tensor<4>) -> Vec<u32> {
-        values(t).iter().map(|v| v.to_bits()).collect()
     }
 
     /// Inference on the host gives burn's `batch_norm` (then `+ residual`, then `relu`) bit for

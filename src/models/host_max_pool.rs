@@ -105,14 +105,10 @@ mod tests {
     use burn::tensor::module::max_pool2d;
     use burn::tensor::{Device, Distribution, Tensor, TensorData};
 
-    use crate::models::test_support::values;
+    use crate::models::test_support::{bits, values};
 
     fn burns(x: Tensor<4>, kernel: usize, stride: usize, padding: usize) -> Tensor<4> {
         max_pool2d(x, super::options(kernel, stride, padding))
-    }
-
-    fn bits(t: Tensor<4>) -> Vec<u32> {
-        values(t).iter().map(|v| v.to_bits()).collect()
     }
 
     /// burn's values bit for bit: ResNet's 3×3 / 2 / 1 and other windows, strides and paddings,
