@@ -95,9 +95,10 @@ fn values(t: &FlexTensor) -> &[f32] {
     t.as_slice::<f32>().expect("contiguous")
 }
 
-/// The weights as stored, read through their strides: a `Linear` loaded from PyTorch's
-/// `[d_out, d_in]` holds a transposed view, and a copy per call took a tenth of a MiniLM
-/// encoder's time. Copied only where a stride is not positive.
+/// The weights as stored, read through their strides: `models::weights` loads a `Linear`
+/// contiguous (rows are read fastest), but one built otherwise may hold a transposed view, and a
+/// copy per call took a tenth of a MiniLM encoder's time. Copied only where a stride is not
+/// positive.
 #[derive(Debug, Clone)]
 struct Weights {
     tensor: FlexTensor,
