@@ -39,7 +39,8 @@ use burn::nn::BatchNorm;
 use burn::tensor::activation::{hard_sigmoid, hard_swish};
 use burn::tensor::{Device, Tensor};
 
-use super::resnet::{batch_norm, convolve, ConvLowering};
+use super::host_batch_norm::After;
+use super::resnet::{batch_norm_then, convolve, ConvLowering};
 use super::weights::{ConvSpec, Weights};
 use crate::error::Result;
 
@@ -179,8 +180,9 @@ pub struct ConvBn {
 }
 
 impl ConvBn {
-    fn forward(&self, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
-        batch_norm(&self.bn, convolve(&self.conv, x, lowering), lowering)
+    /// `after(bn(conv(x)) + residual?)`, in inference one pass after the convolution.
+    fn forward(&self, x: Tensor<4>, residual: Option<Tensor<4>>, after: After, lowering: ConvLowering) -> Tensor<4> {
+        batch_norm_then(&self.bn, convolve(&self.conv, x, lowering), residual, after, lowering)
     }
 }
 
@@ -214,18 +216,14 @@ pub struct Irf {
 impl Irf {
     fn forward(&self, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
         let mut y = match &self.pw {
-            Some(pw) => hard_swish(pw.forward(x.clone(), lowering)),
+            Some(pw) => pw.forward(x.clone(), None, After::HardSwish, lowering),
             None => x.clone(),
         };
-        y = hard_swish(self.dw.forward(y, lowering));
+        y = self.dw.forward(y, None, After::HardSwish, lowering);
         if let Some(se) = &self.se {
             y = se.forward(y, lowering);
         }
-        y = self.pwl.forward(y, lowering);
-        if self.residual {
-            y = y + x;
-        }
-        y
+        self.pwl.forward(y, self.residual.then_some(x), After::Nothing, lowering)
     }
 }
 
@@ -331,11 +329,11 @@ impl FbNet {
     /// - output: `[batch, feature_dim]`
     pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
         let l = self.lowering;
-        let mut x = hard_swish(self.stem.forward(images, l));
+        let mut x = self.stem.forward(images, None, After::HardSwish, l);
         for block in &self.blocks {
             x = block.forward(x, l);
         }
-        let x = hard_swish(self.head_pw.forward(x, l));
+        let x = self.head_pw.forward(x, None, After::HardSwish, l);
         let pooled = x.mean_dim(3).mean_dim(2);
         let out = hard_swish(convolve(&self.head_conv, pooled, l));
         let [b, c, _, _] = out.dims();

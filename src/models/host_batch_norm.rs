@@ -24,7 +24,7 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
 use burn::nn::BatchNorm;
-use burn::tensor::activation::relu as burn_relu;
+use burn::tensor::activation::{hard_swish as burn_hard_swish, relu as burn_relu};
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use rayon::prelude::*;
 
@@ -69,16 +69,26 @@ pub fn train(x: &Tensor<4>, gamma: &Tensor<1>, beta: &Tensor<1>, epsilon: f64) -
     Some(BatchNormTrain { output: Tensor::from_primitive::<Autodiff<Flex>>(output), mean, biased_variance: variance })
 }
 
-/// `relu?(batch_norm(x) + residual?)` with `bn`'s running statistics (inference): on burn's CPU
+/// What follows an inference BatchNorm (and its residual sum) in the same pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    Nothing,
+    /// burn's `relu` (NaN kept, as in PyTorch): ResNet's blocks.
+    Relu,
+    /// burn's `hard_swish`, `y · clamp(y/6 + 1/2, 0, 1)`: FBNet's blocks.
+    HardSwish,
+}
+
+/// `after(batch_norm(x) + residual?)` with `bn`'s running statistics (inference): on burn's CPU
 /// backend without autodiff, when every tensor is `f32` and `residual` has `x`'s shape, one pass
 /// in `x`'s buffer (copied first only if shared or strided) on rayon's threads, each value
-/// `((x − mean) / sqrt(variance + ε)) · gamma + beta`, then `+ residual`, then the ReLU (NaN kept),
-/// in burn's order and precision, so the bits are those of burn's `batch_norm`, `+` and `relu`
-/// (tested); elsewhere those operations.
+/// `((x − mean) / sqrt(variance + ε)) · gamma + beta`, then `+ residual`, then the activation, in
+/// burn's order and precision, so the bits are those of burn's `batch_norm`, `+`, `relu` and
+/// `hard_swish` (tested); elsewhere those operations.
 ///
 /// # Shapes
 /// - `x`, `residual`: `[batch, C, H, W]` → `[batch, C, H, W]`
-pub fn inference(bn: &BatchNorm, x: Tensor<4>, residual: Option<Tensor<4>>, relu: bool) -> Tensor<4> {
+pub fn inference(bn: &BatchNorm, x: Tensor<4>, residual: Option<Tensor<4>>, after: After) -> Tensor<4> {
     let device = x.device();
     let on_host = !device.is_autodiff()
         && device == Device::flex()
@@ -89,7 +99,7 @@ pub fn inference(bn: &BatchNorm, x: Tensor<4>, residual: Option<Tensor<4>>, relu
         if let Some(r) = residual {
             y = y + r;
         }
-        return if relu { burn_relu(y) } else { y };
+        return after.burns(y);
     };
     let [n, c, h, w] = x.dims();
     let shape = Shape { n, c, hw: h * w };
@@ -102,8 +112,32 @@ pub fn inference(bn: &BatchNorm, x: Tensor<4>, residual: Option<Tensor<4>>, relu
     let (start, end) = t.layout().contiguous_offsets().expect("contiguous");
     let values = &mut t.storage_mut::<f32>()[start..end];
     let residual = residual.as_ref().map(|r| r.as_slice::<f32>().expect("contiguous"));
-    affine_in_place(values, residual, shape, &params.per_channel(), relu);
+    affine_in_place(values, residual, shape, &params.per_channel(), after);
     Tensor::from_primitive::<Flex>(t)
+}
+
+impl After {
+    /// burn's operation on `y`.
+    pub fn burns<const D: usize>(self, y: Tensor<D>) -> Tensor<D> {
+        match self {
+            After::Nothing => y,
+            After::Relu => burn_relu(y),
+            After::HardSwish => burn_hard_swish(y),
+        }
+    }
+
+    /// The operation on one value, as burn-flex computes it: its ReLU keeps NaN; its hard sigmoid
+    /// is `(α·y + β).clamp(0, 1)` with `α = 1/6` and `β = 1/2` rounded to `f32`, then `y ·` it.
+    #[inline(always)]
+    fn value(self, y: f32) -> f32 {
+        const ALPHA: f32 = (1.0f64 / 6.0) as f32;
+        match self {
+            After::Nothing => y,
+            After::Relu if y.is_nan() || y > 0.0 => y,
+            After::Relu => 0.0,
+            After::HardSwish => y * (ALPHA * y + 0.5).clamp(0.0, 1.0),
+        }
+    }
 }
 
 /// An inference BatchNorm's parameters, per channel.
@@ -138,8 +172,8 @@ impl Affine {
 }
 
 /// [`inference`]'s pass: each `H·W` plane of `values` with its channel's parameters, plus the
-/// same plane of `residual`, then the ReLU; groups of whole planes on rayon's threads.
-fn affine_in_place(values: &mut [f32], residual: Option<&[f32]>, shape: Shape, params: &[[f32; 4]], relu: bool) {
+/// same plane of `residual`, then `after`; groups of whole planes on rayon's threads.
+fn affine_in_place(values: &mut [f32], residual: Option<&[f32]>, shape: Shape, params: &[[f32; 4]], after: After) {
     let hw = shape.hw.max(1);
     let group = GROUP_VALUES.div_ceil(hw) * hw;
     let run = |(g, values): (usize, &mut [f32])| {
@@ -148,7 +182,7 @@ fn affine_in_place(values: &mut [f32], residual: Option<&[f32]>, shape: Shape, p
             let at = first + i * hw;
             let p = params[(at / hw) % shape.c];
             let residual = residual.map(|r| &r[at..at + plane.len()]);
-            in_widest_vectors(AffinePlane { plane, residual, p, relu });
+            in_widest_vectors(AffinePlane { plane, residual, p, after });
         }
     };
     if values.len() <= group {
@@ -164,7 +198,7 @@ struct AffinePlane<'a> {
     plane: &'a mut [f32],
     residual: Option<&'a [f32]>,
     p: [f32; 4],
-    relu: bool,
+    after: After,
 }
 
 impl Kernel for AffinePlane<'_> {
@@ -172,13 +206,19 @@ impl Kernel for AffinePlane<'_> {
     fn run(self) {
         let [mean, std, gamma, beta] = self.p;
         let norm = |x: f32| (x - mean) / std * gamma + beta;
-        // burn-flex's `relu`: NaN passes, as in PyTorch.
-        let relu = |y: f32| if y.is_nan() || y > 0.0 { y } else { 0.0 };
-        match (self.residual, self.relu) {
-            (Some(r), true) => self.plane.iter_mut().zip(r).for_each(|(x, r)| *x = relu(norm(*x) + r)),
-            (Some(r), false) => self.plane.iter_mut().zip(r).for_each(|(x, r)| *x = norm(*x) + r),
-            (None, true) => self.plane.iter_mut().for_each(|x| *x = relu(norm(*x))),
-            (None, false) => self.plane.iter_mut().for_each(|x| *x = norm(*x)),
+        // One loop per case, so that each compiles to straight vector code.
+        macro_rules! pass {
+            ($after:expr) => {
+                match self.residual {
+                    Some(r) => self.plane.iter_mut().zip(r).for_each(|(x, r)| *x = $after.value(norm(*x) + r)),
+                    None => self.plane.iter_mut().for_each(|x| *x = $after.value(norm(*x))),
+                }
+            };
+        }
+        match self.after {
+            After::Nothing => pass!(After::Nothing),
+            After::Relu => pass!(After::Relu),
+            After::HardSwish => pass!(After::HardSwish),
         }
     }
 }
@@ -481,8 +521,8 @@ mod tests {
         bn
     }
 
-    /// Inference on the host gives burn's `batch_norm` (then `+ residual`, then `relu`) bit for
-    /// bit: with and without a residual and the ReLU, planes of one value, short and long ones,
+    /// Inference on the host gives burn's `batch_norm` (then `+ residual`, then `relu` or
+    /// `hard_swish`) bit for bit: with and without a residual and each activation, planes of one value, short and long ones,
     /// several groups of planes (`GROUP_VALUES`), a strided input and residual, an input whose
     /// buffer another tensor shares (left as it was), NaN and ±0 among the values.
     #[test]
@@ -520,23 +560,28 @@ mod tests {
                 Tensor::<4>::from_data(burn::tensor::TensorData::new(x_values, dims), &device)
             };
             let residual = random(1.0);
-            for (with_residual, relu) in [(false, false), (false, true), (true, false), (true, true)] {
+            for (with_residual, after) in [false, true]
+                .into_iter()
+                .flat_map(|r| [super::After::Nothing, super::After::Relu, super::After::HardSwish].map(move |a| (r, a)))
+            {
                 let r = with_residual.then(|| residual.clone());
                 let mut want = bn.forward(x.clone());
                 if let Some(r) = r.clone() {
                     want = want + r;
                 }
-                if relu {
-                    want = burn::tensor::activation::relu(want);
-                }
+                want = match after {
+                    super::After::Nothing => want,
+                    super::After::Relu => burn::tensor::activation::relu(want),
+                    super::After::HardSwish => burn::tensor::activation::hard_swish(want),
+                };
                 let before = bits(x.clone());
                 // `x` stays alive: its buffer is shared, so the host path writes a copy.
-                let got = super::inference(&bn, x.clone(), r, relu);
+                let got = super::inference(&bn, x.clone(), r, after);
                 assert_eq!(bits(x.clone()), before, "{dims:?}: the shared input is unchanged");
                 assert_eq!(
                     bits(got),
                     bits(want),
-                    "{dims:?} transposed {transposed} residual {with_residual} relu {relu}"
+                    "{dims:?} transposed {transposed} residual {with_residual} {after:?}"
                 );
             }
         }
@@ -550,18 +595,18 @@ mod tests {
         let bn = random_inference_norm(3, &device);
         let data = Tensor::<4>::random([2, 3, 4, 4], Distribution::Normal(0.0, 1.0), &device).into_data();
         let shared = Tensor::<4>::from_data(data.clone(), &device);
-        let want = bits(super::inference(&bn, shared.clone(), None, true));
+        let want = bits(super::inference(&bn, shared.clone(), None, super::After::Relu));
         let x = Tensor::<4>::from_data(data, &device);
         let buffer =
             |t: &Tensor<4>| t.clone().try_into_primitive::<super::Flex>().expect("flex").bytes().as_ptr() as usize;
         let at = buffer(&x);
-        let got = super::inference(&bn, x, None, true);
+        let got = super::inference(&bn, x, None, super::After::Relu);
         assert_eq!(buffer(&got), at, "written in place");
         assert_eq!(bits(got), want);
     }
 
     /// Under autodiff (as on any other device) the result is burn's operations' (`bn.forward`, the
-    /// sum, `relu`), and gradients flow through it.
+    /// sum, `relu` or `hard_swish`), and gradients flow through it.
     #[test]
     fn inference_elsewhere_takes_burns_operations() {
         let device = Device::flex().autodiff();
@@ -569,7 +614,11 @@ mod tests {
         let x = Tensor::<4>::random([2, 3, 2, 2], Distribution::Normal(0.0, 1.0), &device).require_grad();
         let r = Tensor::<4>::random([2, 3, 2, 2], Distribution::Normal(0.0, 1.0), &device);
         let want = burn::tensor::activation::relu(bn.forward(x.clone()) + r.clone());
-        let got = super::inference(&bn, x.clone(), Some(r), true);
+        let got = super::inference(&bn, x.clone(), Some(r), super::After::Relu);
+        assert_eq!(bits(got.clone()), bits(want));
+        assert!(x.grad(&got.sum().backward()).is_some(), "differentiable");
+        let want = burn::tensor::activation::hard_swish(bn.forward(x.clone()));
+        let got = super::inference(&bn, x.clone(), None, super::After::HardSwish);
         assert_eq!(bits(got.clone()), bits(want));
         assert!(x.grad(&got.sum().backward()).is_some(), "differentiable");
     }

@@ -25,6 +25,7 @@ pub mod host_attention;
 pub(crate) mod host_autodiff;
 pub mod host_batch_norm;
 pub mod host_conv;
+pub mod host_depthwise;
 pub mod host_linear;
 pub mod host_max_pool;
 pub mod image_encoder;

@@ -26,10 +26,10 @@ use std::path::Path;
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::{BatchNorm, PaddingConfig2d};
-use burn::tensor::activation::relu;
 use burn::tensor::module::adaptive_avg_pool2d;
 use burn::tensor::{Device, Slice, Tensor, TensorData};
 
+use super::host_batch_norm::After;
 use super::weights::{ConvSpec, Weights};
 use crate::error::Result;
 
@@ -123,11 +123,22 @@ impl ConvLowering {
 }
 
 /// `conv` applied to `x` (`[batch, C, H, W]`) with `lowering`. Im2col needs symmetric padding,
-/// no dilation and no groups (all of ResNet's convolutions); anything else takes burn's kernel.
+/// no dilation and no groups (all of ResNet's convolutions); a depthwise convolution (FBNet's)
+/// in inference on the CPU is `host_depthwise`'s; anything else takes burn's kernel.
 pub(crate) fn convolve(conv: &Conv2d, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
     let Some((k, s, p)) = square_geometry(conv) else {
         return conv.forward(x);
     };
+    if conv.groups > 1 {
+        let depthwise = match lowering {
+            ConvLowering::Native => {
+                let bias = conv.bias.as_ref().map(|b| b.val());
+                super::host_depthwise::conv2d(&x, &conv.weight.val(), bias.as_ref(), s, p)
+            }
+            ConvLowering::Im2col => None,
+        };
+        return depthwise.unwrap_or_else(|| conv.forward(x));
+    }
     let [n, _, h, w] = x.dims();
     let training = x.device().is_autodiff() && conv.weight.val().is_require_grad();
     match lowering {
@@ -156,8 +167,9 @@ pub(crate) fn convolve(conv: &Conv2d, x: Tensor<4>, lowering: ConvLowering) -> T
     }
 }
 
-/// `conv`'s kernel size, stride and padding `(k, s, p)` where the lowerings to matrix products
-/// apply: a square kernel and stride, the same padding on every side, no dilation or groups.
+/// `conv`'s kernel size, stride and padding `(k, s, p)` where the host paths apply: a square
+/// kernel and stride, the same padding on every side, no dilation (the lowerings to matrix
+/// products also need one group).
 fn square_geometry(conv: &Conv2d) -> Option<(usize, usize, usize)> {
     let p = match conv.padding {
         PaddingConfig2d::Explicit(t, l, b, r) if t == l && l == b && b == r => t,
@@ -165,7 +177,7 @@ fn square_geometry(conv: &Conv2d) -> Option<(usize, usize, usize)> {
         _ => return None,
     };
     let ([k, kw], [s, sw]) = (conv.kernel_size, conv.stride);
-    (k == kw && s == sw && conv.dilation == [1, 1] && conv.groups == 1).then_some((k, s, p))
+    (k == kw && s == sw && conv.dilation == [1, 1]).then_some((k, s, p))
 }
 
 /// The most columns (output pixels) one group of a training convolution's product holds.
@@ -262,7 +274,7 @@ fn zero_pad(x: Tensor<4>, p: usize) -> Tensor<4> {
 /// inference it is [`super::host_batch_norm::inference`] (burn's `bn.forward(x)` off the CPU).
 pub fn batch_norm(bn: &BatchNorm, x: Tensor<4>, lowering: ConvLowering) -> Tensor<4> {
     if !(x.device().is_autodiff() && bn.training.is_enabled()) {
-        return super::host_batch_norm::inference(bn, x, None, false);
+        return super::host_batch_norm::inference(bn, x, None, After::Nothing);
     }
     if lowering == ConvLowering::Im2col {
         return staged_batch_norm(bn, x);
@@ -283,11 +295,24 @@ pub fn batch_norm(bn: &BatchNorm, x: Tensor<4>, lowering: ConvLowering) -> Tenso
 /// one pass on the CPU ([`super::host_batch_norm::inference`]); in training [`batch_norm`], then
 /// burn's sum and ReLU.
 pub fn batch_norm_relu(bn: &BatchNorm, x: Tensor<4>, residual: Option<Tensor<4>>, lowering: ConvLowering) -> Tensor<4> {
+    batch_norm_then(bn, x, residual, After::Relu, lowering)
+}
+
+/// `after(batch_norm(x) + residual?)`: in inference one pass on the CPU
+/// ([`super::host_batch_norm::inference`]); in training [`batch_norm`], then burn's sum and
+/// activation.
+pub(crate) fn batch_norm_then(
+    bn: &BatchNorm,
+    x: Tensor<4>,
+    residual: Option<Tensor<4>>,
+    after: After,
+    lowering: ConvLowering,
+) -> Tensor<4> {
     if !(x.device().is_autodiff() && bn.training.is_enabled()) {
-        return super::host_batch_norm::inference(bn, x, residual, true);
+        return super::host_batch_norm::inference(bn, x, residual, after);
     }
     let y = batch_norm(bn, x, lowering);
-    relu(match residual {
+    after.burns(match residual {
         Some(r) => y + r,
         None => y,
     })
