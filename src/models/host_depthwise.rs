@@ -1,14 +1,16 @@
 //! A depthwise convolution (one `k×k` filter per channel: FBNet's `dw` convolutions) in inference
-//! on the host (burn's CPU backend without autodiff). Each run of output values is summed in
-//! vector registers over all `k·k` taps and stored once; at stride `s` each input row is first
-//! split into its `s` phases (every `s`-th value), so that every tap reads a contiguous run.
-//! burn-flex adds one tap at a time into the whole output plane (a load and a store per tap and
-//! value), and at a stride above 1 one value at a time: its depthwise convolutions took 44% of an
-//! FBNetV3-A forward pass at batch 8 (perf, 2-core development machine).
+//! on the host (burn's CPU backend without autodiff). Each input row is first written with its
+//! padding as zeros and split into its `stride` phases (every `stride`-th value), so that every
+//! tap reads a contiguous run; then, with AVX-512, each run of up to 64 outputs is summed in
+//! registers over all `k·k` taps and stored once (elsewhere each tap is added into the output
+//! row in turn). burn-flex adds one tap at a time into the whole output plane (a load and a store
+//! per tap and value), and at a stride above 1 one value at a time: its depthwise convolutions
+//! took 44% of an FBNetV3-A forward pass at batch 8 (perf, 2-core development machine).
 //!
-//! Values are burn's, bit for bit (tested; of a NaN, only where it is): each output sums its taps in burn's order (filter row,
-//! then column), from `+0`, a product then a sum (no fused multiply-add), the padding's taps left
-//! out, and the bias added last. Filters with a non-finite value and padding take burn's path
+//! Values are burn's, bit for bit (tested; of a NaN, only where it is): each output sums its taps
+//! in burn's order (filter row, then column) from `+0`, a product then a sum (no fused
+//! multiply-add), and the bias last. burn leaves the padding's taps out; their zero products here
+//! change no sum (see [`Plane`]). Filters with a non-finite value and padding take burn's path
 //! (burn marks the outputs whose skipped padding would have multiplied them NaN).
 
 use burn::backend::Flex;
@@ -159,8 +161,12 @@ impl Plane<'_> {
     fn run(self) {
         assert!(self.phases.len() >= self.g.phases_len() && self.filter.len() == self.g.k * self.g.k);
         assert_eq!(self.out.len(), self.g.ho * self.g.wo);
+        #[cfg(test)]
+        let portable_only = tests::portable_only();
+        #[cfg(not(test))]
+        let portable_only = false;
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        if std::arch::is_x86_feature_detected!("avx512f") && !portable_only {
             // SAFETY: the CPU has AVX-512F; the sizes are checked above.
             unsafe { x86::plane(self) };
             return;
@@ -265,6 +271,8 @@ mod x86 {
 mod tests {
     use burn::nn::conv::Conv2dConfig;
     use burn::nn::PaddingConfig2d;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use burn::tensor::{Device, Distribution, Tensor, TensorData};
 
     use crate::models::test_support::{bits, values};
@@ -295,6 +303,28 @@ mod tests {
     /// bias, and ±0, NaN and ±∞ among the inputs.
     #[test]
     fn convolves_as_burn_does() {
+        convolves_as_burn_does_in_every_case();
+    }
+
+    /// While set, [`super::Plane::run`] takes its portable loop, which this machine's AVX-512
+    /// would otherwise always skip. Both loops give burn's bits, so the other tests, which may
+    /// run meanwhile, pass with either.
+    static PORTABLE_ONLY: AtomicBool = AtomicBool::new(false);
+
+    pub(super) fn portable_only() -> bool {
+        PORTABLE_ONLY.load(Ordering::Relaxed)
+    }
+
+    /// The portable loop (the one CPUs without AVX-512 take) gives burn's bits too.
+    #[test]
+    fn the_portable_loop_convolves_as_burn_does() {
+        PORTABLE_ONLY.store(true, Ordering::Relaxed);
+        let result = std::panic::catch_unwind(convolves_as_burn_does_in_every_case);
+        PORTABLE_ONLY.store(false, Ordering::Relaxed);
+        result.expect("the portable loop gives burn's bits");
+    }
+
+    fn convolves_as_burn_does_in_every_case() {
         let device = Device::flex();
         for (dims, (k, stride, padding), bias, transposed) in [
             ([2, 3, 9, 11], (3, 1, 1), false, false),
