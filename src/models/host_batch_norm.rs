@@ -12,8 +12,9 @@
 //! (see the tests against burn's operation).
 //!
 //! Inference ([`inference`], without autodiff): the running statistics' affine map and what a
-//! ResNet does next (the residual sum, the ReLU) in one pass over the values, in the tensor's own
-//! buffer, with burn's arithmetic value for value (the same bits). burn's `batch_norm` is four
+//! block does next (the residual sum; ResNet's ReLU or FBNet's hard-swish, [`After`]) in one pass
+//! over the values, in the tensor's own buffer, with burn's arithmetic value for value (the same
+//! bits). burn's `batch_norm` is four
 //! passes over the tensor (a subtraction, a division, a product and a sum, each broadcasting a
 //! `[C]` parameter), and the residual sum and the ReLU one more each.
 
