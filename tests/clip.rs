@@ -98,7 +98,7 @@ fn the_image_tower_from_the_folder_matches_open_clip() {
                 common::assert_close(
                     &tokens,
                     &common::flat_f32(&e["image_tokens_quick_gelu"]),
-                    1e-4,
+                    common::tolerance(name, 1e-4),
                     &format!("{name} image tokens"),
                 );
             }

@@ -980,7 +980,8 @@ fn tiny_fbnet_matches_mobile_vision() {
                 let got = model.forward(x);
                 assert_eq!(got.dims().to_vec(), want_shape, "{input}");
                 let got = got.into_data().try_to_vec::<f32>().unwrap();
-                let worst = common::assert_close(&got, &want, 1e-4, &format!("{name} {lowering:?} {input}"));
+                let tol = common::tolerance(name, 1e-4);
+                let worst = common::assert_close(&got, &want, tol, &format!("{name} {lowering:?} {input}"));
                 assert!(worst > 0.0 || got == want, "{worst}");
             }
             // The smallest input it takes runs through.
