@@ -6,6 +6,7 @@
 # uncased tokenizer.json for the paper-preset bench.
 #
 #   tools/gpu-check/pack.sh [BASE]   # BASE: a commit whose curate is also packed, as curate_base
+#   FEATURES=cuda-fusion tools/gpu-check/pack.sh   # another GPU feature set (default `cuda`)
 #
 # The build needs no GPU and no CUDA toolkit (README, "GPU build"); on a 2-core machine a cold
 # one takes about 40 minutes, so set CARGO_TARGET_DIR to a cache that outlives the clone. A BASE
@@ -19,6 +20,7 @@ target=${CARGO_TARGET_DIR:-$root/target/cuda}
 # crate above it would build again.
 patch="patch.crates-io.cubecl-llvm.path=\"$root/tools/cubecl-llvm-offline\""
 tests=(losses models vit mpnet clip)
+features=${FEATURES:-cuda}
 stage=$(mktemp -d)
 base=""
 cleanup() {
@@ -35,8 +37,8 @@ mkdir -p "$stage/bin" .gpu
 touch src/lib.rs src/main.rs
 test_args=()
 for t in "${tests[@]}"; do test_args+=(--test "$t"); done
-CARGO_TARGET_DIR=$target cargo build --release --features cuda --config "$patch" --bin curate
-CARGO_TARGET_DIR=$target cargo test --release --features cuda --config "$patch" "${test_args[@]}" \
+CARGO_TARGET_DIR=$target cargo build --release --features "$features" --config "$patch" --bin curate
+CARGO_TARGET_DIR=$target cargo test --release --features "$features" --config "$patch" "${test_args[@]}" \
   --no-run --message-format=json >"$stage/tests.json"
 strip -o "$stage/bin/curate" "$target/release/curate"
 python3 - "$stage" "${tests[@]}" <<'PY'
@@ -52,7 +54,7 @@ PY
 if [ $# -ge 1 ]; then
   base=$(mktemp -d)
   git worktree add -q --detach "$base" "$1"
-  (cd "$base" && CARGO_TARGET_DIR=$target cargo build --release --features cuda --config "$patch" --bin curate)
+  (cd "$base" && CARGO_TARGET_DIR=$target cargo build --release --features "$features" --config "$patch" --bin curate)
   strip -o "$stage/bin/curate_base" "$target/release/curate"
 fi
 # The test binaries read their fixtures under the path they were built in.
