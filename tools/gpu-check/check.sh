@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks, run on a lent GPU machine from the repo root, with what tools/gpu-check/pack.sh
 # put in .gpu/ (carry it): every loss and every encoder against its PyTorch fixtures on the GPU,
-# 200 steps of the demo (memory_bank) on `cuda`, and the paper preset's samples/s (curate's side
-# of benches/train_gpu_bench.py; the baseline's too where one was packed). Everything is logged to
+# 200 steps of the demo (memory_bank) on `cuda`, the paper preset's samples/s (curate's side of
+# benches/train_gpu_bench.py; the baseline's too where one was packed), and the mining stage's
+# exact top-k on the GPU (tests/knn.rs). Everything is logged to
 # $OUT/log.txt, each step under its own time limit, the most important first.
 #
 #   device run: bash tools/gpu-check/check.sh      (carry: [".gpu"], timeout_s ~560)
@@ -46,7 +47,7 @@ if [ -x "$bin/curate_base" ]; then
   bench 110 "$bin/curate_base" memory_bank
 fi
 
-for t in models vit mpnet clip; do
+for t in models vit mpnet clip knn; do
   step "$t on cuda"
   (cd "$manifest" && timeout 60 "$bin/$t" --test-threads 4) >"$out/test_$t.txt" 2>&1
   echo "rc=$?" | tee -a "$log"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what tools/gpu-check/check.sh needs into .gpu/ (ignored by git), to carry to a lent GPU
 # machine: the `cuda` build of curate and of the test binaries that honour CURATE_TEST_CUDA,
-# stripped, in one solid xz archive (they share most of their code: six binaries of 60-100 MB
+# stripped, in one solid xz archive (they share most of their code: seven binaries of 60-100 MB
 # each pack to ~40 MB, within the device tool's 64 MiB with the working tree), and a BERT
 # uncased tokenizer.json for the paper-preset bench.
 #
@@ -19,7 +19,7 @@ target=${CARGO_TARGET_DIR:-$root/target/cuda}
 # One absolute path for both builds: another path would be another package, and every cubecl
 # crate above it would build again.
 patch="patch.crates-io.cubecl-llvm.path=\"$root/tools/cubecl-llvm-offline\""
-tests=(losses models vit mpnet clip)
+tests=(losses models vit mpnet clip knn)
 features=${FEATURES:-cuda}
 stage=$(mktemp -d)
 base=""
