@@ -7,16 +7,12 @@
 mod common;
 
 use curate::knn::{device_top_k, device_top_k_with, exact_top_k, Blocking, TopK};
+use curate::rng::RowRng;
 
-/// Seeded values in [-1, 1) (a 64-bit LCG; the test needs spread, not quality).
+/// Seeded values in [-1, 1).
 fn uniform(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
+    let mut r = RowRng::new(seed, "knn-test", "uniform");
+    (0..n).map(|_| (r.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect()
 }
 
 /// Every list of `got` holds `k` distinct rows, best first, whose exact (f64) scores are within
