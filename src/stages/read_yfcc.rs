@@ -10,7 +10,7 @@
 //! (they are not errors, and YFCC100M has 85M rows outside YFCC15M); a photo without title and
 //! description is an `empty_caption` reject.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -334,32 +334,39 @@ pub fn clean(text: &str, strip_html: bool) -> String {
     if !strip_html {
         return crate::text::collapse_whitespace(text);
     }
+    // Most texts are read about once over; the scans are remembered only where a text is not.
+    strip_tags(&mut Scan::new(text, 2 * text.len() + 256))
+}
+
+/// [`clean`]'s tag stripping over `scan`'s text, before whitespace is collapsed.
+fn strip_tags(scan: &mut Scan) -> String {
+    let text = scan.text;
     let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(open) = rest.find('<') {
+    let mut at = 0;
+    while let Some(open) = text[at..].find('<').map(|o| at + o) {
         // The text before a `<`, with its references decoded: a reference does not run on
         // into the text after a tag (`&#x4a</>b` is `Jb`).
-        push_decoded(&mut out, &rest[..open]);
-        let after = &rest[open + 1..];
-        rest = match markup(after) {
+        push_decoded(&mut out, &text[at..open]);
+        let after = open + 1;
+        at = match scan.markup(after) {
             Markup::Tag { len, space } => {
                 if space {
                     out.push(' ');
                 }
-                &after[len..]
+                after + len
             }
             Markup::Text { len, decoded } => {
-                let text = &rest[open..open + 1 + len];
+                let piece = &text[open..after + len];
                 if decoded {
-                    push_decoded(&mut out, text);
+                    push_decoded(&mut out, piece);
                 } else {
-                    out.push_str(text);
+                    out.push_str(piece);
                 }
-                &after[len..]
+                after + len
             }
         };
     }
-    push_decoded(&mut out, rest);
+    push_decoded(&mut out, &text[at..]);
     crate::text::collapse_whitespace(&out)
 }
 
@@ -469,6 +476,7 @@ fn numeric_reference(code: u32) -> Option<char> {
 }
 
 /// What a `<` starts, as Python's `html.parser` reads it: the rest of a tag, or text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Markup {
     /// `len` bytes after the `<`, through its `>`; whether it leaves a space.
     Tag { len: usize, space: bool },
@@ -477,90 +485,238 @@ enum Markup {
     Text { len: usize, decoded: bool },
 }
 
-/// What `after` (the text after a `<`) starts: see [`Markup`].
-fn markup(after: &str) -> Markup {
-    let b = after.as_bytes();
-    // A tag that opens but does not close is text through the next `>` (any `<` on the way
-    // included), else up to the next `<`, else just the `<`: the parser's last resort when
-    // its input ends.
-    let unclosed = || Markup::Text {
-        len: after.find('>').map(|end| end + 1).or_else(|| after.find('<')).unwrap_or(0),
-        decoded: true,
-    };
-    if let Some(comment) = after.strip_prefix("!--") {
-        // To the first `--` that blanks and a `>` follow (Python's `--\s*>`).
-        let mut from = 0;
-        while let Some(dashes) = comment[from..].find("--").map(|d| from + d) {
-            let rest = &comment[dashes + 2..];
-            let blanks = leading_blanks(rest);
-            if rest[blanks..].starts_with('>') {
-                return Markup::Tag { len: 3 + dashes + 2 + blanks + 1, space: true };
+/// The first position at or after a start where a fixed pattern holds, remembered: where one
+/// was found at `x` from `from`, none lies in `from..x`, so any start in `from..=x` finds `x`
+/// too, and where none was found, none lies after `from`.
+#[derive(Default)]
+struct NextMatch {
+    last: Option<(usize, Option<usize>)>,
+}
+
+impl NextMatch {
+    fn get(&mut self, from: usize, memo: bool, find: impl FnOnce(usize) -> Option<usize>) -> Option<usize> {
+        if let Some((start, found)) = self.last {
+            if memo && start <= from && found.is_none_or(|x| from <= x) {
+                return found;
             }
-            from = dashes + 1;
         }
-        return unclosed();
-    }
-    match b {
-        [b'/', b'>', ..] => Markup::Tag { len: 2, space: false },
-        [c, ..] if c.is_ascii_alphabetic() => start_tag(after).unwrap_or_else(unclosed),
-        // An end tag or a bogus comment (Python's `parse_endtag`), a declaration or a
-        // processing instruction: to the first `>`, quotes or not.
-        [b'/' | b'!' | b'?', ..] => {
-            after.find('>').map_or_else(unclosed, |end| Markup::Tag { len: end + 1, space: true })
-        }
-        // `<3`, `< 5`: only the `<` is text.
-        _ => Markup::Text { len: 0, decoded: true },
+        let found = find(from);
+        self.last = Some((from, found));
+        found
     }
 }
 
-/// A start tag (`after` begins with a letter) as Python's `html.parser` finds its end: the
-/// match of its `locatestarttagend_tolerant` (a tag name, then attributes, `name`, `name=value`,
-/// `name='value'`, with its backtracking where a quote does not close), then
-/// `check_for_whole_start_tag`. `None` where the parser waits for more input (the tag is left
-/// open); `Text` where it gives up on the tag (its `<` and what it matched are text, as they
-/// stand).
-fn start_tag(after: &str) -> Option<Markup> {
-    // Byte positions, stepped a character at a time (the tag is read, not the rest of the text).
-    let ch = |i: usize| after[i..].chars().next();
-    let ws = |c: Option<char>| c.is_some_and(crate::text::is_python_whitespace);
-    let next = |i: usize| i + ch(i).map_or(0, char::len_utf8);
-    let n = after.len();
-    // The tag name: `[a-zA-Z][^\t\n\r\f />\x00]*`.
-    let mut q = 1;
-    while q < n && !matches!(ch(q), Some('\t' | '\n' | '\r' | '\x0c' | ' ' | '/' | '>' | '\0')) {
-        q = next(q);
+/// The markup scans of one text. Python's parser reads a `<` that opens a tag but does not
+/// close it on to the end of the text, then hands it over as text up to the next `<` and
+/// starts again there: read one `<` at a time, a text of many (`<a <a <a …`, a broken title)
+/// costs time quadratic in its length (a 100 kB field took 20 s). Each scan here depends only on
+/// where it starts in the text, so its result is remembered by that position (the next `>`, a
+/// comment's end, a tag name's end, and where a start tag's attribute loop ends from each
+/// position it passes through): each part of the text is then read about once. They are
+/// remembered once the scans have taken `remember_after` steps (kept in hash maps, they cost a
+/// fifth more time on texts full of tags that need none of them); `usize::MAX` reads every `<`
+/// afresh, as the parser does (the tests compare the two).
+struct Scan<'t> {
+    text: &'t str,
+    remember_after: usize,
+    next_gt: NextMatch,
+    /// The `--` that ends a comment (blanks and a `>` after it).
+    comment_end: NextMatch,
+    name_end: NextMatch,
+    /// A start tag's outcome by the position its name ends at.
+    after_name: HashMap<usize, Option<Markup>>,
+    /// Where the attribute loop ends, by a position it passes through at its top.
+    attributes_end: HashMap<usize, usize>,
+    /// Characters stepped over and bytes searched.
+    steps: usize,
+}
+
+impl<'t> Scan<'t> {
+    fn new(text: &'t str, remember_after: usize) -> Scan<'t> {
+        Scan {
+            text,
+            remember_after,
+            next_gt: NextMatch::default(),
+            comment_end: NextMatch::default(),
+            name_end: NextMatch::default(),
+            after_name: HashMap::new(),
+            attributes_end: HashMap::new(),
+            steps: 0,
+        }
     }
-    // `[\s/]*`, then attributes: each starts after a quote, a blank or `/` (the character
-    // before, `prev`), with a character that is none of those nor `>`.
-    let mut prev = after[..q].chars().next_back();
-    while q < n && (ws(ch(q)) || ch(q) == Some('/')) {
-        prev = ch(q);
-        q = next(q);
+
+    /// Whether results are remembered (and looked up) now.
+    fn memo(&self) -> bool {
+        self.steps >= self.remember_after
     }
-    let gap = |c: Option<char>| matches!(c, Some('\'' | '"' | '/')) || ws(c);
-    while q < n && gap(prev) && !(ws(ch(q)) || matches!(ch(q), Some('/' | '>'))) {
-        q = next(q);
-        while q < n && !(ws(ch(q)) || matches!(ch(q), Some('/' | '=' | '>'))) {
+
+    /// The first `>` at or after byte `from`.
+    fn next_gt(&mut self, from: usize) -> Option<usize> {
+        let (t, memo, steps) = (self.text, self.memo(), &mut self.steps);
+        self.next_gt.get(from, memo, |from| {
+            let found = t[from..].find('>').map(|k| from + k);
+            *steps += found.unwrap_or(t.len()) - from;
+            found
+        })
+    }
+
+    /// What the text after a `<` (from byte `a`) starts: see [`Markup`].
+    fn markup(&mut self, a: usize) -> Markup {
+        let t = self.text;
+        // A tag that opens but does not close is text through the next `>` (any `<` on the way
+        // included), else up to the next `<`, else just the `<`: the parser's last resort when
+        // its input ends.
+        let unclosed = |s: &mut Self| Markup::Text {
+            len: s.next_gt(a).map(|end| end + 1 - a).or_else(|| t[a..].find('<')).unwrap_or(0),
+            decoded: true,
+        };
+        if t[a..].starts_with("!--") {
+            // To the first `--` that blanks and a `>` follow (Python's `--\s*>`).
+            let (memo, steps) = (self.memo(), &mut self.steps);
+            let closing = |dashes: usize| {
+                let blanks = leading_blanks(&t[dashes + 2..]);
+                t[dashes + 2 + blanks..].starts_with('>').then_some(dashes + 2 + blanks + 1)
+            };
+            let dashes = self.comment_end.get(a + 3, memo, |mut from| {
+                while let Some(dashes) = t[from..].find("--").map(|d| from + d) {
+                    *steps += dashes + 2 + leading_blanks(&t[dashes + 2..]) - from;
+                    if closing(dashes).is_some() {
+                        return Some(dashes);
+                    }
+                    from = dashes + 1;
+                }
+                *steps += t.len() - from;
+                None
+            });
+            return dashes
+                .and_then(closing)
+                .map_or_else(|| unclosed(self), |end| Markup::Tag { len: end - a, space: true });
+        }
+        match t.as_bytes()[a..] {
+            [b'/', b'>', ..] => Markup::Tag { len: 2, space: false },
+            [c, ..] if c.is_ascii_alphabetic() => self.start_tag(a).unwrap_or_else(|| unclosed(self)),
+            // An end tag or a bogus comment (Python's `parse_endtag`), a declaration or a
+            // processing instruction: to the first `>`, quotes or not.
+            [b'/' | b'!' | b'?', ..] => {
+                self.next_gt(a).map_or_else(|| unclosed(self), |end| Markup::Tag { len: end + 1 - a, space: true })
+            }
+            // `<3`, `< 5`: only the `<` is text.
+            _ => Markup::Text { len: 0, decoded: true },
+        }
+    }
+
+    /// A start tag (the text from byte `a` begins with a letter) as Python's `html.parser` finds
+    /// its end: the match of its `locatestarttagend_tolerant` (a tag name, then attributes,
+    /// `name`, `name=value`, `name='value'`, with its backtracking where a quote does not close),
+    /// then `check_for_whole_start_tag`. `None` where the parser waits for more input (the tag is
+    /// left open); `Text` where it gives up on the tag (its `<` and what it matched are text, as
+    /// they stand).
+    fn start_tag(&mut self, a: usize) -> Option<Markup> {
+        let t = self.text;
+        // The tag name: `[a-zA-Z][^\t\n\r\f />\x00]*` (the stops are ASCII: a byte search).
+        let (memo, steps) = (self.memo(), &mut self.steps);
+        let name_end = self.name_end.get(a + 1, memo, |from| {
+            let end = t.as_bytes()[from..]
+                .iter()
+                .position(|b| matches!(b, b'\t' | b'\n' | b'\r' | b'\x0c' | b' ' | b'/' | b'>' | b'\0'))
+                .map(|k| from + k);
+            *steps += end.unwrap_or(t.len()) - from;
+            end
+        });
+        let name_end = name_end.unwrap_or(t.len());
+        if self.memo() {
+            if let Some(&outcome) = self.after_name.get(&name_end) {
+                return outcome.map(|m| m.shifted(name_end, a));
+            }
+        }
+        let outcome = self.after_tag_name(name_end);
+        if self.memo() {
+            self.after_name.insert(name_end, outcome);
+        }
+        outcome.map(|m| m.shifted(name_end, a))
+    }
+
+    /// The rest of a start tag whose name ends at byte `q`: its outcome, with lengths counted
+    /// from `q`.
+    fn after_tag_name(&mut self, mut q: usize) -> Option<Markup> {
+        let t = self.text;
+        let n = t.len();
+        // Positions are stepped a character at a time (the tag is read, not the rest of the text).
+        let ch = |i: usize| t[i..].chars().next();
+        let ws = |c: Option<char>| c.is_some_and(crate::text::is_python_whitespace);
+        let start = q;
+        // `[\s/]*`, then attributes: each starts after a quote, a blank or `/` (the character
+        // before it, so that where the loop goes on depends only on where it is).
+        while q < n && (ws(ch(q)) || ch(q) == Some('/')) {
+            q += ch(q).map_or(1, char::len_utf8);
+        }
+        self.steps += q - start;
+        q = self.attributes(q);
+        let before = q;
+        while q < n && ws(ch(q)) {
+            q += ch(q).map_or(1, char::len_utf8);
+        }
+        self.steps += q - before;
+        let len = q - start;
+        match ch(q) {
+            Some('>') => Some(Markup::Tag { len: len + 1, space: true }),
+            Some('/') if ch(q + 1) == Some('>') => Some(Markup::Tag { len: len + 2, space: true }),
+            None | Some('/' | '=') => None,
+            Some(c) if c.is_ascii_alphabetic() => None,
+            // Anything else there: the parser hands `<` and the match on as text, undecoded.
+            Some(_) => Some(Markup::Text { len, decoded: false }),
+        }
+    }
+
+    /// Where a start tag's attribute loop, at its top at byte `q`, ends.
+    fn attributes(&mut self, mut q: usize) -> usize {
+        let t = self.text;
+        let n = t.len();
+        let ch = |i: usize| t[i..].chars().next();
+        let ws = |c: Option<char>| c.is_some_and(crate::text::is_python_whitespace);
+        let next = |i: usize| i + ch(i).map_or(0, char::len_utf8);
+        let gap = |c: Option<char>| matches!(c, Some('\'' | '"' | '/')) || ws(c);
+        let mut tops = Vec::new();
+        let end = loop {
+            if self.memo() {
+                if let Some(&end) = self.attributes_end.get(&q) {
+                    break end;
+                }
+            }
+            let prev = t[..q].chars().next_back();
+            if !(q < n && gap(prev) && !(ws(ch(q)) || matches!(ch(q), Some('/' | '>')))) {
+                break q;
+            }
+            if self.memo() {
+                tops.push(q);
+            }
+            let top = q;
             q = next(q);
+            while q < n && !(ws(ch(q)) || matches!(ch(q), Some('/' | '=' | '>'))) {
+                q = next(q);
+            }
+            if let Some(end) = attribute_value(t, q) {
+                q = end;
+            }
+            while q < n && (ws(ch(q)) || (ch(q) == Some('/') && ch(q + 1) != Some('>'))) {
+                q = next(q);
+            }
+            self.steps += q - top;
+        };
+        for top in tops {
+            self.attributes_end.insert(top, end);
         }
-        if let Some(end) = attribute_value(after, q) {
-            q = end;
-        }
-        while q < n && (ws(ch(q)) || (ch(q) == Some('/') && ch(q + 1) != Some('>'))) {
-            q = next(q);
-        }
-        prev = after[..q].chars().next_back();
+        end
     }
-    while q < n && ws(ch(q)) {
-        q = next(q);
-    }
-    match ch(q) {
-        Some('>') => Some(Markup::Tag { len: q + 1, space: true }),
-        Some('/') if ch(q + 1) == Some('>') => Some(Markup::Tag { len: q + 2, space: true }),
-        None | Some('/' | '=') => None,
-        Some(c) if c.is_ascii_alphabetic() => None,
-        // Anything else there: the parser hands `<` and the match on as text, undecoded.
-        Some(_) => Some(Markup::Text { len: q, decoded: false }),
+}
+
+impl Markup {
+    /// This outcome, its length counted from byte `from`, counted from byte `to` instead.
+    fn shifted(self, from: usize, to: usize) -> Markup {
+        match self {
+            Markup::Tag { len, space } => Markup::Tag { len: len + from - to, space },
+            Markup::Text { len, decoded } => Markup::Text { len: len + from - to, decoded },
+        }
     }
 }
 
@@ -627,6 +783,59 @@ mod tests {
         //   == 'café on+the %ZZcorner%'
         assert_eq!(String::from_utf8(url_decode(b"caf%C3%A9+on%2Bthe+%ZZcorner%")).unwrap(), "café on+the %ZZcorner%");
         assert!(String::from_utf8(url_decode(b"%FF")).is_err());
+    }
+
+    /// `text`'s tags stripped with the scans remembered from the start, as [`clean`] remembers
+    /// them, and read afresh: the three texts (which must be equal) and the steps each took.
+    fn strip_three_ways(text: &str) -> [(String, usize); 3] {
+        [0, 2 * text.len() + 256, usize::MAX].map(|remember_after| {
+            let mut scan = Scan::new(text, remember_after);
+            (strip_tags(&mut scan), scan.steps)
+        })
+    }
+
+    #[test]
+    fn remembered_scans_strip_what_fresh_ones_strip() {
+        // Random texts over the pieces markup is made of: every `<` is read with the scans of
+        // earlier `<`s remembered and afresh, as Python's parser reads it.
+        const PIECES: [&str; 24] = [
+            "<", ">", "<a", "<b ", "</", "<!", "<!--", "--", "-->", "<?", "/", "/>", "=", "'", "\"", " ", "\n", "\0",
+            "x", "é", "&amp;", "&#65", "a", "<a href=",
+        ];
+        let mut rng = crate::rng::RowRng::new(1, "strip_tags", "random");
+        let mut tags = 0;
+        for case in 0..4000 {
+            let len = 1 + rng.below(if case % 10 == 0 { 400 } else { 40 }) as usize;
+            let text: String = (0..len).map(|_| PIECES[rng.below(PIECES.len() as u64) as usize]).collect();
+            let [(memo, _), (adaptive, _), (fresh, _)] = strip_three_ways(&text);
+            assert_eq!(memo, fresh, "{text:?}");
+            assert_eq!(adaptive, fresh, "{text:?}");
+            tags += usize::from(fresh.len() < text.len());
+        }
+        assert!(tags > 1000, "too few texts lost markup ({tags}): the pieces should make tags");
+    }
+
+    #[test]
+    fn texts_of_many_unclosed_tags_cost_linear_steps() {
+        // Each of these left open reads on to the end of the text in Python's parser, one `<`
+        // at a time: afresh, twice the text is about four times the steps; remembered, twice.
+        let shapes: [fn(usize) -> String; 6] = [
+            |n| "<a ".repeat(n),
+            |n| "<a".repeat(n) + &" ".repeat(n),
+            |n| "<a x=y ".repeat(n),
+            |n| "<!-- ".repeat(n),
+            |n| "</b <?x ".repeat(n),
+            |n| "<a b='x <a c=\"y ".repeat(n),
+        ];
+        for shape in shapes {
+            let (small, large) = (shape(400), shape(800));
+            let (small_ways, large_ways) = (strip_three_ways(&small), strip_three_ways(&large));
+            assert!(small_ways.iter().all(|(text, _)| *text == small_ways[2].0));
+            assert!(large_ways[2].0.len() > small_ways[2].0.len(), "{:?}", &small[..20]);
+            let growth: Vec<f64> = (0..3).map(|i| large_ways[i].1 as f64 / small_ways[i].1 as f64).collect();
+            assert!(growth[0] < 2.5 && growth[1] < 2.5, "{:?}: steps grew {growth:?}", &small[..20]);
+            assert!(growth[2] > 3.5, "{:?}: afresh, steps grew {:.2}× (not quadratic?)", &small[..20], growth[2]);
+        }
     }
 
     #[test]
