@@ -542,6 +542,24 @@ fn yfcc_urls_stay_as_they_are_and_ids_are_digits() {
 }
 
 #[test]
+fn yfcc_titles_of_many_unclosed_tags_read_as_python_reads_them() {
+    // Python's parser reads each unclosed `<a` on to the end of the text, then as text: read so
+    // one `<` at a time, this 90 kB title (`<b>x</b> &amp; <a <a <a …`) took seconds (a 240 kB
+    // one over a minute). Its text is what Python 3.11.7's `html.parser` gives
+    // (`benches/yfcc_html_check.py`'s `py_clean`).
+    let n = 30_000;
+    let title = format!("%3Cb%3Ex%3C%2Fb%3E+%26amp%3B+{}", "%3Ca+".repeat(n));
+    let mut f = vec![""; 23];
+    (f[0], f[6], f[14], f[22]) = ("1", &title, "http://farm/1.jpg", "0");
+    let dir = tempfile::tempdir().unwrap();
+    let tsv = dir.path().join("yfcc.tsv");
+    std::fs::write(&tsv, f.join("\t")).unwrap();
+    let (_d, data, _) =
+        run_pipeline(&read_only(&format!("type = \"read_yfcc\"\npath = \"{}\"\ncaption = \"title\"", tsv.display())));
+    assert_eq!(strs(&data, "caption"), [format!("x & {}", "<a ".repeat(n).trim_end())]);
+}
+
+#[test]
 fn an_empty_headerless_table_is_a_table_of_no_rows() {
     // One shard of many may be empty (plain or compressed); with a header to map names by, an
     // empty file is an error.
