@@ -386,6 +386,30 @@ fn bundled_pipeline_validates() {
 }
 
 #[test]
+fn a_pipeline_or_training_file_from_a_pipe_is_read_once() {
+    // `cat p.toml | curate validate /dev/stdin`: the file is read again as it is checked (its
+    // kind, then the whole), and a pipe gives its text once; the second read found it empty.
+    for (file, says) in
+        [("pipelines/bow.toml", "is valid: 3 stage(s)"), ("pipelines/train.toml", "valid training file")]
+    {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_curate"))
+            .args(["validate", "/dev/stdin", "--set", "output_dir=out/from_a_pipe"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let text = std::fs::read(file).unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), &text).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{file}: {stderr}");
+        // What `validate` says goes to stderr, as every message does.
+        assert!(stderr.contains(says) && stdout.is_empty(), "{file}: {stderr}");
+    }
+}
+
+#[test]
 fn threads_beyond_a_sane_count_are_refused() {
     let (code, stdout, stderr) = curate(&["run", "pipelines/bow.toml", "--threads", "100000"]);
     assert_eq!(code, 2, "{stderr}");

@@ -93,8 +93,22 @@ fn read_source(path: &Path) -> Result<String, Vec<Diagnostic>> {
                 .hint("check the path; pipelines live in `pipelines/`")]
         };
         // At most MAX_FILE_BYTES: `/dev/zero` or a data file named by mistake would fill memory.
-        let mut bytes = Vec::new();
-        std::fs::File::open(path).and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes)).map_err(cannot)?;
+        let read = || {
+            let mut bytes = Vec::new();
+            std::fs::File::open(path).and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes)).map(|_| bytes)
+        };
+        // A file is read more than once as it is checked (what kind of file, then the whole);
+        // a stream (`/dev/stdin`, `<(…)`, a FIFO) gives its text only once, so it is kept.
+        let bytes = if std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+            read().map_err(cannot)?
+        } else {
+            static STREAMS: std::sync::Mutex<Option<HashMap<PathBuf, Vec<u8>>>> = std::sync::Mutex::new(None);
+            let mut streams = STREAMS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match streams.get_or_insert_default().entry(path.to_path_buf()) {
+                std::collections::hash_map::Entry::Occupied(kept) => kept.get().clone(),
+                std::collections::hash_map::Entry::Vacant(slot) => slot.insert(read().map_err(cannot)?).clone(),
+            }
+        };
         if bytes.len() as u64 > MAX_FILE_BYTES {
             return Err(vec![Diagnostic::new(format!(
                 "`{}` is over {} MiB: not a pipeline or training file",
@@ -692,7 +706,10 @@ fn first_in_file(text: &str) -> Option<toml::de::Error> {
 
 /// One TOML syntax error as a diagnostic, at its place in `source`.
 fn syntax_diagnostic(path: &Path, source: &str, e: &toml::de::Error) -> Diagnostic {
-    let loc = e.span().map(|s| location_in(path, source, s.start));
+    let loc = match e.span() {
+        Some(s) => Some(location_in(path, source, s.start)),
+        None => placeless_line(source, e.message()).map(|at| location_in(path, source, at)),
+    };
     let mut first = e.message().lines().next().unwrap_or("invalid TOML").to_owned();
     // The parser names no key: it is the text of the line before its `=`.
     if first == "duplicate key" {
@@ -706,6 +723,19 @@ fn syntax_diagnostic(path: &Path, source: &str, e: &toml::de::Error) -> Diagnost
         }
     }
     Diagnostic::new(format!("invalid TOML: {first}")).at(loc).hint("see https://toml.io for the syntax")
+}
+
+/// Where the line starts that a TOML error without a place (the parser's recursion limit: keys,
+/// arrays or tables nested too deep) is in: the first line whose end, with the lines before it,
+/// gives that error (found by bisection, as a longer start gives it too).
+fn placeless_line(source: &str, message: &str) -> Option<usize> {
+    // Where each line ends (after its `\n`).
+    let ends: Vec<usize> = source.match_indices('\n').map(|(i, _)| i + 1).chain([source.len()]).collect();
+    let errs =
+        |end: usize| DeTable::parse(&source[..end]).err().is_some_and(|e| e.span().is_none() && e.message() == message);
+    let end = *ends.get(ends.partition_point(|&end| !errs(end)))?;
+    let line = &source[..end];
+    Some(line.strip_suffix('\n').unwrap_or(line).rfind('\n').map_or(0, |i| i + 1))
 }
 
 /// Line, column and text of byte `offset` in `source`, the file at `path`. A byte-order mark
@@ -1568,5 +1598,17 @@ mod tests {
     fn syntax_errors_have_a_line() {
         let e = ConfigDoc::parse(Path::new("p.toml"), "a = 1\nb = \n".into(), &[]).unwrap_err();
         assert!(matches!(e[0].location, Some(Location::File { line: 2, .. })), "{e:?}");
+    }
+
+    #[test]
+    fn nesting_too_deep_has_a_line() {
+        // The parser's recursion limit has no place of its own for dotted keys: it is found by
+        // line (arrays have theirs).
+        for deep in [format!("x{}= 1", ".a".repeat(200)), format!("x = {}{}", "[".repeat(200), "]".repeat(200))] {
+            let text = format!("a = 1\n\n{deep}\nb = 2\n");
+            let e = ConfigDoc::parse(Path::new("p.toml"), text, &[]).unwrap_err();
+            assert!(e[0].message.contains("recurs"), "{e:?}");
+            assert!(matches!(e[0].location, Some(Location::File { line: 3, .. })), "{e:?}");
+        }
     }
 }

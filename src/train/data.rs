@@ -330,6 +330,18 @@ pub(crate) fn read_features(files: &[PathBuf]) -> Result<(HashMap<String, Vec<f3
             row += batch.num_rows();
         }
     }
+    // No row to join (and no width: 0 would divide the readers' row counts by zero).
+    if out.is_empty() {
+        let names: Vec<String> = files.iter().take(3).map(|f| format!("`{}`", f.display())).collect();
+        return Err(Error::Data {
+            message: format!(
+                "the feature tables hold no rows with a `sample_id` ({}{})",
+                names.join(", "),
+                if files.len() > 3 { format!(" and {} more", files.len() - 3) } else { String::new() }
+            ),
+            hint: Some(FEATURE_TABLES.into()),
+        });
+    }
     Ok((out, first.map_or(0, |(d, _)| d)))
 }
 
@@ -1131,6 +1143,25 @@ mod tests {
         let ints = Arc::new(arrow_array::Int32Array::from(vec![1, 2, 3, 4, 5, 6])) as ArrayRef;
         let e = read_features(&[table("int.parquet", ints)]).unwrap_err().to_string();
         assert!(e.contains("`embedding` values are Int32, not Float32 (or Float16, Float64)"), "{e}");
+        // Tables of no rows (of any width, 0 included) hold no features; an empty shard beside
+        // others is read.
+        for width in [0, 3] {
+            let field = Arc::new(arrow_schema::Field::new("item", DataType::Float32, true));
+            let list = FixedSizeListArray::new(field, width, Arc::new(Float32Array::from(Vec::<f32>::new())), None);
+            let batch = RecordBatch::try_from_iter([
+                ("sample_id", Arc::new(StringArray::from(Vec::<&str>::new())) as ArrayRef),
+                ("embedding", Arc::new(list) as ArrayRef),
+            ])
+            .unwrap();
+            let empty = dir.path().join(format!("empty{width}.parquet"));
+            crate::io::parquet::write_file(&empty, batch.schema(), &[batch], &[]).unwrap();
+            let e = read_features(std::slice::from_ref(&empty)).unwrap_err().to_string();
+            assert!(e.contains("the feature tables hold no rows with a `sample_id`"), "{e}");
+            if width == 3 {
+                let (features, w) = read_features(&[empty, dir.path().join("f32.parquet")]).unwrap();
+                assert_eq!((features.len(), w), (2, 3));
+            }
+        }
     }
 
     #[test]
