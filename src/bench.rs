@@ -368,7 +368,7 @@ fn read_f32_matrix(path: &Path, dim: Option<usize>) -> Result<(Vec<f32>, usize)>
     } else {
         (&bytes[..], dim.ok_or_else(|| bad("raw f32 input needs `--dim`"))?)
     };
-    if width == 0 || body.len() % (4 * width) != 0 {
+    if width == 0 || width.checked_mul(4).is_none_or(|row| body.len() % row != 0) {
         return Err(bad(&format!("{} bytes do not make rows of {width} f32", body.len())));
     }
     if body.is_empty() {

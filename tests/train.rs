@@ -245,6 +245,25 @@ fn resume_reproduces_the_losses_of_an_uninterrupted_run() {
     let changed = config(parts.path(), &[&sets[..], &["optim.lr=0.01"]].concat());
     let e = train(&changed, &TrainOptions { resume: true, ..Default::default() }).unwrap_err();
     assert!(e.to_string().contains("differs") && e.to_string().contains("`optim.lr`: 0.05 then, 0.01 now"), "{e}");
+
+    // A checkpoint whose state was edited (or comes from another run) is refused, not used to
+    // write outside the bank or to train no steps.
+    let edited = tempfile::tempdir().unwrap();
+    let c = config(edited.path(), &sets);
+    train(&c, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
+    let state = edited.path().join("out/checkpoints/step-00000003/state.json");
+    let text = std::fs::read_to_string(&state).unwrap();
+    for (key, value, says) in [
+        ("/bank/next", 16, "do not hold a memory bank of this run (16 slots of"),
+        ("/bank/size", 17, "do not hold a memory bank of this run (16 slots of"),
+        ("/step", 99, "its state.json is at step 99, its name at step 3, and the run has 6 steps"),
+    ] {
+        let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        *v.pointer_mut(key).unwrap() = value.into();
+        std::fs::write(&state, v.to_string()).unwrap();
+        let e = train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap_err().to_string();
+        assert!(e.contains(says), "{key}: {e}");
+    }
 }
 
 /// The lines of `metrics.jsonl` without their timing (`samples_per_s`).
@@ -507,6 +526,27 @@ fn values_no_loss_optimiser_or_model_can_take_are_config_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("`model.text.max_tokens`: 2 tokens do not fit") && e.contains("at least 3"), "{e}");
+    // Sizes no machine holds, and a bank beside a batch of 0 (reported once, not divided by).
+    let sets = [
+        "output_dir=out/never",
+        "batch_size=0",
+        "loss.type=otter",
+        "loss.sinkhorn_iterations=1000000",
+        "model.image.width=9223372036854775807",
+        "model.image.layers=[9223372036854775807, 1, 1, 1]",
+    ];
+    let e = TrainConfig::load(&file, &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap_err().to_string();
+    for want in [
+        "`batch_size`: 0 is too small",
+        "`loss.sinkhorn_iterations`: 1000000 is not at most 1000",
+        "`model.image.width`: 9223372036854775807 is past what fits in memory",
+        "`model.image.layers`: [9223372036854775807, 1, 1, 1] is past what fits in memory",
+    ] {
+        assert!(e.contains(want), "wanted `{want}` in:\n{e}");
+    }
+    let sets = ["output_dir=out/never".into(), "batch_size=0".into(), "loss.type=memory_bank".into()];
+    let e = TrainConfig::load(&file, &sets).unwrap_err().to_string();
+    assert!(e.contains("`batch_size`: 0 is too small") && !e.contains("loss.size"), "{e}");
     // A NaN learning rate is one error, with no follow-on about `min_lr`.
     let e = TrainConfig::load(&file, &["output_dir=out/never".into(), "optim.lr=nan".into()]).unwrap_err().to_string();
     assert!(e.contains("`optim.lr`") && !e.contains("optim.min_lr"), "{e}");

@@ -122,6 +122,9 @@ pub struct MinePseudoBowConfig {
     pub seed: Option<u64>,
 }
 
+/// The most crops of an image [`MinePseudoBow`] takes.
+const MAX_CROPS: usize = 1024;
+
 fn default_crops() -> usize {
     5
 }
@@ -185,11 +188,18 @@ impl MinePseudoBowConfig {
     ) -> Option<MinePseudoBow> {
         let references = images::reference_columns(input, TYPE, problems);
         images::check_shards_dir(&self.shards_dir, problems);
-        for (key, v) in [("crops", self.crops), ("neighbors", self.neighbors), ("words", self.words)] {
-            if v == 0 {
+        // Crops are held in memory per batch of images (each 3×224×224 floats): 1,024 crops of
+        // an image are already 600 MB a batch image.
+        for (key, v, most) in [
+            ("crops", self.crops, MAX_CROPS),
+            ("neighbors", self.neighbors, usize::MAX),
+            ("words", self.words, usize::MAX),
+        ] {
+            if v == 0 || v > most {
+                let range = if most == usize::MAX { "at least 1".to_owned() } else { format!("from 1 to {most}") };
                 problems.push(
                     key,
-                    format!("{key} must be at least 1"),
+                    format!("{key} must be {range}, got {v}"),
                     Some("the paper's defaults: c = 5, k = 10, p = 4".into()),
                 );
             }

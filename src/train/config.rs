@@ -20,6 +20,8 @@ use crate::train::transform::ImageTransformKind;
 /// paper's K is 8192). Past it the banks are refused before the run starts, not left to fail
 /// allocating.
 const MAX_BANK_SIZE: usize = 1 << 20;
+/// The most Sinkhorn iterations OTTER's loss takes.
+const MAX_SINKHORN_ITERATIONS: usize = 1000;
 
 /// A whole training file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -976,7 +978,8 @@ impl TrainConfig {
         }
         self.check_ranges(&mut bad);
         if let crate::losses::LossConfig::MemoryBank(m) = &self.loss {
-            if m.size == 0 || m.size % self.batch_size != 0 {
+            // (A `batch_size` of 0 is reported already.)
+            if m.size == 0 || (self.batch_size > 0 && m.size % self.batch_size != 0) {
                 bad(
                     "loss.size",
                     format!("bank size {} is not a positive multiple of batch_size {}", m.size, self.batch_size),
@@ -1187,6 +1190,9 @@ impl TrainConfig {
                 within("loss.alpha", c.alpha, (0.0..=1.0).contains(&c.alpha), "in [0, 1]");
                 // Sinkhorn divides the similarities by λ (spec `bow-and-otter.md` §4).
                 within("loss.sinkhorn_lambda", c.sinkhorn_lambda, positive(c.sinkhorn_lambda), "positive");
+                // Each iteration is kept for the backward pass (the paper runs 5).
+                let n = c.sinkhorn_iterations;
+                within("loss.sinkhorn_iterations", n as f64, n <= MAX_SINKHORN_ITERATIONS, "at most 1000");
                 within("loss.init_log_scale", c.init_log_scale, true, "finite");
                 // The EMA teacher: `m·θ_teacher + (1 − m)·θ`, a convex mix only for m in [0, 1].
                 within(
@@ -1244,6 +1250,18 @@ impl TrainConfig {
         }
         if m.image.width == Some(0) || m.image.layers.is_some_and(|l| l.contains(&0)) {
             bad("model.image", "a ResNet needs a width and blocks in every stage".into(), "all at least 1");
+        }
+        // Far past any published ResNet (ResNet-152: [3, 8, 36, 3], stem 64; wide ResNets double
+        // the inner width, not the stem), and short of sizes whose weights cannot be allocated.
+        if let Some(w) = m.image.width.filter(|&w| w > 256) {
+            bad("model.image.width", format!("{w} is past what fits in memory"), "up to 256 (ResNet-50: 64)");
+        }
+        if let Some(l) = m.image.layers.filter(|l| l.iter().any(|&n| n > 64)) {
+            bad(
+                "model.image.layers",
+                format!("{l:?} is past what fits in memory"),
+                "up to 64 blocks per stage (ResNet-152: [3, 8, 36, 3])",
+            );
         }
         // (With `[model.clip]` the image tower is CLIP's, and `[model.image]` is refused as such.)
         if let Some(fbnet) = m.image.preset.fbnet().filter(|_| m.clip.is_none()) {

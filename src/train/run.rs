@@ -515,9 +515,30 @@ impl Run {
             let p = dir.join("teacher.bpk");
             self.teacher = Some(t.try_load_file(&p).map_err(|e| record_err("read", &p, e))?.no_grad());
         }
-        if let (Some(_), Some(b)) = (&self.bank, &state.bank) {
+        if let (Some(bank), Some(b)) = (&self.bank, &state.bank) {
             let p = dir.join("bank.bin");
             let bytes = std::fs::read(&p).map_err(|e| Error::io("cannot read", &p, e))?;
+            // Checked before it is used: an edited or foreign state would write outside the bank.
+            let [k, d] = bank.state().0.dims();
+            let consistent = b.size == k
+                && b.dim == d
+                && bytes.len() == 2 * k * d * 4
+                && b.filled <= k
+                && match b.last {
+                    // The last batch written, and the next slot after it (the bank holds whole batches).
+                    Some((s, e)) => s < e && e <= k && k % (e - s) == 0 && s % (e - s) == 0 && b.next == e % k,
+                    None => b.next == 0 && b.filled == 0,
+                };
+            if !consistent {
+                return Err(Error::Data {
+                    message: format!(
+                        "`{}` and `{}` do not hold a memory bank of this run ({k} slots of {d})",
+                        dir.join("state.json").display(),
+                        p.display()
+                    ),
+                    hint: Some("resume from the run's own checkpoints (or remove this one)".into()),
+                });
+            }
             let half = b.size * b.dim * 4;
             let image = tensor_from_bytes(&bytes[..half], [b.size, b.dim], device);
             let text = tensor_from_bytes(&bytes[half..], [b.size, b.dim], device);
@@ -958,7 +979,17 @@ fn train_here(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary>
         let (r, state) = run.load(dir, &config.optim, &device)?;
         run = r;
         start = state.step;
-        debug_assert_eq!(start, *step);
+        // An edited or foreign `state.json`: its step must be the checkpoint's, within the run.
+        if start != *step || start > total {
+            return Err(Error::Data {
+                message: format!(
+                    "checkpoint `{}` is not one of this run: its state.json is at step {start}, its name at step \
+                     {step}, and the run has {total} steps",
+                    dir.display()
+                ),
+                hint: Some("resume from the run's own checkpoints (or remove this one)".into()),
+            });
+        }
         resumed_best = restore_best(&out, dir, state.best)?;
     }
     // PCME++'s per-tower rates and layer-wise decay (none by default).
