@@ -509,12 +509,12 @@ impl NextMatch {
 /// The markup scans of one text. Python's parser reads a `<` that opens a tag but does not
 /// close it on to the end of the text, then hands it over as text up to the next `<` and
 /// starts again there: read one `<` at a time, a text of many (`<a <a <a …`, a broken title)
-/// costs time quadratic in its length (a 100 kB field took 20 s). Each scan here depends only on
+/// costs time quadratic in its length (a 120 kB title took 22 s). Each scan here depends only on
 /// where it starts in the text, so its result is remembered by that position (the next `>`, a
 /// comment's end, a tag name's end, and where a start tag's attribute loop ends from each
 /// position it passes through): each part of the text is then read about once. They are
 /// remembered once the scans have taken `remember_after` steps (kept in hash maps, they cost a
-/// fifth more time on texts full of tags that need none of them); `usize::MAX` reads every `<`
+/// fifth more CPU time on texts full of tags that need none of them); `usize::MAX` reads every `<`
 /// afresh, as the parser does (the tests compare the two).
 struct Scan<'t> {
     text: &'t str,
