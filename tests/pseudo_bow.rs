@@ -420,6 +420,9 @@ fn validate_checks_the_tables_and_columns_the_stage_will_read() {
     );
     let err = compile(toml).expect("two problems").to_string();
     assert!(err.contains("crops") && err.contains("is not a `curate train` run"), "{err}");
+    // Crops past what a batch can hold in memory (a capacity overflow, or an abort allocating).
+    let err = compile(pipeline(&out, root, aligned, "crops = 9223372036854775807")).expect("too many").to_string();
+    assert!(err.contains("crops must be from 1 to 1024, got 9223372036854775807"), "{err}");
     // A second mining stage would write `words`, `neighbor_ids` and `strategy` twice.
     let twice = pipeline(&out, root, aligned, "").replace(
         "[[stage]]\ntype = \"write_parquet\"",
