@@ -517,18 +517,8 @@ impl ConfigDoc {
                     // table: the key itself is what gets dropped (not the whole table).
                     let at_root = now == "." || now.is_empty();
                     let table = if at_root { Some(&value) } else { lookup(&value, &now) };
-                    // Elsewhere the path ends at the unknown key itself (not inside its value:
-                    // `--set model.a.a=1` is one unknown key `a` of `model`).
-                    let names_the_key = e
-                        .inner()
-                        .message()
-                        .strip_prefix("unknown field `")
-                        .and_then(|m| m.split('`').next())
-                        .is_some_and(|field| !at_root && now.rsplit('.').next() == Some(field));
-                    let candidates = match table.and_then(Value::as_table) {
-                        Some(t) if !names_the_key => culprits(t, e.inner().message()),
-                        _ => Vec::new(),
-                    };
+                    let candidates =
+                        table.and_then(Value::as_table).map_or(Vec::new(), |t| culprits(t, e.inner().message()));
                     let key_path = |k: &str| if at_root { k.to_owned() } else { format!("{now}.{k}") };
                     // Several keys hold the value the message quotes: the one whose removal takes
                     // the error away (not into "missing field" for it) is the one.
