@@ -423,3 +423,19 @@ pub fn knn(args: &KnnBenchArgs, device: Option<&burn::tensor::Device>) -> Result
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_f32_rows_of_a_width_past_memory_are_an_error() {
+        // `4 · width` wrapped to 0 for `--dim 2^62`, and `len % 0` panicked.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("q.f32");
+        std::fs::write(&path, [1.0f32, 2.0, 3.0, 4.0].map(f32::to_le_bytes).concat()).unwrap();
+        assert_eq!(read_f32_matrix(&path, Some(2)).unwrap(), (vec![1.0, 2.0, 3.0, 4.0], 2));
+        let e = read_f32_matrix(&path, Some(1 << 62)).unwrap_err().to_string();
+        assert!(e.contains("16 bytes do not make rows of 4611686018427387904 f32"), "{e}");
+    }
+}
