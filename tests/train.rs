@@ -547,6 +547,9 @@ fn values_no_loss_optimiser_or_model_can_take_are_config_errors() {
     let sets = ["output_dir=out/never".into(), "batch_size=0".into(), "loss.type=memory_bank".into()];
     let e = TrainConfig::load(&file, &sets).unwrap_err().to_string();
     assert!(e.contains("`batch_size`: 0 is too small") && !e.contains("loss.size"), "{e}");
+    // An unknown key whose value is a table holding a key of its name is one unknown key.
+    let e = TrainConfig::load(&file, &["output_dir=out/never".into(), "model.a.a=1".into()]).unwrap_err().to_string();
+    assert!(e.contains("unknown key `a` in `model`") && !e.contains("in `model.a`"), "{e}");
     // A NaN learning rate is one error, with no follow-on about `min_lr`.
     let e = TrainConfig::load(&file, &["output_dir=out/never".into(), "optim.lr=nan".into()]).unwrap_err().to_string();
     assert!(e.contains("`optim.lr`") && !e.contains("optim.min_lr"), "{e}");

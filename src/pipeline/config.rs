@@ -346,6 +346,14 @@ impl ConfigDoc {
                  `--set 'key=\"text\"'`, `--set 'key=[\"a\", \"b\"]'`",
             ));
         }
+        // A number TOML reads but no i64 or f64 holds is not a bare string either.
+        if value.as_str() == Some(raw) && is_out_of_range_number(raw) {
+            return Err(bad(format!("`--set {key}`: number `{raw}` is out of range")).hint(format!(
+                "TOML integers go from {} to {}; floats are finite",
+                i64::MIN,
+                i64::MAX
+            )));
+        }
         // `stage[i]` addresses a stage by its position in the file, as messages name it.
         let position = parts[0]
             .strip_prefix("stage[")
@@ -517,9 +525,22 @@ impl ConfigDoc {
                     // table: the key itself is what gets dropped (not the whole table).
                     let at_root = now == "." || now.is_empty();
                     let table = if at_root { Some(&value) } else { lookup(&value, &now) };
-                    let candidates =
+                    let mut candidates =
                         table.and_then(Value::as_table).map_or(Vec::new(), |t| culprits(t, e.inner().message()));
                     let key_path = |k: &str| if at_root { k.to_owned() } else { format!("{now}.{k}") };
+                    // Outside a tagged enum the path ends at the unknown key itself, and its value
+                    // may hold a key of the same name (`--set model.a.a=1`): that inner key is the
+                    // culprit only if dropping it takes the error away.
+                    if e.inner().message().starts_with("unknown field `") && !at_root {
+                        candidates.retain(|k| {
+                            let mut trial = value.clone();
+                            remove_path(&mut trial, &key_path(k));
+                            match serde_path_to_error::deserialize::<_, T>(trial) {
+                                Ok(_) => true,
+                                Err(e2) => e2.path().to_string() != now || e2.inner().message() != e.inner().message(),
+                            }
+                        });
+                    }
                     // Several keys hold the value the message quotes: the one whose removal takes
                     // the error away (not into "missing field" for it) is the one.
                     let culprit = match candidates.len() {
@@ -845,6 +866,16 @@ fn json_type_names(message: &str) -> String {
 /// `code` read as one TOML value.
 fn toml_value(code: &str) -> Option<Value> {
     toml::from_str::<Table>(&format!("v = {code}")).ok()?.remove("v")
+}
+
+/// Whether `raw` is TOML's syntax of a number (`99999999999999999999`, `1e999`), whatever its
+/// size: the syntax is checked apart from the conversion to i64 or f64.
+fn is_out_of_range_number(raw: &str) -> bool {
+    let code = format!("v = {raw}");
+    let Ok(parsed) = DeTable::parse(&code) else { return false };
+    let is_number =
+        parsed.get_ref().get("v").is_some_and(|v| matches!(v.get_ref(), DeValue::Integer(_) | DeValue::Float(_)));
+    is_number && toml_value(raw).is_none()
 }
 
 /// `key = value` (a TOML assignment, `...` standing for any value) as `"key": value`.
@@ -1282,6 +1313,29 @@ mod tests {
     fn doc(src: &str, sets: &[&str]) -> ConfigDoc {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
         ConfigDoc::parse(Path::new("p.toml"), src.to_owned(), &sets).unwrap()
+    }
+
+    #[test]
+    fn a_set_number_out_of_range_is_reported_as_one_not_as_a_string() {
+        let d = doc(
+            "seed = 1\nname = \"x\"\n",
+            &["seed=99999999999999999999", "name=-1e400", "seed=1_000", "name=12ab", "name=inf"],
+        );
+        let messages: Vec<&str> = d.override_errors.iter().map(|e| e.message.as_str()).collect();
+        assert_eq!(
+            messages,
+            [
+                "`--set seed`: number `99999999999999999999` is out of range",
+                "`--set name`: number `-1e400` is out of range"
+            ]
+        );
+        assert!(d.override_errors.iter().all(|e| e.hint.as_deref().is_some_and(|h| h.contains("9223372036854775807"))));
+        // What TOML does not read as a number stays a bare string; what fits is a number.
+        assert_eq!(d.root["seed"].as_integer(), Some(1000));
+        assert_eq!(d.root["name"].as_float(), Some(f64::INFINITY));
+        let d = doc("name = \"x\"\n", &["name=12ab"]);
+        assert!(d.override_errors.is_empty());
+        assert_eq!(d.root["name"].as_str(), Some("12ab"));
     }
 
     #[test]
