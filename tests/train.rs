@@ -1432,8 +1432,16 @@ fn a_run_checkpointed_by_an_earlier_curate_resumes_when_only_new_keys_at_their_d
 #[test]
 fn caption_augmentation_gives_masked_batches_and_needs_a_mask_token() {
     let dir = tempfile::tempdir().unwrap();
-    // The bundled text model has no [MASK]: refused before training.
-    let c = config_without_teachers(dir.path(), &["data.caption_augment=true"]);
+    // The bundled text model has no [MASK]: refused when the config is checked, so that
+    // `validate` says it too, and by the batch maker of a config that skipped the check.
+    let file = dir.path().join("train.toml");
+    std::fs::write(&file, BASE).unwrap();
+    let sets = ["output_dir=out/never".to_string(), "data.caption_augment=true".to_string()];
+    let e = TrainConfig::load(&file, &sets).unwrap_err().to_string();
+    assert!(e.contains("`data.caption_augment`: masks words with `[MASK]`") && e.contains("has neither"), "{e}");
+    assert!(e.contains("1 configuration error"), "{e}");
+    let mut c = config_without_teachers(dir.path(), &[]);
+    c.data.caption_augment = true;
     let set = Arc::new(TrainSet::load(&c).unwrap());
     let e = BatchMaker::new(set.clone(), &c).err().expect("no [MASK] token").to_string();
     assert!(e.contains("`data.caption_augment` masks words with `[MASK]`"), "{e}");

@@ -955,6 +955,14 @@ impl TrainConfig {
         if let Some(clip) = &self.model.clip {
             self.check_clip(clip, &mut bad);
         }
+        // The tokenizer is read here only for this key: `validate` then says what `train` would.
+        let tokenizer_dir = self.model.tokenizer_dir();
+        if self.data.caption_augment && crate::models::text_encoder::has_tokenizer(tokenizer_dir) {
+            let tokenizer = crate::models::text_encoder::load_tokenizer_file(tokenizer_dir);
+            if tokenizer.is_ok_and(|(t, _)| super::data::augment_vocabulary(&t).is_none()) {
+                bad("data.caption_augment", super::data::no_mask_token(tokenizer_dir), super::data::NO_MASK_TOKEN_HINT);
+            }
+        }
         if self.model.log_variance_block {
             let pcmepp = matches!(self.loss, crate::losses::LossConfig::Pcmepp(_));
             if self.model.clip.is_none() || !self.model.gpo || !pcmepp {

@@ -627,6 +627,19 @@ pub enum AugmentUnit {
     Token,
 }
 
+/// Why `data.caption_augment` cannot run with the tokenizer in `dir` ([`augment_vocabulary`]
+/// found no mask token), said after the key's name; [`NO_MASK_TOKEN_HINT`] goes with it.
+pub fn no_mask_token(dir: &Path) -> String {
+    format!(
+        "masks words with `[MASK]` (or CLIP's BPE tokens with `M`), and the tokenizer of `{}` has neither",
+        dir.display()
+    )
+}
+
+/// The hint that goes with [`no_mask_token`].
+pub const NO_MASK_TOKEN_HINT: &str =
+    "caption augmentation is PCME++'s for BERT-family and CLIP tokenizers; leave it off";
+
 /// What [`augment_caption`] needs from a tokenizer: the mask id, its vocabulary's ids (sorted)
 /// and the unit — `[MASK]` and words for a BERT-family tokenizer, the BPE symbol `M` and tokens
 /// for CLIP's (one with `<|endoftext|>`); `None` for others.
@@ -885,14 +898,8 @@ impl BatchMaker {
             false => None,
             true => {
                 let (mask_id, vocab, unit) = augment_vocabulary(&tokenizer).ok_or_else(|| Error::Model {
-                    message: format!(
-                        "`data.caption_augment` masks words with `[MASK]` (or CLIP's BPE tokens with `M`), and the \
-                         tokenizer of `{}` has neither",
-                        c.model.tokenizer_dir().display()
-                    ),
-                    hint: Some(
-                        "caption augmentation is PCME++'s for BERT-family and CLIP tokenizers; leave it off".into(),
-                    ),
+                    message: format!("`data.caption_augment` {}", no_mask_token(c.model.tokenizer_dir())),
+                    hint: Some(NO_MASK_TOKEN_HINT.into()),
                 })?;
                 let mut whole = tokenizer.clone();
                 whole
