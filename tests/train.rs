@@ -1358,6 +1358,37 @@ fn pre_caption_gives_the_student_cusas_normalised_captions_and_leaves_out_emptie
 }
 
 #[test]
+fn resuming_a_run_whose_config_json_is_damaged_or_gone_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config_without_teachers(dir.path(), &[]);
+    let out = dir.path().join("out");
+    let path = out.join("config.json");
+    train(&c, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
+    let good = std::fs::read(&path).unwrap();
+    let resume = || train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap_err().to_string();
+    let mut latin1 = good.clone();
+    latin1.extend_from_slice(b"\n\xe9\n");
+    std::fs::write(&path, &latin1).unwrap();
+    // Damaged, it is no run's config: refused, as in any folder, and said why.
+    let e = resume();
+    assert!(e.contains("holds a `config.json` that is not UTF-8 text, so no `curate train` run's"), "{e}");
+    let e = train(&c, &TrainOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("not UTF-8 text") && e.contains("training would write over it"), "not taken for no file: {e}");
+    std::fs::write(&path, &good[..good.len() / 2]).unwrap();
+    let e = resume();
+    assert!(e.contains("no `curate train` run's (EOF while parsing"), "{e}");
+    std::fs::write(&path, "{\"steps\": 6}").unwrap();
+    assert!(resume().contains("no `curate train` run's (missing field"), "{}", resume());
+    // Gone, the checkpoints' config is unknown.
+    std::fs::remove_file(&path).unwrap();
+    assert!(resume().contains("holds checkpoints but no `config.json`"), "{}", resume());
+    // Put back, the run goes on.
+    std::fs::write(&path, &good).unwrap();
+    let s = train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
+    assert_eq!((s.resumed_at, s.steps), (3, 6));
+}
+
+#[test]
 fn a_run_checkpointed_by_an_earlier_curate_resumes_when_only_new_keys_at_their_defaults_differ() {
     let dir = tempfile::tempdir().unwrap();
     let c = config_without_teachers(dir.path(), &[]);

@@ -287,12 +287,25 @@ fn checkpoint_dir(output: &Path, step: u64) -> PathBuf {
 /// this very config (`--resume` forgotten: starting over would delete its checkpoints). An
 /// unfinished run of other settings is started over, with a note (the advice after a NaN loss).
 fn check_output_folder(out: &Path, resume: bool, config_now: &TrainConfig) -> Result<()> {
-    let config = std::fs::read_to_string(out.join("config.json")).ok();
-    let foreign = match config.as_deref() {
-        Some(text) if earlier_config(text).is_none() => Some("a `config.json` that is no `curate train` run's"),
-        _ if out.join("manifest.json").is_file() => Some("the output of a `curate run` pipeline (manifest.json)"),
-        _ => None,
+    let path = out.join("config.json");
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => Some(b),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(Error::io("cannot read", &path, e)),
     };
+    // Not UTF-8 is no run's either: taken for no file, it would be written over.
+    let config = bytes.map(String::from_utf8);
+    let foreign = match &config {
+        Some(Err(_)) => Some("a `config.json` that is not UTF-8 text, so no `curate train` run's".to_owned()),
+        Some(Ok(text)) => {
+            read_earlier_config(text).err().map(|e| format!("a `config.json` that is no `curate train` run's ({e})"))
+        }
+        None if out.join("manifest.json").is_file() => {
+            Some("the output of a `curate run` pipeline (manifest.json)".to_owned())
+        }
+        None => None,
+    };
+    let config = config.and_then(|c| c.ok());
     if let Some(what) = foreign {
         return Err(Error::Data {
             message: format!("`{}` holds {what}: training would write over it", out.display()),
@@ -777,7 +790,12 @@ fn config_differences(then: &serde_json::Value, now: &serde_json::Value) -> Vec<
 /// written before `optim.grad_clip_scope` existed clipped each tensor on its own, one written
 /// before `model.text.dropout` trained without dropout.
 fn earlier_config(text: &str) -> Option<TrainConfig> {
-    let mut v: serde_json::Value = serde_json::from_str(text).ok()?;
+    read_earlier_config(text).ok()
+}
+
+/// [`earlier_config`], or why `text` is no config (serde's message).
+fn read_earlier_config(text: &str) -> std::result::Result<TrainConfig, String> {
+    let mut v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
     if let Some(o) = v.get_mut("optim").and_then(|o| o.as_object_mut()) {
         if o.get("grad_clip_norm").is_some_and(|n| !n.is_null()) && !o.contains_key("grad_clip_scope") {
             o.insert("grad_clip_scope".into(), json!("tensor"));
@@ -790,7 +808,7 @@ fn earlier_config(text: &str) -> Option<TrainConfig> {
     if let Some(t) = v.pointer_mut("/model/text").and_then(|t| t.as_object_mut()).filter(|_| before_dropout) {
         t.entry("dropout").or_insert(json!(0.0));
     }
-    serde_json::from_value(v).ok()
+    serde_json::from_value(v).map_err(|e| e.to_string())
 }
 
 /// Trains as `config` says. See the module documentation for what lands in `output_dir`.
@@ -817,6 +835,21 @@ fn train_here(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary>
     if resume_from.is_some() {
         // Compared as configs, not as text: a key a later curate added, at its default, is no
         // difference (an earlier build's `config.json` lacks it).
+        // (A `config.json` there is a run's: [`check_output_folder`] refused others.)
+        if !config_path.is_file() {
+            return Err(Error::Data {
+                message: format!(
+                    "--resume: `{}` holds checkpoints but no `config.json`, so the config they were trained with is \
+                     unknown",
+                    out.display()
+                ),
+                hint: Some(
+                    "put back that run's `config.json`, or train into a new `output_dir` (or remove its \
+                     `checkpoints/` to start over)"
+                        .into(),
+                ),
+            });
+        }
         let before = std::fs::read_to_string(&config_path).unwrap_or_default();
         let same = before == resolved || earlier_config(&before).is_some_and(|b| b.resolved() == *config);
         if !same {
