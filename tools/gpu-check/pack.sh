@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Packs what tools/gpu-check/check.sh needs into .gpu/ (ignored by git), to carry to a lent GPU
 # machine: the `cuda` build (or $FEATURES') of curate and of the test binaries that honour
-# CURATE_TEST_CUDA, stripped, in one solid xz archive (they share most of their code: six
-# binaries of 60-100 MB packed to 40.5 MB, seven with `cuda-fusion` to 47.9 MB, within the device
-# tool's 64 MiB with the 13 MB working tree), and a BERT uncased tokenizer.json for the
-# paper-preset bench.
+# CURATE_TEST_CUDA, stripped, in one solid xz archive (they share most of their code: seven
+# binaries of 60-100 MB packed to 47.8 MB with fusion, part of `cuda` since 2026-11-28; 40.5 MB
+# without; within the device tool's 64 MiB with the 13 MB working tree), and a BERT uncased
+# tokenizer.json for the paper-preset bench.
 #
 #   tools/gpu-check/pack.sh [BASE]   # BASE: a commit whose curate is also packed, as curate_base
-#   FEATURES=cuda-fusion tools/gpu-check/pack.sh   # another GPU feature set (default `cuda`)
+#   FEATURES=cuda-autotune tools/gpu-check/pack.sh   # another GPU feature set (default `cuda`)
 #
 # The build needs no GPU and no CUDA toolkit (README, "GPU build"); on a 2-core machine a cold
 # one takes about 40 minutes, so set CARGO_TARGET_DIR to a cache that outlives the clone. A BASE
