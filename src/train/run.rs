@@ -833,8 +833,6 @@ fn train_here(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary>
     check_output_folder(&out, opts.resume, config)?;
     let resume_from = if opts.resume { last_checkpoint(&out) } else { None };
     if resume_from.is_some() {
-        // Compared as configs, not as text: a key a later curate added, at its default, is no
-        // difference (an earlier build's `config.json` lacks it).
         // (A `config.json` there is a run's: [`check_output_folder`] refused others.)
         if !config_path.is_file() {
             return Err(Error::Data {
@@ -850,6 +848,8 @@ fn train_here(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary>
                 ),
             });
         }
+        // Compared as configs, not as text: a key a later curate added, at its default, is no
+        // difference (an earlier build's `config.json` lacks it).
         let before = std::fs::read_to_string(&config_path).unwrap_or_default();
         let same = before == resolved || earlier_config(&before).is_some_and(|b| b.resolved() == *config);
         if !same {
