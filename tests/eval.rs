@@ -2157,6 +2157,15 @@ fn the_noise_diagnostic_matches_a_by_hand_computation_on_the_same_batches() {
     let r =
         run(std::slice::from_ref(&images), std::slice::from_ref(&texts), &c, &burn::tensor::Device::flex()).unwrap();
     assert_eq!((r.pairs, r.unmatched), (38, [2, 3]));
+    // Tables of another scale, even past f32's squared norms (1e20s, 1e-25s): the same figures.
+    let far: Vec<f32> = v.iter().map(|x| x * 1e20).collect();
+    let far_images = table("img_far.parquet", ids(0..n), &far);
+    let tiny: Vec<f32> = [&t[2 * dim..], &[0.5; 12]].concat().iter().map(|x| x * 3e-25).collect();
+    let tiny_texts = table("txt_tiny.parquet", ids(2..n + 3), &tiny);
+    let r2 = run(&[far_images], &[tiny_texts], &c, &burn::tensor::Device::flex()).unwrap();
+    for (a, b) in [(r.paired, r2.paired), (r.unpaired_avg, r2.unpaired_avg), (r.unpaired_max, r2.unpaired_max)] {
+        assert!((a - b).abs() < 1e-6, "{r:?} vs {r2:?}");
+    }
     // `curate noise`: the same figures, on stdout and in `--out` (its folder made first).
     let json_out = dir.path().join("new/noise.json");
     let out = Command::new(env!("CARGO_BIN_EXE_curate"))

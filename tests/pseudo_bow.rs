@@ -312,6 +312,10 @@ fn given_caption_features_are_compared_by_cosine() {
     let scaled = mine("scaled", &|r| 0.2 + (r % 7) as f32 * 0.8);
     assert_eq!(plain.0.len(), 120);
     assert_eq!(plain, scaled);
+    // Rows whose squared norm leaves f32's range (it overflows for ~1e20s and underflows for
+    // ~1e-25s) normalised to zeros, and every image got the same neighbours.
+    let far = mine("far", &|r| if r % 2 == 0 { 1e20 } else { 3e-25 });
+    assert_eq!(plain, far);
 }
 
 #[test]

@@ -740,12 +740,14 @@ fn train_table_with_paths(dir: &Path, path_of: impl Fn(usize, &str) -> String) -
     table
 }
 
-/// What [`teacher_table`] puts in one row: a value, a null value, or a null row.
+/// What [`teacher_table`] puts in one row: a value, a null value, or a null row; or every
+/// value of the table times a factor.
 #[derive(Clone, Copy)]
 enum Poison {
     Value(f32),
     NullValue,
     NullRow,
+    Scale(f32),
 }
 
 /// The sample's teacher image features, rows `range`, each row cut to its first `width` values,
@@ -768,6 +770,7 @@ fn teacher_table(file: &Path, range: std::ops::Range<usize>, width: usize, poiso
         Some((r, Poison::Value(v))) => values[r][0] = v,
         Some((r, Poison::NullValue)) => value_nulls[(r - range.start) * width + 1] = false,
         Some((r, Poison::NullRow)) => row_nulls[r - range.start] = false,
+        Some((_, Poison::Scale(f))) => values.iter_mut().flatten().for_each(|x| *x *= f),
         None => {}
     }
     let flat: Vec<f32> = values[range.clone()].concat();
@@ -839,10 +842,15 @@ fn rows_without_id_caption_or_image_reference_are_counted_and_a_table_without_re
     id_col[1] = None;
     caption[2] = None;
     path[3] = None;
+    // Blank captions count as none, as the readers and `encode_text` take them.
+    caption[4] = Some("");
+    caption[5] = Some(" \t\u{3000}");
     let table = write("rows.parquet", vec![("sample_id", id_col), ("caption", caption), ("path", path)]);
     let tables = format!("data.tables=[{table:?}]");
     let set = TrainSet::load(&config_without_teachers(dir.path(), &[&tables, "batch_size=2"])).unwrap();
-    assert_eq!((set.samples.len(), set.incomplete_rows, set.missing_images), (7, 3, 0));
+    assert_eq!((set.samples.len(), set.incomplete_rows, set.missing_images), (5, 5, 0));
+    let kept: Vec<&str> = set.samples.iter().map(|s| s.sample_id.as_str()).collect();
+    assert_eq!(kept, ["r0", "r6", "r7", "r8", "r9"]);
     // With `shards_dir`, a table with neither a path nor shard and key is refused, as without,
     // when the config is checked (from the table's footer, before any data is read).
     let bare = write("bare.parquet", vec![("sample_id", vec![Some("a"); 3]), ("caption", vec![Some("b"); 3])]);
@@ -904,6 +912,29 @@ fn teacher_tables_of_other_widths_with_a_nan_or_short_of_rows_are_refused_at_loa
 }
 
 #[test]
+fn teacher_features_of_any_scale_give_the_same_directions() {
+    // Features are used L2-normalised: rows of ~1e20s (whose squared norm overflows f32) or of
+    // ~1e-25s (whose squares underflow) must not normalise to zeros.
+    let dir = tempfile::tempdir().unwrap();
+    let device = Device::flex();
+    let directions = |factor: f32| {
+        let table = dir.path().join(format!("teacher_{factor}.parquet"));
+        teacher_table(&table, 0..576, 64, Some((0, Poison::Scale(factor))));
+        let c = config(dir.path(), &["loss.type=cusa", &format!("data.teacher_image=\"{}\"", table.display())]);
+        let (values, dim) = TrainSet::load(&c).unwrap().teacher_image.unwrap();
+        let x = Tensor::<2>::from_data(TensorData::new(values, [576, dim]), &device);
+        curate::models::pooling::l2_normalize(x).into_data().try_to_vec::<f32>().unwrap()
+    };
+    let want = directions(1.0);
+    assert!(want.chunks(64).all(|r| (r.iter().map(|x| x * x).sum::<f32>() - 1.0).abs() < 1e-5));
+    for factor in [1e20f32, 3e-25] {
+        let got = directions(factor);
+        let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 1e-6, "×{factor}: off by {worst}");
+    }
+}
+
+#[test]
 fn an_undecodable_image_is_left_out_and_resume_still_matches() {
     // The first two rows of epoch 0, and the first of its batch 4, point at a file that is not
     // an image: training aborted at the first batch met, and `--resume` again at the same place.
@@ -940,6 +971,7 @@ fn an_undecodable_image_is_left_out_and_resume_still_matches() {
     let whole = tempfile::tempdir().unwrap();
     let s = train(&config(whole.path(), &[&tables]), &TrainOptions::default()).unwrap();
     assert_eq!(s.undecodable_images, 1, "one file, named once");
+    assert_eq!(s.undecodable_rows, 3, "the three rows naming it came up in batches 0 and 4");
     let want = losses(&whole.path().join("out"));
     assert_eq!(want.len(), 6);
     let parts = tempfile::tempdir().unwrap();
@@ -947,7 +979,7 @@ fn an_undecodable_image_is_left_out_and_resume_still_matches() {
     // Stopped after step 4, resumed from checkpoint 3: batch 4 is made again after the resume.
     train(&c, &TrainOptions { stop_after: Some(4), ..Default::default() }).unwrap();
     let s = train(&c, &TrainOptions { resume: true, ..Default::default() }).unwrap();
-    assert_eq!((s.resumed_at, s.undecodable_images), (3, 1));
+    assert_eq!((s.resumed_at, s.undecodable_images, s.undecodable_rows), (3, 1, 1), "batch 4's row");
     assert_eq!(losses(&parts.path().join("out")), want);
 
     let run = std::process::Command::new(env!("CARGO_BIN_EXE_curate"))
@@ -961,7 +993,12 @@ fn an_undecodable_image_is_left_out_and_resume_still_matches() {
     assert!(run.status.success(), "{stderr}");
     let note = format!("note: training image `{}` cannot be decoded", broken.display());
     assert!(stderr.contains(&note), "{stderr}");
-    assert!(stderr.contains("1 training image(s) could not be decoded and were left out"), "{stderr}");
+    let summary = "1 training image(s) could not be decoded (named in the notes above): the 2 row(s) naming them \
+                   that came up were left out";
+    assert!(stderr.contains(summary), "{stderr}");
+    // One step, checkpoints every 3: the folder has none, and the last line lists what it has.
+    let listed = format!("output: `{}` (config.json, metrics.jsonl, model.bpk)", dir.path().join("out").display());
+    assert!(stderr.contains(&listed) && !dir.path().join("out/checkpoints").exists(), "{stderr}");
 
     // Too few images decode to fill a batch: the error names one itself (the notes on them come
     // only after a batch, so there are none yet to point at).
@@ -977,8 +1014,13 @@ fn an_undecodable_image_is_left_out_and_resume_still_matches() {
     let c = config(dir.path(), &[&tables]);
     let maker = BatchMaker::new(Arc::new(TrainSet::load(&c).unwrap()), &c).unwrap();
     let e = maker.make(0, &maker.epoch_order(0)).unwrap_err().to_string();
-    assert!(e.contains("fewer than 8 training images of the 576 can be decoded ("), "{e}");
-    assert!(e.contains(&format!(" cannot: `{}`: ", broken.display())) && !e.contains("notes above"), "{e}");
+    let head = "fewer than 8 of the 576 training rows have an image that decodes: ";
+    assert!(e.contains(head), "{e}");
+    // Every row was tried but the batch's own untried ones (at most 7), each counted once.
+    let tried: usize = e[e.find(head).unwrap() + head.len()..].split(' ').next().unwrap().parse().unwrap();
+    assert!((563..=570).contains(&tried), "{e}");
+    let files = format!(" rows tried do not (1 image file(s), for example `{}`: ", broken.display());
+    assert!(e.contains(&files) && !e.contains("notes above"), "{e}");
 }
 
 #[test]

@@ -697,8 +697,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             }
             if s.undecodable_images > 0 {
                 say!(
-                    "{} training image(s) could not be decoded and were left out (named in the notes above)",
-                    s.undecodable_images
+                    "{} training image(s) could not be decoded (named in the notes above): the {} row(s) naming them \
+                     that came up were left out, other rows taking their places",
+                    s.undecodable_images,
+                    s.undecodable_rows
                 );
             }
             if let Some((step, rsum)) = s.best {
@@ -708,7 +710,22 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     s.output_dir.display()
                 );
             }
-            say!("output: `{}` (config.json, metrics.jsonl, checkpoints/, model.bpk)", s.output_dir.display());
+            // What is there: a run shorter than `checkpoint_every` keeps no checkpoint, an
+            // interrupted one no final model.
+            let kept: Vec<String> = ["config.json", "metrics.jsonl", "checkpoints", "model.bpk", "model_best.bpk"]
+                .iter()
+                .map(|name| s.output_dir.join(name))
+                .filter(|p| p.exists())
+                .map(|p| {
+                    let name = p.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned());
+                    if p.is_dir() {
+                        format!("{name}/")
+                    } else {
+                        name
+                    }
+                })
+                .collect();
+            say!("output: `{}` ({})", s.output_dir.display(), kept.join(", "));
             Ok(0)
         }
         Command::Bench(BenchCommand::Bow(args)) => {

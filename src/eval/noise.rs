@@ -114,10 +114,13 @@ pub fn run(
     // A fixed order (the tables' maps have none), so the draws are reproducible.
     ids.sort();
     let unmatched = [images.len() - ids.len(), texts.len() - ids.len()];
-    let (v, t): (Vec<f32>, Vec<f32>) = (
+    let (mut v, mut t): (Vec<f32>, Vec<f32>) = (
         ids.iter().flat_map(|id| images[*id].iter().copied()).collect(),
         ids.iter().flat_map(|id| texts[*id].iter().copied()).collect(),
     );
+    // Used L2-normalised: rows of any scale are as good.
+    crate::models::pooling::scale_rows_for_normalising(&mut v, di);
+    crate::models::pooling::scale_rows_for_normalising(&mut t, di);
     let [paired, unpaired_avg, unpaired_max] = diagnose(&v, &t, di, c, device)?;
     Ok(NoiseReport { paired, unpaired_avg, unpaired_max, pairs: ids.len(), unmatched })
 }

@@ -289,12 +289,22 @@ pub fn markdown(ev: &Evaluation) -> String {
     let retrieval = !ev.metrics.is_empty();
     if retrieval {
         let _ = writeln!(s, "- galleries: {} images, {} captions, width {}", c.images, c.captions, c.dim);
+        // A protocol without queries (no COCO 1K fold in a gallery of under five images) has no RSUM.
+        let rsum = |prefix: &str| {
+            let names = ["r1", "r5", "r10"].map(|k| format!("{prefix}_{k}"));
+            let any = ev.metrics.iter().any(|(n, p)| names.contains(n) && (p.i2t.is_some() || p.t2i.is_some()));
+            if any {
+                format!("{:.2}", rsum_of(ev, prefix))
+            } else {
+                "— (no queries)".to_owned()
+            }
+        };
         let _ = writeln!(
             s,
-            "- RSUM (R@1 + R@5 + R@10, both directions, in %): COCO 5K {:.2}, COCO 1K {:.2} (PCME++ Table 1's \
+            "- RSUM (R@1 + R@5 + R@10, both directions, in %): COCO 5K {}, COCO 1K {} (PCME++ Table 1's \
              \"RSUM (1K)\": the fold means)",
-            rsum_of(ev, "coco_5k"),
-            rsum_of(ev, "coco_1k")
+            rsum("coco_5k"),
+            rsum("coco_1k")
         );
     }
     if ev.zeroshot.is_some() {
@@ -509,6 +519,22 @@ mod tests {
         let config = std::fs::read_to_string(out.path().join("config.json")).unwrap();
         assert!(config.contains("\"command\": \"eval\"") && config.contains("\"similarity\": \"cosine\""), "{config}");
         assert!(out.path().join("other.txt").is_file());
+    }
+
+    #[test]
+    fn a_protocol_without_queries_has_no_rsum_in_the_report() {
+        let both = |v: f64| Pair { i2t: Some(v), t2i: Some(v) };
+        let mut metrics: Vec<(String, Pair)> =
+            ["r1", "r5", "r10"].iter().zip([0.25, 0.5, 1.0]).map(|(k, v)| (format!("coco_5k_{k}"), both(v))).collect();
+        metrics.extend(["r1", "r5", "r10"].map(|k| (format!("coco_1k_{k}"), Pair::default())));
+        let counts = crate::eval::Counts { images: 2, captions: 10, dim: 4, ..Default::default() };
+        let mut ev = Evaluation { metrics, counts, ..Default::default() };
+        let md = markdown(&ev);
+        assert!(md.contains("COCO 5K 350.00, COCO 1K — (no queries) ("), "{md}");
+        // With one direction of one recall there, the sum is of what is there.
+        ev.metrics[4].1 = Pair { i2t: Some(0.5), t2i: None };
+        let md = markdown(&ev);
+        assert!(md.contains("COCO 5K 350.00, COCO 1K 50.00 ("), "{md}");
     }
 
     #[test]

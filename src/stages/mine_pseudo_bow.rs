@@ -417,6 +417,8 @@ struct Aligned {
     /// A table has BoW's `split` column: a BoW output, which lacks the pairs its `bow` stage
     /// emptied (they are in its `rejects/`).
     bow_output: bool,
+    /// Rows left out for a null `sample_id` or caption.
+    left_out: usize,
 }
 
 /// `sample_id`s and captions of the aligned tables.
@@ -425,6 +427,7 @@ fn read_aligned(files: &[PathBuf], column: &Option<String>) -> Result<Aligned> {
     let mut captions = Vec::new();
     let mut used = String::new();
     let mut bow_output = false;
+    let mut left_out = 0;
     for file in files {
         for batch in crate::io::parquet::read_file(file)? {
             bow_output |= batch.column_by_name(schema::SPLIT).is_some();
@@ -435,6 +438,8 @@ fn read_aligned(files: &[PathBuf], column: &Option<String>) -> Result<Aligned> {
                 if let (Some(id), Some(caption)) = (id, caption) {
                     ids.push(id);
                     captions.push(caption);
+                } else {
+                    left_out += 1;
                 }
             }
             used = col;
@@ -455,14 +460,17 @@ fn read_aligned(files: &[PathBuf], column: &Option<String>) -> Result<Aligned> {
             hint: Some("`aligned` should list the Parquet tables of the captioned pairs".into()),
         });
     }
-    Ok(Aligned { ids, captions, column: used, bow_output })
+    Ok(Aligned { ids, captions, column: used, bow_output, left_out })
 }
 
 impl MinePseudoBow {
     /// Reads `S_a`, counts its words and embeds its captions (or reads their embeddings).
     fn build_pool(&self) -> Result<Pool> {
-        let Aligned { ids, captions, column: caption_column, bow_output } =
+        let Aligned { ids, captions, column: caption_column, bow_output, left_out } =
             read_aligned(&self.aligned, &self.config.caption_column)?;
+        if left_out > 0 {
+            say!("{TYPE}: note: {left_out} aligned row(s) left out of the pool: a null `sample_id` or caption");
+        }
         if bow_output {
             say!(
                 "{TYPE}: note: the aligned set is a BoW output, without the pairs its `bow` stage emptied (they are in \
@@ -499,6 +507,9 @@ impl MinePseudoBow {
                     })?;
                     // L2-normalised as the run's own caption embeddings are (`e_y = norm(g(y))`,
                     // spec §3): the search ranks by inner product, which is then the cosine.
+                    // (Scaled first, so that no row's squared norm leaves f32's range.)
+                    let mut row = row.clone();
+                    crate::models::pooling::scale_rows_for_normalising(&mut row, dim);
                     let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
                     out.extend(row.iter().map(|x| x / norm));
                 }
@@ -987,5 +998,20 @@ mod tests {
         );
         let p = read_aligned(&[plain], &None).unwrap();
         assert_eq!((p.captions, p.column.as_str(), p.bow_output), (vec!["a bird".into()], "caption", false));
+        assert_eq!(p.left_out, 0);
+        // Rows without an id or a caption are left out, and counted.
+        let holes = write(
+            "holes.parquet",
+            RecordBatch::try_from_iter([
+                ("sample_id", std::sync::Arc::new(StringArray::from(vec![Some("d"), None, Some("f")])) as ArrayRef),
+                (
+                    "caption",
+                    std::sync::Arc::new(StringArray::from(vec![Some("a fox"), Some("an owl"), None])) as ArrayRef,
+                ),
+            ])
+            .unwrap(),
+        );
+        let h = read_aligned(&[holes], &None).unwrap();
+        assert_eq!((h.ids, h.left_out), (vec!["d".to_owned()], 2));
     }
 }

@@ -11,7 +11,7 @@
 //! would. Worker `w` of `W` makes batches `w, w + W, ...` into its own bounded channel; the
 //! trainer takes them round-robin, so the prefetch depth is bounded and the order fixed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
@@ -138,8 +138,8 @@ pub struct TrainSet {
     pub teacher_text: Option<(Vec<f32>, usize)>,
     /// Rows left out because their image file does not exist.
     pub missing_images: usize,
-    /// Rows left out because their `sample_id` or caption is null, or they name no image at all
-    /// (no path, no shard and key).
+    /// Rows left out because their `sample_id` or caption is null (or the caption blank), or
+    /// they name no image at all (no path, no shard and key).
     pub incomplete_rows: usize,
     /// Rows left out because `data.pre_caption` left nothing of their caption.
     pub emptied_captions: usize,
@@ -353,9 +353,10 @@ pub fn listed_twice(files: &[PathBuf]) -> Option<&PathBuf> {
 }
 
 impl TrainSet {
-    /// Reads every table of `data.tables` (each once); rows without id, caption or image
-    /// reference are counted in `incomplete_rows`, rows whose image file does not exist in
-    /// `missing_images`. With teacher features, ids must be unique (the features join by them).
+    /// Reads every table of `data.tables` (each once); rows without id, caption (or with a blank
+    /// one) or image reference are counted in `incomplete_rows`, rows whose image file does not
+    /// exist in `missing_images`. With teacher features, ids must be unique (the features join
+    /// by them).
     pub fn load(c: &TrainConfig) -> Result<TrainSet> {
         let d = &c.data;
         let mut samples = Vec::new();
@@ -397,7 +398,8 @@ impl TrainSet {
                     _ => (vec![None; n], vec![None; n]),
                 };
                 for (i, ((id, caption), path)) in ids.into_iter().zip(captions).zip(paths).enumerate() {
-                    let (Some(sample_id), Some(caption)) = (id, caption) else {
+                    // A blank caption is no caption, as the readers and `encode_text` take it.
+                    let (Some(sample_id), Some(caption)) = (id, caption.filter(|c| !c.trim().is_empty())) else {
                         incomplete_rows += 1;
                         continue;
                     };
@@ -488,6 +490,8 @@ impl TrainSet {
             for s in &samples {
                 out.extend_from_slice(&table[&s.sample_id]);
             }
+            // Every loss uses them L2-normalised: rows of any scale are as good.
+            crate::models::pooling::scale_rows_for_normalising(&mut out, dim);
             Ok(Some((out, dim)))
         };
         let teacher_image = join(&d.teacher_image, "image")?;
@@ -979,13 +983,18 @@ impl BatchMaker {
                 }
                 rows[k] = spare.by_ref().find(|r| !rows.contains(r)).ok_or_else(|| {
                     // The failures are named here: the run's notes on them come after a batch.
-                    let example = undecodable.first().map(|(name, e)| format!(": `{name}`: {e}")).unwrap_or_default();
+                    // Every row but the batch's own untried ones was tried, each once.
+                    let example = undecodable.first().map(|(name, e)| format!(", for example `{name}`: {e}"));
+                    let files: HashSet<&str> = undecodable.iter().map(|(name, _)| name.as_str()).collect();
                     Error::Data {
                         message: format!(
-                            "fewer than {} training images of the {} can be decoded ({} cannot{example})",
+                            "fewer than {} of the {} training rows have an image that decodes: {} rows tried do not \
+                             ({} image file(s){})",
                             self.batch_size,
                             order.len(),
-                            undecodable.len()
+                            undecodable.len(),
+                            files.len(),
+                            example.unwrap_or_default()
                         ),
                         hint: Some("check the image files of `data.tables`".into()),
                     }

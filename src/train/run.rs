@@ -160,6 +160,8 @@ pub struct TrainSummary {
     pub rows: usize,
     /// Training images met in this run's batches that cannot be decoded (each left out).
     pub undecodable_images: usize,
+    /// The rows naming them that came up in those batches (several rows may name one image).
+    pub undecodable_rows: usize,
     /// Stopped by Ctrl-C at `steps`, with a checkpoint there (no final model).
     pub interrupted: bool,
     /// `eval.select_best`: the selected model's step and validation RSUM (`model_best.bpk`).
@@ -894,8 +896,8 @@ fn train_here(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary>
     let rows = set.samples.len();
     if set.incomplete_rows > 0 {
         say!(
-            "note: {} training row(s) left out: a null `sample_id` or caption, or no image named (no path, no shard \
-             and key)",
+            "note: {} training row(s) left out: a null `sample_id`, a null or blank caption, or no image named (no \
+             path, no shard and key)",
             set.incomplete_rows
         );
     }
@@ -1351,6 +1353,7 @@ fn train_here(config: &TrainConfig, opts: &TrainOptions) -> Result<TrainSummary>
         seconds: started.elapsed().as_secs_f64(),
         rows,
         undecodable_images: undecodable.len(),
+        undecodable_rows: maker.undecodable.lock().map_or(0, |rows| rows.len()),
         interrupted: interrupted_at.is_some(),
         best: validation.is_some().then(|| read_best(&config.output_dir)).flatten(),
     })
