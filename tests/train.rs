@@ -906,7 +906,8 @@ fn teacher_tables_of_other_widths_with_a_nan_or_short_of_rows_are_refused_at_loa
         teacher_table(&poisoned, 0..576, 64, Some((7, bad)));
         let c = config(dir.path(), &["loss.type=cusa", &format!("data.teacher_image=\"{}\"", poisoned.display())]);
         let e = TrainSet::load(&c).unwrap_err().to_string();
-        let want = format!("column `embedding` of `{}` has a null or non-finite value (row 7", poisoned.display());
+        let what = if matches!(bad, Poison::Value(_)) { "a non-finite value" } else { "a null value" };
+        let want = format!("column `embedding` of `{}` has {what} (row 7", poisoned.display());
         assert!(e.contains(&want), "wanted `{want}` in:\n{e}");
     }
 }

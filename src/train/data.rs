@@ -303,17 +303,26 @@ pub(crate) fn read_features(files: &[PathBuf]) -> Result<(HashMap<String, Vec<f3
                 let Some(id) = id else { continue };
                 let start = (list.offset() + i) * d;
                 let v = &values.values()[start..start + d];
-                let bad = list.is_null(i)
-                    || (start..start + d).any(|k| values.is_null(k))
-                    || v.iter().any(|x| !x.is_finite());
-                if bad {
+                let null = list.is_null(i) || (start..start + d).any(|k| values.is_null(k));
+                if null || v.iter().any(|x| !x.is_finite()) {
+                    // A finite Float64 value that Float32 cannot hold is no NaN: say which.
+                    let too_large = list
+                        .values()
+                        .as_any()
+                        .downcast_ref::<arrow_array::Float64Array>()
+                        .is_some_and(|f| f.values()[start..start + d].iter().all(|x| x.is_finite()));
+                    let (what, read_as) = match (null, too_large) {
+                        (true, _) => ("a null value", ""),
+                        (false, true) => ("a value past Float32's range", "features are read as Float32: "),
+                        (false, false) => ("a non-finite value", ""),
+                    };
                     return Err(Error::Data {
                         message: format!(
-                            "column `embedding` of `{}` has a null or non-finite value (row {}, sample `{id}`)",
+                            "column `embedding` of `{}` has {what} (row {}, sample `{id}`)",
                             file.display(),
                             row + i
                         ),
-                        hint: Some("re-encode that table, or leave its rows out of the training tables".into()),
+                        hint: Some(format!("{read_as}re-encode that table, or leave that row out of it")),
                     });
                 }
                 if out.insert(id.clone(), v.to_vec()).is_some() {
@@ -1154,6 +1163,12 @@ mod tests {
             let (features, width) = read_features(&[table(name, values)]).unwrap();
             assert_eq!(width, 3, "{name}");
             assert_eq!((features["a"].as_slice(), features["b"].as_slice()), (&want[..3], &want[3..]), "{name}");
+        }
+        // A Float64 value Float32 cannot hold is named as such, not as a NaN.
+        for (value, what) in [(1e39, "a value past Float32's range"), (f64::NAN, "a non-finite value")] {
+            let values = Arc::new(Float64Array::from(vec![0.5, -1.25, 3.0, 0.0, value, -0.125])) as ArrayRef;
+            let e = read_features(&[table("f64_far.parquet", values)]).unwrap_err().to_string();
+            assert!(e.contains(&format!("has {what} (row 1, sample `b`)")), "{e}");
         }
         // Integers are not features.
         let ints = Arc::new(arrow_array::Int32Array::from(vec![1, 2, 3, 4, 5, 6])) as ArrayRef;
