@@ -1989,6 +1989,26 @@ captions = "data/train_sample/retrieval_captions.parquet"
         let e = run_trained(&args, &device).unwrap_err().to_string();
         assert!(e.contains("1 of the 240 images of") && e.contains("missing.parquet") && e.contains("nope.png"), "{e}");
         assert!(!d.join("never").exists());
+        // A null or blank name is no text query: refused, naming the row.
+        for odd in [None, Some(" ")] {
+            let mut list = ListBuilder::new(StringBuilder::new());
+            for k in 0..3 {
+                list.values().append_value("red");
+                if k == 2 {
+                    list.values().append_option(odd);
+                }
+                list.append(true);
+            }
+            let batch = RecordBatch::try_from_iter([
+                ("path", Arc::new(StringArray::from(paths[..3].to_vec())) as ArrayRef),
+                ("attributes", Arc::new(list.finish()) as ArrayRef),
+            ])
+            .unwrap();
+            let holes = d.join("holes.parquet");
+            crate::common::write_parquet(&holes, &batch);
+            let e = ComposeTable::read(&holes).unwrap_err().to_string();
+            assert!(e.contains("holes.parquet` holds a null or blank name (row 2: "), "{odd:?}: {e}");
+        }
         // Through the binary: the run-only tables with precomputed embeddings are refused.
         let bin = std::process::Command::new(env!("CARGO_BIN_EXE_curate"))
             .args(["eval", "--image-embeddings", "a.parquet", "--caption-embeddings", "b.parquet", "--out"])

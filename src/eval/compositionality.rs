@@ -63,7 +63,7 @@ impl Default for ComposeConfig {
 
 /// The gallery (`--compose`): `path` and `attributes` (a list of strings: the names of the
 /// attributes present in the image), in row order. Rows with a null `path` or `attributes` are
-/// left out and counted.
+/// left out and counted; a null or blank name in a list is refused.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ComposeTable {
     pub file: PathBuf,
@@ -127,11 +127,21 @@ impl ComposeTable {
             skipped: 0,
         };
         let mut ids: FxHashMap<String, u32> = FxHashMap::default();
-        for (path, list) in paths.into_iter().zip(lists) {
+        for (row, (path, list)) in paths.into_iter().zip(lists).enumerate() {
             let (Some(path), Some(list)) = (path, list) else {
                 t.skipped += 1;
                 continue;
             };
+            // A name is a text query: a null or blank one is a mistake in the table, not a name.
+            if list.iter().any(|name| name.as_deref().is_none_or(|n| n.trim().is_empty())) {
+                return Err(Error::Data {
+                    message: format!(
+                        "column `attributes` of `{}` holds a null or blank name (row {row}: {list:?})",
+                        file.display()
+                    ),
+                    hint: Some("each name is a text query: leave out the missing ones".into()),
+                });
+            }
             let mut attrs: Vec<u32> = list
                 .into_iter()
                 .flatten()
