@@ -334,12 +334,29 @@ fn check_output_folder(out: &Path, resume: bool, config_now: &TrainConfig) -> Re
     Ok(())
 }
 
-/// The note for an earlier run in `output` with `checkpoints` checkpoints that a run from step 0
-/// removes (one of other settings, or a finished one: `--resume` goes on from neither).
-fn earlier_run_note(output: &Path, checkpoints: usize) -> String {
+/// The note for an earlier run in `output` that a run from step 0 removes (one of other
+/// settings, or a finished one: `--resume` goes on from neither): its `checkpoints`, whether it
+/// has a final `model` and `eval/` results.
+fn earlier_run_note(output: &Path, checkpoints: usize, model: bool, evals: bool) -> String {
+    let mut parts = Vec::new();
+    if checkpoints > 0 {
+        parts.push(format!("{checkpoints} checkpoint(s)"));
+    }
+    if model {
+        parts.push("final model".to_owned());
+    }
+    if evals {
+        parts.push("`eval/` results".to_owned());
+    }
+    let what = match parts.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+        None => "files".to_owned(),
+    };
+    // One thing: the model alone, or one checkpoint alone.
+    let verb = if parts.len() == 1 && (model || checkpoints == 1) { "is" } else { "are" };
     format!(
-        "note: `{}` holds an earlier run: its {checkpoints} checkpoint(s), final model and `eval/` results are \
-         removed (train into a new `output_dir` to keep them)",
+        "note: `{}` holds an earlier run: its {what} {verb} removed (train into a new `output_dir` to keep them)",
         output.display()
     )
 }
@@ -399,8 +416,9 @@ fn clear_earlier_run(output: &Path) -> Result<()> {
     let evals = [output.join("eval"), output.join("eval_swa"), output.join("eval_best")];
     let swa = output.join("model_swa.bpk");
     let best = [output.join("model_best.bpk"), output.join(BEST_FILE)];
-    if !steps.is_empty() || model.exists() || swa.exists() || best[0].exists() || evals.iter().any(|e| e.is_dir()) {
-        say!("{}", earlier_run_note(output, steps.len()));
+    let (models, results) = (model.exists() || swa.exists() || best[0].exists(), evals.iter().any(|e| e.is_dir()));
+    if !steps.is_empty() || models || results {
+        say!("{}", earlier_run_note(output, steps.len(), models, results));
     }
     for p in steps {
         std::fs::remove_dir_all(&p).map_err(|e| Error::io("cannot remove", &p, e))?;
@@ -1386,9 +1404,15 @@ mod tests {
     #[test]
     fn the_earlier_run_note_offers_no_resume() {
         // The runs it is said of (other settings, or finished) cannot be resumed.
-        let with = super::earlier_run_note(Path::new("out"), 2);
-        assert!(with.contains("its 2 checkpoint(s)") && !with.contains("--resume"), "{with}");
-        let without = super::earlier_run_note(Path::new("out"), 0);
-        assert!(without.contains("`out` holds an earlier run") && !without.contains("--resume"), "{without}");
+        let with = super::earlier_run_note(Path::new("out"), 2, true, true);
+        assert!(with.contains("its 2 checkpoint(s), final model and `eval/` results are removed"), "{with}");
+        assert!(!with.contains("--resume"), "{with}");
+        // Only what is there is named.
+        let without = super::earlier_run_note(Path::new("out"), 0, true, false);
+        assert!(without.contains("`out` holds an earlier run: its final model is removed ("), "{without}");
+        let one = super::earlier_run_note(Path::new("out"), 1, false, true);
+        assert!(one.contains("its 1 checkpoint(s) and `eval/` results are removed ("), "{one}");
+        let some = super::earlier_run_note(Path::new("out"), 3, false, false);
+        assert!(some.contains("its 3 checkpoint(s) are removed (") && !some.contains("--resume"), "{some}");
     }
 }
