@@ -46,7 +46,8 @@ pub fn l2_normalize(x: Tensor<2>) -> Tensor<2> {
 /// features, the noise diagnostic's embeddings, `aligned_features`): their direction is all
 /// that counts. In f32 the squared norm of a row of ~1e20s overflows (and one of ~1e-20s
 /// underflows), and [`l2_normalize`] would make it zero. A power of two scales exactly, so a
-/// row that normalises well already normalises to the same bits; all-zero rows stay zero.
+/// row that normalises well already normalises to the same values (to within rounding: the
+/// test below finds the same bits); all-zero rows stay zero.
 pub fn scale_rows_for_normalising(values: &mut [f32], dim: usize) {
     for row in values.chunks_mut(dim.max(1)) {
         let largest = row.iter().fold(0.0f32, |m, x| m.max(x.abs()));
