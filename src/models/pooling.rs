@@ -44,8 +44,9 @@ pub fn l2_normalize(x: Tensor<2>) -> Tensor<2> {
 /// Scales each `dim`-wide row of `values` by a power of two that brings its largest |value|
 /// into [1, 2), for rows read from a table that are only ever used L2-normalised (teacher
 /// features, the noise diagnostic's embeddings, `aligned_features`): their direction is all
-/// that counts. In f32 the squared norm of a row of ~1e20s overflows (and one of ~1e-20s
-/// underflows), and [`l2_normalize`] would make it zero. A power of two scales exactly, so a
+/// that counts. In f32 the squared norm of a row of ~1e20s overflows, and the norm of a row of
+/// ~1e-13s or less falls under [`l2_normalize`]'s floor of 1e-12: either way the row would
+/// normalise to (nearly) zero. A power of two scales exactly, so a
 /// row that normalises well already normalises to the same values (to within rounding: the
 /// test below finds the same bits); all-zero rows stay zero.
 pub fn scale_rows_for_normalising(values: &mut [f32], dim: usize) {
