@@ -6,6 +6,10 @@
 //! the `report` from its plan and run summary. The encoder stages (`encode_text`,
 //! `encode_image`, `mine_pseudo_bow`) use `models`; `curate train` and `curate eval` are
 //! `train` (with `losses`) and `eval`.
+//!
+//! The documentation is written for developers of curate: read it with
+//! `cargo doc --no-deps --document-private-items`, where the links to private items resolve.
+#![allow(rustdoc::private_intra_doc_links)]
 
 /// A line to stderr (messages, warnings, progress lines). Unlike `eprintln!` it never panics: a
 /// closed stderr (`curate run ... 2>&1 | head -1`) must not stop a run half-way.

@@ -437,7 +437,7 @@ pub fn plot(ev: &Evaluation) -> String {
     crate::report::plot::log_x_lines("Recall@K (full galleries)", "K", "recall", &refs)
 }
 
-/// What [`write`] writes: an earlier evaluation's are removed when a new one starts.
+/// What [`write()`] writes: an earlier evaluation's are removed when a new one starts.
 pub const RESULT_FILES: [&str; 3] = ["metrics.json", "metrics.md", "recall_at_k.svg"];
 
 /// Before the work: refuses an output folder that holds something other than an evaluation (a

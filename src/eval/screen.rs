@@ -366,7 +366,7 @@ fn concat<T>(mut a: Vec<T>, mut b: Vec<T>) -> Vec<T> {
     a
 }
 
-/// Ranks of one direction from the screen's counts, resolving what the [`Need`]s ask for.
+/// Ranks of one direction from the screen's counts, resolving what the [`Need`](super::ranking::Need)s ask for.
 /// `exact(q, j)`: the (image, caption) embeddings of query `q` and gallery item `j`;
 /// `in_subset(s, j)`: whether item `j` is in subset `s`.
 #[allow(clippy::type_complexity)]

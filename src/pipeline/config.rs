@@ -910,7 +910,7 @@ fn json_spans(source: &str) -> HashMap<String, Origin> {
     json_walk(source).0
 }
 
-/// [`json_spans`], and the keys set twice in one object (their path and the byte offset of the
+/// Each key's and value's place (`json_spans`, used by the tests), and the keys set twice in one object (their path and the byte offset of the
 /// second), which `serde_json` reads as the last one silently.
 fn json_walk(source: &str) -> (HashMap<String, Origin>, Vec<(String, usize)>) {
     struct Walk<'a> {

@@ -321,7 +321,7 @@ fn url_decode(s: &[u8]) -> Vec<u8> {
 
 /// Strips HTML tags (optional) and collapses whitespace runs to one space. A tag opens as in
 /// HTML: `<` then a letter (`<b`), `</`, `<!` (`<!--`) or `<?`. A start tag ends where Python's
-/// `html.parser` ends it ([`start_tag`]): at the `>` after its name and attributes, quoted
+/// `html.parser` ends it ([`Scan::start_tag`]): at the `>` after its name and attributes, quoted
 /// values holding `<` and `>` (`<a title="1 > 0">`, `<x<b>` is one tag); an end tag, or what
 /// Python reads as a bogus comment after `</` (`</ b>`, `</1>`), runs to the next `>`, quotes
 /// or not; a comment `<!--` runs to `--` and a `>` (blanks between allowed); `</>` goes. A tag that does not

@@ -521,7 +521,7 @@ pub struct OptimConfig {
     /// The learning rate at the end of the cosine decay.
     #[serde(default)]
     pub min_lr: f64,
-    /// PCME++'s start (spec `cusa-and-pcmepp.md` §3.10 [ref]): the image tower (not its
+    /// PCME++'s start (spec `cusa-and-pcmepp.md` §3.10 \[ref\]): the image tower (not its
     /// projection or heads) gets no update in epochs `0..F`, and in epoch `F`, the first after
     /// unfreezing, the loss is scaled by `(step_in_epoch + 1) / steps_per_epoch` (its reference's
     /// warm-up). 0 (the default): off; the reference: 2.

@@ -592,7 +592,7 @@ pub fn tokenize(tok: &Tokenizer, texts: &[&str]) -> Result<(Vec<i64>, Vec<i64>, 
 }
 
 /// PCME++'s caption augmentation (its loader's `process_caption` for BERT-family tokenizers and
-/// `process_caption_vit` for CLIP's BPE, spec `cusa-and-pcmepp.md` §3.9 [ref]): each unit — a
+/// `process_caption_vit` for CLIP's BPE, spec `cusa-and-pcmepp.md` §3.9 \[ref\]): each unit — a
 /// word (BERT: the tokenizer's pre-tokenized words) or a token (CLIP) — is picked with
 /// probability 0.2, and a picked unit has all its tokens made `mask_id` (half of them: BERT's
 /// `[MASK]`, the BPE id of `M` for CLIP), each token made a uniformly random vocabulary entry
