@@ -267,14 +267,56 @@ impl Pairs {
     }
 }
 
-/// The queries of an evaluation and the number of pairs they were drawn from.
-#[derive(Debug, Clone, PartialEq)]
+/// The draw of an evaluation's queries: the qualifying pairs, how many queries and their seed.
+/// The queries themselves are made a block at a time ([`Drawn::queries`]), so memory does not
+/// grow with their number.
 pub struct Drawn {
-    pub queries: Vec<Query>,
-    pub qualifying_pairs: u64,
+    pairs: Pairs,
+    count: usize,
+    seed: u64,
 }
 
-/// Draws `c.queries` queries, each a qualifying pair drawn uniformly ([`Pairs`]). Refuses a
+impl std::fmt::Debug for Drawn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Drawn")
+            .field("count", &self.count)
+            .field("seed", &self.seed)
+            .field("qualifying_pairs", &self.pairs.count())
+            .finish()
+    }
+}
+
+impl Drawn {
+    /// How many queries the evaluation draws.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// How many ordered pairs qualify (the queries are drawn from them).
+    pub fn qualifying_pairs(&self) -> u64 {
+        self.pairs.count()
+    }
+
+    /// Queries `range` of the draw (within `0..len()`): query `k` depends on the seed and `k`
+    /// alone, not on the block it is made in or on the number drawn.
+    pub fn queries(&self, table: &ComposeTable, range: std::ops::Range<usize>) -> Vec<Query> {
+        range
+            .map(|k| {
+                let mut rng = RowRng::new(self.seed, "compose", &k.to_string());
+                let (i, j) = self.pairs.nth(rng.below(self.pairs.count()));
+                let (a, b) = (&table.attributes[i as usize], &table.attributes[j as usize]);
+                let extra: Vec<u32> = b.iter().copied().filter(|x| a.binary_search(x).is_err()).collect();
+                Query { image: i, partner: j, text_attributes: extra }
+            })
+            .collect()
+    }
+}
+
+/// Sets up the draw of `c.queries` queries, each a qualifying pair drawn uniformly ([`Pairs`]). Refuses a
 /// config without queries or shared attributes, and a table where no pair qualifies, saying how
 /// many attributes its images share at most.
 pub fn draw_queries(table: &ComposeTable, c: &ComposeConfig) -> Result<Drawn> {
@@ -300,10 +342,16 @@ pub fn draw_queries(table: &ComposeTable, c: &ComposeConfig) -> Result<Drawn> {
                 c.min_shared,
                 pairs.most_shared
             ),
-            hint: Some(format!(
-                "lower `--compose-min-shared` to at most {} (OTTER: 10 of CUB's 288 attributes)",
-                pairs.most_shared.max(1)
-            )),
+            hint: Some(if pairs.most_shared == 0 {
+                "no two of its images have any attribute in common: the benchmark composes an image with what \
+                 another image sharing some of its attributes adds (OTTER: CUB's birds, 288 attributes)"
+                    .to_owned()
+            } else {
+                format!(
+                    "lower `--compose-min-shared` to at most {} (OTTER: 10 of CUB's 288 attributes)",
+                    pairs.most_shared
+                )
+            }),
         });
     }
     if pairs.count() == 0 {
@@ -319,16 +367,7 @@ pub fn draw_queries(table: &ComposeTable, c: &ComposeConfig) -> Result<Drawn> {
             ),
         });
     }
-    let queries = (0..c.queries)
-        .map(|k| {
-            let mut rng = RowRng::new(c.seed, "compose", &k.to_string());
-            let (i, j) = pairs.nth(rng.below(pairs.count()));
-            let (a, b) = (&table.attributes[i as usize], &table.attributes[j as usize]);
-            let extra: Vec<u32> = b.iter().copied().filter(|x| a.binary_search(x).is_err()).collect();
-            Query { image: i, partner: j, text_attributes: extra }
-        })
-        .collect();
-    Ok(Drawn { queries, qualifying_pairs: pairs.count() })
+    Ok(Drawn { pairs, count: c.queries, seed: c.seed })
 }
 
 /// The text query of `attributes`: their names joined by `", "`.
@@ -390,42 +429,66 @@ pub fn nearest(queries: &[Query], vectors: &[f32], images: &[f32], dim: usize) -
 /// The figures of `queries` given each one's retrieved row, beside the random baseline (a row
 /// other than the query image, drawn per query).
 pub fn tally(table: &ComposeTable, queries: &[Query], retrieved: &[u32], c: &ComposeConfig) -> ComposeMetrics {
-    let rows = table.attributes.len();
-    let (mut sums, mut random, mut partner, mut sizes) = ([0.0; 3], [0.0; 3], 0, [0usize; 2]);
-    for (k, (q, &r)) in queries.iter().zip(retrieved).enumerate() {
-        partner += usize::from(r == q.partner);
-        let q_v = &table.attributes[q.image as usize];
-        sizes[0] += q_v.len();
-        sizes[1] += q.text_attributes.len();
-        for (s, o) in sums.iter_mut().zip(overlaps(q_v, &q.text_attributes, &table.attributes[r as usize])) {
-            *s += o;
+    let mut t = Tally::default();
+    t.add(table, 0, queries, retrieved, c.seed);
+    t.finish(table, c, 0)
+}
+
+/// The benchmark's sums over the queries scored so far, a block at a time.
+#[derive(Debug, Default)]
+pub struct Tally {
+    sums: [f64; 3],
+    random: [f64; 3],
+    partner: usize,
+    sizes: [usize; 2],
+    queries: usize,
+}
+
+impl Tally {
+    /// Adds the block of queries `first..first + queries.len()` of the draw and the row each one
+    /// retrieved; the random baseline's row is drawn from (`seed`, query index).
+    pub fn add(&mut self, table: &ComposeTable, first: usize, queries: &[Query], retrieved: &[u32], seed: u64) {
+        let rows = table.attributes.len();
+        for (k, (q, &r)) in queries.iter().zip(retrieved).enumerate() {
+            self.partner += usize::from(r == q.partner);
+            let q_v = &table.attributes[q.image as usize];
+            self.sizes[0] += q_v.len();
+            self.sizes[1] += q.text_attributes.len();
+            for (s, o) in self.sums.iter_mut().zip(overlaps(q_v, &q.text_attributes, &table.attributes[r as usize])) {
+                *s += o;
+            }
+            let mut rng = RowRng::new(seed, "compose-random", &(first + k).to_string());
+            let drawn = (q.image as usize + 1 + rng.below(rows as u64 - 1) as usize) % rows;
+            for (s, o) in self.random.iter_mut().zip(overlaps(q_v, &q.text_attributes, &table.attributes[drawn])) {
+                *s += o;
+            }
         }
-        let mut rng = RowRng::new(c.seed, "compose-random", &k.to_string());
-        let drawn = (q.image as usize + 1 + rng.below(rows as u64 - 1) as usize) % rows;
-        for (s, o) in random.iter_mut().zip(overlaps(q_v, &q.text_attributes, &table.attributes[drawn])) {
-            *s += o;
-        }
+        self.queries += queries.len();
     }
-    let n = queries.len().max(1) as f64;
-    let mut seen = std::collections::HashSet::new();
-    ComposeMetrics {
-        or: sums[0] / n,
-        ior: sums[1] / n,
-        tor: sums[2] / n,
-        random_or: random[0] / n,
-        random_ior: random[1] / n,
-        random_tor: random[2] / n,
-        queries: queries.len(),
-        images: rows,
-        attributes: table.names.len(),
-        min_shared: c.min_shared,
-        seed: c.seed,
-        qualifying_pairs: 0,
-        mean_image_attributes: sizes[0] as f64 / n,
-        mean_text_attributes: sizes[1] as f64 / n,
-        retrieved_partner: partner,
-        rows_skipped: table.skipped,
-        duplicate_paths: table.paths.iter().filter(|p| !seen.insert(p.as_str())).count(),
+
+    /// The figures: means over the queries added.
+    pub fn finish(self, table: &ComposeTable, c: &ComposeConfig, qualifying_pairs: u64) -> ComposeMetrics {
+        let n = self.queries.max(1) as f64;
+        let mut seen = std::collections::HashSet::new();
+        ComposeMetrics {
+            or: self.sums[0] / n,
+            ior: self.sums[1] / n,
+            tor: self.sums[2] / n,
+            random_or: self.random[0] / n,
+            random_ior: self.random[1] / n,
+            random_tor: self.random[2] / n,
+            queries: self.queries,
+            images: table.attributes.len(),
+            attributes: table.names.len(),
+            min_shared: c.min_shared,
+            seed: c.seed,
+            qualifying_pairs,
+            mean_image_attributes: self.sizes[0] as f64 / n,
+            mean_text_attributes: self.sizes[1] as f64 / n,
+            retrieved_partner: self.partner,
+            rows_skipped: table.skipped,
+            duplicate_paths: table.paths.iter().filter(|p| !seen.insert(p.as_str())).count(),
+        }
     }
 }
 
@@ -443,21 +506,21 @@ pub fn evaluate(
     c: &ComposeConfig,
     note: &dyn Fn(String),
 ) -> Result<ComposeMetrics> {
-    let queries = &drawn.queries;
     let pre_caption = run.config.data.pre_caption;
     note(format!(
         "compositionality: embedding {} images (`{}`), then {} queries",
         table.paths.len(),
         table.file.display(),
-        queries.len()
+        drawn.len()
     ));
     let dim = run.dim();
     let images = embed_image_paths(run, &table.paths, root, |pixels, n| run.embed_images(pixels, n))?;
     if images.iter().any(|v| !v.is_finite()) {
         return Err(Error::Model { message: "the model's image embeddings are not finite".into(), hint: None });
     }
-    let mut retrieved = Vec::with_capacity(queries.len());
-    for block in queries.chunks(QUERY_BLOCK) {
+    let mut tally = Tally::default();
+    for first in (0..drawn.len()).step_by(QUERY_BLOCK) {
+        let block = &drawn.queries(table, first..drawn.len().min(first + QUERY_BLOCK));
         let mut index: FxHashMap<String, usize> = FxHashMap::default();
         let mut distinct: Vec<String> = Vec::new();
         let mut which = Vec::with_capacity(block.len());
@@ -489,12 +552,12 @@ pub fn evaluate(
                 v.iter().zip(&texts[w * dim..(w + 1) * dim]).map(|(a, b)| a + b).collect::<Vec<_>>()
             })
             .collect();
-        retrieved.extend(nearest(block, &vectors, &images, dim));
-        if queries.len() > QUERY_BLOCK {
-            note(format!("compositionality: {} / {} queries", retrieved.len(), queries.len()));
+        tally.add(table, first, block, &nearest(block, &vectors, &images, dim), c.seed);
+        if drawn.len() > QUERY_BLOCK {
+            note(format!("compositionality: {} / {} queries", first + block.len(), drawn.len()));
         }
     }
-    Ok(ComposeMetrics { qualifying_pairs: drawn.qualifying_pairs, ..tally(table, queries, &retrieved, c) })
+    Ok(tally.finish(table, c, drawn.qualifying_pairs()))
 }
 
 #[cfg(test)]
@@ -555,28 +618,34 @@ mod tests {
     fn queries_are_drawn_from_the_qualifying_pairs_and_seeded_per_query() {
         let t = table(vec![vec![1, 2, 3, 4], vec![1, 2, 3, 5], vec![1, 2, 3], vec![8, 9]]);
         let c = ComposeConfig { queries: 200, min_shared: 3, seed: 7 };
-        let d = draw_queries(&t, &c).unwrap();
-        assert_eq!((d.queries.len(), d.qualifying_pairs), (200, 4));
-        for x in &d.queries {
+        let drawn = draw_queries(&t, &c).unwrap();
+        assert_eq!((drawn.len(), drawn.qualifying_pairs()), (200, 4));
+        let d = drawn.queries(&t, 0..200);
+        for x in &d {
             let (a, b) = (&t.attributes[x.image as usize], &t.attributes[x.partner as usize]);
             let extra: Vec<u32> = b.iter().copied().filter(|v| !a.contains(v)).collect();
             assert!(!extra.is_empty() && x.text_attributes == extra, "{x:?}");
         }
-        let mut pairs: Vec<(u32, u32)> = d.queries.iter().map(|x| (x.image, x.partner)).collect();
+        let mut pairs: Vec<(u32, u32)> = d.iter().map(|x| (x.image, x.partner)).collect();
         pairs.sort_unstable();
         pairs.dedup();
         assert_eq!(pairs, [(0, 1), (1, 0), (2, 0), (2, 1)]);
-        // A query does not depend on how many are drawn; another seed draws others.
+        // A query does not depend on how many are drawn or on its block; another seed draws others.
         let few = draw_queries(&t, &ComposeConfig { queries: 5, ..c.clone() }).unwrap();
-        assert_eq!(few.queries[..], d.queries[..5]);
-        assert_ne!(draw_queries(&t, &ComposeConfig { seed: 8, ..c.clone() }).unwrap(), d);
+        assert_eq!(few.queries(&t, 0..5)[..], d[..5]);
+        assert_eq!(drawn.queries(&t, 150..200)[..], d[150..]);
+        assert_ne!(draw_queries(&t, &ComposeConfig { seed: 8, ..c.clone() }).unwrap().queries(&t, 0..200), d);
         // Rare pairs are still found: 2 qualifying ordered pairs among 2,000 images.
         let mut rare: Vec<Vec<u32>> = (0..2000).map(|k| vec![10_000 + k]).collect();
         rare[3] = vec![1, 2];
         rare[1500] = vec![1, 3];
-        let d = draw_queries(&table(rare), &ComposeConfig { queries: 50, min_shared: 1, seed: 0 }).unwrap();
-        assert_eq!(d.qualifying_pairs, 2);
-        assert!(d.queries.iter().all(|q| (q.image, q.partner) == (3, 1500) || (q.image, q.partner) == (1500, 3)));
+        let rare = table(rare);
+        let d = draw_queries(&rare, &ComposeConfig { queries: 50, min_shared: 1, seed: 0 }).unwrap();
+        assert_eq!(d.qualifying_pairs(), 2);
+        assert!(d
+            .queries(&rare, 0..50)
+            .iter()
+            .all(|q| (q.image, q.partner) == (3, 1500) || (q.image, q.partner) == (1500, 3)));
         // No pair shares 4: refused, saying the most any two share; 0 queries or 0 shared too.
         let e = draw_queries(&t, &ComposeConfig { min_shared: 4, ..c.clone() }).unwrap_err().to_string();
         assert!(e.contains("(the most any two share is 3)") && e.contains("to at most 3"), "{e}");
@@ -584,6 +653,11 @@ mod tests {
         let same = table(vec![vec![1, 2], vec![1, 2]]);
         let e = draw_queries(&same, &ComposeConfig { min_shared: 1, ..c.clone() }).unwrap_err().to_string();
         assert!(e.contains("leaves no text query"), "{e}");
+        // Images with no attribute in common: no smaller --compose-min-shared would do.
+        let apart = table(vec![vec![1], vec![2], vec![3]]);
+        let e = draw_queries(&apart, &ComposeConfig { min_shared: 1, ..c.clone() }).unwrap_err().to_string();
+        assert!(e.contains("most any two share is 0") && e.contains("have any attribute in common"), "{e}");
+        assert!(!e.contains("lower `--compose-min-shared`"), "{e}");
         for (queries, min_shared) in [(0, 3), (10, 0)] {
             let e = draw_queries(&t, &ComposeConfig { queries, min_shared, seed: 0 }).unwrap_err().to_string();
             assert!(e.contains("both must be at least 1"), "{e}");
@@ -620,5 +694,17 @@ mod tests {
         let m = tally(&t2, &q, &[1; 50], &c);
         assert_eq!((m.random_or, m.random_ior, m.random_tor, m.retrieved_partner), (0.5, 0.0, 1.0, 50));
         assert_eq!(m.duplicate_paths, 1);
+        // Tallied a block at a time, the figures are those of one block: the random baseline is
+        // drawn by query index.
+        let q: Vec<Query> = (0..40u32).map(|k| Query { image: k % 4, partner: 2, text_attributes: vec![3] }).collect();
+        let r: Vec<u32> = (0..40u32).map(|k| (k + 1) % 4).collect();
+        let whole = tally(&t, &q, &r, &c);
+        let mut blocks = Tally::default();
+        blocks.add(&t, 0, &q[..17], &r[..17], c.seed);
+        blocks.add(&t, 17, &q[17..], &r[17..], c.seed);
+        assert_eq!(blocks.finish(&t, &c, 0), whole);
+        let mut shifted = Tally::default();
+        shifted.add(&t, 1, &q, &r, c.seed);
+        assert_ne!(shifted.finish(&t, &c, 0).random_or, whole.random_or);
     }
 }
