@@ -1927,8 +1927,8 @@ captions = "data/train_sample/retrieval_captions.parquet"
             .collect();
         let table = ComposeTable::read(&gallery).unwrap();
         let drawn = draw_queries(&table, &c).unwrap();
-        assert_eq!(m.qualifying_pairs, drawn.qualifying_pairs);
-        let queries = drawn.queries;
+        assert_eq!(m.qualifying_pairs, drawn.qualifying_pairs());
+        let queries = drawn.queries(&table, 0..drawn.len());
         let names = |ids: &[u32]| -> HashSet<String> { ids.iter().map(|&a| table.names[a as usize].clone()).collect() };
         let (mut sums, mut least_gap) = ([0.0f64; 3], f64::INFINITY);
         for q in &queries {
