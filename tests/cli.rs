@@ -1129,3 +1129,25 @@ fn reading_a_checkpoints_moving_average_is_said() {
     assert_eq!(code, 0, "{stderr}");
     assert!(!stderr.contains("moving average"), "{stderr}");
 }
+
+#[test]
+fn an_out_file_that_cannot_be_written_is_refused_before_the_work() {
+    // `curate probe` and `curate noise` write one JSON file: a folder, or a path under a file,
+    // is refused at once (the inputs named here do not exist, and are never read).
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().to_str().unwrap();
+    for command in
+        [["probe", "no_features.parquet", "no_labels.parquet"], ["noise", "no_images.parquet", "no_texts.parquet"]]
+    {
+        let (code, _, stderr) = curate(&[command[0], command[1], command[2], "--out", folder]);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(stderr.contains("is a folder; give the file to write, e.g."), "{stderr}");
+    }
+    let file = dir.path().join("a_file");
+    std::fs::write(&file, b"").unwrap();
+    let under = file.join("x/result.json");
+    let (code, _, stderr) =
+        curate(&["probe", "no_features.parquet", "no_labels.parquet", "--out", under.to_str().unwrap()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains(&format!("`{}` is not a folder", file.display())), "{stderr}");
+}

@@ -2307,6 +2307,7 @@ fn linear_probe_protocol_chooses_and_scores_as_scikit_learn() {
         split: Vec::new(),
         names: (0..4).map(|c| format!("class {c}")).collect(),
         skipped: 0,
+        key: "path",
     };
     for (key, split) in [("train", Split::Train), ("val", Split::Val), ("test", Split::Test)] {
         let (x, y) = probe_split(&v[key]);
@@ -2440,7 +2441,22 @@ fn curate_probe_on_feature_tables_chooses_and_scores_as_scikit_learn() {
     write_labels(&d.join("twice.parquet"), &twice);
     let bin = probe("twice.parquet", &[]);
     let stderr = String::from_utf8_lossy(&bin.stderr);
-    assert!(stderr.contains("labels `sample_id` `train-7` more than once (461 rows, 460 distinct ids)"), "{stderr}");
+    assert!(
+        stderr.contains("lists `sample_id` `train-7` more than once (twice in train; 461 rows, 460 distinct)"),
+        "{stderr}"
+    );
+    // No labelled id among the features' ids: both sides shown, and the hint names the usual cause.
+    write_features(&d.join("features.parquet"), &[], 3);
+    let bin = probe("labels.parquet", &[]);
+    let stderr = String::from_utf8_lossy(&bin.stderr);
+    assert_eq!(bin.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("none of the 460 labelled rows")
+            && stderr.contains("the features tables' 3 ids e.g. `unlabelled-0`, `unlabelled-1`, `unlabelled-2`")
+            && stderr.contains("written the same way"),
+        "{stderr}"
+    );
+    write_features(&d.join("features.parquet"), &all, 0);
 
     // As pandas and polars write them: integer ids, labels dictionary-encoded (`category`),
     // features a variable-length list; `--out` into a folder that does not exist yet. The same

@@ -530,11 +530,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 100.0 * r.val_score,
                 r.val
             );
-            if r.fits_not_converged > 0 {
-                say!("warning: {}", crate::eval::linear_probe::short_fits(&r));
-            }
-            if r.test_unseen_class > 0 {
-                say!("warning: {} test row(s) of a class without train or validation rows", r.test_unseen_class);
+            for w in crate::eval::linear_probe::warnings(&r, "sample_id") {
+                say!("warning: {w}");
             }
             if let Some(path) = &args.out {
                 let json = serde_json::to_string_pretty(&serde_json::json!({"config": c, "result": r}))?;
@@ -776,9 +773,17 @@ fn parse_threads(s: &str) -> std::result::Result<usize, String> {
 
 const MAX_THREADS: usize = 1024;
 
-/// Creates the folder `file` goes in, before the work that ends in writing it.
+/// Checks that `file` (`--out`) can be written and creates the folder it goes in, before the
+/// work that ends in writing it.
 fn create_parent(file: &std::path::Path) -> anyhow::Result<()> {
+    if file.is_dir() {
+        let example = file.join("result.json");
+        anyhow::bail!("`--out` `{}` is a folder; give the file to write, e.g. `{}`", file.display(), example.display());
+    }
     if let Some(parent) = file.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if let Some(file_above) = parent.ancestors().find(|a| a.exists()).filter(|a| !a.is_dir()) {
+            anyhow::bail!("cannot write `--out` `{}`: `{}` is not a folder", file.display(), file_above.display());
+        }
         std::fs::create_dir_all(parent)
             .map_err(|e| anyhow::anyhow!("cannot create `{}` for `--out`: {e}", parent.display()))?;
     }

@@ -417,6 +417,17 @@ pub enum Split {
     Test,
 }
 
+impl Split {
+    /// As the table writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Split::Train => "train",
+            Split::Val => "val",
+            Split::Test => "test",
+        }
+    }
+}
+
 /// The probe's table: `path` (`curate eval --probe`: an image) or `sample_id` (`curate probe`:
 /// a row of a features table), `label` (a string or an integer) and `split` (`train`, `val` or
 /// `test`; without `val` rows, part of `train` is held out). Rows with a null are left out and
@@ -432,13 +443,15 @@ pub struct ProbeTable {
     /// The label of each class index.
     pub names: Vec<String>,
     pub skipped: usize,
+    /// The key column: `path` or `sample_id`.
+    pub key: &'static str,
 }
 
 impl ProbeTable {
     /// Reads and checks `file`, its rows keyed by the column `key` (`path` or `sample_id`): its
     /// columns (every missing one at once), each `split` value, and that train has two classes
     /// and test a row.
-    pub fn read(file: &Path, key: &str) -> Result<ProbeTable> {
+    pub fn read(file: &Path, key: &'static str) -> Result<ProbeTable> {
         super::unimodal::check_columns(file, &[key, "label", "split"], "")?;
         let batches = crate::io::parquet::read_file(file)?;
         let paths = if key == "path" {
@@ -455,6 +468,7 @@ impl ProbeTable {
             split: Vec::new(),
             names: Vec::new(),
             skipped: 0,
+            key,
         };
         let mut classes: FxHashMap<String, u32> = FxHashMap::default();
         for (row, ((path, label), split)) in paths.into_iter().zip(labels).zip(splits).enumerate() {
@@ -485,6 +499,7 @@ impl ProbeTable {
             t.labels.push(class);
             t.split.push(split);
         }
+        t.refuse_repeated_keys()?;
         let count = |s: Split| t.split.iter().filter(|&&x| x == s).count();
         let train_classes = {
             let mut seen: Vec<u32> =
@@ -511,6 +526,33 @@ impl ProbeTable {
         }
         Ok(t)
     }
+
+    /// Refuses a key (an image) listed twice: in two splits the probe would be scored on images
+    /// it was fitted on, and in one it counts an image twice.
+    fn refuse_repeated_keys(&self) -> Result<()> {
+        let mut first: FxHashMap<&str, usize> = FxHashMap::default();
+        for (r, k) in self.keys.iter().enumerate() {
+            if let Some(&q) = first.get(k.as_str()) {
+                let distinct = self.keys.iter().map(String::as_str).collect::<std::collections::HashSet<_>>().len();
+                let (a, b) = (self.split[q].name(), self.split[r].name());
+                let where_ = if a == b { format!("twice in {a}") } else { format!("in {a} and in {b}") };
+                return Err(Error::Data {
+                    message: format!(
+                        "`{}` lists `{}` `{k}` more than once ({where_}; {} rows, {} distinct)",
+                        self.file.display(),
+                        self.key,
+                        self.keys.len(),
+                        distinct
+                    ),
+                    hint: Some(
+                        "one row per image: an image in train and test is scored on what it was fitted on".into(),
+                    ),
+                });
+            }
+            first.insert(k, r);
+        }
+        Ok(())
+    }
 }
 
 /// The probe's result: `metrics.json`'s `"linear_probe"` object.
@@ -536,6 +578,9 @@ pub struct ProbeMetrics {
     pub feature_dim: usize,
     /// Test rows of a class without train or validation rows (always wrong).
     pub test_unseen_class: usize,
+    /// Validation rows of a class without train rows (always wrong while the weight decay is
+    /// chosen).
+    pub val_unseen_class: usize,
     pub rows_skipped: usize,
     /// Fits (the grid, then the final one) and those that stopped before the tolerance: by the
     /// iteration limit, or stalled where the float32 objective's rounding stops the line search
@@ -546,6 +591,32 @@ pub struct ProbeMetrics {
     pub fits_stalled: usize,
     /// The largest final gradient component among the fits that stopped short (0 if none).
     pub worst_grad_max: f64,
+}
+
+/// The warnings `p` calls for (on stderr, and in `metrics.json` for `curate eval --probe`), of a
+/// table keyed by `key` (`path` or `sample_id`).
+pub fn warnings(p: &ProbeMetrics, key: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    if p.fits_not_converged > 0 {
+        out.push(short_fits(p));
+    }
+    if p.val_unseen_class > 0 {
+        out.push(format!(
+            "{} validation row(s) of a class without train rows (never right while the weight decay is chosen; \
+             labels are matched exactly as text)",
+            p.val_unseen_class
+        ));
+    }
+    if p.test_unseen_class > 0 {
+        out.push(format!(
+            "{} test row(s) of a class without train or validation rows (never predicted right, still counted)",
+            p.test_unseen_class
+        ));
+    }
+    if p.rows_skipped > 0 {
+        out.push(format!("{} row(s) left out for a null `{key}`, `label` or `split`", p.rows_skipped));
+    }
+    out
 }
 
 /// What the fits that stopped short of the tolerance say (for a warning; `fits_not_converged`
@@ -663,6 +734,24 @@ pub fn probe(
     let problem = Problem::new(&gather(features, dim, &train), &y, dim, index.len(), device);
     let val_x = problem.rows(&gather(features, dim, &val));
     let val_truth = truth_of(&table.labels, &val, &index);
+    let val_unseen_class = val_truth.iter().filter(|&&t| t as usize >= index.len()).count();
+    if val_unseen_class == val.len() {
+        let mut shown: Vec<&str> = Vec::new();
+        for &r in &val {
+            let name = table.names[table.labels[r] as usize].as_str();
+            if shown.len() < 3 && !shown.contains(&name) {
+                shown.push(name);
+            }
+        }
+        return Err(Error::Data {
+            message: format!(
+                "no validation row of `{}` has a class that train has (e.g. `{}`): every weight decay would score 0",
+                table.file.display(),
+                shown.join("`, `")
+            ),
+            hint: Some("labels are matched exactly as text: spell each class the same in every split".into()),
+        });
+    }
     let mut scores = Vec::with_capacity(c.grid.len());
     for &wd in &c.grid {
         let f = fit(&problem, wd, c)?;
@@ -712,6 +801,7 @@ pub fn probe(
         classes: index.len(),
         feature_dim: dim,
         test_unseen_class: truth.iter().filter(|&&t| t as usize >= index.len()).count(),
+        val_unseen_class,
         rows_skipped: table.skipped,
         fits,
         fits_not_converged: at_limit + stalled,
@@ -758,6 +848,27 @@ pub fn run_on_features(
     let table = ProbeTable::read(labels, "sample_id")?;
     let (by_id, dim) = crate::train::data::read_features(features)?;
     let missing: Vec<&String> = table.keys.iter().filter(|k| !by_id.contains_key(*k)).collect();
+    if !missing.is_empty() && missing.len() == table.keys.len() && !by_id.is_empty() {
+        let shown = |ids: Vec<&String>| ids.iter().take(3).map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
+        let mut theirs: Vec<&String> = by_id.keys().collect();
+        theirs.sort_unstable();
+        return Err(Error::Data {
+            message: format!(
+                "none of the {} labelled rows of `{}` has features: its ids are e.g. {}, the features tables' {} ids \
+                 e.g. {}",
+                table.keys.len(),
+                labels.display(),
+                shown(missing),
+                by_id.len(),
+                shown(theirs)
+            ),
+            hint: Some(
+                "both tables must hold the same `sample_id`s, written the same way: ids are compared as text, so an \
+                 integer id written as a float (`0.0`, as pandas writes a column with a null) is another id"
+                    .into(),
+            ),
+        });
+    }
     if !missing.is_empty() {
         let shown: Vec<String> = missing.iter().take(3).map(|k| format!("`{k}`")).collect();
         return Err(Error::Data {
@@ -773,16 +884,6 @@ pub fn run_on_features(
         });
     }
     let labelled: std::collections::HashSet<&String> = table.keys.iter().collect();
-    if labelled.len() < table.keys.len() {
-        let mut seen = std::collections::HashSet::new();
-        let twice = table.keys.iter().find(|k| !seen.insert(*k)).expect("a repeated id");
-        return Err(Error::data(format!(
-            "`{}` labels `sample_id` `{twice}` more than once ({} rows, {} distinct ids)",
-            labels.display(),
-            table.keys.len(),
-            labelled.len()
-        )));
-    }
     let rows: Vec<f32> = table.keys.iter().flat_map(|k| by_id[k].iter().copied()).collect();
     note(format!(
         "linear probe: {} labelled rows, {dim}-d features ({} feature rows without a label ignored)",
@@ -864,7 +965,43 @@ mod tests {
             split: split.to_vec(),
             names: Vec::new(),
             skipped: 0,
+            key: "path",
         }
+    }
+
+    #[test]
+    fn an_image_listed_twice_is_refused_saying_where() {
+        use Split::*;
+        let mut t = table(&[0, 1, 0, 1], &[Train, Train, Test, Val]);
+        assert!(t.refuse_repeated_keys().is_ok());
+        t.keys[2] = t.keys[0].clone();
+        let e = t.refuse_repeated_keys().unwrap_err().to_string();
+        assert!(e.contains("lists `path` `0.jpg` more than once (in train and in test; 4 rows, 3 distinct)"), "{e}");
+        t.keys[2] = "2.jpg".into();
+        t.keys[1] = t.keys[0].clone();
+        let e = t.refuse_repeated_keys().unwrap_err().to_string();
+        assert!(e.contains("(twice in train; 4 rows, 3 distinct)"), "{e}");
+    }
+
+    #[test]
+    fn validation_rows_of_classes_train_lacks_are_counted_or_refused() {
+        use Split::*;
+        // Two well-separated classes in train and test; validation rows of class 0 and of a
+        // class (2) that train lacks.
+        let labels = [0, 1, 0, 1, 0, 2, 0, 1];
+        let split = [Train, Train, Train, Train, Val, Val, Test, Test];
+        let mut t = table(&labels, &split);
+        t.names = vec!["a".into(), "b".into(), "c".into()];
+        let features: Vec<f32> = labels.iter().flat_map(|&l| [l as f32, 1.0 - l as f32]).collect();
+        let c = ProbeConfig { grid: vec![1e-3, 1e-1], ..ProbeConfig::default() };
+        let m = probe(&t, &features, 2, &c, &Device::flex(), &|_| {}).unwrap();
+        assert_eq!((m.val_unseen_class, m.test_unseen_class), (1, 0));
+        let w = warnings(&m, "sample_id");
+        assert!(w.iter().any(|w| w.starts_with("1 validation row(s) of a class without train rows")), "{w:?}");
+        // Every validation row of a class train lacks: no weight decay can be chosen.
+        t.labels[4] = 2;
+        let e = probe(&t, &features, 2, &c, &Device::flex(), &|_| {}).unwrap_err().to_string();
+        assert!(e.contains("no validation row of `t.parquet` has a class that train has (e.g. `c`):"), "{e}");
     }
 
     #[test]

@@ -246,19 +246,7 @@ pub fn warnings(ev: &Evaluation) -> Vec<String> {
         }
     }
     if let Some(p) = &ev.linear_probe {
-        if p.fits_not_converged > 0 {
-            out.push(format!("linear probe: {}", super::linear_probe::short_fits(p)));
-        }
-        if p.test_unseen_class > 0 {
-            out.push(format!(
-                "linear probe: {} test image(s) of a class without train or validation images (never predicted right, \
-                 still counted)",
-                p.test_unseen_class
-            ));
-        }
-        if p.rows_skipped > 0 {
-            out.push(format!("linear probe: {} row(s) left out for a null `path`, `label` or `split`", p.rows_skipped));
-        }
+        out.extend(super::linear_probe::warnings(p, "path").into_iter().map(|w| format!("linear probe: {w}")));
     }
     if let Some(n) = ev.compositionality.as_ref().map(|c| c.rows_skipped).filter(|&n| n > 0) {
         out.push(format!("compositionality: {n} gallery row(s) left out for a null `path` or `attributes`"));
