@@ -1151,3 +1151,26 @@ fn an_out_file_that_cannot_be_written_is_refused_before_the_work() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains(&format!("`{}` is not a folder", file.display())), "{stderr}");
 }
+
+#[cfg(unix)]
+#[test]
+fn eval_refuses_a_path_that_is_not_utf8_before_the_work() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ev");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("metrics.json"), "earlier").unwrap();
+    let bad = std::ffi::OsStr::from_bytes(b"img\xff.parquet");
+    let o = Command::new(env!("CARGO_BIN_EXE_curate"))
+        .arg("eval")
+        .arg("--image-embeddings")
+        .arg(bad)
+        .args(["--caption-embeddings", "captions.parquet", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("`img\u{fffd}.parquet` is not valid UTF-8"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(out.join("metrics.json")).unwrap(), "earlier");
+}

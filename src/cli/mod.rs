@@ -540,6 +540,15 @@ fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Eval(args) => {
+            // The evaluation's `config.json` records its inputs and output as JSON text: a path
+            // that is not UTF-8 cannot be written there, so it is refused before any work.
+            if let Some(bad) = std::env::args_os().find(|a| a.to_str().is_none()) {
+                anyhow::bail!(
+                    "`{}` is not valid UTF-8: `curate eval` records its inputs in `config.json`, which holds text \
+                     only; rename the file or folder",
+                    bad.to_string_lossy()
+                );
+            }
             if let Some(n) = args.threads {
                 // 0: rayon picks all cores.
                 rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;

@@ -456,13 +456,6 @@ pub fn check_out(out: &Path) -> Result<()> {
 /// [`super::trained::Resolved`]). An earlier evaluation's results in `out` are removed first, so
 /// none stay beside a `config.json` that is not theirs.
 pub fn write_config<T: Serialize>(out: &Path, run: &T) -> Result<()> {
-    for name in RESULT_FILES {
-        let path = out.join(name);
-        match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io("cannot remove", &path, e)),
-            _ => {}
-        }
-    }
     #[derive(Serialize)]
     struct Config<'a, T> {
         curate_version: &'a str,
@@ -471,7 +464,15 @@ pub fn write_config<T: Serialize>(out: &Path, run: &T) -> Result<()> {
         run: &'a T,
     }
     let c = Config { curate_version: env!("CARGO_PKG_VERSION"), command: "eval", run };
+    // Made before anything is removed: a config that cannot be written leaves the earlier results.
     let text = serde_json::to_string_pretty(&c).map_err(|e| Error::data(e.to_string()))?;
+    for name in RESULT_FILES {
+        let path = out.join(name);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io("cannot remove", &path, e)),
+            _ => {}
+        }
+    }
     write_atomic(&out.join("config.json"), format!("{text}\n").as_bytes())
 }
 
@@ -507,6 +508,22 @@ mod tests {
         let config = std::fs::read_to_string(out.path().join("config.json")).unwrap();
         assert!(config.contains("\"command\": \"eval\"") && config.contains("\"similarity\": \"cosine\""), "{config}");
         assert!(out.path().join("other.txt").is_file());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_config_that_cannot_be_written_leaves_the_earlier_results() {
+        use std::os::unix::ffi::OsStrExt;
+        let out = tempfile::tempdir().unwrap();
+        for name in RESULT_FILES {
+            std::fs::write(out.path().join(name), "earlier").unwrap();
+        }
+        let not_utf8 = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(b"img\xff.parquet"));
+        assert!(write_config(out.path(), &not_utf8).is_err());
+        for name in RESULT_FILES {
+            assert_eq!(std::fs::read_to_string(out.path().join(name)).unwrap(), "earlier", "{name}");
+        }
+        assert!(!out.path().join("config.json").exists());
     }
 
     #[test]
