@@ -1364,8 +1364,13 @@ captions = "data/train_sample/retrieval_captions.parquet"
         let pipeline_out = dir.path().join("pipeline_out");
         std::fs::create_dir_all(&pipeline_out).unwrap();
         std::fs::write(pipeline_out.join("config.json"), r#"{"output_dir": "x", "stage": []}"#).unwrap();
-        let e = run_trained(&RunEval { run: pipeline_out, ..args.clone() }, &device).unwrap_err().to_string();
+        let e = run_trained(&RunEval { run: pipeline_out.clone(), ..args.clone() }, &device).unwrap_err().to_string();
         assert!(e.contains("is the output of `curate run` (a pipeline), not a `curate train` run"), "{e}");
+        // The run's config.json named instead of its folder: said so, the folder suggested.
+        let as_file = pipeline_out.join("config.json");
+        let e = run_trained(&RunEval { run: as_file, ..args.clone() }, &device).unwrap_err().to_string();
+        assert!(e.contains("config.json` is a file; a `curate train` run is named by its folder"), "{e}");
+        assert!(e.contains(&format!("name the run's folder (`{}`)", pipeline_out.display())), "{e}");
 
         // A run that did not finish (no model.bpk), through the binary: exit code 2.
         std::fs::remove_file(run_dir.join("model.bpk")).unwrap();

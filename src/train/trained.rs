@@ -83,6 +83,13 @@ impl TrainedRun {
         let config_path = dir.join("config.json");
         let model_path = dir.join(file);
         let hint = || Some(format!("train it first (`curate train FILE --set output_dir={}`)", dir.display()));
+        if dir.is_file() {
+            let folder = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            return Err(Error::Data {
+                message: format!("`{}` is a file; a `curate train` run is named by its folder", dir.display()),
+                hint: Some(format!("name the run's folder (`{}`)", folder.display())),
+            });
+        }
         if !config_path.is_file() {
             return Err(Error::Data {
                 message: format!("`{}` is not a `curate train` run: it has no config.json", dir.display()),
