@@ -125,6 +125,9 @@ impl PositivePairs {
             serde_json::error::Category::Data => bad("the top level is not an object".into()),
             _ => bad(format!("not JSON: {e}")),
         })?;
+        if map.is_empty() {
+            return Err(bad("holds no queries (`{}`): every metric of its protocol would be undefined".into()));
+        }
         // In key order, as a JSON map is read (the order queries are summed in).
         map.sort_by(|a, b| a.0.cmp(&b.0));
         let int = |v: &serde_json::Value| match v {
@@ -666,6 +669,7 @@ mod tests {
         }
         for (text, want) in [
             ("[1]", "the top level is not an object"),
+            (" {} ", "holds no queries"),
             (r#"{"x": [1]}"#, "key `x` is not an integer id"),
             (r#"{"1": 2}"#, "the value of `1` is not a list"),
             (r#"{"1": [1.5]}"#, "a positive of `1` is not an integer id: 1.5"),
