@@ -692,9 +692,27 @@ fn uni_modal_tables_are_checked_and_their_nulls_counted() {
     let md = curate::eval::report::markdown_table(&ev);
     assert!(md.contains("| sts_spearman (sts13) | -100.00 | 2 pairs |"), "{md}");
     assert!(md.contains("| sts_spearman mean / wmean | 0.00 / 20.00 | 2 datasets |"), "{md}");
-    // Without the column: the pooled ρ alone.
+    // sts13's cosines one value but for float32 rounding (pairs of one sentence twice): its ρ is
+    // undefined, the means null, and the warning names it.
+    let rounded = curate::eval::unimodal::StsMetrics::new(&[0.1, 0.2, 0.3, 1.0, 1.0 - 3e-7], &t);
+    let sets = rounded.sts_datasets.as_ref().unwrap();
+    assert!(near(sets["sts12"].spearman, 1.0) && sets["sts13"].spearman.is_none(), "{rounded:?}");
+    assert_eq!((rounded.sts_spearman_mean, rounded.sts_spearman_wmean), (None, None));
+    let unimodal = Some(curate::eval::unimodal::UniModalMetrics {
+        heads: curate::eval::unimodal::Heads::Uni,
+        image: None,
+        sts: Some(rounded),
+    });
+    let warnings = curate::eval::report::warnings(&curate::eval::Evaluation { unimodal, ..ev.clone() });
+    assert!(warnings.iter().any(|w| w.contains("for dataset(s) `sts13`")), "{warnings:?}");
+    // Without the column: the pooled ρ alone; null when every cosine is one value to within
+    // rounding (ρ of the noise otherwise), not when they differ by more.
     let pooled = StsPairs { datasets: None, ..t };
     assert_eq!(curate::eval::unimodal::StsMetrics::new(&[0.1, 0.2, 0.3, 0.9, 0.8], &pooled).sts_datasets, None);
+    let noise = [1.0, 1.0 - 2e-7, 1.0 + 1e-7, 1.0 - 1e-7, 1.0];
+    assert_eq!(curate::eval::unimodal::StsMetrics::new(&noise, &pooled).sts_spearman, None);
+    let apart = [1.0, 1.0 - 2e-5, 1.0 + 1e-7, 1.0 - 1e-7, 1.0];
+    assert!(curate::eval::unimodal::StsMetrics::new(&apart, &pooled).sts_spearman.is_some());
 }
 
 mod run_dir {
@@ -1493,6 +1511,21 @@ captions = "data/train_sample/retrieval_captions.parquet"
         assert!(md.contains("| uni-modal (uni heads) |") && md.contains("| image_r1 (single_set) |"), "{md}");
         assert!(md.contains("| sts_spearman |") && !md.contains("| metric |") && !md.contains("recall_at_k"), "{md}");
         assert!(md.contains("STS: 1 pair(s) left out"), "{md}");
+        assert_eq!(u["image_duplicate_paths"].as_u64(), Some(0));
+        // The table's first 24 images once more: each of their queries finds its twin; counted
+        // and warned of.
+        let twice: Vec<&str> = paths.iter().chain(&paths[..24]).map(String::as_str).collect();
+        let twice_labels: Vec<&str> = labels.iter().chain(&labels[..24]).map(String::as_str).collect();
+        let doubled = table(
+            "doubled.parquet",
+            vec![("path", Arc::new(StringArray::from(twice))), ("label", Arc::new(StringArray::from(twice_labels)))],
+        );
+        let dup = RunEval { uni_images: Some(doubled), sts: None, out: Some(d.join("dup")), ..args.clone() };
+        let ev = run_trained(&dup, &device).unwrap_or_else(|e| panic!("{e}"));
+        let image = ev.unimodal.as_ref().and_then(|u| u.image.as_ref()).unwrap();
+        assert_eq!((image.image_queries, image.image_duplicate_paths), (264, 24));
+        let md = std::fs::read_to_string(d.join("dup/metrics.md")).unwrap();
+        assert!(md.contains("24 row(s) repeat an earlier row's `path`"), "{md}");
         // ECCV Caption annotations without a retrieval set to annotate: refused.
         let eccv = RunEval { eccv_annotations: Some(d.to_owned()), out: Some(d.join("never")), ..args.clone() };
         let e = run_trained(&eccv, &device).unwrap_err().to_string();

@@ -235,6 +235,12 @@ pub fn warnings(ev: &Evaluation) -> Vec<String> {
                  still counted in image_r1)"
             ));
         }
+        if let Some(n) = image.map(|i| i.image_duplicate_paths).filter(|&n| n > 0) {
+            out.push(format!(
+                "uni-modal image retrieval: {n} row(s) repeat an earlier row's `path`: a query finds its twin as its \
+                 nearest neighbour, which lifts image_r1 when their labels agree"
+            ));
+        }
         if let Some(n) = image.map(|i| i.image_rows_skipped).filter(|&n| n > 0) {
             out.push(format!("uni-modal image retrieval: {n} row(s) left out for a null `path`, `label` or `split`"));
         }
@@ -242,7 +248,22 @@ pub fn warnings(ev: &Evaluation) -> Vec<String> {
             out.push(format!("STS: {n} pair(s) left out for a null sentence or score"));
         }
         if sts.is_some_and(|t| t.sts_spearman.is_none()) {
-            out.push("STS: every pair has the same cosine, so Spearman's ρ is undefined (null)".to_owned());
+            out.push(format!(
+                "STS: every pair has the same cosine (to within {:e}, float32 rounding), so Spearman's ρ is undefined \
+                 (null): does each pair hold two different sentences?",
+                super::unimodal::COSINE_ROUNDING
+            ));
+        }
+        if let Some(sets) = sts.and_then(|t| t.sts_datasets.as_ref()) {
+            let undefined: Vec<&str> =
+                sets.iter().filter(|(_, d)| d.spearman.is_none()).map(|(name, _)| name.as_str()).collect();
+            if !undefined.is_empty() {
+                out.push(format!(
+                    "STS: ρ is undefined (one pair, or every cosine the same) for dataset(s) `{}`, so the mean and \
+                     pair-weighted mean are null",
+                    undefined.join("`, `")
+                ));
+            }
         }
     }
     if let Some(p) = &ev.linear_probe {

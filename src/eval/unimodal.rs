@@ -82,13 +82,16 @@ pub struct ImageMetrics {
     pub image_queries_without_positive: usize,
     /// Queries whose nearest neighbour's score another image equals exactly (the lower row won).
     pub image_ties: usize,
+    /// Rows whose `path` an earlier row has too: such a query finds its twin (warned of).
+    pub image_duplicate_paths: usize,
 }
 
 /// STS Spearman of `--sts`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StsMetrics {
-    /// Spearman's ρ of cosine against the gold scores; `null` when every cosine is the same
-    /// (a model that embeds every sentence alike), where ρ is undefined.
+    /// Spearman's ρ of cosine against the gold scores; `null` when every cosine is the same to
+    /// within [`COSINE_ROUNDING`] (a model that embeds every sentence alike, or pairs of the same
+    /// sentence twice), where ρ is undefined or ranks rounding noise.
     pub sts_spearman: Option<f64>,
     pub sts_pairs: usize,
     /// Pairs left out for a null sentence, score or dataset.
@@ -111,11 +114,26 @@ pub struct StsDataset {
     pub pairs: usize,
 }
 
+/// How far apart float32 cosines of one value can land by rounding alone (a 768-d dot product's
+/// error is some 1e-7 · √768 ≈ 3e-6): cosines within it of each other count as equal when they
+/// are all so.
+pub const COSINE_ROUNDING: f64 = 1e-5;
+
+/// [`spearman`] of cosines against gold scores, `None` where the cosines are all one value to
+/// within [`COSINE_ROUNDING`].
+fn cosine_spearman(cosines: &[f64], scores: &[f64]) -> Option<f64> {
+    let (lo, hi) = cosines.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &c| (lo.min(c), hi.max(c)));
+    if hi - lo <= COSINE_ROUNDING {
+        return None;
+    }
+    spearman(cosines, scores)
+}
+
 impl StsMetrics {
     /// ρ of `cosines` against `pairs`' gold scores, pooled and (with datasets) per dataset.
     pub fn new(cosines: &[f64], pairs: &StsPairs) -> StsMetrics {
         let mut out = StsMetrics {
-            sts_spearman: spearman(cosines, &pairs.scores),
+            sts_spearman: cosine_spearman(cosines, &pairs.scores),
             sts_pairs: pairs.scores.len(),
             sts_pairs_skipped: pairs.skipped,
             sts_datasets: None,
@@ -131,7 +149,7 @@ impl StsMetrics {
         }
         let sets: std::collections::BTreeMap<String, StsDataset> = by
             .into_iter()
-            .map(|(name, (c, s))| (name.to_owned(), StsDataset { spearman: spearman(&c, &s), pairs: c.len() }))
+            .map(|(name, (c, s))| (name.to_owned(), StsDataset { spearman: cosine_spearman(&c, &s), pairs: c.len() }))
             .collect();
         let all: Option<Vec<(f64, usize)>> = sets.values().map(|d| d.spearman.map(|r| (r, d.pairs))).collect();
         if let Some(all) = all {
@@ -536,6 +554,10 @@ pub fn evaluate(
                 image_rows_skipped: table.skipped,
                 image_queries_without_positive: r.without_positive,
                 image_ties: r.tied,
+                image_duplicate_paths: {
+                    let mut seen = std::collections::HashSet::new();
+                    table.paths.iter().filter(|p| !seen.insert(p.as_str())).count()
+                },
             })
         }
     };
