@@ -221,6 +221,27 @@ fn coco_1k_ranks_within_the_fold_only() {
 }
 
 #[test]
+fn dot_products_that_can_pass_float32s_range_are_refused_in_float32() {
+    // Norms 2e19 and 2e19: their product (4e38) is past f32::MAX (3.4e38); at 1e19 it is not.
+    let ids: Vec<i64> = (0..2).collect();
+    let cap_ids: Vec<i64> = ids.iter().map(|i| i + 100).collect();
+    let im = images(&ids, 1, &[2e19, 1.0]);
+    let cap = captions(&cap_ids, &ids, 1, &[2e19, 1.0]);
+    let e = evaluate(&im, &cap, None, Similarity::Dot).unwrap_err().to_string();
+    assert!(e.contains("past float32's range") && e.contains("--precision f64"), "{e}");
+    // In float64, or by cosine, the same embeddings are scored.
+    let f64_scoring = curate::eval::Scoring {
+        similarity: Similarity::Dot,
+        precision: curate::eval::Precision::F64,
+        ..Default::default()
+    };
+    assert!(curate::eval::evaluate_scored(&im, &cap, None, &f64_scoring).is_ok());
+    assert!(evaluate(&im, &cap, None, Similarity::Cosine).is_ok());
+    let small = captions(&cap_ids, &ids, 1, &[1e19, 1.0]);
+    assert!(evaluate(&images(&ids, 1, &[1e19, 1.0]), &small, None, Similarity::Dot).is_ok());
+}
+
+#[test]
 fn folds_that_the_caption_order_would_draw_otherwise_are_warned_of() {
     // Ten images with one caption each, the captions in image-id order. An image table in the
     // same order draws the same folds (no warning); reversed, every caption's fold by the image

@@ -382,6 +382,30 @@ pub fn evaluate(
     evaluate_scored(images, captions, annotations, &Scoring { similarity, ..Scoring::default() })
 }
 
+/// Refuses float32 dot products that can pass float32's range: the largest image and caption
+/// norms (in float64) bound every score (Cauchy–Schwarz), and a score past the range is an
+/// infinity that ties with its like.
+fn refuse_overflowing_dot(images: &Matrix, captions: &Matrix) -> Result<()> {
+    let largest = |m: &Matrix| -> f64 {
+        m.data
+            .chunks(m.dim.max(1))
+            .map(|r| r.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt())
+            .fold(0.0, f64::max)
+    };
+    let (a, b) = (largest(images), largest(captions));
+    if a * b >= f64::from(f32::MAX) {
+        return Err(Error::Data {
+            message: format!(
+                "`--similarity dot`: the largest image norm ({a:.3e}) times the largest caption norm ({b:.3e}) is past \
+                 float32's range ({:.3e}), so float32 scores can overflow to infinity and tie",
+                f32::MAX
+            ),
+            hint: Some("score in float64 (`--precision f64`), or by cosine".into()),
+        });
+    }
+    Ok(())
+}
+
 /// Scores both directions once and computes every metric.
 ///
 /// COCO metrics always; CxC and ECCV Caption when `annotations` is given. Errors when an
@@ -394,6 +418,9 @@ pub fn evaluate_scored(
     scoring: &Scoring,
 ) -> Result<Evaluation> {
     let similarity = scoring.similarity;
+    if similarity == Similarity::Dot && scoring.precision == Precision::F32 {
+        refuse_overflowing_dot(&images.embeddings, &captions.embeddings)?;
+    }
     if similarity == Similarity::Csd {
         let (iu, cu) = scoring
             .uncertainty
