@@ -410,6 +410,12 @@ fn input_errors_name_the_file_and_column() {
     assert!(e.contains(&format!("`eccv_image_to_caption.json`: query {first} has no positives")), "{e}");
     let e = Annotations::read_dir(d).unwrap_err().to_string();
     assert!(e.contains("lacks cxc_image_to_caption.json") && e.contains("eccv-caption"), "{e}");
+    // A folder that is not there, or a file: said so, not listed as lacking every file.
+    let e = Annotations::read_dir(&d.join("nope")).unwrap_err().to_string();
+    assert!(e.contains("nope` does not exist (`--eccv-annotations` names the folder"), "{e}");
+    std::fs::write(d.join("a_file.json"), "{}").unwrap();
+    let e = Annotations::read_dir(&d.join("a_file.json")).unwrap_err().to_string();
+    assert!(e.contains("a_file.json` is not a folder") && !e.contains("lacks"), "{e}");
 }
 
 #[test]

@@ -206,8 +206,16 @@ impl Annotations {
     pub fn read_dir(dir: &Path) -> Result<Annotations> {
         let missing: Vec<&str> = ANNOTATION_FILES.iter().copied().filter(|f| !dir.join(f).is_file()).collect();
         if !missing.is_empty() {
+            let what = if dir.is_dir() {
+                format!("lacks {}", missing.join(", "))
+            } else {
+                format!(
+                    "{} (`--eccv-annotations` names the folder of the package's JSON files)",
+                    crate::io::not_a(dir, "folder")
+                )
+            };
             return Err(Error::Data {
-                message: format!("`{}` lacks {}", dir.display(), missing.join(", ")),
+                message: format!("`{}` {what}", dir.display()),
                 hint: Some(
                     "pass the `data/` folder of the eccv-caption package (`pip download --no-deps \
                      eccv-caption==0.1.0`, unzip, `eccv_caption/data`)"
