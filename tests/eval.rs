@@ -403,6 +403,11 @@ fn input_errors_name_the_file_and_column() {
     let ann = Annotations { eccv_i2t: PositivePairs(vec![(555, vec![5])]), ..Annotations::default() };
     let e = evaluate(&im, &cap, Some(&ann), Similarity::Dot).unwrap_err().to_string();
     assert!(e.contains("query 555 of `eccv_image_to_caption.json` is not in the gallery"), "{e}");
+    assert!(e.contains("embed all of it") && !e.contains("swapped"), "{e}");
+    // A caption id as an image query: the files may be swapped.
+    let ann = Annotations { eccv_i2t: PositivePairs(vec![(5, vec![1])]), ..Annotations::default() };
+    let e = evaluate(&im, &cap, Some(&ann), Similarity::Dot).unwrap_err().to_string();
+    assert!(e.contains("query 5 of `eccv_image_to_caption.json`") && e.contains("swapped"), "{e}");
     // An ECCV query without positives is named by its COCO id (R = 0: mAP@R is undefined).
     let first = im.ids[0];
     let ann = Annotations { eccv_i2t: PositivePairs(vec![(first, vec![])]), ..Annotations::default() };

@@ -586,9 +586,15 @@ pub fn resolve(
     let mut absent = 0;
     for (q, ids) in &pairs.0 {
         let Some(&row) = query_rows.get(q) else {
+            let hint = if target_rows.contains_key(q) {
+                "it is an id of the other side (a caption where an image was looked for, or the other way): are the \
+                 image-to-caption and caption-to-image files swapped, or renamed?"
+            } else {
+                "CxC and ECCV Caption are defined on the COCO 5K test split: embed all of it"
+            };
             return Err(Error::Data {
                 message: format!("query {q} of `{name}` is not in the gallery"),
-                hint: Some("CxC and ECCV Caption are defined on the COCO 5K test split: embed all of it".into()),
+                hint: Some(hint.into()),
             });
         };
         let mut seen = rustc_hash::FxHashSet::default();
