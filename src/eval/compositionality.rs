@@ -30,8 +30,8 @@
 //! - exact score ties go to the lower gallery row ([`crate::knn::exact_top_k`]).
 //!
 //! Attribute names must be strings: CUB's integer ids would make texts of digits (map them to
-//! the names of its `attributes.txt` first). The queries are searched in blocks, so memory does
-//! not grow with their number.
+//! the names of its `attributes.txt` first). The queries are drawn, embedded and searched in
+//! blocks, so memory does not grow with their number.
 
 use std::path::{Path, PathBuf};
 
@@ -316,9 +316,9 @@ impl Drawn {
     }
 }
 
-/// Sets up the draw of `c.queries` queries, each a qualifying pair drawn uniformly ([`Pairs`]). Refuses a
-/// config without queries or shared attributes, and a table where no pair qualifies, saying how
-/// many attributes its images share at most.
+/// Sets up the draw of `c.queries` queries, each a qualifying pair drawn uniformly ([`Pairs`]).
+/// Refuses a config without queries or shared attributes, and a table where no pair qualifies,
+/// saying how many attributes its images share at most.
 pub fn draw_queries(table: &ComposeTable, c: &ComposeConfig) -> Result<Drawn> {
     if c.queries == 0 || c.min_shared == 0 {
         return Err(Error::Data {
