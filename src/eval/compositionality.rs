@@ -469,7 +469,6 @@ impl Tally {
     /// The figures: means over the queries added.
     pub fn finish(self, table: &ComposeTable, c: &ComposeConfig, qualifying_pairs: u64) -> ComposeMetrics {
         let n = self.queries.max(1) as f64;
-        let mut seen = std::collections::HashSet::new();
         ComposeMetrics {
             or: self.sums[0] / n,
             ior: self.sums[1] / n,
@@ -487,7 +486,7 @@ impl Tally {
             mean_text_attributes: self.sizes[1] as f64 / n,
             retrieved_partner: self.partner,
             rows_skipped: table.skipped,
-            duplicate_paths: table.paths.iter().filter(|p| !seen.insert(p.as_str())).count(),
+            duplicate_paths: super::repeated_paths(&table.paths),
         }
     }
 }

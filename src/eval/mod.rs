@@ -619,6 +619,12 @@ pub fn resolve(
 /// Recall@K cut-offs reported for every recall protocol (the package's default `Ks`).
 pub const KS: [u32; 3] = [1, 5, 10];
 
+/// Rows of `paths` that repeat an earlier row's path (an image listed twice finds its twin).
+pub fn repeated_paths(paths: &[String]) -> usize {
+    let mut seen = rustc_hash::FxHashSet::default();
+    paths.iter().filter(|p| !seen.insert(p.as_str())).count()
+}
+
 /// Fraction of queries whose best positive rank (0-based, `None` = no positive in the gallery)
 /// is below `k`; `None` without queries.
 pub fn recall(best: &[Option<u32>], k: u32) -> Option<f64> {

@@ -554,10 +554,7 @@ pub fn evaluate(
                 image_rows_skipped: table.skipped,
                 image_queries_without_positive: r.without_positive,
                 image_ties: r.tied,
-                image_duplicate_paths: {
-                    let mut seen = std::collections::HashSet::new();
-                    table.paths.iter().filter(|p| !seen.insert(p.as_str())).count()
-                },
+                image_duplicate_paths: super::repeated_paths(&table.paths),
             })
         }
     };
