@@ -10,6 +10,7 @@
 //! walks the header blocks itself to tell a cut from a corrupt header. What counts as a member
 //! and where the archive ends follow Python's `tarfile` and GNU tar.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
@@ -115,6 +116,9 @@ pub fn read_samples(path: &Path) -> Result<(Vec<Sample>, Option<Damage>)> {
     // Where the next member's header blocks start: after the last member's data, padded.
     let mut end = 0u64;
     let mut members = 0u64;
+    // The extensions of the last sample, for the repeat check: a sample may have many members
+    // (`frame.000001.png`, ... share a key), and a scan of its list per member is quadratic.
+    let mut last_exts: HashSet<String> = HashSet::new();
     for entry in entries {
         // Member indexes count members only (see the PAX global header below).
         let i = members;
@@ -155,15 +159,18 @@ pub fn read_samples(path: &Path) -> Result<(Vec<Sample>, Option<Damage>)> {
         let ext = ext.to_ascii_lowercase();
         // A member joins the sample before it when it has its key (and a new extension).
         match out.last_mut().filter(|s| s.bad_name.is_none() && s.key == key) {
-            Some(s) if s.member(&ext).is_some() => {
+            Some(s) if last_exts.contains(&ext) => {
                 s.repeats.push(Repeat { member_index: i, name: entry.path_bytes().into_owned(), ext });
             }
             Some(s) => {
                 let data = load(&mut entry, &ext, path)?;
+                last_exts.insert(ext.clone());
                 s.members.push(Member { ext, data });
             }
             None => {
                 let data = load(&mut entry, &ext, path)?;
+                last_exts.clear();
+                last_exts.insert(ext.clone());
                 let members = vec![Member { ext, data }];
                 out.push(Sample { key, bad_name: None, member_index: i, members, repeats: Vec::new() });
             }
@@ -412,6 +419,23 @@ mod tests {
 
     fn members(s: &[(String, Vec<u8>)]) -> Vec<(&str, &[u8])> {
         s.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect()
+    }
+
+    #[test]
+    fn a_sample_of_many_extensions_keeps_each_once_and_lists_its_repeats() {
+        // `clip.000000.png`, `clip.000001.png`, ... all have key `clip` (up to the first `.`).
+        let mut names: Vec<String> = vec!["clip.jpg".into(), "clip.txt".into()];
+        names.extend((0..3000).map(|i| format!("clip.{i:06}.png")));
+        // Repeats of a first and a late extension, then a new key that may use them again.
+        names.extend(["clip.000000.png", "clip.002999.png", "next.000000.png", "next.jpg"].map(String::from));
+        let data: Vec<(String, Vec<u8>)> = names.into_iter().map(|n| (n, b"x".to_vec())).collect();
+        let (s, cut) = read(&pax_shard(&members(&data)).0);
+        assert_eq!(cut, None);
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].key.as_str(), s[0].members.len()), ("clip", 3002));
+        let repeats: Vec<(u64, &str)> = s[0].repeats.iter().map(|r| (r.member_index, r.ext.as_str())).collect();
+        assert_eq!(repeats, [(3002, "000000.png"), (3003, "002999.png")]);
+        assert_eq!((s[1].key.as_str(), s[1].members.len(), s[1].repeats.len()), ("next", 2, 0));
     }
 
     #[test]

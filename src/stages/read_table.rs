@@ -474,7 +474,7 @@ impl ReadTableConfig {
         let filter_columns = if named { self.filter_columns(&names) } else { filter_columns };
         for (key, col) in &filter_columns {
             if let Some(i) = locate(key, col, problems) {
-                filter.push((i, self.keep_where[&key["keep_where.".len()..]].clone()));
+                filter.push((i, self.keep_where[&key["keep_where.".len()..]].iter().cloned().collect()));
             }
         }
         let width = match format {
@@ -753,13 +753,14 @@ pub struct ReadTable {
     source: String,
 }
 
-/// `keep_where` resolved against one file: each column's index and the values it may hold.
-type Filter = Vec<(usize, Vec<String>)>;
+/// `keep_where` resolved against one file: each column's index and the values it may hold (a
+/// set: a list of ids may be long, and every row is looked up in it).
+type Filter = Vec<(usize, std::collections::HashSet<String>)>;
 
 /// Whether a row is kept: every filter column's value (`value(index)`, `None` for a null or a
 /// value that is not text) is one of its listed values.
 fn keeps<'v>(filter: &Filter, value: impl Fn(usize) -> Option<&'v str>) -> bool {
-    filter.iter().all(|(i, allowed)| value(*i).is_some_and(|v| allowed.iter().any(|a| a == v)))
+    filter.iter().all(|(i, allowed)| value(*i).is_some_and(|v| allowed.contains(v)))
 }
 
 /// Turns one record's mapped values into a row or a reject reason.
