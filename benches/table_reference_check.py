@@ -41,6 +41,7 @@ import tempfile
 import time
 import traceback
 
+import numpy  # noqa: F401  (the reference formats float32 values as numpy prints them)
 import pyarrow as pa
 import pyarrow.parquet as pq
 

@@ -54,8 +54,9 @@ ROWS = [
     ("5", "Intact captions", sets("only", shuffle=False), 10.3, "0%"),
     # The paper's t = 0 figures (10.3 words, 0%) are not what the cascade with t = 0 gives
     # (~4.5 words, as LimitToBaseVocab + Keep(4) above): spec §2 and A15 call them a paper
-    # inconsistency. The row is run as the cascade defines it.
-    ("5", "RmTopFreq(0)", ["bow.rm_top_freq=0"], 10.3, "0%"),
+    # inconsistency. The row is run as the cascade defines it; its paper figures are printed
+    # with a mark and a footnote, not as a figure to match.
+    ("5", "RmTopFreq(0)", ["bow.rm_top_freq=0"], "10.3†", "0%†"),
     ("5", "RmTopFreq(500)", ["bow.rm_top_freq=500"], 3.4, "-10.3%"),
     ("5", "RmTopFreq(1000)", ["bow.rm_top_freq=1000"], 3.2, "-19.6%"),
     ("5", "RmTopFreq(2000)", ["bow.rm_top_freq=2000"], 3.1, "-34.1%"),
@@ -112,6 +113,11 @@ def main():
             f"| {r['mean_words_after']:.2f} | {paper_len} | {paper_delta} |"
         )
         sys.stdout.flush()
+    if any(str(row[3]).endswith("†") for _, row in rows):
+        print(
+            "\n† the paper's RmTopFreq(0) figures contradict its own cascade (t = 0 is the LimitToBaseVocab "
+            "row); spec §2: not compared."
+        )
 
 
 if __name__ == "__main__":

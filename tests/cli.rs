@@ -74,9 +74,9 @@ fn toml_syntax_error() {
     insta::assert_snapshot!(validate("syntax_error.toml", &[]));
 }
 
-/// Every syntax error of a file at once: an unclosed string, a header that does not parse (its
-/// table's duplicate `seed` is not reported: the parser never saw that table), a duplicate key
-/// and a bare word where a value goes, each once.
+/// Every syntax error of a file at once: an unclosed string, a header that does not parse and
+/// the duplicate `seed` of its table (read alone), a duplicate key and a bare word where a value
+/// goes, each once.
 #[test]
 fn every_toml_syntax_error_at_once() {
     insta::assert_snapshot!(validate("syntax_errors.toml", &[]));

@@ -629,7 +629,8 @@ const MAX_SYNTAX_ERRORS: usize = 20;
 /// only its first error in the file is taken; that line is blanked out (spaces, so later places
 /// keep their offsets) and the file parsed again, until it parses or the next error is no further
 /// on. A table header that does not parse blanks its whole table, up to the next header: its keys
-/// would otherwise land in the table before it and be reported as duplicates there. The other
+/// would otherwise land in the table before it and be reported as duplicates there; the table's
+/// lines are read alone first, for their own syntax errors. The other
 /// checks then run on what is left ([`ConfigDoc::load_recovered`]), and only the problems they
 /// find that no blanked line could explain are added ([`survives_recovery`]).
 fn syntax_errors(path: &Path, source: &str, first: toml::de::Error) -> Vec<Diagnostic> {
@@ -645,13 +646,29 @@ pub struct Recovered {
 
 /// [`syntax_errors`], and the text it leaves when that parses.
 fn syntax_recovery(path: &Path, source: &str, first: toml::de::Error) -> (Vec<Diagnostic>, Option<Recovered>) {
-    let mut text = source.as_bytes().to_vec();
+    let error = first_in_file(source).unwrap_or(first);
+    let pass = blank_out(path, source, source.as_bytes().to_vec(), error, MAX_SYNTAX_ERRORS);
+    let recovered =
+        pass.parses.then(|| Recovered { text: String::from_utf8(pass.text).expect("still UTF-8"), lines: pass.lines });
+    (pass.diags, recovered)
+}
+
+/// What [`blank_out`] found and left.
+struct Blanked {
+    diags: Vec<Diagnostic>,
+    text: Vec<u8>,
+    lines: Vec<usize>,
+    parses: bool,
+}
+
+/// The loop of [`syntax_errors`] on `text` (`source` with some bytes made spaces, at the same
+/// offsets), from its first syntax error `error`, reporting at most `max` errors.
+fn blank_out(path: &Path, source: &str, mut text: Vec<u8>, mut error: toml::de::Error, max: usize) -> Blanked {
     let mut diags = Vec::new();
-    let mut error = first_in_file(source).unwrap_or(first);
     let mut blanked_to = 0;
     let mut lines = Vec::new();
     let mut parses = false;
-    loop {
+    while diags.len() < max {
         diags.push(syntax_diagnostic(path, source, &error));
         let Some(at) = error.span().map(|s| s.start.min(text.len())) else { break };
         let line_start = text[..at].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
@@ -665,8 +682,21 @@ fn syntax_recovery(path: &Path, source: &str, first: toml::de::Error) -> (Vec<Di
         let is_header = |start: usize| text[start..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
         let mut end = line_end(line_start);
         if is_header(line_start) {
+            let body = (end + 1).min(text.len());
             while end < text.len() && !is_header(end + 1) {
                 end = line_end(end + 1);
+            }
+            // The table's lines go with its header, unread; their own syntax errors are found
+            // by reading them alone (as keys of no table), so that none waits for another run.
+            if body < end && diags.len() < max {
+                let alone: Vec<u8> = text
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &b)| if (body..end).contains(&i) || b == b'\n' { b } else { b' ' })
+                    .collect();
+                if let Some(e) = std::str::from_utf8(&alone).ok().and_then(first_in_file) {
+                    diags.extend(blank_out(path, source, alone, e, max - diags.len()).diags);
+                }
             }
         }
         let first_line = text[..line_start].iter().filter(|&&b| b == b'\n').count() + 1;
@@ -678,9 +708,6 @@ fn syntax_recovery(path: &Path, source: &str, first: toml::de::Error) -> (Vec<Di
             }
         }
         blanked_to = end.max(line_start + 1);
-        if diags.len() == MAX_SYNTAX_ERRORS {
-            break;
-        }
         // Whole lines of bytes became spaces, so the text is still UTF-8.
         let Ok(rest) = std::str::from_utf8(&text) else { break };
         match first_in_file(rest) {
@@ -691,8 +718,7 @@ fn syntax_recovery(path: &Path, source: &str, first: toml::de::Error) -> (Vec<Di
             Some(e) => error = e,
         }
     }
-    let recovered = parses.then(|| Recovered { text: String::from_utf8(text).expect("still UTF-8"), lines });
-    (diags, recovered)
+    Blanked { diags, text, lines, parses }
 }
 
 /// Whether a problem found in a [`ConfigDoc::load_recovered`] document stands whatever the
