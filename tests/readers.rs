@@ -2500,3 +2500,61 @@ fn keep_where_columns_are_checked_like_mapped_ones() {
     let e = check("keep_where = { \"03\" = \"x\" }");
     assert!(e.contains("missing column `03`"), "{e}");
 }
+
+#[test]
+fn img2dataset_shards_in_any_case_and_compressed_or_ambiguous_ones_refused() {
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let dir = tempfile::tempdir().unwrap();
+    let fixture_tar = std::fs::read(fixture("readers/img2dataset/00000.tar")).unwrap();
+    // `.TAR` is a tar shard, as a `.tar` one: read, not refused as "neither".
+    let upper = dir.path().join("00000.TAR");
+    std::fs::write(&upper, &fixture_tar).unwrap();
+    let (_d, data, _) =
+        run_pipeline(&read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", upper.display())));
+    assert_eq!(strs(&data, "sample_id"), ["000000000", "000000002", "000000005"]);
+    // ... and `00000.TAR` beside `00000.parquet` is one shard given both ways.
+    let pq = dir.path().join("00000.parquet");
+    std::fs::copy(fixture("readers/img2dataset/00000.parquet"), &pq).unwrap();
+    let err = config_errors(read_only(&format!(
+        "type = \"read_img2dataset\"\npath = [\"{}\", \"{}\"]",
+        pq.display(),
+        upper.display()
+    )));
+    assert!(err.contains("are one img2dataset shard") && err.contains("00000.TAR"), "{err}");
+    // A gzip-compressed tar under a `.tar` name: refused before any work, naming gzip.
+    let gz = dir.path().join("00001.tar");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut enc, &fixture_tar).unwrap();
+    std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+    let err = config_errors(read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", gz.display())));
+    assert!(err.contains("is gzip-compressed, not a plain tar shard") && err.contains("decompress"), "{err}");
+    // Two `caption` columns: which holds the data is unknown.
+    let twice = dir.path().join("00002.parquet");
+    let text = |v: &str| -> ArrayRef { std::sync::Arc::new(StringArray::from(vec![v])) };
+    let batch = RecordBatch::try_from_iter([
+        ("key", text("k")),
+        ("caption", text("a dog")),
+        ("caption", text("a cat")),
+        ("url", text("http://x/k.jpg")),
+        ("status", text("success")),
+    ])
+    .unwrap();
+    common::write_parquet(&twice, &batch);
+    let err = config_errors(read_only(&format!("type = \"read_img2dataset\"\npath = \"{}\"", twice.display())));
+    assert!(err.contains("has 2 columns named `caption`"), "{err}");
+    // Two shards of one name in two folders: the hint speaks of shards, not of `file#row` ids.
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for d in [&a, &b] {
+        std::fs::create_dir(d).unwrap();
+        std::fs::write(d.join("00000.tar"), &fixture_tar).unwrap();
+    }
+    let err = config_errors(read_only(&format!(
+        "type = \"read_img2dataset\"\npath = [\"{}/00000.tar\", \"{}/00000.tar\"]",
+        a.display(),
+        b.display()
+    )));
+    assert!(
+        err.contains("have the same file name") && err.contains("numbers the shards") && !err.contains("#1"),
+        "{err}"
+    );
+}

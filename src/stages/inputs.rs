@@ -19,6 +19,18 @@ pub fn expand_inputs(
     key: &'static str,
     files_like: &str,
 ) -> Vec<PathBuf> {
+    expand_inputs_known_by(patterns, problems, key, files_like, None)
+}
+
+/// [`expand_inputs`] for a reader whose rows are known otherwise than by file name and row:
+/// `known_by` says why two files of one name are refused all the same, for the hint.
+pub fn expand_inputs_known_by(
+    patterns: &crate::io::PathPatterns,
+    problems: &mut Problems,
+    key: &'static str,
+    files_like: &str,
+    known_by: Option<&str>,
+) -> Vec<PathBuf> {
     if patterns.0.is_empty() {
         problems.push(
             key,
@@ -61,7 +73,12 @@ pub fn expand_inputs(
             } else {
                 (
                     format!("inputs `{}` and `{}` have the same file name", first.display(), f.display()),
-                    format!("rows are known by file name and row (`{name}#1`): rename one, or run each folder as its own pipeline"),
+                    match known_by {
+                        Some(why) => format!("{why}: rename one, or run each folder as its own pipeline"),
+                        None => format!(
+                            "rows are known by file name and row (`{name}#1`): rename one, or run each folder as its own pipeline"
+                        ),
+                    },
                 )
             };
             problems.push(key, message, Some(hint));

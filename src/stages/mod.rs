@@ -33,7 +33,8 @@ use arrow_schema::SchemaRef;
 use serde::{Deserialize, Serialize};
 
 pub use inputs::{
-    expand_inputs, header_fields, refuse_non_text, usual_width, usual_width_of_first_lines, widest_of_first_lines,
+    expand_inputs, expand_inputs_known_by, header_fields, refuse_non_text, usual_width, usual_width_of_first_lines,
+    widest_of_first_lines,
 };
 pub use line_chunks::{split_tabs, Fields, Line, LineChunks, LineOutcome, BLOCK_BYTES, MAX_FIELDS};
 

@@ -18,7 +18,7 @@ use arrow_array::{Array, RecordBatch};
 use arrow_schema::DataType;
 use serde::{Deserialize, Serialize};
 
-use super::{chunk_of, expand_inputs, has_words, ChunkIter, Problems, Reader, UniqueIds};
+use super::{chunk_of, expand_inputs_known_by, has_words, ChunkIter, Problems, Reader, UniqueIds};
 use crate::error::{Error, Result};
 use crate::io::{file_name, parquet, tar_shards, PathPatterns};
 use crate::schema::{Chunk, PairRow, PairsBuilder, Reject};
@@ -43,13 +43,41 @@ const IMAGE_EXTS: [&str; 5] = ["jpg", "jpeg", "png", "webp", "bmp"];
 
 impl ReadImg2datasetConfig {
     pub fn build(&self, problems: &mut Problems) -> Option<ReadImg2dataset> {
-        let files = expand_inputs(&self.path, problems, "path", "*.parquet");
+        let files = expand_inputs_known_by(
+            &self.path,
+            problems,
+            "path",
+            "*.parquet",
+            Some(
+                "rejects name a shard by its file name, and img2dataset numbers the shards and keys of every run alike",
+            ),
+        );
         for f in &files {
-            match f.extension().and_then(|e| e.to_str()) {
-                Some("tar") => {}
-                Some("parquet") => match parquet::read_schema(f) {
+            match shard_kind(f) {
+                Some(ShardKind::Tar) => {
+                    if let Some(kind) = compressed_tar(f) {
+                        problems.push(
+                            "path",
+                            format!("`{}` is {kind}, not a plain tar shard", f.display()),
+                            Some(
+                                "img2dataset writes plain tar shards: decompress it first (e.g. `gzip -dc A > B.tar`)"
+                                    .into(),
+                            ),
+                        );
+                    }
+                }
+                Some(ShardKind::Parquet) => match parquet::read_schema(f) {
                     Ok(schema) => {
                         for col in COLUMNS {
+                            let copies = schema.fields().iter().filter(|field| field.name() == col).count();
+                            if copies > 1 {
+                                problems.push(
+                                    "path",
+                                    format!("`{}` has {copies} columns named `{col}`", f.display()),
+                                    Some("which one holds the data is unknown: write the shard with one".into()),
+                                );
+                                continue;
+                            }
                             match schema.field_with_name(col) {
                                 // (pandas writes a column of Nones as type `null`: all nulls.)
                                 Ok(field) if is_text(field.data_type()) || field.data_type().is_null() => {}
@@ -77,15 +105,17 @@ impl ReadImg2datasetConfig {
         }
         // img2dataset writes each shard twice, `00000.parquet` and `00000.tar`: reading both
         // would read every sample twice (the second copies all `duplicate_key` rejects).
-        let tars: std::collections::HashSet<&Path> =
-            files.iter().filter(|f| f.extension().is_some_and(|e| e == "tar")).map(PathBuf::as_path).collect();
-        let both: Vec<&PathBuf> = files
+        let tars: std::collections::HashMap<PathBuf, &Path> = files
             .iter()
-            .filter(|f| {
-                f.extension().is_some_and(|e| e == "parquet") && tars.contains(f.with_extension("tar").as_path())
-            })
+            .filter(|f| shard_kind(f) == Some(ShardKind::Tar))
+            .map(|f| (f.with_extension(""), f.as_path()))
             .collect();
-        if let Some(first) = both.first() {
+        let both: Vec<(&PathBuf, &Path)> = files
+            .iter()
+            .filter(|f| shard_kind(f) == Some(ShardKind::Parquet))
+            .filter_map(|f| tars.get(&f.with_extension("")).map(|tar| (f, *tar)))
+            .collect();
+        if let Some((first, tar)) = both.first() {
             let folder = first.parent().unwrap_or(Path::new(""));
             problems.push(
                 "path",
@@ -93,7 +123,7 @@ impl ReadImg2datasetConfig {
                     "`{}` and `{}` are one img2dataset shard, its metadata and its images ({} shard(s) given both \
                      ways): every sample would be read twice",
                     first.display(),
-                    first.with_extension("tar").display(),
+                    tar.display(),
                     both.len()
                 ),
                 Some(format!(
@@ -126,13 +156,51 @@ impl Reader for ReadImg2dataset {
         // seen before (a corrupt or twice-written shard) is a `duplicate_key` reject.
         let mut seen = UniqueIds::default();
         Ok(Box::new(self.files.iter().map(move |f| {
-            if f.extension().is_some_and(|e| e == "tar") {
+            if shard_kind(f) == Some(ShardKind::Tar) {
                 read_tar(f, &self.source, &mut seen)
             } else {
                 read_metadata(f, &self.source, &mut seen)
             }
         })))
     }
+}
+
+/// The two kinds of img2dataset shard, by file extension (in any case, as elsewhere).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ShardKind {
+    Tar,
+    Parquet,
+}
+
+fn shard_kind(path: &Path) -> Option<ShardKind> {
+    let ext = path.extension()?.to_str()?;
+    if ext.eq_ignore_ascii_case("tar") {
+        Some(ShardKind::Tar)
+    } else if ext.eq_ignore_ascii_case("parquet") {
+        Some(ShardKind::Parquet)
+    } else {
+        None
+    }
+}
+
+/// What a `.tar` shard is compressed with, by its first bytes, if it is (`.tar.gz` renamed, or
+/// written by a tool that compresses): read as tar, its first header would be a `corrupt_tar`.
+fn compressed_tar(path: &Path) -> Option<&'static str> {
+    use std::io::Read;
+    let mut head = Vec::new();
+    std::fs::File::open(path).ok()?.take(10).read_to_end(&mut head).ok()?;
+    // bzip2: `BZh`, the block size, then the first block's magic (a tar member may be `BZh…`).
+    let bzip2 = head.len() == 10 && head.starts_with(b"BZh") && head[4..] == *b"1AY&SY";
+    if bzip2 {
+        return Some("bzip2-compressed");
+    }
+    [
+        (&b"\x1f\x8b"[..], "gzip-compressed"),
+        (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
+        (b"\xfd7zXZ\x00", "xz-compressed"),
+    ]
+    .into_iter()
+    .find_map(|(magic, kind)| head.starts_with(magic).then_some(kind))
 }
 
 /// img2dataset's metadata columns that curate reads (`error_message` too, where there).
