@@ -101,7 +101,7 @@ pub fn open_text(path: &Path) -> std::io::Result<TextFile> {
             skip_bom(&mut file)?;
             return Ok(TextFile { inner: Inner::Plain(file), compression });
         }
-        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(BufReader::with_capacity(1 << 20, file))),
+        Compression::Gzip => Box::new(GzipMembers::new(BufReader::with_capacity(1 << 20, file))),
         Compression::Bzip2 => Box::new(super::bzip2_blocks::ParallelBzDecoder::new(file)?),
     };
     // The first three bytes of the text: a BOM is dropped, anything else is read again.
@@ -112,6 +112,44 @@ pub fn open_text(path: &Path) -> std::io::Result<TextFile> {
     }
     let inner = Inner::Decoded(Box::new(std::io::Cursor::new(start).chain(decoder)));
     Ok(TextFile { inner, compression })
+}
+
+/// The gzip members of a file one after another, read as one text (as `gzip -dc` reads them),
+/// where bytes after the last member that do not start another (zero padding, an appended
+/// file) are an error that says so, not a damaged member.
+struct GzipMembers {
+    member: Option<flate2::bufread::GzDecoder<BufReader<File>>>,
+}
+
+impl GzipMembers {
+    fn new(file: BufReader<File>) -> Self {
+        Self { member: Some(flate2::bufread::GzDecoder::new(file)) }
+    }
+}
+
+impl Read for GzipMembers {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::io::BufRead;
+        loop {
+            let Some(member) = self.member.as_mut() else { return Ok(0) };
+            let n = member.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            // The member ended: what follows is the end of the file or another member.
+            let mut rest = self.member.take().expect("a member").into_inner();
+            match rest.fill_buf()?.first() {
+                None => return Ok(0),
+                Some(0x1f) => self.member = Some(flate2::bufread::GzDecoder::new(rest)),
+                Some(_) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "bytes after the last member are not gzip data",
+                    ))
+                }
+            }
+        }
+    }
 }
 
 /// The compression of `file`, read from its start: [`Compression::of`] its first bytes, and a
@@ -274,6 +312,23 @@ mod tests {
             let e = read_text(&p).unwrap_err().to_string();
             assert!(e.contains("bzip2 data is damaged or cut short"), "{bytes:?}: {e}");
         }
+        // gzip members one after another are one text; bytes after the last that start no
+        // member are named as such, a member cut short as damaged.
+        let two = [gzip(b"one\n"), gzip(b""), gzip(b"two\n")].concat();
+        std::fs::write(&p, &two).unwrap();
+        assert_eq!(read_text(&p).unwrap(), b"one\ntwo\n");
+        for (tail, says) in [
+            (&b"\0\0\0\0"[..], "gzip data is damaged or cut short (bytes after the last member are not gzip data)"),
+            (b"junk", "bytes after the last member are not gzip data"),
+            (b"\x1f\x8b\x08", "gzip data is damaged or cut short"),
+        ] {
+            std::fs::write(&p, [&two[..], tail].concat()).unwrap();
+            let e = read_text(&p).unwrap_err().to_string();
+            assert!(e.contains(says), "{tail:?}: {e}");
+        }
+        std::fs::write(&p, &two[..two.len() - 3]).unwrap();
+        let e = read_text(&p).unwrap_err().to_string();
+        assert!(e.contains("gzip data is damaged or cut short") && !e.contains("after the last"), "{e}");
         // Lines of a compressed file, CRLF and all.
         std::fs::write(&p, gzip(b"a\r\nb")).unwrap();
         let mut l = Lines::open(&p).unwrap();
