@@ -1566,7 +1566,16 @@ fn table_files_of_different_formats_need_format_set() {
     };
     let p = |f: &str| format!("\"{}\"", dir.path().join(f).display());
     let err = config_errors(read_only(&stage(&format!("{}, {}", p("a.tsv"), p("b.CSV")))));
-    assert!(err.contains("`b.CSV` reads as Csv by its extension, `a.tsv` as Tsv"), "{err}");
+    assert!(err.contains("by their extensions: `b.CSV` reads as csv, `a.tsv` as tsv"), "{err}");
+    // Only that: each file checked as the first one's format would add errors of that alone (a
+    // Parquet file "is not text", a TSV header missing the CSV's columns).
+    std::fs::write(dir.path().join("c.tsv"), "id\ttext\n3\ta cow\n").unwrap();
+    let named = |files: &str| {
+        format!("type = \"read_table\"\npath = [{files}]\ncolumns = {{ sample_id = \"id\", caption = \"text\" }}")
+    };
+    let err = config_errors(read_only(&named(&format!("{}, {}", p("b.CSV"), p("c.tsv")))));
+    assert!(err.contains("reads as tsv") && !err.contains("missing column"), "{err}");
+    assert_eq!(err.matches("error:").count(), 1, "{err}");
     // The extension's case does not matter.
     let (_d, data, _) = run_pipeline(&read_only(&stage(&p("b.CSV"))));
     assert_eq!(strs(&data, "caption"), ["text", "a cat"]);

@@ -41,6 +41,17 @@ pub enum Format {
     Csv,
 }
 
+impl Format {
+    /// As the `format` key spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Parquet => "parquet",
+            Format::Tsv => "tsv",
+            Format::Csv => "csv",
+        }
+    }
+}
+
 /// A column by header name or 0-based index.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
@@ -217,20 +228,27 @@ impl ReadTableConfig {
             _ => "*.tsv",
         };
         let files = expand_inputs(&self.path, problems, "path", files_like);
+        let mut mixed = false;
         let format = match self.format {
             Some(format) => format,
             None => {
                 let format = files.first().map_or(Format::Tsv, |f| format_of(f));
                 if let Some(other) = files.iter().find(|f| format_of(f) != format) {
+                    mixed = true;
                     problems.push(
                         "format",
                         format!(
-                            "`{}` reads as {:?} by its extension, `{}` as {format:?}",
+                            "the inputs are of more than one format by their extensions: `{}` reads as {}, `{}` as {}",
                             file_name(other),
-                            format_of(other),
-                            file_name(&files[0])
+                            format_of(other).name(),
+                            file_name(&files[0]),
+                            format.name()
                         ),
-                        Some("set `format`, or read the files in separate pipelines".into()),
+                        Some(
+                            "one `read_table` reads one format: set `format` where the extensions mislead (CSV \
+                             files named `.txt`), else read the files in separate pipelines"
+                                .into(),
+                        ),
                     );
                 }
                 format
@@ -259,6 +277,10 @@ impl ReadTableConfig {
                     Some(format!("e.g. `keep_where = {{ {key} = [\"en\"] }}`")),
                 );
             }
+        }
+        if mixed {
+            // Each file checked as the first one's format would only add errors of that.
+            return None;
         }
         // Names resolve to indexes against each file's own header or schema: files may order
         // their columns differently.
