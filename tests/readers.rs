@@ -1659,6 +1659,12 @@ fn compressed_and_parquet_files_are_not_read_as_text() {
     std::fs::write(&zst, b"\x28\xb5\x2f\xfd\x04\x58\x00\x00").unwrap();
     let err = config_errors(read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", zst.display())));
     assert!(err.contains("is zstd-compressed, not text") && err.contains("decompress it first"), "{err}");
+    // UTF-16 (here as Windows writes "Unicode" text: little-endian, with a byte-order mark).
+    let utf16 = dir.path().join("cc16.tsv");
+    let text: Vec<u8> = "\u{feff}a dog\thttp://x/1.jpg\n".encode_utf16().flat_map(u16::to_le_bytes).collect();
+    std::fs::write(&utf16, text).unwrap();
+    let err = config_errors(read_only(&format!("type = \"read_cc_tsv\"\npath = \"{}\"", utf16.display())));
+    assert!(err.contains("is UTF-16 text (its byte-order mark), not UTF-8") && err.contains("iconv"), "{err}");
     // A Parquet file read as TSV (its format set by hand).
     let pq = dir.path().join("t.parquet");
     let col: ArrayRef = std::sync::Arc::new(StringArray::from(vec!["a dog"]));

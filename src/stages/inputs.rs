@@ -156,6 +156,9 @@ fn binary_kind(path: &Path) -> Option<String> {
     Some(format!("{kind} inside {}", outer.name()))
 }
 
+/// [`archive_kind`] of a file in UTF-16 (or UTF-32): text, but not the UTF-8 curate reads.
+const UTF16: &str = "UTF-16 text (its byte-order mark)";
+
 /// What `head`, the first bytes of a file, shows it to be, if not text: a compressed file that
 /// text readers do not decompress, an archive, or (when `parquet`) a Parquet file. Only magic
 /// numbers that no text line starts with.
@@ -165,6 +168,9 @@ fn archive_kind(head: &[u8], parquet: bool) -> Option<&'static str> {
     [
         (head.starts_with(b"\x28\xb5\x2f\xfd"), "zstd-compressed"),
         (head.starts_with(b"\xfd7zXZ\x00"), "xz-compressed"),
+        // A byte-order mark of UTF-16 (or UTF-32, which starts as UTF-16LE's): no UTF-8 text
+        // starts with byte FF or FE.
+        (head.starts_with(b"\xff\xfe") || head.starts_with(b"\xfe\xff"), UTF16),
         (head.starts_with(b"PK\x03\x04"), "a zip archive"),
         (tar, "a tar archive"),
         (parquet, "a Parquet file"),
@@ -207,6 +213,14 @@ pub fn refuse_non_text(
             );
         }
         if let Some(kind) = binary_kind(f) {
+            if kind.starts_with(UTF16) {
+                problems.push(
+                    key,
+                    format!("input `{}` is {kind}, not UTF-8", f.display()),
+                    Some("convert it first, e.g. `iconv -f UTF-16 -t UTF-8 IN > OUT`".into()),
+                );
+                continue;
+            }
             let hint = if kind == "a Parquet file" {
                 "read it with `read_table` (`format = \"parquet\"`, or a `.parquet` name)"
             } else if kind.starts_with("a tar archive") {
