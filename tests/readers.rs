@@ -2573,3 +2573,33 @@ fn img2dataset_shards_in_any_case_and_compressed_or_ambiguous_ones_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn a_missing_column_hint_shows_the_header_as_toml_would_spell_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |f: &str| dir.path().join(f);
+    let err_of = |file: &str, rest: &str| {
+        config_errors(read_only(&format!("type = \"read_table\"\npath = \"{}\"\n{rest}", p(file).display())))
+    };
+    // A quoted CSV name holding a line break: the hint escapes it, as a TOML string would.
+    std::fs::write(p("nl.csv"), "id,\"cap\ntion\"\n1,a dog\n").unwrap();
+    let err = err_of("nl.csv", "columns = { caption = \"caption\" }");
+    assert!(err.contains("did you mean `cap\\ntion`?"), "{err}");
+    let err = err_of("nl.csv", "columns = { caption = \"text\" }");
+    assert!(err.contains("`nl.csv` has 2 column(s): `id`, `cap\\ntion`"), "{err}");
+    // A header line that is blank is said to be, not listed as one empty name.
+    std::fs::write(p("blank.tsv"), "\nid\tcaption\n1\ta dog\n").unwrap();
+    let err = err_of("blank.tsv", "header = true\ncolumns = { caption = \"caption\" }");
+    assert!(err.contains("the header of `blank.tsv`, its first line, is blank"), "{err}");
+    // A headerless TSV of blank lines only: one error, not a missing column beside it.
+    std::fs::write(p("blanks.tsv"), "\n\n\n").unwrap();
+    let err = err_of("blanks.tsv", "columns = { caption = 1 }");
+    assert!(err.contains("has only empty lines (3)") && !err.contains("missing column"), "{err}");
+    // Blank lines do not count towards a headerless file's width: column #1 is there.
+    std::fs::write(p("gaps.tsv"), "\n\na dog\thttp://x/1.jpg\n").unwrap();
+    let (_d, data, _) = run_pipeline(&read_only(&format!(
+        "type = \"read_table\"\npath = \"{}\"\ncolumns = {{ caption = 0, url = 1 }}",
+        p("gaps.tsv").display()
+    )));
+    assert_eq!(strs(&data, "caption"), ["a dog"]);
+}

@@ -245,21 +245,31 @@ pub fn header_fields(path: &Path, delimiter: u8) -> std::result::Result<Vec<Stri
     Ok(text.split(delimiter as char).map(str::to_owned).collect())
 }
 
-/// Field count of the widest of the first `n` lines of a headerless file (one malformed first
-/// line must not hide the file's real width).
+/// Field count of the widest of the first `n` non-blank lines of a headerless file (one
+/// malformed first line must not hide the file's real width).
 pub fn widest_of_first_lines(path: &Path, delimiter: u8, n: usize) -> std::result::Result<usize, String> {
     let mut lines = Lines::open(path).map_err(|e| e.to_string())?;
-    let mut widest = 0;
-    for _ in 0..n {
+    let (mut widest, mut read, mut blank) = (0, 0, 0);
+    while read < n {
         match lines.next_line().map_err(|e| e.to_string())? {
-            Some((_, line)) => widest = widest.max(line.iter().filter(|&&b| b == delimiter).count() + 1),
+            Some((_, [])) => blank += 1,
+            Some((_, line)) => {
+                read += 1;
+                widest = widest.max(line.iter().filter(|&&b| b == delimiter).count() + 1);
+            }
             None => break,
         }
     }
-    if widest == 0 {
-        return Err(format!("`{}` is empty", path.display()));
+    match (widest, blank) {
+        (0, 0) => Err(format!("`{}` is empty", path.display())),
+        (0, _) => Err(only_empty_lines(path, blank)),
+        _ => Ok(widest),
     }
-    Ok(widest)
+}
+
+/// The error of a headerless file of `blank` empty lines and nothing else.
+fn only_empty_lines(path: &Path, blank: usize) -> String {
+    format!("`{}` has only empty lines ({blank}): its width cannot be known", path.display())
 }
 
 /// The most common field count among the first `n` non-blank lines of a headerless file (the
@@ -278,7 +288,7 @@ pub fn usual_width_of_first_lines(path: &Path, delimiter: u8, n: usize) -> std::
     }
     usual_width(widths).ok_or_else(|| match blank {
         0 => format!("`{}` is empty", path.display()),
-        _ => format!("`{}` has only empty lines ({blank}): its width cannot be known", path.display()),
+        _ => only_empty_lines(path, blank),
     })
 }
 

@@ -469,13 +469,19 @@ impl ReadTableConfig {
                 }
                 Some(i) => Some(i),
                 None => {
+                    // Header names as a TOML string would spell them (a quoted CSV name may hold a
+                    // line break).
+                    let shown: Vec<String> = names.iter().map(|n| n.escape_debug().to_string()).collect();
                     let hint = match col {
-                        ColumnRef::Name(n) => did_you_mean(n, names.iter().map(String::as_str)),
+                        ColumnRef::Name(n) => did_you_mean(n, shown.iter().map(String::as_str)),
                         ColumnRef::Index(_) => None,
                     }
                     .or_else(|| {
-                        Some(if named {
-                            format!("`{}` has {} columns: {}", file_name(file), names.len(), names.join(", "))
+                        Some(if named && format != Format::Parquet && names.iter().all(|n| n.trim().is_empty()) {
+                            format!("the header of `{}`, its first line, is blank", file_name(file))
+                        } else if named {
+                            let listed: Vec<String> = shown.iter().map(|n| format!("`{n}`")).collect();
+                            format!("`{}` has {} column(s): {}", file_name(file), names.len(), listed.join(", "))
                         } else {
                             format!("the first lines of `{}` have at most {} fields", file_name(file), names.len())
                         })
