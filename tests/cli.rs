@@ -1174,3 +1174,18 @@ fn eval_refuses_a_path_that_is_not_utf8_before_the_work() {
     assert!(stderr.contains("`img\u{fffd}.parquet` is not valid UTF-8"), "{stderr}");
     assert_eq!(std::fs::read_to_string(out.join("metrics.json")).unwrap(), "earlier");
 }
+
+#[test]
+fn a_blank_source_is_refused() {
+    for blank in ["", "  "] {
+        let set = format!("read_cc_tsv.source={blank}");
+        let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", &set]);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(
+            stderr.contains("stage `read_cc_tsv`: `source` is blank") && stderr.contains("1 configuration error"),
+            "{stderr}"
+        );
+    }
+    let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", "read_cc_tsv.source=cc3m"]);
+    assert_eq!(code, 0, "{stderr}");
+}

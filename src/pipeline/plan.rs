@@ -288,6 +288,16 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
             let path = format!("{at}.{key}");
             diags.push(Diagnostic::new(format!("stage `{name}`: {message}")).at(doc.location(&path)).maybe_hint(hint));
         }
+        // A reader's `source` names its rows' data set in the `source` column: blank, it names none.
+        if resolved.get("source").and_then(serde_json::Value::as_str).is_some_and(|s| s.trim().is_empty()) {
+            diags.push(
+                Diagnostic::new(format!("stage `{name}`: `source` is blank"))
+                    .at(doc.location(&format!("{at}.source")))
+                    .maybe_hint(Some(
+                        "leave it out for the reader's default, or name the data set: `source = \"cc3m\"`".into(),
+                    )),
+            );
+        }
         let mut resolved = resolved;
         if let serde_json::Value::Object(m) = &mut resolved {
             // A stage seed left out is the pipeline's, and stays left out: `curate run

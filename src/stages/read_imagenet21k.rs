@@ -7,7 +7,7 @@
 //! file's path as reachable from where curate runs. Files are listed in sorted order. A file
 //! that is not an image (by extension) is an `unsupported_extension` reject, and a macOS
 //! resource fork (`._name.JPEG`, which copies from a Mac leave beside each image) a
-//! `resource_fork` one; a folder or a broken link where an image should be is `not_a_file`; a
+//! `resource_fork` one; a folder, a broken link, a pipe or a device where an image should be is `not_a_file`; a
 //! name that is not UTF-8 is `invalid_utf8` (raw: the name's bytes). Entries of the root that are not synset folders (the
 //! words file aside) are counted as skipped (`outside_synset_folders`).
 //!
@@ -360,7 +360,9 @@ impl Reader for ReadImagenet21k {
                     Listed::File(f, _) => f,
                     Listed::NotAFile(f) => {
                         let id = format!("{synset}/{f}");
-                        let detail = "a folder or a broken link, not an image file".to_owned();
+                        let detail =
+                            "not a regular file (a folder, a broken link, a pipe or a device), so not an image"
+                                .to_owned();
                         rejects.push(reject(Some(id.clone()), "not_a_file", detail, id.into_bytes()));
                         index += 1;
                         continue;
