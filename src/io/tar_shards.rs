@@ -130,7 +130,15 @@ pub fn read_samples(path: &Path) -> Result<(Vec<Sample>, Option<Damage>)> {
             }
         };
         let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
-        let data_end = entry.raw_file_position() + entry.size();
+        // A size past i64::MAX is no file's: a base-256 size field that is negative (its first
+        // byte 0xff), which the crate reads as an unsigned number.
+        let Some(data_end) =
+            entry.raw_file_position().checked_add(entry.size()).filter(|_| entry.size() <= i64::MAX as u64)
+        else {
+            let detail =
+                format!("the header of member {i} (`{name}`) has no valid size field ({} bytes)", entry.size());
+            return Ok(stop(out, DamageKind::Corrupt, i, Some(&entry.path_bytes()), detail));
+        };
         if data_end > file_len {
             let detail = format!("the file ends inside member {i} (`{name}`): {file_len} of {data_end} bytes");
             return Ok(stop(out, DamageKind::Cut, i, Some(&entry.path_bytes()), detail));
@@ -318,6 +326,12 @@ fn diagnose(
             let name = if extension { name } else { name.or_else(|| Some(header_name(header))) };
             return Ok(corrupt(name, format!("the header at byte {pos} has no valid size field")));
         };
+        // Past i64::MAX: a negative base-256 size (first byte 0xff), which the crate reads as
+        // an unsigned number; no file is that long.
+        if size > i64::MAX as u64 {
+            let name = if extension { name } else { name.or_else(|| Some(header_name(header))) };
+            return Ok(corrupt(name, format!("the header at byte {pos} has no valid size field (negative)")));
+        }
         let data = pos + BLOCK;
         if extension {
             if data.saturating_add(size) > file_len {
@@ -545,21 +559,27 @@ mod tests {
         let (whole, _) = read(&full);
         // One bit of member 3's name (the first of sample 1), in its PAX or its own header; and
         // a bad size field in member 6's own header.
-        let mut size = full.clone();
-        size[at[6][1] as usize - 512 + 124..][..12].copy_from_slice(b"0000000zz00\0");
-        let sum = size[at[6][1] as usize - 512..][..512]
-            .iter()
-            .enumerate()
-            .map(|(i, &b)| if (148..156).contains(&i) { 32 } else { u32::from(b) })
-            .sum::<u32>();
-        size[at[6][1] as usize - 512 + 148..][..8].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        // Member 6's size field set to `field`, its checksum mended.
+        let sized = |field: &[u8; 12]| {
+            let mut size = full.clone();
+            size[at[6][1] as usize - 512 + 124..][..12].copy_from_slice(field);
+            let sum = size[at[6][1] as usize - 512..][..512]
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| if (148..156).contains(&i) { 32 } else { u32::from(b) })
+                .sum::<u32>();
+            size[at[6][1] as usize - 512 + 148..][..8].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+            size
+        };
+        // Not octal; and base-256 -1 (all 0xff), which is no size, not a member past the end.
         // Member 3's name is not known: it might have been sample 0's, which is left out. Member
         // 6's header is checksummed, so its name is: it starts sample 2, so sample 1 is whole and
         // sample 2 is the one left out.
         for (b, member, what, kept, left_out) in [
             (flip(&full, at[3][0] + 3), 3, "checksum mismatch", 0, Some("000000000")),
             (flip(&full, at[3][1] - 512 + 3), 3, "checksum mismatch", 0, Some("000000000")),
-            (size, 6, "size", 2, Some("000000002")),
+            (sized(b"0000000zz00\0"), 6, "size", 2, Some("000000002")),
+            (sized(&[0xff; 12]), 6, "no valid size field (negative)", 2, Some("000000002")),
         ] {
             let (s, damage) = read(&b);
             let d = damage.unwrap();
