@@ -173,11 +173,26 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 /// Holds `dir` for this run of `curate run` or `curate train` (an advisory `flock`, released when
 /// the handle drops or the process ends, killed or not), or says that another run has it. A file
 /// system without locks (some network and cluster mounts) runs unlocked, with a note.
+///
+/// A lock held elsewhere is tried again for up to [`LOCK_PATIENCE`] before the run is refused:
+/// a lock outlives its handle in a child process forked before the handle dropped, until that
+/// child's `exec` closes it (a program that runs curate in-process and also starts processes,
+/// as the tests do, drops a run's lock and takes it again for the next run).
 pub fn lock_folder(dir: &Path) -> Result<std::fs::File> {
     use std::os::unix::io::AsRawFd;
     let f = std::fs::File::open(dir).map_err(|e| Error::io("cannot open", dir, e))?;
+    let started = std::time::Instant::now();
     // SAFETY: a valid open descriptor; `flock` touches no memory.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    let try_lock = || unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    let mut held = try_lock();
+    while held != 0
+        && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+        && started.elapsed() < LOCK_PATIENCE
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        held = try_lock();
+    }
+    if held != 0 {
         let e = std::io::Error::last_os_error();
         if e.kind() == std::io::ErrorKind::WouldBlock {
             return Err(Error::data(format!(
@@ -189,6 +204,9 @@ pub fn lock_folder(dir: &Path) -> Result<std::fs::File> {
     }
     Ok(f)
 }
+
+/// How long [`lock_folder`] waits for a lock held elsewhere.
+pub const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// `dir/name.ext` -> `dir/.name.ext.tmp`
 pub fn tmp_path(path: &Path) -> PathBuf {
@@ -333,6 +351,30 @@ fn walk_files(p: &Path, visit: &mut dyn FnMut(&Path) -> Result<()>) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lock_left_in_a_forked_child_for_a_moment_is_waited_for() {
+        use std::os::unix::io::{AsRawFd, FromRawFd};
+        let dir = tempfile::tempdir().unwrap();
+        let lock = lock_folder(dir.path()).unwrap();
+        // A child forked while the lock was held has a copy of its descriptor, which holds the
+        // lock after the run drops its own, until the child's `exec` closes it.
+        // SAFETY: `dup` of a valid descriptor; the copy is owned by `child` alone.
+        let child = unsafe { std::fs::File::from_raw_fd(libc::dup(lock.as_raw_fd())) };
+        drop(lock);
+        let exec = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            drop(child);
+        });
+        let again = lock_folder(dir.path());
+        exec.join().unwrap();
+        assert!(again.is_ok(), "{:?}", again.err());
+        // A lock held on (another run) is refused once the patience runs out.
+        let started = std::time::Instant::now();
+        let e = lock_folder(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("another curate run is writing to"), "{e}");
+        assert!(started.elapsed() >= LOCK_PATIENCE);
+    }
 
     #[test]
     fn fingerprint_sees_names_and_bytes_not_how_the_path_is_written() {
