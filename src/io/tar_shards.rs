@@ -321,17 +321,14 @@ fn diagnose(
         let recognized = header.as_ustar().is_some() || header.as_gnu().is_some();
         let extension =
             recognized && (kind.is_pax_local_extensions() || kind.is_gnu_longname() || kind.is_gnu_longlink());
-        let Ok(size) = header.entry_size() else {
+        // A size past i64::MAX is a negative base-256 one (first byte 0xff), which the crate
+        // reads as an unsigned number: no file is that long.
+        let Some(size) = header.entry_size().ok().filter(|&size| size <= i64::MAX as u64) else {
             // A checksummed member header names its member, even with a bad size field.
             let name = if extension { name } else { name.or_else(|| Some(header_name(header))) };
-            return Ok(corrupt(name, format!("the header at byte {pos} has no valid size field")));
+            let negative = if header.entry_size().is_ok() { " (negative)" } else { "" };
+            return Ok(corrupt(name, format!("the header at byte {pos} has no valid size field{negative}")));
         };
-        // Past i64::MAX: a negative base-256 size (first byte 0xff), which the crate reads as
-        // an unsigned number; no file is that long.
-        if size > i64::MAX as u64 {
-            let name = if extension { name } else { name.or_else(|| Some(header_name(header))) };
-            return Ok(corrupt(name, format!("the header at byte {pos} has no valid size field (negative)")));
-        }
         let data = pos + BLOCK;
         if extension {
             if data.saturating_add(size) > file_len {
