@@ -156,6 +156,15 @@ fn binary_kind(path: &Path) -> Option<String> {
     Some(format!("{kind} inside {}", outer.name()))
 }
 
+/// The compression `head`, a file's first bytes, shows, if any, as `gzip-compressed`: the
+/// two that text readers decompress and those that [`archive_kind`] names.
+pub fn compression_of(head: &[u8]) -> Option<String> {
+    match Compression::of(head) {
+        Compression::None => archive_kind(head, false).filter(|k| k.ends_with("-compressed")).map(str::to_owned),
+        c => Some(format!("{}-compressed", c.name())),
+    }
+}
+
 /// [`archive_kind`] of a file in UTF-16 (or UTF-32): text, but not the UTF-8 curate reads.
 const UTF16: &str = "UTF-16 text (its byte-order mark)";
 

@@ -185,22 +185,11 @@ fn shard_kind(path: &Path) -> Option<ShardKind> {
 
 /// What a `.tar` shard is compressed with, by its first bytes, if it is (`.tar.gz` renamed, or
 /// written by a tool that compresses): read as tar, its first header would be a `corrupt_tar`.
-fn compressed_tar(path: &Path) -> Option<&'static str> {
+fn compressed_tar(path: &Path) -> Option<String> {
     use std::io::Read;
     let mut head = Vec::new();
-    std::fs::File::open(path).ok()?.take(10).read_to_end(&mut head).ok()?;
-    // bzip2: `BZh`, the block size, then the first block's magic (a tar member may be `BZh…`).
-    let bzip2 = head.len() == 10 && head.starts_with(b"BZh") && head[4..] == *b"1AY&SY";
-    if bzip2 {
-        return Some("bzip2-compressed");
-    }
-    [
-        (&b"\x1f\x8b"[..], "gzip-compressed"),
-        (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
-        (b"\xfd7zXZ\x00", "xz-compressed"),
-    ]
-    .into_iter()
-    .find_map(|(magic, kind)| head.starts_with(magic).then_some(kind))
+    std::fs::File::open(path).ok()?.take(512).read_to_end(&mut head).ok()?;
+    super::inputs::compression_of(&head)
 }
 
 /// img2dataset's metadata columns that curate reads (`error_message` too, where there).
