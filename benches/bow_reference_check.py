@@ -26,7 +26,8 @@ Inputs and cases:
   * a 300,005-line file (`data/gen_cc3m_sample.py --rows 300000 --seed 3 --malformed`: many
     chunks); tiny files (the first 1..35 random rows of the crafted file: base-set rounding);
     an 800-row file whose name makes `tag ‖ 0 ‖ sample_id` longer than 128 bytes; two input
-    files in one run; 4,000 × "dog dog cat" (dedup + Keep(1) must give dog and cat 1/2 each);
+    files in one run; URL fields blank by Python's str.split() (and a zero-width space, which is
+    not); 4,000 × "dog dog cat" (dedup + Keep(1) must give dog and cat 1/2 each);
     a small header-less table through `read_table`.
   * Flickr8k (../shared/data/flickr8k_captions.tsv relative to the repository root), only-BoW
     and mostly-BoW, if that file exists ("skipped" otherwise).
@@ -103,7 +104,14 @@ EXTRA = [
     ("stemmer", ["bow.stemmer=english"], False),
     ("stemmer raw t=50", ["bow.stemmer=english", "bow.frequency_candidates=raw", "bow.rm_top_freq=50"], False),
     ("stemmer no stop, keep 0", ["bow.stemmer=english", "bow.rm_stop_nalpha=false", "bow.keep_words=0"], False),
+    ("split_punct", ["bow.split_punct=true"], False),
+    ("split_punct no stop, raw t=20, keep 0",
+     ["bow.split_punct=true", "bow.rm_stop_nalpha=false", "bow.frequency_candidates=raw", "bow.rm_top_freq=20",
+      "bow.keep_words=0"], False),
 ]
+# URL fields that are empty or blank by Python's str.split() (`missing_url`), and ones that are not
+URLS = (b"a dog\thttp://x/1\ncat on a sofa\t \nbird\t\nfish\t\xc2\xa0\nred car\t\x1c\x85\n"
+        b"two cats\t\xe2\x80\x8b\nboat\t\xe3\x80\x80 \t\nsun\thttp://x/2\n")
 # the head of a header-less 2-column table: malformed lines, blank/duplicate ids, empty captions
 TABLE = (b"id1\tcap one\nid2\tcap two\nid3 cap three\nid4\tcap\textra\nid1\tdup caption\n\tno id\n \tblank id\n"
          b"id5\t\nid6\t   \nid7\t\x1c\nid8\tdog cat\n")
@@ -249,6 +257,8 @@ def make_inputs(scratch, version_dependent, quick):
     p["bias"].write_bytes(b"".join(b"dog dog cat\thttp://x/%d\n" % i for i in range(4000)))
     p["table"] = d / "table.tsv"
     p["table"].write_bytes(TABLE)
+    p["urls"] = d / "urls.tsv"
+    p["urls"].write_bytes(URLS)
     return p
 
 
@@ -287,6 +297,7 @@ def cases(p, quick):
     two = [p["crafted"], p["tiny35"]]
     cs += [cc_case("two files", n, two, s)
            for n, s in [("t=20", ["bow.rm_top_freq=20"]), ("base 0.3", ["bow.base_fraction=0.3", "bow.rm_top_freq=5"])]]
+    cs += [cc_case("blank urls", n, p["urls"], s) for n, s in [("only", ONLY), ("keep 0", ["bow.keep_words=0"])]]
     keep1 = ONLY + ["bow.keep_words=1"]
     cs += [cc_case("dedup bias", n, p["bias"], s)
            for n, s in [("only keep 1", keep1), ("only dedup keep 1", keep1 + ["bow.dedup=true"])]]

@@ -961,6 +961,13 @@ fn pipelines_that_would_reject_every_row_or_replace_an_embedding_are_refused() {
     let imagenet = "[[stage]]\ntype = \"read_imagenet21k\"\nroot = \"data/imagenet21k_sample\"\n";
     check(&format!("{imagenet}{text}"), &["embeds captions, but the rows it gets have none"]);
     check(&format!("{cc}{text}{text}"), &["have an `embedding` already", "one encoder per pipeline"]);
+    // A text column the reader never fills: Conceptual Captions has no label, a table only the
+    // columns it maps, an image folder a label text only with its words file.
+    let label_text = format!("{text}column = \"label_text\"\n");
+    let unfilled = ["embeds `label_text`, but the rows it gets have none", "map a `label_text` column"];
+    check(&format!("{cc}{label_text}"), &[unfilled[0], unfilled[1], "the reader fills `caption`, `url`;"]);
+    check(&format!("{table}{label_text}"), &[unfilled[0], "the reader fills `caption`;"]);
+    check(&format!("{imagenet}{label_text}"), &[unfilled[0], "the reader fills `path`, `label`;"]);
     // A column an earlier stage made and the encoder does not pass on is named as such.
     let writer = "[[stage]]\ntype = \"write_parquet\"\ncolumns = [\"caption\", \"embedding\"]\n";
     std::fs::write(&file, format!("output_dir = \"{}/out\"\n{imagenet}{image}{writer}", dir.path().display())).unwrap();
@@ -972,6 +979,17 @@ fn pipelines_that_would_reject_every_row_or_replace_an_embedding_are_refused() {
         &file,
         format!(
             "output_dir = \"{}/out\"\n{imagenet}{image}[[stage]]\ntype = \"write_parquet\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stderr}");
+    let words = "words = \"data/imagenet21k_sample/words.txt\"\n";
+    std::fs::write(
+        &file,
+        format!(
+            "output_dir = \"{}/out\"\n{imagenet}{words}{label_text}[[stage]]\ntype = \"write_parquet\"\n",
             dir.path().display()
         ),
     )

@@ -29,6 +29,12 @@ fn trained_run() -> &'static Path {
     })
 }
 
+/// The width of the trained run's embeddings.
+fn run_dim() -> usize {
+    let config = std::fs::read_to_string(trained_run().join("config.json")).unwrap();
+    serde_json::from_str::<serde_json::Value>(&config).unwrap()["model"]["embed_dim"].as_u64().unwrap() as usize
+}
+
 /// A pipeline reading `root` (ImageNet-21k layout) and mining with `stage_keys` added to the
 /// `mine_pseudo_bow` stage; output in `out`.
 fn pipeline(out: &Path, root: &str, aligned: &str, stage_keys: &str) -> String {
@@ -289,9 +295,7 @@ fn given_caption_features_are_compared_by_cosine() {
     // Spec §3: e_y = norm(g(y)) and a cosine search. Scaling each feature row by a positive
     // factor must change nothing (it changed every row's neighbours when rows were used as read).
     let dir = tempfile::tempdir().unwrap();
-    let config = std::fs::read_to_string(trained_run().join("config.json")).unwrap();
-    let dim =
-        serde_json::from_str::<serde_json::Value>(&config).unwrap()["model"]["embed_dim"].as_u64().unwrap() as usize;
+    let dim = run_dim();
     let mine = |name: &str, scale: &dyn Fn(usize) -> f32| {
         let features = dir.path().join(format!("{name}.parquet"));
         write_features(&features, dim, scale);
@@ -326,10 +330,10 @@ fn checkpoints_stamp_every_file_the_stage_loads() {
     let dir = tempfile::tempdir().unwrap();
     let features = dir.path().join("features");
     std::fs::create_dir_all(&features).unwrap();
-    // Tables `validate` accepts (a `sample_id` and an `embedding` column), and a file the
-    // pattern leaves out.
+    // Tables `validate` accepts (a `sample_id` and an `embedding` column of the run's width),
+    // and a file the pattern leaves out.
     for f in ["b.parquet", "a.parquet"] {
-        std::fs::copy("data/train_sample/teacher_text.parquet", features.join(f)).unwrap();
+        write_features(&features.join(f), run_dim(), |_| 1.0);
     }
     std::fs::write(features.join("notes.txt"), b"x").unwrap();
     let keys = format!("aligned_features = {:?}", features.join("*.parquet").to_string_lossy());
@@ -417,6 +421,19 @@ fn validate_checks_the_tables_and_columns_the_stage_will_read() {
         .expect("no embeddings")
         .to_string();
     assert!(err.contains("has no column `embedding`"), "{err}");
+    // Features of another width than the run's embeddings (a fixed width is in the footer).
+    let dim = run_dim();
+    let wide = dir.path().join("wide.parquet");
+    write_features(&wide, dim + 1, |_| 1.0);
+    let err = compile(pipeline(&out, root, aligned, &format!("aligned_features = [{wide:?}]")))
+        .expect("another width")
+        .to_string();
+    let want = format!(
+        "wide.parquet` holds {}-d embeddings; the run `{}` embeds to {dim}-d",
+        dim + 1,
+        trained_run().display()
+    );
+    assert!(err.contains(&want) && err.contains("--> t.toml:"), "{err}");
     // A wrong `crops` and a missing run: both reported by one compile.
     let toml = pipeline(&out, root, aligned, "crops = 0").replace(
         &format!("run = {:?}", trained_run().to_string_lossy()),
@@ -442,6 +459,33 @@ fn validate_checks_the_tables_and_columns_the_stage_will_read() {
             && err.contains("mine once per pipeline"),
         "{err}"
     );
+}
+
+/// What only the tables' rows show (an aligned caption without features) fails the run before
+/// it clears an earlier run's output.
+#[test]
+fn a_bad_features_table_leaves_the_earlier_output_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let dim = run_dim();
+    let features = dir.path().join("features.parquet");
+    write_features(&features, dim, |_| 1.0);
+    let out = dir.path().join("out");
+    let keys = format!("aligned_features = [{features:?}]\ncrops = 1");
+    let toml = pipeline(&out, "data/train_sample/unaligned", "data/train_sample/train.parquet", &keys);
+    run(toml.clone(), 2);
+    let before = common::read_dir(&out.join("data"));
+    assert!(!before.is_empty());
+    // The same features without their first row.
+    let batches = curate::io::parquet::read_file(&features).unwrap();
+    let all = arrow_select::concat::concat_batches(&batches[0].schema(), &batches).unwrap();
+    let missing = common::strs(&[all.slice(0, 1)], "sample_id")[0].clone();
+    common::write_parquet(&features, &all.slice(1, all.num_rows() - 1));
+    let doc = ConfigDoc::parse(Path::new("t.toml"), toml, &[]).unwrap();
+    let plan = compile_doc(&doc).unwrap_or_else(|e| panic!("{e}"));
+    let e = pipeline::run(plan, &RunOptions::default()).expect_err("refused").to_string();
+    assert!(e.contains(&format!("aligned caption `{missing}` has no row in `aligned_features`")), "{e}");
+    assert_eq!(common::read_dir(&out.join("data")), before, "the earlier output is kept");
+    assert!(out.join("manifest.json").exists());
 }
 
 /// An aligned set listing one id twice (the same table given twice) is refused by the id:

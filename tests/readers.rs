@@ -1794,7 +1794,7 @@ fn the_bow_report_says_what_it_cannot_measure() {
     let ops = "Operators: mostly: Shuffle, RmStopNalpha, LimitToBaseVocab, RmTopFreq(1), Keep(4) (50% base); seed 0.";
     assert!(md.contains(ops), "{md}");
     assert!(md.contains("with 20 base captions (CC3M's: ~290,000) Δ and words per caption are not comparable"), "{md}");
-    assert!(md.contains("- removed top-1 words, most frequent first (base captions holding it): dog ("), "{md}");
+    assert!(md.contains("- removed top-1 words, most frequent first (base captions holding it): `dog` ("), "{md}");
     assert!(md.contains("(The last bin, 64+, counts captions of 64 words or more.)"), "{md}");
     let plot = std::fs::read_to_string(d.path().join("out/plots/bow_word_rank.svg")).unwrap();
     assert!(plot.contains(&format!(">{}</text>", &ops["Operators: ".len()..ops.len() - "; seed 0.".len()])), "{plot}");

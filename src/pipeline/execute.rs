@@ -251,8 +251,14 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     } else {
         checkpoint::load(&out, &identity)
     };
-    // Side files read whole (a subset list): a bad one fails the run before it clears anything.
+    // Side files read whole (a subset list, the pool mining retrieves from): a bad one fails the
+    // run before it clears anything.
+    let t = Instant::now();
     plan.reader.prepare()?;
+    for (_, stage) in plan.transforms.iter_mut() {
+        stage.prepare()?;
+    }
+    let prepare_seconds = t.elapsed().as_secs_f64();
     // Re-reading an earlier run's shards in place would delete them before they are read.
     if let Some(f) = inputs_a_run_clears(&out, &shard_dirs, &plan.reader.inputs()).first() {
         return Err(Error::data(format!(
@@ -303,7 +309,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
     let config_json = serde_json::to_string_pretty(&plan.resolved).expect("JSON value serializes") + "\n";
     write_atomic(&out.join("config.json"), config_json.as_bytes())?;
 
-    let mut timings = BTreeMap::new();
+    let mut timings = BTreeMap::from([("prepare".to_owned(), prepare_seconds)]);
     // The fingerprint reads every input byte once more: on a thread of its own, beside the
     // passes, so it costs no wall time while a core is free.
     // Checkpoints save it once it is known, so that a resumed run can tell an input whose
@@ -343,7 +349,7 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
         }
     }
     let input_cache = PassCache::state(&cache);
-    // Each stage gets ready for the stream (`mine_pseudo_bow` embeds its pool here).
+    // Each stage gets ready for the stream.
     let t = Instant::now();
     for (_, stage) in plan.transforms.iter_mut() {
         stage.start_stream()?;

@@ -335,7 +335,7 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
     }
 
     check_order(doc, &built, &untyped, &types, &mut diags);
-    check_bow_has_captions(doc, &built, &mut diags);
+    check_text_is_filled(doc, &built, &mut diags);
     check_images_can_be_found(doc, &built, &mut diags);
     let output_schema =
         if schema_known { written_schema(doc, &built, &schema, &dropped, &mut diags) } else { schema.clone() };
@@ -522,33 +522,64 @@ fn check_order(
     }
 }
 
-/// `bow` deforms captions and `encode_text` embeds them (its `column` by default): after a reader
-/// that gives none (an image folder, a table without a caption column), with no
-/// `mine_pseudo_bow` to make them, every row would be rejected.
-fn check_bow_has_captions(doc: &ConfigDoc, built: &[Compiled], diags: &mut Vec<Diagnostic>) {
+/// `bow` deforms captions and `encode_text` embeds a text column (`caption` by default): after a
+/// reader that never fills it (an image folder has no caption, a table only the columns it maps,
+/// Conceptual Captions no label), with no `mine_pseudo_bow` to make captions, every row would be
+/// rejected.
+fn check_text_is_filled(doc: &ConfigDoc, built: &[Compiled], diags: &mut Vec<Diagnostic>) {
+    use crate::schema::{CAPTION, ORIGINAL_CAPTION};
+    let mut reader: Option<&dyn Reader> = None;
     let mut captions = true;
     for b in built {
-        match (&b.stage, b.resolved["type"].as_str()) {
-            (Some(Built::Reader(r)), _) => captions = r.has_captions(),
-            (_, Some(mine_pseudo_bow::TYPE)) => captions = true,
-            (_, Some(t @ (bow::TYPE | encode_text::TYPE)))
-                if !captions && (t == bow::TYPE || b.resolved["column"].as_str().unwrap_or("caption") == "caption") =>
-            {
-                diags.push(
-                    Diagnostic::new(format!(
-                        "stage `{}` {} captions, but the rows it gets have none: every row would be rejected",
-                        b.name,
-                        if t == bow::TYPE { "deforms" } else { "embeds" }
-                    ))
-                    .at(doc.location(&format!("stage[{}]", b.index)))
-                    .hint(
-                        "map a caption column (`read_table`), or make pseudo-BoW captions first with a \
-                     `mine_pseudo_bow` stage (uncaptioned images, e.g. `read_imagenet21k`)",
-                    ),
-                )
-            }
-            _ => {}
+        let t = b.resolved["type"].as_str();
+        if let Some(Built::Reader(r)) = &b.stage {
+            reader = Some(r.as_ref());
+            captions = r.fills(CAPTION);
         }
+        if t == Some(mine_pseudo_bow::TYPE) {
+            captions = true;
+        }
+        let column = match t {
+            Some(bow::TYPE) => CAPTION,
+            Some(encode_text::TYPE) => b.resolved["column"].as_str().unwrap_or(CAPTION),
+            _ => continue,
+        };
+        // `original_caption` is the caption `bow` kept; a column no stage makes has its own error.
+        let filled = match column {
+            CAPTION | ORIGINAL_CAPTION => captions,
+            c => schema::pairs().field_with_name(c).is_err() || reader.is_none_or(|r| r.fills(c)),
+        };
+        if filled {
+            continue;
+        }
+        let (what, hint) = if column == CAPTION {
+            (
+                format!("{} captions", if t == Some(bow::TYPE) { "deforms" } else { "embeds" }),
+                "map a caption column (`read_table`), or make pseudo-BoW captions first with a \
+                 `mine_pseudo_bow` stage (uncaptioned images, e.g. `read_imagenet21k`)"
+                    .to_string(),
+            )
+        } else {
+            let text = schema::pairs();
+            let filled: Vec<&str> = text
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .filter(|c| ![schema::SAMPLE_ID, schema::SOURCE].contains(c) && reader.is_some_and(|r| r.fills(c)))
+                .collect();
+            (
+                format!("embeds `{column}`"),
+                format!("the reader fills {}; or map a `{column}` column (`read_table`)", list(&filled)),
+            )
+        };
+        diags.push(
+            Diagnostic::new(format!(
+                "stage `{}` {what}, but the rows it gets have none: every row would be rejected",
+                b.name
+            ))
+            .at(doc.location(&format!("stage[{}]", b.index)))
+            .hint(hint),
+        )
     }
 }
 

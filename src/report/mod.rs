@@ -95,6 +95,15 @@ pub fn write(out: &Path, plan: &Plan, summary: &RunSummary, stages: &[(String, V
     write_atomic(&out.join("report.md"), md.as_bytes())
 }
 
+/// `word` as a Markdown code span, so that a word like `<b>` or `*a*` shows as written: fenced
+/// by one backtick more than its longest run of them, padded where it starts or ends with one.
+fn code_span(word: &str) -> String {
+    let longest = word.split(|c| c != '`').map(str::len).max().unwrap_or(0);
+    let fence = "`".repeat(longest + 1);
+    let pad = if word.starts_with('`') || word.ends_with('`') { " " } else { "" };
+    format!("{fence}{pad}{word}{pad}{fence}")
+}
+
 fn u64s(v: &Value) -> Vec<u64> {
     v.as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default()
 }
@@ -278,7 +287,9 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
         .as_array()
         .map(|a| {
             a.iter()
-                .filter_map(|w| Some(format!("{} ({})", w["word"].as_str()?, w["base_df"].as_u64().unwrap_or(0))))
+                .filter_map(|w| {
+                    Some(format!("{} ({})", code_span(w["word"].as_str()?), w["base_df"].as_u64().unwrap_or(0)))
+                })
                 .collect()
         })
         .unwrap_or_default();
@@ -332,4 +343,20 @@ fn bow_section(md: &mut String, plots: &Path, name: &str, r: &mut Value) -> Resu
         r[key] = json!(sampled);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::code_span;
+
+    /// Removed words are shown as written in `report.md`: `<b>` is no HTML tag, `*a*` no
+    /// emphasis, and a word with backticks gets a longer fence (CommonMark code spans).
+    #[test]
+    fn removed_words_are_code_spans_that_show_any_word_as_written() {
+        assert_eq!(code_span("dog"), "`dog`");
+        assert_eq!(code_span("<b>"), "`<b>`");
+        assert_eq!(code_span("a`b"), "``a`b``");
+        assert_eq!(code_span("a``b`"), "``` a``b` ```");
+        assert_eq!(code_span("`"), "`` ` ``");
+    }
 }

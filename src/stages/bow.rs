@@ -124,6 +124,15 @@ fn default_stemmer() -> StemmerChoice {
     StemmerChoice::None
 }
 
+/// A fraction as a person writes it: `0.1`, but `1e-300` rather than three hundred digits.
+fn readable(x: f64) -> String {
+    if x != 0.0 && x.is_finite() && !(1e-4..1e15).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
 impl BowConfig {
     /// `input`: the schema of the rows coming in, which must be `pairs` as a reader writes them:
     /// the stage adds `original_caption` and `split`, so it runs once, right after the reader.
@@ -178,7 +187,7 @@ impl BowConfig {
         if !only && !fraction_ok {
             problems.push(
                 "base_fraction",
-                format!("base_fraction must be in (0, 1), got {}", self.base_fraction),
+                format!("base_fraction must be in (0, 1), got {}", readable(self.base_fraction)),
                 Some("the paper uses 0.1".into()),
             );
         }
@@ -923,7 +932,7 @@ impl Transform for Bow {
                 let w = format!(
                     "base_fraction {} of {n} captions is 0 base captions, so LimitToBaseVocab empties every \
                      caption; raise `base_fraction` (or set `limit_to_base_vocab = false`)",
-                    self.config.base_fraction
+                    readable(self.config.base_fraction)
                 );
                 say!("warning: stage `bow`: {w}");
                 self.warnings.push(w);
@@ -1180,6 +1189,16 @@ mod tests {
             b.push(PairRow { sample_id: &format!("s{i}"), caption: Some(&cap.join(" ")), ..Default::default() });
         }
         b.finish()
+    }
+
+    /// Messages name a tiny `base_fraction` as it would be written, not in 300 digits.
+    #[test]
+    fn fractions_in_messages_are_short() {
+        assert_eq!(readable(0.1), "0.1");
+        assert_eq!(readable(0.0), "0");
+        assert_eq!(readable(1e-300), "1e-300");
+        assert_eq!(readable(-2.5e-7), "-2.5e-7");
+        assert_eq!(readable(1e20), "1e20");
     }
 
     fn fitted(band_limit: Option<u64>, b: &RecordBatch) -> Bow {

@@ -304,6 +304,27 @@ impl MinePseudoBowConfig {
                 None
             }
         };
+        // Caption features of another width than the run's embeddings: a fixed width is in the
+        // footer (a list column's is known only from its rows, checked when the pool is built).
+        if let Some(run) = &run {
+            for file in aligned_features.iter().flatten() {
+                let Ok(schema) = crate::io::parquet::read_schema(file) else { continue };
+                if let Ok(DataType::FixedSizeList(_, d)) = schema.field_with_name("embedding").map(|f| f.data_type()) {
+                    if *d as usize != run.dim() {
+                        problems.push(
+                            "aligned_features",
+                            format!(
+                                "`{}` holds {d}-d embeddings; the run `{}` embeds to {}-d",
+                                file.display(),
+                                self.run,
+                                run.dim()
+                            ),
+                            Some(ALIGNED_FEATURES_HINT.into()),
+                        );
+                    }
+                }
+            }
+        }
         let run = run.filter(|_| problems.is_empty())?;
         let mut fields: Vec<Field> =
             input.fields().iter().filter(|f| f.name() != schema::CAPTION).map(|f| f.as_ref().clone()).collect();
@@ -334,6 +355,9 @@ impl MinePseudoBowConfig {
 
 /// Why the Parquet table `file` cannot serve, from its footer: unreadable, or without the
 /// column `missing` names (given a test of the columns it has).
+/// Where `aligned_features` must come from.
+const ALIGNED_FEATURES_HINT: &str = "the features must come from the same run's text tower";
+
 fn table_problem(file: &Path, missing: impl FnOnce(&dyn Fn(&str) -> bool) -> Option<String>) -> Option<String> {
     match crate::io::parquet::read_schema(file) {
         Err(e) => Some(e.to_string()),
@@ -496,7 +520,7 @@ impl MinePseudoBow {
                             "`aligned_features` are {d}-d; the run `{}` embeds to {dim}-d",
                             self.config.run
                         ),
-                        hint: Some("the features must come from the same run's text tower".into()),
+                        hint: Some(ALIGNED_FEATURES_HINT.into()),
                     });
                 }
                 let mut out = Vec::with_capacity(ids.len() * dim);
@@ -590,9 +614,10 @@ impl Transform for MinePseudoBow {
     }
 
     /// The pool is built from the aligned set (its own files), not from the stream: no fit
-    /// pass, just before the stream. Its embedding time is reported on its own
+    /// pass, and before the run clears an earlier one's output, which a bad aligned table or
+    /// features table then leaves intact. Its embedding time is reported on its own
     /// (`aligned_embed_seconds`), apart from the crops'.
-    fn start_stream(&mut self) -> Result<()> {
+    fn prepare(&mut self) -> Result<()> {
         let pool = self.build_pool()?;
         if self.config.neighbors > pool.ids.len() {
             say!(

@@ -39,7 +39,7 @@ pub use inputs::{
 pub use line_chunks::{split_tabs, Fields, Line, LineChunks, LineOutcome, BLOCK_BYTES, MAX_FIELDS};
 
 use crate::error::Result;
-use crate::schema::{Chunk, Reject};
+use crate::schema::{Chunk, Reject, CAPTION, SAMPLE_ID, SOURCE, URL};
 
 /// Rows per chunk. Fixed (not derived from the thread count) so chunking, and with it every
 /// output, is the same on every machine.
@@ -75,10 +75,12 @@ pub trait Reader: Send + Sync {
     fn folder_stamp(&self) -> Option<u128> {
         None
     }
-    /// Whether rows can have captions at all (not so for an image folder, or a table with no
-    /// caption column mapped).
-    fn has_captions(&self) -> bool {
-        true
+    /// Whether rows can have a value in this `pairs` column at all: by default the columns of
+    /// the caption<TAB>url formats (Conceptual Captions, YFCC); an image folder has no caption,
+    /// a table only the columns it maps. A stage that reads a column no row can fill would
+    /// reject every row, which the plan refuses.
+    fn fills(&self, column: &str) -> bool {
+        [SAMPLE_ID, SOURCE, CAPTION, URL].contains(&column)
     }
     /// How rows name their images, for the stages that read them.
     fn image_refs(&self) -> ImageRefs {
@@ -135,6 +137,12 @@ pub trait Transform: Send + Sync {
     }
     /// Called after the last chunk of pass `pass`.
     fn end_pass(&mut self, _pass: usize) -> Result<()> {
+        Ok(())
+    }
+    /// Reads what the stage needs whole from files of its own (the captions `mine_pseudo_bow`
+    /// retrieves from), once the run holds its folder and before it clears an earlier run's
+    /// output there, so that a bad side file fails the run with that output intact.
+    fn prepare(&mut self) -> Result<()> {
         Ok(())
     }
     /// Called once, after every fit pass and before the streaming pass, to get ready for it

@@ -304,8 +304,9 @@ impl Reader for ReadImagenet21k {
         Box::new(move || folder.fingerprint())
     }
 
-    fn has_captions(&self) -> bool {
-        false
+    fn fills(&self, column: &str) -> bool {
+        use crate::schema::{LABEL, LABEL_TEXT, PATH, SAMPLE_ID, SOURCE};
+        [SAMPLE_ID, SOURCE, PATH, LABEL].contains(&column) || (column == LABEL_TEXT && self.folder.words_file.is_some())
     }
 
     fn open(&self) -> Result<ChunkIter<'_>> {

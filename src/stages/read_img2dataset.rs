@@ -147,6 +147,11 @@ impl Reader for ReadImg2dataset {
         self.files.clone()
     }
 
+    fn fills(&self, column: &str) -> bool {
+        use crate::schema::{CAPTION, KEY, SAMPLE_ID, SHARD, SOURCE, URL};
+        [SAMPLE_ID, SOURCE, CAPTION, URL, SHARD, KEY].contains(&column)
+    }
+
     fn image_refs(&self) -> super::ImageRefs {
         super::ImageRefs::ShardKeys
     }

@@ -302,6 +302,7 @@ impl ReadTableConfig {
             widths,
             filters,
             caption_mapped: self.columns.caption.is_some(),
+            mapped: self.columns.entries().iter().filter(|(_, c)| c.is_some()).map(|(name, _)| *name).collect(),
             image_refs: match (&self.columns.path, &self.columns.url) {
                 (Some(_), _) => super::ImageRefs::Paths,
                 (None, Some(_)) => super::ImageRefs::UrlsOnly,
@@ -771,6 +772,8 @@ pub struct ReadTable {
     /// For each file: the `keep_where` columns' indexes and the values each may hold.
     filters: Vec<Filter>,
     caption_mapped: bool,
+    /// The `pairs` columns mapped (`sample_id` is `file#row` when it is not).
+    mapped: Vec<&'static str>,
     /// How rows name their images: by the mapped `path`, else the mapped `url`.
     image_refs: super::ImageRefs,
     /// Without a mapped id, rows (rejected ones too) are known by `file#row`.
@@ -868,8 +871,8 @@ impl Reader for ReadTable {
         Box::new(move || crate::io::fingerprint_with(&inputs, &folders))
     }
 
-    fn has_captions(&self) -> bool {
-        self.caption_mapped
+    fn fills(&self, column: &str) -> bool {
+        [crate::schema::SAMPLE_ID, crate::schema::SOURCE].contains(&column) || self.mapped.contains(&column)
     }
 
     fn image_refs(&self) -> super::ImageRefs {

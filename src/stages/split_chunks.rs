@@ -74,8 +74,8 @@ impl Reader for SplitChunks {
     fn folder_stamp(&self) -> Option<u128> {
         self.inner.folder_stamp()
     }
-    fn has_captions(&self) -> bool {
-        self.inner.has_captions()
+    fn fills(&self, column: &str) -> bool {
+        self.inner.fills(column)
     }
     fn image_refs(&self) -> super::ImageRefs {
         self.inner.image_refs()
