@@ -1416,6 +1416,13 @@ captions = "data/train_sample/retrieval_captions.parquet"
         std::fs::write(pipeline_out.join("config.json"), r#"{"output_dir": "x", "stage": []}"#).unwrap();
         let e = run_trained(&RunEval { run: pipeline_out.clone(), ..args.clone() }, &device).unwrap_err().to_string();
         assert!(e.contains("is the output of `curate run` (a pipeline), not a `curate train` run"), "{e}");
+        // A model's folder (a Hugging Face config.json) is no run either, and not an unfinished one.
+        let model_folder = dir.path().join("model_folder");
+        std::fs::create_dir_all(&model_folder).unwrap();
+        std::fs::copy("tests/fixtures/models/tiny_bert/config.json", model_folder.join("config.json")).unwrap();
+        let e = run_trained(&RunEval { run: model_folder, ..args.clone() }, &device).unwrap_err().to_string();
+        assert!(e.contains("is not a `curate train` run: its config.json is no training config"), "{e}");
+        assert!(!e.contains("did not finish") && !e.contains("--resume"), "{e}");
         // The run's config.json named instead of its folder: said so, the folder suggested.
         let as_file = pipeline_out.join("config.json");
         let e = run_trained(&RunEval { run: as_file, ..args.clone() }, &device).unwrap_err().to_string();

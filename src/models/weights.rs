@@ -124,6 +124,8 @@ pub struct Weights {
     misshaped: RefCell<Problems>,
     /// `Some(seed)`: no checkpoint, every tensor is initialised at random (see [`Init`]).
     random: Option<u64>,
+    /// Whether the reader removed a `module.` from every name ([`torch_checkpoint`]).
+    stripped_module: bool,
 }
 
 /// Problems of one kind: how many, and the first [`Problems::SHOWN`] of them, which is all the
@@ -275,6 +277,7 @@ impl Weights {
             (None, false) => {}
         }
         let mut w = Weights::new(source, BTreeMap::new());
+        w.stripped_module = c.stripped_module;
         for (name, t) in c.tensors {
             use safetensors::Dtype as D;
             use torch_checkpoint::TorchDtype as T;
@@ -354,6 +357,7 @@ impl Weights {
             missing: Default::default(),
             misshaped: Default::default(),
             random: None,
+            stripped_module: false,
         }
     }
 
@@ -585,10 +589,11 @@ impl Weights {
     /// The tensors under `prefix` (`module.encoder_q.` in a MoCo checkpoint, `online_backbone.`
     /// in some BYOL conversions), named without it; the others are left out, not reported as
     /// unused. A `module.` the reader removed from every name (see [`torch_checkpoint`]) need
-    /// not be repeated: `module.encoder_q.` also finds `encoder_q.`.
+    /// not be repeated: `module.encoder_q.` also finds `encoder_q.` there (and `module.` all of
+    /// it); in a checkpoint that had no `module.`, `module.` is a prefix like any other.
     pub fn under_prefix(mut self, prefix: &str) -> Result<Weights> {
         let take = |names: Vec<&String>| -> Option<String> {
-            let alt = prefix.strip_prefix("module.");
+            let alt = prefix.strip_prefix("module.").filter(|_| self.stripped_module);
             [Some(prefix), alt]
                 .into_iter()
                 .flatten()
@@ -596,9 +601,17 @@ impl Weights {
                 .map(str::to_owned)
         };
         let Some(found) = take(self.tensors.keys().chain(self.other_dtypes.keys()).collect()) else {
-            // The names' first parts, to choose a prefix from.
-            let mut heads: Vec<String> =
-                self.tensors.keys().map(|n| n.split('.').take(2).collect::<Vec<_>>().join(".") + ".").collect();
+            // The names' first parts (one or two, never the tensor's own name), to choose a
+            // prefix from.
+            let mut heads: Vec<String> = self
+                .tensors
+                .keys()
+                .filter_map(|n| {
+                    let parts: Vec<&str> = n.split('.').collect();
+                    let depth = 2.min(parts.len() - 1);
+                    (depth > 0).then(|| parts[..depth].join(".") + ".")
+                })
+                .collect();
             heads.dedup();
             heads.truncate(12);
             return Err(Error::Model {
@@ -771,14 +784,26 @@ mod tests {
     fn a_prefix_the_reader_removed_module_from_still_finds_its_tensors() {
         // A `torch.save` checkpoint of a DataParallel MoCo reads as `encoder_q.*` (`module.`
         // removed from every name); the prefix as its script names it still finds them.
-        let w = Weights::from_parts(vec![
-            ("encoder_q.a".into(), vec![1], vec![1.0]),
-            ("encoder_k.a".into(), vec![1], vec![2.0]),
-        ]);
-        let w = w.under_prefix("module.encoder_q.").unwrap();
+        let parts = || {
+            Weights::from_parts(vec![
+                ("encoder_q.a".into(), vec![1], vec![1.0]),
+                ("encoder_k.a".into(), vec![1], vec![2.0]),
+                ("bias".into(), vec![1], vec![3.0]),
+            ])
+        };
+        let stripped = || Weights { stripped_module: true, ..parts() };
+        let w = stripped().under_prefix("module.encoder_q.").unwrap();
         assert_eq!(w.tensors.keys().collect::<Vec<_>>(), ["a"]);
         assert_eq!(w.tensors["a"].data, [1.0]);
         assert!(w.source.ends_with("(under `encoder_q.`)"), "{}", w.source);
+        assert_eq!(stripped().under_prefix("module.").unwrap().tensors.len(), 3);
+        // In a checkpoint that never had `module.`, it is a prefix like any other: absent. The
+        // hint names the names' first parts, not whole tensor names.
+        for prefix in ["module.", "module.encoder_q."] {
+            let e = parts().under_prefix(prefix).err().unwrap().to_string();
+            assert!(e.contains(&format!("has no tensor under `{prefix}`")), "{e}");
+            assert!(e.contains("its names start with: encoder_k., encoder_q.") && !e.contains("bias"), "{e}");
+        }
     }
 
     #[test]

@@ -97,11 +97,27 @@ impl TrainedRun {
             });
         }
         let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io("cannot read", &config_path, e))?;
+        let json = serde_json::from_str::<serde_json::Value>(&text).ok();
         // A pipeline's output folder has a config.json too: its stages.
-        if serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| v.get("stage").is_some()) {
+        if json.as_ref().is_some_and(|v| v.get("stage").is_some()) {
             return Err(Error::Data {
                 message: format!(
                     "`{}` is the output of `curate run` (a pipeline), not a `curate train` run",
+                    dir.display()
+                ),
+                hint: Some("name the `output_dir` of a `curate train` run".into()),
+            });
+        }
+        // So has a model's folder (Hugging Face's `config.json`), and anything else: a training
+        // run's has its `model`, `data` and `loss` tables.
+        if !json
+            .as_ref()
+            .is_some_and(|v| ["model", "data", "loss"].iter().all(|k| v.get(k).is_some_and(|t| t.is_object())))
+        {
+            return Err(Error::Data {
+                message: format!(
+                    "`{}` is not a `curate train` run: its config.json is no training config (no `model`, `data` \
+                     and `loss` tables)",
                     dir.display()
                 ),
                 hint: Some("name the `output_dir` of a `curate train` run".into()),
