@@ -2236,6 +2236,14 @@ fn the_noise_diagnostic_matches_a_by_hand_computation_on_the_same_batches() {
     }
     assert!(got[0] > 0.3 && got[2] < got[0], "captions near their images: {got:?}");
     assert!(diagnose(&v, &t, dim, &NoiseConfig { batch_size: 41, ..c.clone() }, &burn::tensor::Device::flex()).is_err());
+    // A scale that is no positive number (NaN, inf: `--scale 1e39` past f32's range, 0, -5) is
+    // refused, not turned into NaN figures.
+    for scale in [f32::NAN, f32::INFINITY, "1e39".parse().unwrap(), 0.0, -5.0] {
+        let e = diagnose(&v, &t, dim, &NoiseConfig { scale, ..c.clone() }, &burn::tensor::Device::flex())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`--scale` must be a positive number"), "{scale}: {e}");
+    }
 
     // From feature tables, joined by id: rows either table lacks are counted, not drawn.
     let dir = tempfile::tempdir().unwrap();

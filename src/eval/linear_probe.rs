@@ -589,6 +589,9 @@ pub struct ProbeMetrics {
     pub fits_not_converged: usize,
     pub fits_at_iteration_limit: usize,
     pub fits_stalled: usize,
+    /// Of those stalled, the fits that took no step at all from zero: features far from unit
+    /// scale (~1e15) leave the float32 line search no step it can accept.
+    pub fits_without_a_step: usize,
     /// The largest final gradient component among the fits that stopped short (0 if none).
     pub worst_grad_max: f64,
 }
@@ -632,14 +635,22 @@ pub fn short_fits(p: &ProbeMetrics) -> String {
             p.fits_stalled
         ));
     }
-    format!(
+    let mut s = format!(
         "{} of {} fit(s) stopped before the gradient tolerance: {}; the largest gradient left is {:.1e}, and their \
          scores are those of the stopping point",
         p.fits_not_converged,
         p.fits,
         parts.join(", "),
         p.worst_grad_max
-    )
+    );
+    if p.fits_without_a_step > 0 {
+        s += &format!(
+            "; {} of them took no step from zero at all, as with features far from unit scale: rescale them \
+             (L2-normalise, or divide by a constant)",
+            p.fits_without_a_step
+        );
+    }
+    s
 }
 
 /// Rows of `x` (`[rows * dim]`) picked by `rows`.
@@ -713,12 +724,13 @@ pub fn probe(
             c.holdout * 100.0
         )));
     }
-    let (mut fits, mut at_limit, mut stalled, mut worst) = (0, 0, 0, 0.0f64);
+    let (mut fits, mut at_limit, mut stalled, mut no_step, mut worst) = (0, 0, 0, 0, 0.0f64);
     let mut count = |f: &Fit| {
         fits += 1;
         if !f.converged {
             at_limit += usize::from(!f.stalled);
             stalled += usize::from(f.stalled);
+            no_step += usize::from(f.stalled && f.iterations == 0);
             worst = worst.max(f.grad_max);
         }
     };
@@ -807,6 +819,7 @@ pub fn probe(
         fits_not_converged: at_limit + stalled,
         fits_at_iteration_limit: at_limit,
         fits_stalled: stalled,
+        fits_without_a_step: no_step,
         worst_grad_max: worst,
     })
 }
@@ -1068,6 +1081,19 @@ mod tests {
         let m = probe(&t, &x, 2, &c, &Device::flex(), &|_| {}).unwrap();
         assert_eq!((m.accuracy, m.mean_per_class_accuracy, m.val_score, m.wd), (1.0, 1.0, 1.0, 1e-3));
         assert_eq!((m.train, m.val, m.test, m.classes, m.feature_dim, m.fits), (36, 12, 12, 3, 2, 4));
+        assert_eq!((m.fits_not_converged, m.fits_without_a_step), (0, 0));
+        // Classes that overlap (the minimiser is finite) times 1e15: no step from zero is
+        // accepted, which the warning says (not only "float32 rounding", which at a stopping
+        // point near the minimum it is).
+        let far: Vec<f32> =
+            x.iter().enumerate().map(|(i, v)| (v / 4.0 + ((i * 7919) % 17) as f32 / 8.0 - 1.0) * 1e15).collect();
+        let m = probe(&t, &far, 2, &c, &Device::flex(), &|_| {}).unwrap();
+        assert_eq!((m.fits_stalled, m.fits_without_a_step), (4, 4), "{m:?}");
+        let w = warnings(&m, "sample_id");
+        assert!(
+            w.iter().any(|w| w.contains("4 of them took no step from zero at all") && w.contains("rescale")),
+            "{w:?}"
+        );
         // A non-finite feature is refused, naming its row.
         let mut bad = x.clone();
         bad[7] = f32::NAN;

@@ -76,6 +76,12 @@ pub fn diagnose(images: &[f32], texts: &[f32], dim: usize, c: &NoiseConfig, devi
             c.batch_size
         )));
     }
+    if !(c.scale.is_finite() && c.scale > 0.0) {
+        return Err(Error::Data {
+            message: format!("`--scale` must be a positive number, got {}", c.scale),
+            hint: Some("OTTER's is 100 (CLIP's temperature); a float32, so at most 3.4e38".into()),
+        });
+    }
     if c.batches == 0 {
         return Err(Error::data("`--batches` must be at least 1"));
     }
