@@ -455,11 +455,18 @@ fn names_must_be_usable() {
         ("bow.name=\"a.b\"", "stage name \"a.b\" cannot address the stage"),
         ("bow.name=\"a/b\"", "stage name \"a/b\" cannot address the stage"),
         ("bow.name=\"x y\"", "stage name \"x y\" cannot address the stage"),
+        (
+            &format!("bow.name=\"{}\"", "b".repeat(232)),
+            "is 232 characters long; plot files are named after it, and 231",
+        ),
     ] {
         let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", set]);
         assert_eq!(code, 2, "{set}: {stderr}");
         assert!(stderr.contains(want), "{set}: {stderr}");
     }
+    let (code, _, stderr) =
+        curate(&["validate", "pipelines/bow.toml", "--set", &format!("bow.name=\"{}\"", "b".repeat(231))]);
+    assert_eq!(code, 0, "{stderr}");
 }
 
 #[test]
@@ -1029,6 +1036,22 @@ fn a_folder_of_another_kind_is_not_written_over() {
         curate(&["validate", "pipelines/image_teacher.toml", "--set", "output_dir=data/imagenet21k_sample"]);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("`output_dir` is the input folder `data/imagenet21k_sample`"), "{stderr}");
+    // So would a synset folder, or a folder below one (its files read as images); a folder of the
+    // root that is no synset folder is not read.
+    for inside in ["n01440764", "n01440764/out/x"] {
+        let set = format!("output_dir=data/imagenet21k_sample/{inside}");
+        let (code, _, stderr) = curate(&["validate", "pipelines/image_teacher.toml", "--set", &set]);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(stderr.contains("`output_dir` is within `n01440764`, a folder of the input"), "{stderr}");
+    }
+    let (code, _, stderr) = curate(&[
+        "validate",
+        "pipelines/image_teacher.toml",
+        "--set",
+        "output_dir=data/imagenet21k_sample/../imagenet21k_sample/curated",
+    ]);
+    assert!(!stderr.contains("`output_dir` is within"), "{stderr}");
+    assert_eq!(code, 0, "{stderr}");
     // An earlier pipeline run's folder is the run's to replace.
     let earlier = dir.path().join("earlier");
     std::fs::create_dir(&earlier).unwrap();
@@ -1037,6 +1060,21 @@ fn a_folder_of_another_kind_is_not_written_over() {
     let (code, _, stderr) =
         curate(&["validate", "pipelines/bow.toml", "--set", &format!("output_dir={}", earlier.display())]);
     assert_eq!(code, 0, "{stderr}");
+    // Its data folder is cleared too where its `config.json` names another than this run's:
+    // one the run cannot write in (here a link onto the kernel's proc file system) is named.
+    std::fs::write(
+        earlier.join("config.json"),
+        r#"{"output_dir": "x", "stage": [{"type": "read_cc_tsv"}, {"type": "write_parquet", "dir": "d1"}]}"#,
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("/proc/self", earlier.join("d1")).unwrap();
+    let (code, _, stderr) =
+        curate(&["validate", "pipelines/bow.toml", "--set", &format!("output_dir={}", earlier.display())]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("the run clears and writes `") && stderr.contains("d1`: ") && stderr.contains("proc"),
+        "{stderr}"
+    );
 }
 
 #[test]

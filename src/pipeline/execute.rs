@@ -293,9 +293,8 @@ fn run_locked(mut plan: Plan, opts: &RunOptions, cleared: &std::cell::Cell<bool>
             let unfinished = !opts.restart
                 && !out.join(checkpoint::FILE).exists()
                 && !out.join("manifest.json").exists()
-                && std::fs::read_dir(&data_dir).is_ok_and(|mut d| {
-                    d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("part-")))
-                });
+                && std::fs::read_dir(&data_dir)
+                    .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| is_run_shard(&e.file_name().to_string_lossy()))));
             if unfinished {
                 say!(
                     "note: `{}` holds shards of a run that stopped before its first checkpoint: starting over",
@@ -730,10 +729,12 @@ fn fit_passes(
 }
 
 /// Whether a file named `name` in a shard folder is one a run writes, finished or not (and so
-/// clears before it starts).
+/// clears before it starts): `part-NNNNN.parquet`, or `.part-NNNNN.parquet.tmp` while it is
+/// written. Other tools' shards (Spark's `part-00000-<uuid>.snappy.parquet`) are not the run's.
 pub fn is_run_shard(name: &str) -> bool {
-    (name.starts_with("part-") && name.ends_with(".parquet"))
-        || (name.starts_with(".part-") && name.ends_with(".parquet.tmp"))
+    let number = |n: &str| n.len() >= 5 && n.bytes().all(|b| b.is_ascii_digit());
+    name.strip_prefix("part-").and_then(|n| n.strip_suffix(".parquet")).is_some_and(number)
+        || name.strip_prefix(".part-").and_then(|n| n.strip_suffix(".parquet.tmp")).is_some_and(number)
 }
 
 /// Whether a file named `name` in the output folder is one a run writes there (and so clears
@@ -772,7 +773,7 @@ pub fn inputs_a_run_clears(out: &Path, shard_dirs: &[&Path], inputs: &[std::path
 
 /// The data folder named by the `config.json` an earlier run left in `out`, if it is a folder
 /// a run may write (a hand-edited file cannot send the clearing outside `out`).
-fn previous_data_dir(out: &Path) -> Option<String> {
+pub fn previous_data_dir(out: &Path) -> Option<String> {
     let text = std::fs::read_to_string(out.join("config.json")).ok()?;
     let config: serde_json::Value = serde_json::from_str(&text).ok()?;
     let writer = config["stage"].as_array()?.iter().find(|s| s["type"] == write_parquet::TYPE)?;
@@ -1270,6 +1271,25 @@ mod tests {
     use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
     use super::*;
+
+    /// Only the run's own shard names are cleared from a shard folder; another tool's files
+    /// there stay.
+    #[test]
+    fn only_files_named_as_the_run_names_its_shards_are_its_shards() {
+        for ours in ["part-00000.parquet", "part-123456.parquet", ".part-00007.parquet.tmp"] {
+            assert!(is_run_shard(ours), "{ours}");
+        }
+        for theirs in [
+            "part-00000-9f1c2d3e-c000.snappy.parquet",
+            "part-0.parquet",
+            "part-abcde.parquet",
+            "part-00000.parquet.bak",
+            "00000.parquet",
+            ".part-00000.parquet",
+        ] {
+            assert!(!is_run_shard(theirs), "{theirs}");
+        }
+    }
     use crate::stages::ChunkIter;
 
     fn schema() -> SchemaRef {

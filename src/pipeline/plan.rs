@@ -201,6 +201,20 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
                     .hint("names address stages in `--set NAME.key=value`: use letters, digits, `_` or `-`"),
             );
         }
+        // The longest file named after a stage: `plots/.NAME_caption_length.svg.tmp`.
+        let longest = 1 + crate::report::PLOT_SUFFIXES.iter().map(|s| s.len()).max().unwrap_or(0) + ".tmp".len();
+        if name.len() + longest > 255 {
+            diags.push(
+                Diagnostic::new(format!(
+                    "stage name `{name}` is {} characters long; plot files are named after it, and {} is the most a \
+                     file name leaves",
+                    name.len(),
+                    255 - longest
+                ))
+                .at(doc.location(&format!("{at}.name")))
+                .hint("choose a shorter name"),
+            );
+        }
         if ["name", "output_dir", "seed", "stage"].contains(&name.as_str()) {
             diags.push(
                 Diagnostic::new(format!("stage name `{name}` is a top-level key"))
@@ -734,8 +748,11 @@ fn check_output_places(doc: &ConfigDoc, built: &[Compiled], top: Option<&Pipelin
     // Folders a run clears and writes in: one it cannot write in would fail the run only after it
     // had removed the earlier run's manifest and report.
     // (`output_dir` itself is checked with the other keys.)
+    // The earlier run's data folder too, where its `config.json` names another: its shards go.
     let mut places: Vec<PathBuf> = vec![out.join("rejects"), out.join("plots")];
     places.extend(data.map(|(dir, _)| out.join(dir)));
+    places
+        .extend(crate::pipeline::execute::previous_data_dir(out).map(|d| out.join(d)).filter(|d| !places.contains(d)));
     for place in places {
         if let Some(why) = place.is_dir().then(|| unwritable(&place)).flatten() {
             diags.push(
@@ -775,6 +792,20 @@ fn foreign_files(out: &Path, data_dir: &Path) -> Option<String> {
     Some(names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", "))
 }
 
+/// `path` made absolute with its symbolic links resolved, as far as it exists (the rest, which a
+/// run creates, appended as written).
+fn resolved(path: &Path) -> Option<PathBuf> {
+    let mut rest = Vec::new();
+    let mut at = std::path::absolute(path).ok()?;
+    loop {
+        if let Ok(real) = at.canonicalize() {
+            return Some(rest.iter().rev().fold(real, |p, c: &std::ffi::OsString| p.join(c)));
+        }
+        rest.push(at.file_name()?.to_owned());
+        at = at.parent()?.to_owned();
+    }
+}
+
 fn check_inputs_are_not_cleared(
     doc: &ConfigDoc,
     built: &[Compiled],
@@ -793,7 +824,25 @@ fn check_inputs_are_not_cleared(
         // An input folder (an image folder's root) that is the output folder: the run's own files
         // would change the listing it reads, and every run would stop as "changed while read".
         let out = Path::new(&t.output_dir).canonicalize().ok();
+        let out_resolved = resolved(Path::new(&t.output_dir));
         for input in r.inputs().iter().filter(|p| p.is_dir()) {
+            // Inside a folder the reader lists (a synset folder): its files would be read as
+            // images, and change the listing as well.
+            let below =
+                input.canonicalize().ok().and_then(|i| out_resolved.as_ref()?.strip_prefix(i).ok().map(Path::to_owned));
+            let listed = below.as_ref().and_then(|b| b.components().next()).map(|c| c.as_os_str().to_string_lossy());
+            if let Some(first) = listed.filter(|f| crate::stages::read_imagenet21k::is_synset(f)) {
+                diags.push(
+                    Diagnostic::new(format!(
+                        "`output_dir` is within `{first}`, a folder of the input `{}` that the reader lists: the run's \
+                         files would be read as images and change the listing it reads",
+                        input.display()
+                    ))
+                    .at(doc.location("output_dir"))
+                    .hint("write to a folder of the input root that is no synset folder (e.g. `curated`) or elsewhere"),
+                );
+                continue;
+            }
             if out.is_some() && input.canonicalize().ok() == out {
                 diags.push(
                     Diagnostic::new(format!(

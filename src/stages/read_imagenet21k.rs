@@ -58,7 +58,8 @@ fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
     }
 }
 
-fn is_synset(name: &str) -> bool {
+/// Whether a folder of the root named `name` is one the reader lists (`nXXXXXXXX`).
+pub fn is_synset(name: &str) -> bool {
     name.len() == 9 && name.starts_with('n') && name[1..].bytes().all(|b| b.is_ascii_digit())
 }
 

@@ -43,17 +43,28 @@ pub const RESERVED_DIRS: [(&str, &str); 3] = [
 
 impl WriteParquetConfig {
     /// Why `dir` cannot hold the data shards, if it cannot: it must be a plain relative folder
-    /// inside `output_dir`, apart from the folders the run writes itself.
+    /// inside `output_dir`, apart from the folders and files the run writes itself.
     pub fn dir_problem(&self) -> Option<String> {
         let path = std::path::Path::new(&self.dir);
         let plain = path.components().all(|c| matches!(c, std::path::Component::Normal(_)));
         if self.dir.trim().is_empty() || !plain {
             return Some(format!("`dir` must be a folder inside `output_dir` (like `data`), got {:?}", self.dir));
         }
+        if let Some(long) = path.components().map(|c| c.as_os_str()).find(|c| c.len() > 255) {
+            return Some(format!(
+                "`dir` has a folder name of {} bytes (`{}…`), over the 255 a name may have",
+                long.len(),
+                long.to_string_lossy().chars().take(16).collect::<String>()
+            ));
+        }
         let first = path.components().next().map(|c| c.as_os_str().to_string_lossy().into_owned());
+        let first = first.as_deref();
+        if let Some(file) = crate::pipeline::execute::RUN_FILES.iter().find(|f| first == Some(**f)) {
+            return Some(format!("`dir` cannot be `{file}`: the run writes its file `{file}` there"));
+        }
         RESERVED_DIRS
             .iter()
-            .find(|(r, _)| first.as_deref() == Some(*r))
+            .find(|(r, _)| first == Some(*r))
             .map(|(r, what)| format!("`dir` cannot be `{r}`: the run {what} there"))
     }
 }
@@ -72,7 +83,21 @@ mod tests {
         for bad in ["", " ", "/abs/data", "../data", "a/../b", "./data"] {
             assert!(problem(bad).is_some_and(|p| p.contains("must be a folder inside")), "{bad:?}");
         }
-        for reserved in ["rejects", "plots", "plots/x", ".curate-stale", ".curate-stale/data"] {
+        assert_eq!(problem(&"d".repeat(255)), None);
+        let long = format!("data/{}", "d".repeat(256));
+        assert!(problem(&long).is_some_and(|p| p.contains("a folder name of 256 bytes")), "{long}");
+        for reserved in [
+            "rejects",
+            "plots",
+            "plots/x",
+            ".curate-stale",
+            ".curate-stale/data",
+            "config.json",
+            "manifest.json/x",
+            "report.json",
+            "report.md",
+            ".curate-checkpoint",
+        ] {
             assert!(problem(reserved).is_some_and(|p| p.contains("cannot be")), "{reserved}");
         }
     }
