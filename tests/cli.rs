@@ -1077,6 +1077,36 @@ fn a_folder_of_another_kind_is_not_written_over() {
     );
 }
 
+/// An unquoted date or time is a TOML type of its own, which no key takes: refused, not read as
+/// a rewritten string (`1979-05-27 07:32:00` as `1979-05-27T07:32:00`) nor called a string where
+/// a number goes. On the command line a date is the text as written.
+#[test]
+fn unquoted_dates_and_times_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.toml");
+    std::fs::write(
+        &file,
+        "output_dir = 2024-01-02\nseed = 1979-05-27\n[[stage]]\ntype = \"read_cc_tsv\"\npath = \"data/cc3m_sample.tsv\"\n\
+         source = 1979-05-27 07:32:00.5+01:00\n[[stage]]\ntype = \"write_parquet\"\ndir = 07:32:00\n",
+    )
+    .unwrap();
+    let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{stderr}");
+    for (key, written, line) in [
+        ("output_dir", "2024-01-02", 1),
+        ("seed", "1979-05-27", 2),
+        ("stage[0].source", "1979-05-27 07:32:00.5+01:00", 6),
+        ("stage[1].dir", "07:32:00", 9),
+    ] {
+        let want = format!("`{key}` is an unquoted TOML date-time ({written}); no key takes one\n --> ");
+        assert!(stderr.contains(&want), "{want}: {stderr}");
+        assert!(stderr.contains(&format!("p.toml:{line}:")), "{line}: {stderr}");
+    }
+    assert!(stderr.contains("4 configuration errors") && !stderr.contains("invalid type: string"), "{stderr}");
+    let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", "name=2024-01-02"]);
+    assert_eq!(code, 0, "{stderr}");
+}
+
 #[test]
 fn a_duplicate_key_is_named() {
     let dir = tempfile::tempdir().unwrap();

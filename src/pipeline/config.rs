@@ -174,6 +174,22 @@ impl ConfigDoc {
                 }
             }
         };
+        // Unquoted dates and times are values of a TOML type of their own, which no key takes:
+        // read as strings they would be rewritten (`1979-05-27 07:32:00` -> `...T07:32:00`), and
+        // a number key would call them strings. Each is reported and dropped, as a number is.
+        let mut dates = Vec::new();
+        datetimes(&Value::Table(root.clone()), "", &mut dates);
+        for key in dates {
+            let Some(Origin::Span { value: span, .. }) = origins.get(&key) else { continue };
+            let written = source.get(span.clone()).unwrap_or("");
+            let name = key.rsplit('.').next().unwrap_or(&key);
+            let d = Diagnostic::new(format!(
+                "wrong type: `{key}` is an unquoted TOML date-time ({written}); no key takes one"
+            ))
+            .at(Some(location_in(path, &source, span.start)))
+            .hint(format!("quote it to mean the text: `{name} = \"{written}\"`"));
+            numbers.push((span.clone(), d));
+        }
         // Each blanked number's key (or array element) is dropped, the last in the file first:
         // an array's later elements go before its earlier ones shift them.
         numbers.sort_by_key(|(span, _)| std::cmp::Reverse(span.start));
@@ -1048,9 +1064,28 @@ fn record_value(origins: &mut HashMap<String, Origin>, path: String, key: Range<
 }
 
 /// A `--set` value is TOML (`4`, `true`, `"x"`, `[1, 2]`, `{a = 1}`); anything that does not
-/// parse as TOML is taken as a bare string, so `--set output_dir=out/x` works unquoted.
+/// parse as TOML is taken as a bare string, so `--set output_dir=out/x` works unquoted; so is a
+/// date (`--set name=2024-01-02`), which no key takes as a TOML date-time.
 fn parse_override_value(raw: &str) -> Value {
-    toml_value(raw).unwrap_or_else(|| Value::String(raw.to_owned()))
+    toml_value(raw).filter(|v| !v.is_datetime()).unwrap_or_else(|| Value::String(raw.to_owned()))
+}
+
+/// The paths (as [`ConfigDoc`]'s `origins` name them) of the dates and times in `v`.
+fn datetimes(v: &Value, path: &str, out: &mut Vec<String>) {
+    match v {
+        Value::Datetime(_) => out.push(path.to_owned()),
+        Value::Table(t) => {
+            for (k, x) in t {
+                datetimes(x, &if path.is_empty() { k.clone() } else { format!("{path}.{k}") }, out)
+            }
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                datetimes(x, &format!("{path}[{i}]"), out)
+            }
+        }
+        _ => {}
+    }
 }
 
 /// `path`, a path into a value from which the array elements in `removed` ((array's path,
