@@ -326,7 +326,7 @@ fn positive(s: &str) -> std::result::Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
-        Err(_) => Err(format!("`{s}` is not a whole number")),
+        Err(_) => Err(crate::error::whole_number_problem(s)),
     }
 }
 

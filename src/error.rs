@@ -223,6 +223,16 @@ pub fn catch_quietly<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String>
     })
 }
 
+/// Why a command-line count `s` did not parse: not a whole number, or one too large.
+pub fn whole_number_problem(s: &str) -> String {
+    let t = s.trim();
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        format!("`{s}` is too large a number")
+    } else {
+        format!("`{s}` is not a whole number")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

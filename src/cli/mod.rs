@@ -773,7 +773,7 @@ fn shell_word(word: &str) -> String {
 /// `--threads`: at most [`MAX_THREADS`], so that a slip of the keyboard (`--threads 100000`)
 /// is an error instead of a machine buried under threads; 0 means all cores.
 fn parse_threads(s: &str) -> std::result::Result<usize, String> {
-    let n: usize = s.trim().parse().map_err(|_| format!("`{s}` is not a whole number"))?;
+    let n: usize = s.trim().parse().map_err(|_| crate::error::whole_number_problem(s))?;
     if n > MAX_THREADS {
         return Err(format!("{n} threads is more than {MAX_THREADS}; use 0 (or leave it out) for all cores"));
     }

@@ -339,6 +339,12 @@ impl ConfigDoc {
     /// argument as given, where `arg` is one key of a stage's table).
     fn apply_override_as(&mut self, arg: &str, shown: &str) -> Result<(), Diagnostic> {
         let bad = |msg: String| Diagnostic::new(msg).at(Some(Location::Override { arg: shown.to_owned() }));
+        // `--set a.b=...` where `a` holds a value, not keys: the value is what can be set.
+        let not_a_table = |part: &str| {
+            let upto = &key_of(arg)[..key_of(arg).find(part).map_or(0, |i| i + part.len())];
+            bad(format!("`--set {}`: `{part}` is not a table", key_of(arg)))
+                .hint(format!("`{part}` holds a value, not keys: set it whole, `--set {upto}=VALUE`"))
+        };
         let (key, raw) = arg
             .split_once('=')
             .ok_or_else(|| bad(format!("override `{arg}` has no `=`")).hint("write `--set key.path=value`"))?;
@@ -433,7 +439,7 @@ impl ConfigDoc {
                     *slot = value.clone();
                     break;
                 }
-                table = slot.as_table_mut().ok_or_else(|| bad(format!("`--set {key}`: `{part}` is not a table")))?;
+                table = slot.as_table_mut().ok_or_else(|| not_a_table(part))?;
                 continue;
             }
             if i + 1 == rest.len() {
@@ -445,7 +451,7 @@ impl ConfigDoc {
                 self.origins.insert(prefix.clone(), Origin::Override(shown.to_owned()));
             }
             let entry = table.entry((*part).to_owned()).or_insert_with(|| Value::Table(Table::new()));
-            table = entry.as_table_mut().ok_or_else(|| bad(format!("`--set {key}`: `{part}` is not a table")))?;
+            table = entry.as_table_mut().ok_or_else(|| not_a_table(part))?;
         }
         // A table set whole replaces what the file had under it: its keys come from `--set` too.
         let under = [format!("{prefix}."), format!("{prefix}[")];
@@ -1063,6 +1069,11 @@ fn record_value(origins: &mut HashMap<String, Origin>, path: String, key: Range<
     origins.insert(path, Origin::Span { key, value: v.span() });
 }
 
+/// The key of a `--set` argument (`a.b` of `a.b=1`).
+fn key_of(arg: &str) -> &str {
+    arg.split_once('=').map_or(arg, |(k, _)| k.trim())
+}
+
 /// A `--set` value is TOML (`4`, `true`, `"x"`, `[1, 2]`, `{a = 1}`); anything that does not
 /// parse as TOML is taken as a bare string, so `--set output_dir=out/x` works unquoted; so is a
 /// date (`--set name=2024-01-02`), which no key takes as a TOML date-time.
@@ -1294,9 +1305,7 @@ fn explain_serde_error(message: &str, shown: &str) -> (String, Option<String>) {
                 let v = toml_number(v, message.contains("integer"));
                 Some(format!("TOML numbers and booleans are written without quotes: `{key} = {v}`"))
             }
-            Some(_) if message.ends_with("expected a boolean") => {
-                Some(format!("write `{key} = true` or `{key} = false`"))
-            }
+            _ if message.ends_with("expected a boolean") => Some(format!("write `{key} = true` or `{key} = false`")),
             // `[stage]` where `[[stage]]` was meant: one table, not an array of them.
             _ if shown == "stage" && message.starts_with("invalid type: table") => {
                 Some("begin each stage with `[[stage]]` (double brackets: a list of stages)".into())
@@ -1313,8 +1322,24 @@ fn explain_serde_error(message: &str, shown: &str) -> (String, Option<String>) {
                     Some(format!("quote text: `{key} = \"{v}\"`, or `--set '{shown}=\"{v}\"'`"))
                 }
             }
+            _ if message.ends_with("expected a non-negative integer") => {
+                Some(format!("a whole number from 0 to {} (no quotes, no decimal point)", i64::MAX))
+            }
+            _ if message.ends_with("expected an integer") => {
+                Some("a whole number (no quotes, no decimal point)".into())
+            }
+            _ if message.ends_with("expected a number") => Some("a number, without quotes, such as `0.5`".into()),
+            _ if message.ends_with("expected an array") => {
+                let v = message.split('"').nth(1).or_else(|| message.split('`').nth(1)).unwrap_or("...");
+                Some(format!("a list, in brackets: `{key} = [\"{v}\"]`"))
+            }
             _ => None,
         };
+        // A value of the right type outside the key's range is no wrong type.
+        if message.starts_with("invalid value") {
+            let message = message.strip_prefix("invalid value: ").unwrap_or(&message);
+            return (format!("`{shown}`: out of range: {message}"), hint);
+        }
         return (format!("`{shown}`: wrong type: {message}"), hint);
     }
     (format!("`{shown}`: {message}"), None)
@@ -1654,7 +1679,14 @@ mod tests {
             msg,
             "`stage[1].keep_words`: wrong type: invalid type: string \"four\", expected a non-negative integer"
         );
-        assert_eq!(hint, None);
+        assert_eq!(hint.as_deref(), Some("a whole number from 0 to 9223372036854775807 (no quotes, no decimal point)"));
+        // A value of the right type out of the key's range.
+        let (msg, _) = explain_serde_error("invalid value: integer `-1`, expected u64", "seed");
+        assert_eq!(msg, "`seed`: out of range: integer `-1`, expected a non-negative integer");
+        let (_, hint) = explain_serde_error("invalid type: integer `1`, expected a boolean", "stage[0].url_first");
+        assert_eq!(hint.as_deref(), Some("write `url_first = true` or `url_first = false`"));
+        let (_, hint) = explain_serde_error("invalid type: string \"id\", expected a sequence", "stage[2].columns");
+        assert_eq!(hint.as_deref(), Some("a list, in brackets: `columns = [\"id\"]`"));
         let (_, hint) = explain_serde_error("invalid type: string \"4\", expected usize", "stage[1].keep_words");
         assert_eq!(hint.as_deref(), Some("TOML numbers and booleans are written without quotes: `keep_words = 4`"));
         // Numbers to Rust that TOML does not take are shown as TOML writes them.
@@ -1674,7 +1706,8 @@ mod tests {
         let (_, hint) = explain_serde_error("invalid type: string \"yes\", expected a boolean", "stage[1].shuffle");
         assert_eq!(hint.as_deref(), Some("write `shuffle = true` or `shuffle = false`"));
         let (msg, hint) = explain_serde_error("invalid type: integer `3`, expected a boolean", "stage[0].b");
-        assert!(msg.ends_with("expected a boolean") && hint.is_none(), "{msg}");
+        assert!(msg.ends_with("expected a boolean"), "{msg}");
+        assert_eq!(hint.as_deref(), Some("write `b = true` or `b = false`"));
         assert_eq!(plain_type_names("expected f64s"), "expected f64s", "whole words only");
         let (msg, hint) = explain_serde_error("missing field `output_dir`", "");
         assert_eq!(msg, "missing required key `output_dir`");

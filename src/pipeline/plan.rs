@@ -169,8 +169,11 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
         let Some(ty) = ty.as_str() else {
             schema_known = false;
             untyped.push(i);
-            diags
-                .push(Diagnostic::new(format!("`{at}.type` must be a string")).at(doc.location(&format!("{at}.type"))));
+            diags.push(
+                Diagnostic::new(format!("`{at}.type` must be a string"))
+                    .at(doc.location(&format!("{at}.type")))
+                    .hint(format!("quote the stage type: `type = \"{}\"`", ty.to_string().trim_matches('"'))),
+            );
             continue;
         };
         let Some(&(ty, kind, keys)) = types.iter().find(|t| t.0 == ty) else {
@@ -286,7 +289,11 @@ fn compile_doc_on(doc: &ConfigDoc, device: &Device) -> Result<Plan> {
             write_parquet::TYPE => {
                 build(doc, &at, &name, &body, &mut diags, &mut problems, |p, c: &WriteParquetConfig| {
                     if c.rows_per_shard == 0 {
-                        p.push("rows_per_shard", "rows_per_shard must be at least 1", None);
+                        p.push(
+                            "rows_per_shard",
+                            "rows_per_shard must be at least 1",
+                            Some("rows per output file; the default is 1000000".into()),
+                        );
                     }
                     if let Some(problem) = c.dir_problem() {
                         p.push("dir", problem, Some("the default is `data`".into()));
