@@ -229,10 +229,11 @@ fn unusable_images_and_images_without_candidates_are_rejected() {
 
 #[test]
 fn more_neighbors_than_aligned_captions_is_noted() {
-    // Each crop then retrieves the whole aligned set: said, not silently capped.
+    // Each crop then retrieves the whole aligned set: said, not silently capped. Blank captions
+    // are not in that set (they have no word to give, as `encode_text` has no text to embed).
     let dir = tempfile::tempdir().unwrap();
     let aligned = dir.path().join("aligned.parquet");
-    write_aligned(&aligned, &["a red square", "a blue circle", "a green star"]);
+    write_aligned(&aligned, &["a red square", "", "a blue circle", " \t\u{3000}", "a green star"]);
     let file = dir.path().join("mine.toml");
     let toml =
         pipeline(&dir.path().join("out"), "data/train_sample/unaligned", &aligned.to_string_lossy(), "neighbors = 5");
@@ -245,6 +246,40 @@ fn more_neighbors_than_aligned_captions_is_noted() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("`neighbors = 5` is more than the 3 aligned captions"), "{stderr}");
+    assert!(
+        stderr.contains("2 aligned row(s) left out of the pool: a null `sample_id`, or a null or blank"),
+        "{stderr}"
+    );
+}
+
+/// Pseudo-BoW captions are for uncaptioned images: mining rows that have captions is allowed
+/// (the pseudo captions can be compared with them), and said to replace them.
+#[test]
+fn mining_captioned_rows_says_their_captions_are_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("mine.toml");
+    let aligned = "data/train_sample/train.parquet";
+    let reader = format!(
+        "type = \"read_table\"\npath = {aligned:?}\ncolumns = {{ sample_id = \"sample_id\", caption = \"caption\", path = \"path\" }}"
+    );
+    let toml = pipeline(&dir.path().join("out"), "data/train_sample/unaligned", aligned, "");
+    let toml = toml.replace(
+        "type = \"read_imagenet21k\"\nroot = \"data/train_sample/unaligned\"\nwords = \"data/train_sample/unaligned/words.txt\"",
+        &reader,
+    );
+    assert!(toml.contains("read_table"), "{toml}");
+    std::fs::write(&file, &toml).unwrap();
+    let validate = |file: &Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_curate")).arg("validate").arg(file).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, stderr) = validate(&file);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("note: stage `mine_pseudo_bow` replaces the captions its rows have"), "{stderr}");
+    // Uncaptioned images: nothing to say.
+    std::fs::write(&file, pipeline(&dir.path().join("out"), "data/train_sample/unaligned", aligned, "")).unwrap();
+    let (ok, stderr) = validate(&file);
+    assert!(ok && !stderr.contains("replaces the captions"), "{stderr}");
 }
 
 #[test]

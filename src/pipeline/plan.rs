@@ -558,6 +558,14 @@ fn check_text_is_filled(doc: &ConfigDoc, built: &[Compiled], diags: &mut Vec<Dia
             captions = r.fills(CAPTION);
         }
         if t == Some(mine_pseudo_bow::TYPE) {
+            // Pseudo-BoW captions are for uncaptioned images: a caption the rows have is replaced.
+            if captions {
+                say!(
+                    "note: stage `{}` replaces the captions its rows have (the reader's) with pseudo-BoW ones; the \
+                     output keeps no other caption column",
+                    b.name
+                );
+            }
             captions = true;
         }
         let column = match t {

@@ -441,7 +441,7 @@ struct Aligned {
     /// A table has BoW's `split` column: a BoW output, which lacks the pairs its `bow` stage
     /// emptied (they are in its `rejects/`).
     bow_output: bool,
-    /// Rows left out for a null `sample_id` or caption.
+    /// Rows left out for a null `sample_id`, or a null or blank caption.
     left_out: usize,
 }
 
@@ -459,11 +459,13 @@ fn read_aligned(files: &[PathBuf], column: &Option<String>) -> Result<Aligned> {
             let batch_ids = string_column(&batch, schema::SAMPLE_ID, file)?;
             let batch_captions = string_column(&batch, &col, file)?;
             for (id, caption) in batch_ids.into_iter().zip(batch_captions) {
-                if let (Some(id), Some(caption)) = (id, caption) {
-                    ids.push(id);
-                    captions.push(caption);
-                } else {
-                    left_out += 1;
+                // A blank caption has no word to give, and would take a neighbour's place.
+                match (id, caption) {
+                    (Some(id), Some(caption)) if super::has_words(&caption) => {
+                        ids.push(id);
+                        captions.push(caption);
+                    }
+                    _ => left_out += 1,
                 }
             }
             used = col;
@@ -493,7 +495,7 @@ impl MinePseudoBow {
         let Aligned { ids, captions, column: caption_column, bow_output, left_out } =
             read_aligned(&self.aligned, &self.config.caption_column)?;
         if left_out > 0 {
-            say!("{TYPE}: note: {left_out} aligned row(s) left out of the pool: a null `sample_id` or caption");
+            say!("{TYPE}: note: {left_out} aligned row(s) left out of the pool: a null `sample_id`, or a null or blank caption");
         }
         if bow_output {
             say!(
