@@ -198,6 +198,13 @@ fn folds_follow_image_rows_and_skip_an_empty_fold() {
     assert!(close(k1.i2t, 1.0) && close(k1.t2i, 1.0), "{k1:?}");
     assert_eq!((ev.counts.coco_1k_folds, ev.counts.images_outside_folds), (5, 2));
     assert_eq!(ev.counts.images_without_captions, 1);
+    // The empty fold is said to be left out of the means, in `metrics.md`.
+    assert_eq!(ev.counts.coco_1k_folds_without_queries, 1);
+    let md = curate::eval::report::markdown(&ev);
+    assert!(
+        md.contains("5 fold(s) of consecutive image rows (1 with no captioned image, so no query: left out"),
+        "{md}"
+    );
 }
 
 #[test]

@@ -348,6 +348,8 @@ pub struct Counts {
     pub captions: usize,
     pub dim: usize,
     pub coco_1k_folds: usize,
+    /// COCO 1K folds none of whose images has a caption: no query, so left out of the 1K means.
+    pub coco_1k_folds_without_queries: usize,
     /// Images of the gallery outside every COCO 1K fold (row count not a multiple of 5).
     pub images_outside_folds: usize,
     /// Images with no caption: distractors only, not COCO i2t queries.
@@ -457,6 +459,7 @@ pub fn evaluate_scored(
         captions: captions.ids.len(),
         dim: images.embeddings.dim,
         coco_1k_folds: folds.count(),
+        coco_1k_folds_without_queries: folds.caption_subsets.iter().filter(|c| c.is_empty()).count(),
         images_outside_folds: folds.outside(),
         coco_1k_fold_disagreements: folds.caption_order_disagreements,
         images_without_captions: coco_plan.images_without_captions(),

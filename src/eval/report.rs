@@ -322,8 +322,14 @@ pub fn markdown(ev: &Evaluation) -> String {
     if retrieval {
         let _ = writeln!(
             s,
-            "- COCO 1K: {} fold(s) of consecutive image rows; {} image(s) outside the folds; {} image(s) without captions (distractors only)",
-            c.coco_1k_folds, c.images_outside_folds, c.images_without_captions
+            "- COCO 1K: {} fold(s) of consecutive image rows{}; {} image(s) outside the folds; {} image(s) without captions (distractors only)",
+            c.coco_1k_folds,
+            match c.coco_1k_folds_without_queries {
+                0 => String::new(),
+                n => format!(" ({n} with no captioned image, so no query: left out of the 1K means)"),
+            },
+            c.images_outside_folds,
+            c.images_without_captions
         );
     }
     if c.cxc_queries != [0, 0] || c.eccv_queries != [0, 0] {
