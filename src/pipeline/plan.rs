@@ -546,7 +546,8 @@ fn check_order(
 /// `bow` deforms captions and `encode_text` embeds a text column (`caption` by default): after a
 /// reader that never fills it (an image folder has no caption, a table only the columns it maps,
 /// Conceptual Captions no label), with no `mine_pseudo_bow` to make captions, every row would be
-/// rejected.
+/// rejected. A `mine_pseudo_bow` that replaces captions the rows have is noted (not refused: the
+/// pseudo captions may be compared with the real ones).
 fn check_text_is_filled(doc: &ConfigDoc, built: &[Compiled], diags: &mut Vec<Diagnostic>) {
     use crate::schema::{CAPTION, ORIGINAL_CAPTION};
     let mut reader: Option<&dyn Reader> = None;
@@ -589,8 +590,8 @@ fn check_text_is_filled(doc: &ConfigDoc, built: &[Compiled], diags: &mut Vec<Dia
                     .to_string(),
             )
         } else {
-            let text = schema::pairs();
-            let filled: Vec<&str> = text
+            let pairs = schema::pairs();
+            let texts: Vec<&str> = pairs
                 .fields()
                 .iter()
                 .map(|f| f.name().as_str())
@@ -598,7 +599,7 @@ fn check_text_is_filled(doc: &ConfigDoc, built: &[Compiled], diags: &mut Vec<Dia
                 .collect();
             (
                 format!("embeds `{column}`"),
-                format!("the reader fills {}; or map a `{column}` column (`read_table`)", list(&filled)),
+                format!("the reader fills {}; or map a `{column}` column (`read_table`)", list(&texts)),
             )
         };
         diags.push(
@@ -838,36 +839,35 @@ fn check_inputs_are_not_cleared(
     if let (Some((r, _)), Some(t)) = (reader, &top) {
         // An input folder (an image folder's root) that is the output folder: the run's own files
         // would change the listing it reads, and every run would stop as "changed while read".
-        let out = Path::new(&t.output_dir).canonicalize().ok();
-        let out_resolved = resolved(Path::new(&t.output_dir));
+        // Within a folder the reader lists (a synset folder), they would be read as images too.
+        let out = resolved(Path::new(&t.output_dir));
         for input in r.inputs().iter().filter(|p| p.is_dir()) {
-            // Inside a folder the reader lists (a synset folder): its files would be read as
-            // images, and change the listing as well.
-            let below =
-                input.canonicalize().ok().and_then(|i| out_resolved.as_ref()?.strip_prefix(i).ok().map(Path::to_owned));
-            let listed = below.as_ref().and_then(|b| b.components().next()).map(|c| c.as_os_str().to_string_lossy());
-            if let Some(first) = listed.filter(|f| crate::stages::read_imagenet21k::is_synset(f)) {
-                diags.push(
-                    Diagnostic::new(format!(
-                        "`output_dir` is within `{first}`, a folder of the input `{}` that the reader lists: the run's \
-                         files would be read as images and change the listing it reads",
-                        input.display()
-                    ))
-                    .at(doc.location("output_dir"))
-                    .hint("write to a folder of the input root that is no synset folder (e.g. `curated`) or elsewhere"),
-                );
+            let Some(below) =
+                input.canonicalize().ok().and_then(|i| Some(out.as_ref()?.strip_prefix(i).ok()?.to_owned()))
+            else {
                 continue;
-            }
-            if out.is_some() && input.canonicalize().ok() == out {
-                diags.push(
-                    Diagnostic::new(format!(
-                        "`output_dir` is the input folder `{}`: the run's files would change the listing it reads",
+            };
+            let first = below.components().next().map(|c| c.as_os_str().to_string_lossy().into_owned());
+            let (message, hint) = match first {
+                None => (
+                    format!("`output_dir` is the input folder `{}`", input.display()),
+                    "write to a folder inside it (e.g. `curated`) or elsewhere",
+                ),
+                Some(f) if crate::stages::read_imagenet21k::is_synset(&f) => (
+                    format!(
+                        "`output_dir` is within `{f}`, a folder of the input `{}` that the reader lists (the run's \
+                         files would be read as images)",
                         input.display()
-                    ))
+                    ),
+                    "write to a folder of the input root that is no synset folder (e.g. `curated`) or elsewhere",
+                ),
+                Some(_) => continue,
+            };
+            diags.push(
+                Diagnostic::new(format!("{message}: the run's files would change the listing it reads"))
                     .at(doc.location("output_dir"))
-                    .hint("write to a folder inside it (e.g. `curated`) or elsewhere"),
-                );
-            }
+                    .hint(hint),
+            );
         }
     }
     if let (Some((r, ri)), Some(w), Some(t)) = (reader, writer, &top) {
