@@ -76,7 +76,7 @@ pub trait Reader: Send + Sync {
         None
     }
     /// Whether rows can have a value in this `pairs` column at all: by default the columns of
-    /// the caption<TAB>url formats (Conceptual Captions, YFCC); an image folder has no caption,
+    /// the `caption<TAB>url` formats (Conceptual Captions, YFCC); an image folder has no caption,
     /// a table only the columns it maps. A stage that reads a column no row can fill would
     /// reject every row, which the plan refuses.
     fn fills(&self, column: &str) -> bool {
