@@ -2269,6 +2269,12 @@ fn the_noise_diagnostic_matches_a_by_hand_computation_on_the_same_batches() {
     let r =
         run(std::slice::from_ref(&images), std::slice::from_ref(&texts), &c, &burn::tensor::Device::flex()).unwrap();
     assert_eq!((r.pairs, r.unmatched), (38, [2, 3]));
+    // Tables that share no id: both sides' ids are shown, not only "0 pairs".
+    let other = table("other_ids.parquet", (0..n).map(|i| format!("x{i}")).collect(), &t);
+    let e = run(std::slice::from_ref(&images), std::slice::from_ref(&other), &c, &burn::tensor::Device::flex())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("share no `sample_id`: images have `s000`, `s001`, `s002`, captions `x0`, `x1`, `x10`"), "{e}");
     // Tables of another scale, even past f32's squared norms (1e20s, 1e-25s): the same figures.
     let far: Vec<f32> = v.iter().map(|x| x * 1e20).collect();
     let far_images = table("img_far.parquet", ids(0..n), &far);

@@ -120,6 +120,24 @@ pub fn run(
     // A fixed order (the tables' maps have none), so the draws are reproducible.
     ids.sort();
     let unmatched = [images.len() - ids.len(), texts.len() - ids.len()];
+    // Tables that share no id (one keyed by path, the other by a number, say): their ids shown.
+    if ids.is_empty() && !images.is_empty() && !texts.is_empty() {
+        let some = |m: &std::collections::HashMap<String, Vec<f32>>| {
+            let mut k: Vec<&String> = m.keys().collect();
+            k.sort();
+            k.iter().take(3).map(|id| format!("`{id}`")).collect::<Vec<_>>().join(", ")
+        };
+        return Err(Error::Data {
+            message: format!(
+                "the image and caption tables share no `sample_id`: images have {}, captions {}",
+                some(&images),
+                some(&texts)
+            ),
+            hint: Some(
+                "a pair is an image row and a caption row of one `sample_id`, as the encode stages write".into(),
+            ),
+        });
+    }
     let (mut v, mut t): (Vec<f32>, Vec<f32>) = (
         ids.iter().flat_map(|id| images[*id].iter().copied()).collect(),
         ids.iter().flat_map(|id| texts[*id].iter().copied()).collect(),
