@@ -237,6 +237,14 @@ pub fn whole_number_problem(s: &str) -> String {
 mod tests {
     use super::*;
 
+    /// A count flag that does not parse says whether it is no number or one too large.
+    #[test]
+    fn a_bad_count_is_named_for_what_is_wrong() {
+        assert_eq!(whole_number_problem("99999999999999999999"), "`99999999999999999999` is too large a number");
+        assert_eq!(whole_number_problem("2.5"), "`2.5` is not a whole number");
+        assert_eq!(whole_number_problem(""), "`` is not a whole number");
+    }
+
     #[test]
     fn suggests_close_names_only() {
         let keys = ["keep_words", "rm_top_freq", "shuffle"];

@@ -975,33 +975,23 @@ fn pipelines_that_would_reject_every_row_or_replace_an_embedding_are_refused() {
     check(&format!("{cc}{label_text}"), &[unfilled[0], unfilled[1], "the reader fills `caption`, `url`;"]);
     check(&format!("{table}{label_text}"), &[unfilled[0], "the reader fills `caption`;"]);
     check(&format!("{imagenet}{label_text}"), &[unfilled[0], "the reader fills `path`, `label`;"]);
+    // `stages` then `writer`, validated: the exit code and stderr.
+    let validate = |stages: &str, writer: &str| {
+        std::fs::write(&file, format!("output_dir = \"{}/out\"\n{stages}{writer}", dir.path().display())).unwrap();
+        let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+        (code, stderr)
+    };
     // A column an earlier stage made and the encoder does not pass on is named as such.
     let writer = "[[stage]]\ntype = \"write_parquet\"\ncolumns = [\"caption\", \"embedding\"]\n";
-    std::fs::write(&file, format!("output_dir = \"{}/out\"\n{imagenet}{image}{writer}", dir.path().display())).unwrap();
-    let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+    let (code, stderr) = validate(&format!("{imagenet}{image}"), writer);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("missing column `caption`: stage `encode_image` does not pass it on"), "{stderr}");
     // The same stages with what they need compile.
-    std::fs::write(
-        &file,
-        format!(
-            "output_dir = \"{}/out\"\n{imagenet}{image}[[stage]]\ntype = \"write_parquet\"\n",
-            dir.path().display()
-        ),
-    )
-    .unwrap();
-    let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+    let writer = "[[stage]]\ntype = \"write_parquet\"\n";
+    let (code, stderr) = validate(&format!("{imagenet}{image}"), writer);
     assert_eq!(code, 0, "{stderr}");
     let words = "words = \"data/imagenet21k_sample/words.txt\"\n";
-    std::fs::write(
-        &file,
-        format!(
-            "output_dir = \"{}/out\"\n{imagenet}{words}{label_text}[[stage]]\ntype = \"write_parquet\"\n",
-            dir.path().display()
-        ),
-    )
-    .unwrap();
-    let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+    let (code, stderr) = validate(&format!("{imagenet}{words}{label_text}"), writer);
     assert_eq!(code, 0, "{stderr}");
 }
 
@@ -1105,6 +1095,29 @@ fn unquoted_dates_and_times_are_refused() {
     assert!(stderr.contains("4 configuration errors") && !stderr.contains("invalid type: string"), "{stderr}");
     let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", "name=2024-01-02"]);
     assert_eq!(code, 0, "{stderr}");
+}
+
+/// Errors without a near name to suggest still say what to write: `--set` into a key that holds
+/// a value, and a stage type that is no string.
+#[test]
+fn errors_without_a_near_name_get_a_hint() {
+    let (code, _, stderr) = curate(&["validate", "pipelines/bow.toml", "--set", "output_dir.x=1"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("`--set output_dir.x`: `output_dir` is not a table"), "{stderr}");
+    assert!(
+        stderr.contains("hint: `output_dir` holds a value, not keys: set it whole, `--set output_dir=VALUE`"),
+        "{stderr}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.toml");
+    std::fs::write(&file, "output_dir = \"o\"\n[[stage]]\ntype = 3\n[[stage]]\ntype = \"write_parquet\"\n").unwrap();
+    let (code, _, stderr) = curate(&["validate", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("`stage[0].type` must be a string")
+            && stderr.contains("hint: quote the stage type: `type = \"3\"`"),
+        "{stderr}"
+    );
 }
 
 #[test]
